@@ -1,0 +1,514 @@
+// Package agent runs one kswitch agent: it registers in etcd on its
+// session lease, campaigns for leadership, joins the fleet's gossip
+// cluster using the registered agents as seeds, and serves its health,
+// status and metrics over HTTP.
+//
+// An agent is embeddable: New, then Start (binds its listeners and
+// returns), then Stop (clean: resigns, deregisters, leaves gossip) or
+// Abort (as a crash would: nothing is released, etcd's lease TTL and
+// gossip's failure detection clean up). Run combines them for cmd/.
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.uber.org/zap"
+
+	"github.com/kswitch/kswitch/election"
+	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/internal/version"
+)
+
+// Options are the parts of an agent that are not configuration.
+type Options struct {
+	// Logger receives the agent's logs; every line carries the agent id.
+	// Default: no logging.
+	Logger *zap.Logger
+	// Lead, when set, is the leader work: it runs while this agent leads,
+	// under a context cancelled when leadership ends, and must return
+	// promptly after that. Every etcd write it makes should go through
+	// term (fenced). Default: hold leadership until it ends.
+	Lead func(ctx context.Context, term election.Term)
+}
+
+// Agent is one member of a fleet. Its exported methods are safe for
+// concurrent use.
+type Agent struct {
+	cfg  config.Config
+	id   string
+	keys keys.Fleet
+	log  *zap.Logger
+	lead func(context.Context, election.Term)
+
+	reg     *prometheus.Registry
+	metrics *metrics
+
+	started time.Time
+
+	// Set by Start.
+	client   *clientv3.Client
+	cand     *election.Candidate
+	observer *election.Observer
+	registry *registry
+	ml       *memberlist.Memberlist
+	httpLn   net.Listener
+	httpSrv  *http.Server
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	aborted  atomic.Bool
+	stopOnce sync.Once
+
+	// Readiness inputs, written by their loops.
+	etcdErr    atomic.Pointer[string] // last etcd probe error; nil or "" = reachable
+	session    atomic.Pointer[sessionState]
+	lastLeader election.Leader
+}
+
+// sessionState is the agent's standing in etcd.
+type sessionState struct {
+	registered bool
+	lease      clientv3.LeaseID
+	reason     string // why not registered
+}
+
+// New checks cfg and returns an agent that is not started. cfg is copied.
+func New(cfg config.Config, opts Options) (*Agent, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := opts.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	log = log.With(zap.String("agent", cfg.Agent.ID), zap.String("fleet", cfg.Fleet))
+	lead := opts.Lead
+	if lead == nil {
+		lead = func(ctx context.Context, _ election.Term) { <-ctx.Done() }
+	}
+	reg := prometheus.NewRegistry()
+	a := &Agent{
+		cfg:     cfg,
+		id:      cfg.Agent.ID,
+		keys:    keys.New(cfg.Fleet),
+		log:     log,
+		lead:    lead,
+		reg:     reg,
+		metrics: newMetrics(reg),
+	}
+	a.session.Store(&sessionState{reason: "starting: not yet registered in etcd"})
+	unknown := "not yet checked"
+	a.etcdErr.Store(&unknown)
+	return a, nil
+}
+
+// ID returns the agent id.
+func (a *Agent) ID() string { return a.id }
+
+// Start binds the HTTP and gossip listeners, creates the etcd client and
+// starts the agent's loops. It does not wait for etcd: an agent whose etcd
+// is unreachable runs, reports itself unready, and keeps retrying. ctx
+// only bounds Start itself; use Stop or Abort to end the agent.
+func (a *Agent) Start(ctx context.Context) error {
+	if a.cancel != nil {
+		return errors.New("agent: already started")
+	}
+	a.started = time.Now()
+	ln, err := net.Listen("tcp", a.cfg.Agent.HTTP)
+	if err != nil {
+		return fmt.Errorf("agent: listen on agent.http %s: %w (is another agent using this port?)", a.cfg.Agent.HTTP, err)
+	}
+	client, err := clientv3.New(clientv3.Config{
+		Endpoints:   a.cfg.Etcd.Endpoints,
+		DialTimeout: a.cfg.Etcd.DialTimeout,
+		Context:     context.WithoutCancel(ctx),
+		// The client logs every retry at warn; the agent reports etcd
+		// trouble itself, once, through readiness.
+		Logger: a.log.Named("etcd").WithOptions(zap.IncreaseLevel(zap.ErrorLevel)),
+	})
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("agent: etcd client for %v: %w", a.cfg.Etcd.Endpoints, err)
+	}
+	ml, err := newMemberlist(a.id, a.cfg.Agent.Gossip, a.cfg.Agent.GossipAdvertise, a.log.Named("gossip"))
+	if err != nil {
+		client.Close()
+		ln.Close()
+		return err
+	}
+	cand, err := election.NewCandidate(election.Config{Prefix: a.keys.Election(), ID: a.id, Logger: a.log})
+	if err != nil {
+		ml.Shutdown()
+		client.Close()
+		ln.Close()
+		return err
+	}
+	a.client, a.ml, a.httpLn, a.cand = client, ml, ln, cand
+	a.observer = election.NewObserver(client, a.keys.Election(), a.cfg.Etcd.RequestTimeout, a.log)
+	a.registry = newRegistry(client, a.keys, a.cfg.Etcd.RequestTimeout, a.log, func() { a.metrics.badValues.WithLabelValues("registration").Inc() })
+	a.httpSrv = &http.Server{Handler: a.handler(), ReadHeaderTimeout: 5 * time.Second}
+
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	a.cancel = cancel
+	a.goRun(func() {
+		if err := a.httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.log.Error("http server failed", zap.Error(err))
+		}
+	})
+	a.goRun(func() { a.sessionLoop(runCtx) })
+	a.goRun(func() { _ = a.observer.Run(runCtx) })
+	a.goRun(func() { a.registry.run(runCtx) })
+	a.goRun(func() { a.gossipJoinLoop(runCtx, 5*time.Second) })
+	a.goRun(func() { a.probeEtcdLoop(runCtx) })
+	a.goRun(func() { a.leaderChangeLoop(runCtx) })
+	a.log.Info("agent started", zap.String("http", a.HTTPAddr()), zap.String("gossip", a.GossipAddr()),
+		zap.Strings("etcd", a.cfg.Etcd.Endpoints), zap.String("version", version.Version))
+	return nil
+}
+
+func (a *Agent) goRun(f func()) {
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		f()
+	}()
+}
+
+// Run starts the agent, runs it until ctx ends, then stops it cleanly
+// within stopTimeout.
+func (a *Agent) Run(ctx context.Context, stopTimeout time.Duration) error {
+	if err := a.Start(ctx); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopTimeout)
+	defer cancel()
+	return a.Stop(sctx)
+}
+
+// Stop ends the agent cleanly: leader work ends and it resigns (a
+// successor is elected at once), the registration and session lease are
+// released, the agent leaves the gossip cluster, HTTP stops. It waits for
+// every goroutine of the agent, or until ctx ends. Safe to call twice and
+// after Abort.
+func (a *Agent) Stop(ctx context.Context) error {
+	return a.stop(ctx, false)
+}
+
+// Abort ends the agent as a crash would: the etcd client is closed first,
+// so nothing is resigned or revoked (the lease expires after its TTL) and
+// the gossip cluster is not told (its failure detector notices). It waits
+// for the agent's goroutines. For tests and fault drills.
+func (a *Agent) Abort() {
+	_ = a.stop(context.Background(), true)
+}
+
+func (a *Agent) stop(ctx context.Context, abort bool) error {
+	if a.cancel == nil {
+		return nil
+	}
+	var err error
+	a.stopOnce.Do(func() {
+		if abort {
+			a.aborted.Store(true)
+			a.client.Close() // in-flight and future requests fail at once
+			_ = a.ml.Shutdown()
+			a.httpSrv.Close()
+		}
+		a.cancel() // the session loop resigns and releases its lease
+		done := make(chan struct{})
+		go func() {
+			a.wg.Wait()
+			close(done)
+		}()
+		// The session loop has released etcd state once its goroutine is
+		// done; leave gossip and stop HTTP while the others wind down.
+		if !abort {
+			if lerr := a.ml.Leave(time.Second); lerr != nil {
+				a.log.Debug("gossip leave", zap.Error(lerr))
+			}
+			_ = a.ml.Shutdown()
+			sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			_ = a.httpSrv.Shutdown(sctx)
+			cancel()
+		}
+		select {
+		case <-done:
+		case <-ctx.Done():
+			err = fmt.Errorf("agent: stop: %w (goroutines still running)", ctx.Err())
+			return
+		}
+		if !abort {
+			a.client.Close()
+		}
+		a.log.Info("agent stopped", zap.Bool("aborted", abort))
+	})
+	return err
+}
+
+// HTTPAddr returns the address the HTTP listener is bound to (useful when
+// agent.http has port 0). Valid after Start.
+func (a *Agent) HTTPAddr() string { return a.httpLn.Addr().String() }
+
+// GossipAddr returns the host:port other agents use to reach this agent's
+// gossip. Valid after Start.
+func (a *Agent) GossipAddr() string {
+	n := a.ml.LocalNode()
+	return net.JoinHostPort(n.Addr.String(), fmt.Sprint(n.Port))
+}
+
+// Ready reports whether the agent is connected to etcd and registered, and
+// why not otherwise.
+func (a *Agent) Ready() (bool, string) {
+	s := a.session.Load()
+	if e := *a.etcdErr.Load(); e != "" {
+		return false, fmt.Sprintf("etcd unreachable at %v: %s", a.cfg.Etcd.Endpoints, e)
+	}
+	if !s.registered {
+		return false, s.reason
+	}
+	return true, ""
+}
+
+// Leading reports whether this agent leads the fleet now.
+func (a *Agent) Leading() bool { return a.cand != nil && a.cand.Leading() }
+
+// LeaderView returns who leads, as this agent sees it.
+func (a *Agent) LeaderView() LeaderView {
+	v := LeaderView{Agent: a.id, Self: a.Leading()}
+	if l, ok := a.observer.Leader(); ok {
+		v.Leader, v.FencingToken = l.ID, l.Token
+	}
+	return v
+}
+
+// Status returns the agent's view of the fleet.
+func (a *Agent) Status() Status {
+	ok, reason := a.Ready()
+	s := a.session.Load()
+	return Status{
+		Agent: a.id, Fleet: a.cfg.Fleet, Version: version.Version, Started: a.started,
+		Ready: ok, ReadyReason: reason,
+		Leader: a.LeaderView(),
+		Agents: a.registry.list(),
+		Gossip: gossipMembers(a.ml),
+		Etcd: EtcdStatus{
+			Endpoints: a.cfg.Etcd.Endpoints, Reachable: *a.etcdErr.Load() == "",
+			LastError: *a.etcdErr.Load(), LeaseID: int64(s.lease),
+		},
+	}
+}
+
+// GossipMembers returns the live and suspect gossip members.
+func (a *Agent) GossipMembers() []GossipMember { return gossipMembers(a.ml) }
+
+// Registered returns the agents registered in etcd, as this agent sees them.
+func (a *Agent) Registered() []Registration { return a.registry.list() }
+
+// Metrics returns the agent's metrics registry.
+func (a *Agent) Metrics() *prometheus.Registry { return a.reg }
+
+func (a *Agent) setSession(s sessionState) {
+	a.session.Store(&s)
+	a.updateReady()
+}
+
+func (a *Agent) updateReady() {
+	ok, _ := a.Ready()
+	if ok {
+		a.metrics.ready.Set(1)
+	} else {
+		a.metrics.ready.Set(0)
+	}
+}
+
+// sessionLoop keeps the agent registered and campaigning: one etcd session
+// at a time; when it ends (lease expired or revoked, etcd unreachable past
+// the TTL) the agent is unready until a new session is registered.
+func (a *Agent) sessionLoop(ctx context.Context) {
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		began := time.Now()
+		err := a.runSession(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		a.setSession(sessionState{reason: err.Error()})
+		a.log.Warn("etcd session ended; re-registering", zap.Error(err), zap.Duration("backoff", backoff))
+		if time.Since(began) > a.cfg.Etcd.SessionTTL {
+			backoff = 100 * time.Millisecond // the session had worked
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, a.cfg.Etcd.SessionTTL/2)
+	}
+}
+
+// runSession grants a lease, registers on it and campaigns until the
+// session or ctx ends. On a clean stop it resigns, deregisters and revokes
+// the lease; after Abort it leaves them to expire.
+func (a *Agent) runSession(ctx context.Context) error {
+	ttl := int64(a.cfg.Etcd.SessionTTL / time.Second)
+	gctx, cancel := context.WithTimeout(ctx, a.cfg.Etcd.RequestTimeout)
+	grant, err := a.client.Grant(gctx, ttl)
+	cancel()
+	if err != nil {
+		a.metrics.etcdErrors.WithLabelValues("grant").Inc()
+		return fmt.Errorf("etcd: grant session lease: %w", err)
+	}
+	// Granting the lease ourselves keeps the grant under our timeout; the
+	// session then only keeps it alive.
+	s, err := concurrency.NewSession(a.client, concurrency.WithTTL(int(ttl)), concurrency.WithLease(grant.ID))
+	if err != nil {
+		return fmt.Errorf("etcd: session on lease %x: %w", grant.ID, err)
+	}
+	defer func() {
+		if a.aborted.Load() {
+			s.Orphan()
+			return
+		}
+		// Revoking the lease deletes the registration and any leader key.
+		if err := s.Close(); err != nil {
+			a.log.Debug("revoke session lease", zap.Error(err))
+		}
+	}()
+	if err := a.register(ctx, s.Lease()); err != nil {
+		return err
+	}
+	a.setSession(sessionState{registered: true, lease: s.Lease()})
+	a.log.Info("registered", zap.String("key", a.keys.Agent(a.id)), zap.String("lease", fmt.Sprintf("%x", s.Lease())))
+
+	for {
+		err := a.cand.Campaign(ctx, s, a.runLeader)
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case errors.Is(err, election.ErrSessionDone) || s.Ctx().Err() != nil:
+			return errors.New("etcd session lease expired or was revoked")
+		case err != nil:
+			a.log.Warn("campaign failed; retrying", zap.Error(err))
+			select {
+			case <-ctx.Done():
+			case <-s.Done():
+			case <-time.After(time.Second):
+			}
+		}
+	}
+}
+
+// register writes agents/<id> on the lease. It refuses to take over a
+// registration held by another live lease: two agents with one id would
+// fight over partitions.
+func (a *Agent) register(ctx context.Context, lease clientv3.LeaseID) error {
+	reg := Registration{ID: a.id, HTTP: a.HTTPAddr(), Gossip: a.GossipAddr(), Version: version.Version, Started: a.started}
+	val, err := json.Marshal(reg)
+	if err != nil {
+		return fmt.Errorf("agent: encode registration: %w", err)
+	}
+	key := a.keys.Agent(a.id)
+	rctx, cancel := context.WithTimeout(ctx, a.cfg.Etcd.RequestTimeout)
+	defer cancel()
+	resp, err := a.client.Txn(rctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, string(val), clientv3.WithLease(lease))).
+		Else(clientv3.OpGet(key)).Commit()
+	if err != nil {
+		a.metrics.etcdErrors.WithLabelValues("register").Inc()
+		return fmt.Errorf("etcd: register %s: %w", key, err)
+	}
+	if !resp.Succeeded {
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) > 0 {
+			return fmt.Errorf("agent id %q is already registered by another process (lease %x); "+
+				"give every agent a unique agent.id, or wait up to etcd.session_ttl (%s) after a crash",
+				a.id, kvs[0].Lease, a.cfg.Etcd.SessionTTL)
+		}
+		return fmt.Errorf("etcd: register %s: raced with a delete; retrying", key)
+	}
+	return nil
+}
+
+// runLeader is the leader work of one term.
+func (a *Agent) runLeader(ctx context.Context, term election.Term) {
+	a.metrics.isLeader.Set(1)
+	defer a.metrics.isLeader.Set(0)
+	log := a.log.With(zap.Int64("fencing_token", term.Rev))
+	log.Info("leading the fleet")
+	a.lead(ctx, term)
+	log.Info("leadership ended")
+}
+
+// probeEtcdLoop checks that etcd answers, every third of the session TTL
+// (at most every second), so readiness reflects an outage long before the
+// lease would expire.
+func (a *Agent) probeEtcdLoop(ctx context.Context) {
+	interval := min(a.cfg.Etcd.SessionTTL/3, time.Second)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		pctx, cancel := context.WithTimeout(ctx, a.cfg.Etcd.RequestTimeout)
+		_, err := a.client.Get(pctx, a.keys.Agent(a.id), clientv3.WithCountOnly())
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		msg := ""
+		if err != nil {
+			msg = err.Error()
+			a.metrics.etcdErrors.WithLabelValues("probe").Inc()
+		}
+		if prev := *a.etcdErr.Swap(&msg); prev != msg {
+			if msg != "" {
+				a.log.Warn("etcd unreachable", zap.String("error", msg))
+			} else {
+				a.log.Info("etcd reachable")
+			}
+		}
+		a.updateReady()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// leaderChangeLoop logs leader changes and keeps the gauges of the fleet
+// view fresh.
+func (a *Agent) leaderChangeLoop(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.observer.Changes():
+			l, ok := a.observer.Leader()
+			if ok && l != a.lastLeader {
+				a.metrics.leaderChanges.Inc()
+				a.log.Info("leader changed", zap.String("leader", l.ID), zap.Int64("fencing_token", l.Token))
+				a.lastLeader = l
+			} else if !ok {
+				a.log.Info("no leader")
+			}
+		case <-t.C:
+		}
+		a.metrics.agents.Set(float64(len(a.registry.list())))
+		a.metrics.gossipMembers.Set(float64(a.ml.NumMembers()))
+	}
+}

@@ -1,0 +1,142 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"go.uber.org/zap"
+)
+
+// GossipMember is one member of the gossip cluster as this agent sees it.
+type GossipMember struct {
+	Name  string `json:"name"`
+	Addr  string `json:"addr"`
+	State string `json:"state"`
+}
+
+// newMemberlist creates this agent's gossip node. bind and advertise are
+// host:port; port 0 binds a free port (the same for TCP and UDP).
+func newMemberlist(id, bind, advertise string, logger *zap.Logger) (*memberlist.Memberlist, error) {
+	c := memberlist.DefaultLANConfig()
+	c.Name = id
+	host, port, err := splitHostPort(bind)
+	if err != nil {
+		return nil, fmt.Errorf("agent: gossip address %q: %w", bind, err)
+	}
+	c.BindAddr, c.BindPort = host, port
+	c.AdvertisePort = port
+	if advertise != "" {
+		if c.AdvertiseAddr, c.AdvertisePort, err = splitHostPort(advertise); err != nil {
+			return nil, fmt.Errorf("agent: gossip advertise address %q: %w", advertise, err)
+		}
+	}
+	// Joins and push/pull go to agents on the same LAN; a dead seed must not
+	// hold the join loop for the LAN default of 10 s.
+	c.TCPTimeout = 3 * time.Second
+	c.Logger = log.New(&memberlistLog{log: logger}, "", 0)
+	ml, err := memberlist.Create(c)
+	if err != nil {
+		return nil, fmt.Errorf("agent: start gossip on %s: %w", bind, err)
+	}
+	return ml, nil
+}
+
+func splitHostPort(hp string) (string, int, error) {
+	host, p, err := net.SplitHostPort(hp)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("port %q is not a number in 0-65535", p)
+	}
+	return host, port, nil
+}
+
+// gossipMembers returns the live and suspect members, sorted by name.
+func gossipMembers(ml *memberlist.Memberlist) []GossipMember {
+	var out []GossipMember
+	for _, n := range ml.Members() {
+		state := "alive"
+		switch n.State {
+		case memberlist.StateSuspect:
+			state = "suspect"
+		case memberlist.StateDead:
+			state = "dead"
+		case memberlist.StateLeft:
+			state = "left"
+		}
+		out = append(out, GossipMember{Name: n.Name, Addr: n.Address(), State: state})
+	}
+	slices.SortFunc(out, func(a, b GossipMember) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// gossipJoinLoop joins the agents registered in etcd that are not yet
+// gossip members: etcd is the seed list, so no static seeds are needed. It
+// runs on every registry change and every interval (to heal a partition
+// that memberlist alone would not), until ctx ends.
+func (a *Agent) gossipJoinLoop(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.registry.changes:
+		case <-t.C:
+		}
+		known := map[string]bool{}
+		for _, n := range a.ml.Members() {
+			known[n.Name] = true
+		}
+		var seeds []string
+		for _, r := range a.registry.list() {
+			if r.ID != a.id && !known[r.ID] && r.Gossip != "" {
+				seeds = append(seeds, r.Gossip)
+			}
+		}
+		if len(seeds) == 0 {
+			continue
+		}
+		n, err := a.ml.Join(seeds)
+		if err != nil {
+			a.log.Debug("gossip join incomplete", zap.Strings("seeds", seeds), zap.Int("joined", n), zap.Error(err))
+		} else {
+			a.log.Info("joined gossip", zap.Strings("seeds", seeds))
+		}
+	}
+}
+
+// memberlistLog turns memberlist's "[LEVEL] memberlist: msg" lines into zap
+// entries at the matching level.
+type memberlistLog struct{ log *zap.Logger }
+
+func (m *memberlistLog) Write(p []byte) (int, error) {
+	line := string(bytes.TrimSpace(p))
+	lvl, msg := "", line
+	if strings.HasPrefix(line, "[") {
+		if i := strings.IndexByte(line, ']'); i > 0 {
+			lvl, msg = line[1:i], strings.TrimSpace(line[i+1:])
+		}
+	}
+	switch lvl {
+	case "ERR", "ERROR":
+		m.log.Error(msg)
+	case "WARN":
+		m.log.Warn(msg)
+	case "INFO":
+		m.log.Info(msg)
+	default:
+		m.log.Debug(msg)
+	}
+	return len(p), nil
+}

@@ -1,0 +1,76 @@
+package agent
+
+import (
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// LeaderView is the body of GET /leader.
+type LeaderView struct {
+	// Leader is the leader's agent id; empty when nobody leads.
+	Leader string `json:"leader"`
+	// Self is true while this agent leads (its leader work is running).
+	Self bool `json:"self"`
+	// FencingToken is the creation revision of the leader key.
+	FencingToken int64 `json:"fencing_token"`
+	// Agent is this agent's id.
+	Agent string `json:"agent"`
+}
+
+// Status is the body of GET /status.
+type Status struct {
+	Agent       string         `json:"agent"`
+	Fleet       string         `json:"fleet"`
+	Version     string         `json:"version"`
+	Started     time.Time      `json:"started"`
+	Ready       bool           `json:"ready"`
+	ReadyReason string         `json:"ready_reason,omitempty"`
+	Leader      LeaderView     `json:"leader"`
+	Agents      []Registration `json:"agents"`
+	Gossip      []GossipMember `json:"gossip"`
+	Etcd        EtcdStatus     `json:"etcd"`
+}
+
+// EtcdStatus is this agent's view of its etcd connection.
+type EtcdStatus struct {
+	Endpoints []string `json:"endpoints"`
+	Reachable bool     `json:"reachable"`
+	LastError string   `json:"last_error,omitempty"`
+	LeaseID   int64    `json:"lease_id,omitempty"`
+}
+
+// handler serves the agent's read-only HTTP endpoints. No endpoint changes
+// fleet state: changes go through etcd and its access control.
+func (a *Agent) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "alive", "agent": a.id})
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		ok, reason := a.Ready()
+		if !ok {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": reason, "agent": a.id})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready", "agent": a.id})
+	})
+	mux.HandleFunc("GET /leader", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, a.LeaderView())
+	})
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, a.Status())
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))
+	return mux
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v) // the client went away; nothing to do
+}

@@ -1,0 +1,54 @@
+package agent
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/kswitch/kswitch/internal/version"
+)
+
+// metrics are registered on a registry of the agent's own, so that several
+// agents can run in one process (tests, the demo) without colliding.
+type metrics struct {
+	isLeader      prometheus.Gauge
+	leaderChanges prometheus.Counter
+	ready         prometheus.Gauge
+	agents        prometheus.Gauge
+	gossipMembers prometheus.Gauge
+	etcdErrors    *prometheus.CounterVec
+	badValues     *prometheus.CounterVec
+}
+
+func newMetrics(reg *prometheus.Registry) *metrics {
+	m := &metrics{
+		isLeader: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kswitch_is_leader", Help: "1 while this agent leads the fleet, else 0.",
+		}),
+		leaderChanges: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kswitch_leader_changes_total", Help: "Changes of the fleet's leader (id or fencing token) observed by this agent.",
+		}),
+		ready: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kswitch_ready", Help: "1 while /readyz answers 200 (etcd reachable and agent registered), else 0.",
+		}),
+		agents: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kswitch_registered_agents", Help: "Agents registered in etcd, as this agent sees them.",
+		}),
+		gossipMembers: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kswitch_gossip_members", Help: "Live and suspect members of the gossip cluster, this agent included.",
+		}),
+		etcdErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kswitch_etcd_errors_total", Help: "Failed etcd requests by operation.",
+		}, []string{"op"}),
+		badValues: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kswitch_refused_values_total", Help: "Malformed values found under the fleet's etcd prefix and refused, by kind.",
+		}, []string{"kind"}),
+	}
+	info := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "kswitch_build_info", Help: "Always 1; the labels carry the build.",
+		ConstLabels: prometheus.Labels{"version": version.Version},
+	})
+	info.Set(1)
+	reg.MustRegister(m.isLeader, m.leaderChanges, m.ready, m.agents, m.gossipMembers, m.etcdErrors, m.badValues, info,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}

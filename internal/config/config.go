@@ -1,0 +1,239 @@
+// Package config is the kswitch agent's configuration: the YAML file, its
+// defaults, the environment and command-line overrides, and validation.
+//
+// The life of a configuration is
+//
+//	c, err := config.Load(path)         // file over Default(); strict, not validated
+//	err = overrides.Apply(&c, os.Environ()) // env, then explicitly set flags
+//	err = c.Validate()                  // fills agent.id, reports every problem
+//
+// so the precedence of a value is flag > environment > file > default, and
+// validation sees the final values only. Every leaf of the file (a string, a
+// list of strings or a duration) has one environment variable,
+// KSWITCH_<PATH> (the dotted YAML path upper-cased, '.' → '_'), and one flag,
+// --<path>; both are derived from the yaml tags of Config, so a new field
+// gets them by being declared. Cluster fields are set per cluster by
+// KSWITCH_CLUSTERS_<NAME>_<FIELD> and --cluster NAME.field=value.
+//
+// Durations are Go duration strings ("5s", "500ms") everywhere; a bare number
+// is refused because its unit would be a guess.
+package config
+
+import (
+	"maps"
+	"slices"
+	"time"
+)
+
+// Role is what kswitch does with a Kafka cluster.
+type Role string
+
+const (
+	// RolePrimary is the cluster consumed from while it is healthy.
+	RolePrimary Role = "primary"
+	// RoleStandby is the replica consumed from while the primary is down.
+	RoleStandby Role = "standby"
+	// RoleSink is a cluster that is only a routing destination.
+	RoleSink Role = "sink"
+)
+
+// Defaults that have no home in Default() because they apply per cluster.
+const (
+	// DefaultKafkaVersion is the Kafka protocol version assumed for a cluster
+	// that does not state one.
+	DefaultKafkaVersion = "3.6.0"
+	// DefaultClientID is the Kafka client.id of a cluster that does not state
+	// one.
+	DefaultClientID = "kswitch"
+)
+
+// Config is the whole agent configuration. The yaml tags are the file's
+// schema and also name the environment variables and flags; the help tags
+// are the one-line flag help (the default is appended from Default()).
+//
+// A Config shares its map and slices when copied; use Clone before handing
+// one to code that may modify it.
+type Config struct {
+	// Fleet names the group of agents that share work; their etcd keys live
+	// under /kswitch/<fleet>/. Required; no '/' or whitespace.
+	Fleet    string             `yaml:"fleet" help:"fleet name; etcd keys live under /kswitch/<fleet>/ (required)"`
+	Log      Log                `yaml:"log"`
+	Agent    Agent              `yaml:"agent"`
+	Etcd     Etcd               `yaml:"etcd"`
+	Clusters map[string]Cluster `yaml:"clusters"`
+	Source   Source             `yaml:"source"`
+	Failover Failover           `yaml:"failover"`
+}
+
+// Log configures the agent's logger.
+type Log struct {
+	// Format is "json" (for log collectors) or "console" (for humans).
+	Format string `yaml:"format" help:"log format: json or console"`
+	// Level is the minimum level logged: debug, info, warn or error.
+	Level string `yaml:"level" help:"log level: debug, info, warn or error"`
+}
+
+// Agent configures this agent's identity and listeners.
+type Agent struct {
+	// ID identifies the agent in etcd keys and gossip; it must be unique in
+	// the fleet and stable across a restart only if the agent should find
+	// its own registration again. Empty means <hostname>-<pid>, filled by
+	// Validate.
+	ID string `yaml:"id" help:"agent id, unique in the fleet (default <hostname>-<pid>)"`
+	// HTTP is the host:port of the health, status and metrics listener.
+	// Port 0 picks a free port.
+	HTTP string `yaml:"http" help:"health/status/metrics listen address host:port"`
+	// Gossip is the host:port memberlist binds to. Port 0 picks a free port.
+	Gossip string `yaml:"gossip" help:"memberlist bind address host:port (port 0 = any free port)"`
+	// GossipAdvertise is the host:port other agents use to reach this one,
+	// for NAT or containers. Empty means the address actually bound for
+	// Gossip.
+	GossipAdvertise string `yaml:"gossip_advertise" help:"host:port other agents use to reach this agent's gossip (default: the bound gossip address)"`
+}
+
+// Etcd configures the connection to etcd, the fleet's source of truth.
+type Etcd struct {
+	// Endpoints are host:port or http(s)://host:port. At least one.
+	Endpoints []string `yaml:"endpoints" help:"etcd endpoints, host:port or http(s)://host:port (required)"`
+	// SessionTTL is the TTL of the agent's lease: how long after an agent
+	// stops renewing it before its registration, its partitions and (for
+	// the leader) its leadership are released. Whole seconds, at least 2s.
+	SessionTTL time.Duration `yaml:"session_ttl" help:"etcd session (lease) TTL, whole seconds, at least 2s"`
+	// DialTimeout bounds establishing the connection.
+	DialTimeout time.Duration `yaml:"dial_timeout" help:"etcd dial timeout"`
+	// RequestTimeout bounds each etcd request; it must be shorter than
+	// SessionTTL so a request can fail and be retried before the lease
+	// expires.
+	RequestTimeout time.Duration `yaml:"request_timeout" help:"timeout of each etcd request; must be below etcd.session_ttl"`
+}
+
+// Cluster is one Kafka cluster, addressed by its name in Config.Clusters.
+type Cluster struct {
+	// Brokers are the bootstrap brokers, host:port. At least one.
+	Brokers []string `yaml:"brokers" help:"bootstrap brokers host:port (required)"`
+	// Role is primary, standby or sink.
+	Role Role `yaml:"role" help:"primary, standby or sink (required)"`
+	// Version is the Kafka protocol version the client speaks
+	// (sarama's KafkaVersion syntax, e.g. "3.9.0").
+	Version string `yaml:"version" help:"Kafka protocol version"`
+	// ClientID is the Kafka client.id, visible in broker logs and quotas.
+	ClientID string `yaml:"client_id" help:"Kafka client.id"`
+}
+
+// Source configures what the fleet consumes.
+type Source struct {
+	// Topics are consumed by name. Topics and/or TopicRegex is required.
+	Topics []string `yaml:"topics" help:"topics to consume (this and/or source.topic_regex is required)"`
+	// TopicRegex selects further topics by a Go (RE2) regular expression,
+	// unanchored as with regexp.MatchString: write ^…$ to match whole names.
+	TopicRegex string `yaml:"topic_regex" help:"Go regexp of further topics to consume, unanchored"`
+	// Group is the Kafka consumer group the committed offsets are mirrored
+	// to, so Kafka tooling (lag monitors) sees the fleet's progress.
+	Group string `yaml:"group" help:"Kafka consumer group the offsets are mirrored to (required)"`
+	// InitialOffset is where a partition with no committed offset starts:
+	// "oldest" or "newest".
+	InitialOffset string `yaml:"initial_offset" help:"start of a partition with no committed offset: oldest or newest"`
+	// RefreshInterval is how often topic metadata is re-read to find new
+	// topics and partitions.
+	RefreshInterval time.Duration `yaml:"refresh_interval" help:"interval of topic and partition discovery"`
+	// CommitInterval is how often consumed positions are committed.
+	CommitInterval time.Duration `yaml:"commit_interval" help:"interval of offset commits"`
+}
+
+// Failover configures the cluster health verdict.
+type Failover struct {
+	// ProbeInterval is how often every agent probes every cluster.
+	ProbeInterval time.Duration `yaml:"probe_interval" help:"interval of cluster health probes"`
+	// FailureWindow is how long a quorum of agents must fail to reach a
+	// cluster before it is declared down; longer than ProbeInterval so that
+	// more than one probe decides.
+	FailureWindow time.Duration `yaml:"failure_window" help:"how long a cluster must be unreachable before it is declared down; must exceed failover.probe_interval"`
+}
+
+// Default returns a configuration with every default filled in. It has no
+// fleet, etcd endpoints, clusters, topics or group, which have no sensible
+// default, and no agent id, which Validate derives from the host.
+func Default() Config {
+	return Config{
+		Log: Log{Format: "json", Level: "info"},
+		Agent: Agent{
+			HTTP:   "127.0.0.1:8080",
+			Gossip: "127.0.0.1:7946",
+		},
+		Etcd: Etcd{
+			SessionTTL:     5 * time.Second,
+			DialTimeout:    3 * time.Second,
+			RequestTimeout: 2 * time.Second,
+		},
+		Clusters: map[string]Cluster{},
+		Source: Source{
+			InitialOffset:   "oldest",
+			RefreshInterval: 10 * time.Second,
+			CommitInterval:  time.Second,
+		},
+		Failover: Failover{
+			ProbeInterval: 500 * time.Millisecond,
+			FailureWindow: 3 * time.Second,
+		},
+	}
+}
+
+// defaultCluster is the value a cluster starts from before the file or an
+// override sets its fields.
+func defaultCluster() Cluster {
+	return Cluster{Version: DefaultKafkaVersion, ClientID: DefaultClientID}
+}
+
+// fillClusterDefaults sets the defaults of cluster fields left empty, so that
+// clusters built in code, as well as from the file, need only brokers and a
+// role.
+func (c *Config) fillClusterDefaults() {
+	for name, cl := range c.Clusters {
+		d := defaultCluster()
+		if cl.Version == "" {
+			cl.Version = d.Version
+		}
+		if cl.ClientID == "" {
+			cl.ClientID = d.ClientID
+		}
+		c.Clusters[name] = cl
+	}
+}
+
+// Clone returns a deep copy of c, which the caller may modify without
+// affecting c.
+func (c Config) Clone() Config {
+	c.Etcd.Endpoints = slices.Clone(c.Etcd.Endpoints)
+	c.Source.Topics = slices.Clone(c.Source.Topics)
+	if c.Clusters != nil {
+		c.Clusters = maps.Clone(c.Clusters)
+		for name, cl := range c.Clusters {
+			cl.Brokers = slices.Clone(cl.Brokers)
+			c.Clusters[name] = cl
+		}
+	}
+	return c
+}
+
+// Primary returns the cluster with role primary. On a validated Config there
+// is exactly one; otherwise it returns the first by name, or "" and the zero
+// Cluster when there is none.
+func (c Config) Primary() (string, Cluster) {
+	name, cl, _ := c.withRole(RolePrimary)
+	return name, cl
+}
+
+// Standby returns the cluster with role standby, and false when the
+// configuration has none (a fleet without failover).
+func (c Config) Standby() (string, Cluster, bool) {
+	return c.withRole(RoleStandby)
+}
+
+func (c Config) withRole(r Role) (string, Cluster, bool) {
+	for _, name := range slices.Sorted(maps.Keys(c.Clusters)) {
+		if cl := c.Clusters[name]; cl.Role == r {
+			return name, cl, true
+		}
+	}
+	return "", Cluster{}, false
+}

@@ -1,0 +1,167 @@
+package config
+
+import (
+	"fmt"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// A leaf is one settable value of the configuration: a string, a list of
+// strings or a duration. The leaf tables below are derived from the yaml and
+// help tags of Config and Cluster, and drive the file decoder's known-field
+// lists, the environment variables, the flags and their help, so a field is
+// declared exactly once.
+type leaf struct {
+	path  string       // dotted YAML path below the root, e.g. "etcd.session_ttl"
+	index []int        // reflect field index below the root type
+	typ   reflect.Type // string kind, []string or time.Duration
+	help  string       // one-line help, without the default
+	def   string       // the default, formatted as a flag or env value would be
+}
+
+var (
+	durationType   = reflect.TypeFor[time.Duration]()
+	stringListType = reflect.TypeFor[[]string]()
+
+	// configLeaves are the leaves of Config outside the clusters map.
+	configLeaves = leavesOf(reflect.ValueOf(Default()), "", nil)
+	// clusterLeaves are the leaves of one cluster, paths relative to it.
+	clusterLeaves = leavesOf(reflect.ValueOf(defaultCluster()), "", nil)
+)
+
+// leavesOf lists the leaves of the struct def (a default value, which
+// supplies each leaf's default), skipping maps, which hold named entries
+// and are handled by their own overrides.
+func leavesOf(def reflect.Value, prefix string, index []int) []leaf {
+	var out []leaf
+	t := def.Type()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name := yamlName(f)
+		if name == "" {
+			continue
+		}
+		path := prefix + name
+		idx := append(index[:len(index):len(index)], i)
+		switch {
+		case f.Type.Kind() == reflect.Struct:
+			out = append(out, leavesOf(def.Field(i), path+".", idx)...)
+		case f.Type.Kind() == reflect.Map:
+			continue
+		case isLeafType(f.Type):
+			out = append(out, leaf{
+				path:  path,
+				index: idx,
+				typ:   f.Type,
+				help:  f.Tag.Get("help"),
+				def:   formatValue(def.Field(i)),
+			})
+		default:
+			panic(fmt.Sprintf("config: field %s has type %s, which has no env/flag syntax", path, f.Type))
+		}
+	}
+	return out
+}
+
+// yamlName is the YAML key of a struct field, or "" for a field that is not
+// part of the schema.
+func yamlName(f reflect.StructField) string {
+	if !f.IsExported() {
+		return ""
+	}
+	name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+	if name == "-" {
+		return ""
+	}
+	if name == "" {
+		return strings.ToLower(f.Name)
+	}
+	return name
+}
+
+func isLeafType(t reflect.Type) bool {
+	return t == durationType || t.Kind() == reflect.String || t == stringListType
+}
+
+// env is the environment variable of a static leaf.
+func (l leaf) env() string { return envName(l.path) }
+
+func envName(path string) string {
+	return "KSWITCH_" + strings.ToUpper(strings.ReplaceAll(path, ".", "_"))
+}
+
+// example is a valid value to quote in an error message: the default, or a
+// generic one where the default is empty.
+func (l leaf) example() string {
+	if l.def != "" {
+		return l.def
+	}
+	if l.typ == durationType {
+		return "1s"
+	}
+	return ""
+}
+
+// field returns the leaf's field within root, which must be the leaf
+// table's root type (Config or Cluster).
+func (l leaf) field(root reflect.Value) reflect.Value { return root.FieldByIndex(l.index) }
+
+// parseValue parses s, an environment or flag value, into a value of type t.
+// Lists are comma-separated; blanks around items and empty items are
+// dropped. The error does not name the source; the caller does.
+func parseValue(t reflect.Type, s, example string) (reflect.Value, error) {
+	v := reflect.New(t).Elem()
+	switch {
+	case t == durationType:
+		d, err := parseDuration(s, example)
+		if err != nil {
+			return v, err
+		}
+		v.SetInt(int64(d))
+	case t == stringListType:
+		var items []string
+		for item := range strings.SplitSeq(s, ",") {
+			if item = strings.TrimSpace(item); item != "" {
+				items = append(items, item)
+			}
+		}
+		v.Set(reflect.ValueOf(items))
+	default: // string kinds
+		v.SetString(s)
+	}
+	return v, nil
+}
+
+// formatValue formats a leaf value the way parseValue reads it.
+func formatValue(v reflect.Value) string {
+	switch {
+	case v.Type() == durationType:
+		if v.Int() == 0 {
+			return ""
+		}
+		return time.Duration(v.Int()).String()
+	case v.Type() == stringListType:
+		return strings.Join(v.Interface().([]string), ",")
+	default:
+		return v.String()
+	}
+}
+
+// parseDuration parses a Go duration string. Its errors quote s and show
+// example, a valid duration for the same setting, because the usual mistakes
+// ("5", "5 seconds") are easy to fix once a good value is in sight.
+func parseDuration(s, example string) (time.Duration, error) {
+	if example == "" {
+		example = "1s"
+	}
+	d, err := time.ParseDuration(strings.TrimSpace(s))
+	if err == nil {
+		return d, nil
+	}
+	if _, nerr := strconv.ParseFloat(strings.TrimSpace(s), 64); nerr == nil {
+		return 0, fmt.Errorf("%q has no unit; write a Go duration such as %q", s, example)
+	}
+	return 0, fmt.Errorf("%q is not a duration; write a Go duration such as %q", s, example)
+}

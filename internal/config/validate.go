@@ -1,0 +1,256 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"net/url"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kswitch/kswitch/internal/keys"
+)
+
+// MinSessionTTL is etcd's minimum lease TTL; a shorter TTL is silently
+// raised by the server, so it is refused here instead.
+const MinSessionTTL = 2 * time.Second
+
+var (
+	clusterNameRE  = regexp.MustCompile(`^[A-Za-z0-9._-]+$`)
+	topicNameRE    = regexp.MustCompile(`^[A-Za-z0-9._-]+$`)
+	kafkaVersionRE = regexp.MustCompile(`^(0\.\d+\.\d+\.\d+|[1-9]\d*\.\d+\.\d+)$`)
+)
+
+// Validate fills the defaults that can only be known at run time or per
+// entry — agent.id (<hostname>-<pid>) and each cluster's version and
+// client_id when empty — and then checks the whole configuration: every
+// field and the timing relations between them. It returns every problem
+// found, joined, each naming the field path and how to fix it. Call it
+// after Apply, on the final values.
+func (c *Config) Validate() error {
+	if c.Agent.ID == "" {
+		c.Agent.ID = defaultAgentID()
+	}
+	c.fillClusterDefaults()
+
+	var p problems
+	if c.Fleet == "" {
+		p.add("fleet", "required: name the fleet, e.g. fleet: orders (its etcd keys live under /kswitch/<fleet>/)")
+	} else if err := keys.ValidName(c.Fleet); err != nil {
+		p.add("fleet", "%q %v; it is part of the etcd prefix /kswitch/<fleet>/", c.Fleet, err)
+	}
+	p.oneOf("log.format", c.Log.Format, "json", "console")
+	p.oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")
+
+	if err := keys.ValidName(c.Agent.ID); err != nil {
+		p.add("agent.id", "%q %v; it is part of etcd keys", c.Agent.ID, err)
+	}
+	p.listenAddr("agent.http", c.Agent.HTTP)
+	p.listenAddr("agent.gossip", c.Agent.Gossip)
+	if c.Agent.GossipAdvertise != "" {
+		p.hostPort("agent.gossip_advertise", c.Agent.GossipAdvertise)
+	}
+
+	c.validateEtcd(&p)
+	c.validateClusters(&p)
+	c.validateSource(&p)
+
+	f := c.Failover
+	p.positive("failover.probe_interval", f.ProbeInterval)
+	if f.ProbeInterval > 0 && f.FailureWindow <= f.ProbeInterval {
+		p.add("failover.failure_window", "%s must be longer than failover.probe_interval (%s) so that more than one probe decides",
+			f.FailureWindow, f.ProbeInterval)
+	}
+	return p.err()
+}
+
+func (c *Config) validateEtcd(p *problems) {
+	e := c.Etcd
+	if len(e.Endpoints) == 0 {
+		p.add("etcd.endpoints", "required: list at least one endpoint, e.g. [127.0.0.1:2379]")
+	}
+	for i, ep := range e.Endpoints {
+		path := fmt.Sprintf("etcd.endpoints[%d]", i)
+		if scheme, rest, ok := strings.Cut(ep, "://"); ok {
+			u, err := url.Parse(ep)
+			switch {
+			case scheme != "http" && scheme != "https":
+				p.add(path, "%q: the scheme must be http or https", ep)
+			case err != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.User != nil:
+				p.add(path, "%q: write host:port or http(s)://host:port, nothing more", ep)
+			default:
+				p.hostPort(path, strings.TrimSuffix(rest, "/"))
+			}
+			continue
+		}
+		p.hostPort(path, ep)
+	}
+
+	switch {
+	case e.SessionTTL < MinSessionTTL:
+		p.add("etcd.session_ttl", "%q is below etcd's minimum lease TTL of %s", e.SessionTTL, MinSessionTTL)
+	case e.SessionTTL%time.Second != 0:
+		p.add("etcd.session_ttl", "%q is not a whole number of seconds, which etcd lease TTLs are (e.g. %s)",
+			e.SessionTTL, e.SessionTTL.Truncate(time.Second))
+	}
+	p.positive("etcd.dial_timeout", e.DialTimeout)
+	if p.positive("etcd.request_timeout", e.RequestTimeout) && e.RequestTimeout >= e.SessionTTL {
+		p.add("etcd.request_timeout", "%q must be shorter than etcd.session_ttl (%s), so that a failed request can be retried before the session expires",
+			e.RequestTimeout, e.SessionTTL)
+	}
+}
+
+func (c *Config) validateClusters(p *problems) {
+	if len(c.Clusters) == 0 {
+		p.add("clusters", "required: define at least one cluster, e.g. A: {brokers: [127.0.0.1:9092], role: primary}")
+		return
+	}
+	names := slices.Sorted(maps.Keys(c.Clusters))
+	byRole := map[Role]string{}
+	folded := map[string]string{}
+	for _, name := range names {
+		cl := c.Clusters[name]
+		path := "clusters." + name
+		if !clusterNameRE.MatchString(name) {
+			p.add(path, "cluster name %q may contain only letters, digits, '-', '_' and '.'", name)
+		}
+		if other, dup := folded[strings.ToLower(name)]; dup {
+			p.add(path, "name differs from cluster %s only in case, which environment variables cannot tell apart; rename one", other)
+		} else {
+			folded[strings.ToLower(name)] = name
+		}
+
+		if len(cl.Brokers) == 0 {
+			p.add(path+".brokers", "required: list at least one host:port")
+		}
+		for i, b := range cl.Brokers {
+			p.hostPort(fmt.Sprintf("%s.brokers[%d]", path, i), b)
+		}
+
+		switch cl.Role {
+		case RolePrimary, RoleStandby:
+			if other, dup := byRole[cl.Role]; dup {
+				how := "exactly one cluster may be primary (set the other to standby or sink)"
+				if cl.Role == RoleStandby {
+					how = "at most one cluster may be standby (set the other to sink)"
+				}
+				p.add(path+".role", "%q is also the role of cluster %s; %s", cl.Role, other, how)
+			} else {
+				byRole[cl.Role] = name
+			}
+		case RoleSink:
+		case "":
+			p.add(path+".role", "required: primary, standby or sink")
+		default:
+			p.add(path+".role", "%q is not a role; use primary, standby or sink", cl.Role)
+		}
+
+		if !kafkaVersionRE.MatchString(cl.Version) {
+			p.add(path+".version", "%q is not a Kafka version; write e.g. %q (or 0.x.y.z before 1.0)", cl.Version, DefaultKafkaVersion)
+		}
+		if strings.ContainsFunc(cl.ClientID, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+			p.add(path+".client_id", "%q must not contain control characters", cl.ClientID)
+		}
+	}
+	if _, ok := byRole[RolePrimary]; !ok {
+		p.add("clusters", "no cluster has role primary; set role: primary on the cluster consumed from normally")
+	}
+}
+
+func (c *Config) validateSource(p *problems) {
+	s := c.Source
+	if len(s.Topics) == 0 && s.TopicRegex == "" {
+		p.add("source.topics", "required: list the topics to consume, or set source.topic_regex")
+	}
+	seen := map[string]bool{}
+	for i, t := range s.Topics {
+		path := fmt.Sprintf("source.topics[%d]", i)
+		switch {
+		case !topicNameRE.MatchString(t) || len(t) > 249 || t == "." || t == "..":
+			p.add(path, "%q is not a Kafka topic name (letters, digits, '.', '_' and '-', at most 249)", t)
+		case seen[t]:
+			p.add(path, "%q is listed twice", t)
+		}
+		seen[t] = true
+	}
+	if s.TopicRegex != "" {
+		if _, err := regexp.Compile(s.TopicRegex); err != nil {
+			p.add("source.topic_regex", "%q does not compile: %v", s.TopicRegex, err)
+		}
+	}
+	if s.Group == "" {
+		p.add("source.group", "required: name the Kafka consumer group the offsets are mirrored to")
+	}
+	p.oneOf("source.initial_offset", s.InitialOffset, "oldest", "newest")
+	p.positive("source.refresh_interval", s.RefreshInterval)
+	p.positive("source.commit_interval", s.CommitInterval)
+}
+
+// defaultAgentID is <hostname>-<pid>: unique on a host, and readable in
+// etcd and logs.
+func defaultAgentID() string {
+	host, err := os.Hostname()
+	if err != nil || keys.ValidName(host) != nil {
+		host = "kswitch"
+	}
+	return fmt.Sprintf("%s-%d", host, os.Getpid())
+}
+
+// problems collects validation errors.
+type problems []error
+
+func (p *problems) add(path, format string, args ...any) {
+	*p = append(*p, fmt.Errorf("config: %s: %s", path, fmt.Sprintf(format, args...)))
+}
+
+func (p problems) err() error { return errors.Join(p...) }
+
+func (p *problems) oneOf(path, v string, allowed ...string) {
+	if !slices.Contains(allowed, v) {
+		p.add(path, "%q is not one of %s", v, strings.Join(allowed, ", "))
+	}
+}
+
+// positive checks d > 0 and reports whether it is.
+func (p *problems) positive(path string, d time.Duration) bool {
+	if d <= 0 {
+		p.add(path, "%q must be positive", d)
+		return false
+	}
+	return true
+}
+
+// hostPort checks an address to connect to: a host and a port in 1-65535.
+func (p *problems) hostPort(path, addr string) {
+	host, port, err := net.SplitHostPort(addr)
+	switch {
+	case err != nil:
+		p.add(path, "%q is not host:port (e.g. 127.0.0.1:9092)", addr)
+	case host == "":
+		p.add(path, "%q has no host", addr)
+	case !validPort(port, false):
+		p.add(path, "%q: port must be a number from 1 to 65535", addr)
+	}
+}
+
+// listenAddr checks an address to listen on: the host may be empty (all
+// interfaces) and port 0 asks for any free port.
+func (p *problems) listenAddr(path, addr string) {
+	_, port, err := net.SplitHostPort(addr)
+	switch {
+	case err != nil:
+		p.add(path, "%q is not host:port (e.g. 127.0.0.1:0)", addr)
+	case !validPort(port, true):
+		p.add(path, "%q: port must be a number from 0 to 65535", addr)
+	}
+}
+
+func validPort(s string, zeroOK bool) bool {
+	n, err := strconv.ParseUint(s, 10, 16)
+	return err == nil && (n > 0 || zeroOK)
+}

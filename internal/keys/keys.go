@@ -1,0 +1,129 @@
+// Package keys builds every etcd key kswitch reads or writes.
+//
+// All keys of a fleet live under /kswitch/<fleet>/. Building them in one
+// place keeps prefix mistakes (a missing or doubled "/", a prefix that also
+// matches a longer name) out of the rest of the code: every prefix returned
+// here ends in "/", so "agents/a" never matches "agents/ab".
+package keys
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Root is the prefix shared by all fleets.
+const Root = "/kswitch/"
+
+// Fleet builds the keys of one fleet. The zero value is not usable; call New.
+type Fleet struct {
+	prefix string
+}
+
+// New returns the key builder for fleet. The name must be non-empty and
+// must not contain "/" (config validation enforces this; New panics on a
+// programming error).
+func New(fleet string) Fleet {
+	if err := ValidName(fleet); err != nil {
+		panic(fmt.Sprintf("keys: fleet %q: %v", fleet, err))
+	}
+	return Fleet{prefix: Root + fleet + "/"}
+}
+
+// ValidName reports whether s can be used as a fleet name, agent id, topic or
+// channel name inside a key: non-empty, no "/", no whitespace or control
+// characters.
+func ValidName(s string) error {
+	if s == "" {
+		return fmt.Errorf("must not be empty")
+	}
+	if strings.ContainsAny(s, "/ \t\r\n") {
+		return fmt.Errorf("must not contain '/' or whitespace")
+	}
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f {
+			return fmt.Errorf("must not contain control characters")
+		}
+	}
+	return nil
+}
+
+// Prefix is /kswitch/<fleet>/.
+func (f Fleet) Prefix() string { return f.prefix }
+
+// Election is the prefix of the leader election.
+func (f Fleet) Election() string { return f.prefix + "election/" }
+
+// Agents is the prefix of the agent registrations.
+func (f Fleet) Agents() string { return f.prefix + "agents/" }
+
+// Agent is the registration key of one agent.
+func (f Fleet) Agent(id string) string { return f.Agents() + id }
+
+// AgentID returns the agent id of a registration key, and false when key is
+// not directly under Agents().
+func (f Fleet) AgentID(key string) (string, bool) {
+	id, ok := strings.CutPrefix(key, f.Agents())
+	if !ok || id == "" || strings.Contains(id, "/") {
+		return "", false
+	}
+	return id, true
+}
+
+// State is the prefix of the leader-written state.
+func (f Fleet) State() string { return f.prefix + "state/" }
+
+// Active is the key of the active cluster.
+func (f Fleet) Active() string { return f.State() + "active" }
+
+// Assignment is the key of the partition assignment.
+func (f Fleet) Assignment() string { return f.State() + "assignment" }
+
+// Acks is the prefix of the per-agent generation acknowledgements.
+func (f Fleet) Acks() string { return f.prefix + "acks/" }
+
+// Ack is the acknowledgement key of one agent.
+func (f Fleet) Ack(id string) string { return f.Acks() + id }
+
+// Offsets is the prefix of all committed offsets.
+func (f Fleet) Offsets() string { return f.prefix + "offsets/" }
+
+// Offset is the committed-offset key of one partition on one cluster.
+func (f Fleet) Offset(cluster, topic string, partition int32) string {
+	return fmt.Sprintf("%s%s/%s/%d", f.Offsets(), cluster, topic, partition)
+}
+
+// Signals is the prefix of all pause/start signals.
+func (f Fleet) Signals() string { return f.prefix + "signals/" }
+
+// FleetSignal is the fleet-wide signal key.
+func (f Fleet) FleetSignal() string { return f.Signals() + "fleet" }
+
+// TopicSignal is the signal key of one source topic.
+func (f Fleet) TopicSignal(topic string) string { return f.Signals() + "topic/" + topic }
+
+// AgentSignal is the signal key of one agent.
+func (f Fleet) AgentSignal(id string) string { return f.Signals() + "agent/" + id }
+
+// ChannelSignal is the signal key of one routing channel.
+func (f Fleet) ChannelSignal(channel string) string { return f.Signals() + "channel/" + channel }
+
+// Pin is the operator's manual cluster pin.
+func (f Fleet) Pin() string { return f.prefix + "control/pin" }
+
+// Routes is the key of the dynamic routing rules.
+func (f Fleet) Routes() string { return f.prefix + "routes" }
+
+// Channels is the prefix of the dynamic channel definitions.
+func (f Fleet) Channels() string { return f.prefix + "channels/" }
+
+// Channel is the key of one channel definition.
+func (f Fleet) Channel(name string) string { return f.Channels() + name }
+
+// History is the prefix of the switch history.
+func (f Fleet) History() string { return f.prefix + "history/" }
+
+// HistoryEvent is the key of one switch event. The epoch is zero-padded so
+// that keys sort in epoch order.
+func (f Fleet) HistoryEvent(epoch int64) string {
+	return fmt.Sprintf("%s%020d", f.History(), epoch)
+}

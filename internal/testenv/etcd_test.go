@@ -1,0 +1,87 @@
+package testenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestEtcdStopRestartKeepsDataAndClient(t *testing.T) {
+	e := StartEtcdT(t)
+	if got := e.Endpoints(); len(got) != 1 {
+		t.Fatalf("Endpoints() = %v, want one endpoint", got)
+	}
+	cli := EtcdClientT(t, e)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := cli.Put(ctx, "/testenv/k", "v1"); err != nil {
+		t.Fatalf("put: %v", err)
+	}
+	resp, err := cli.Get(ctx, "/testenv/k")
+	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "v1" {
+		t.Fatalf("get = %v, %v; want v1", resp, err)
+	}
+
+	e.Stop()
+	e.Stop() // idempotent
+	if e.Running() {
+		t.Fatal("Running() after Stop")
+	}
+	getCtx, getCancel := context.WithTimeout(context.Background(), time.Second)
+	_, err = cli.Get(getCtx, "/testenv/k")
+	getCancel()
+	if err == nil {
+		t.Fatal("get on a stopped etcd succeeded")
+	}
+
+	if err := e.Restart(); err != nil {
+		t.Fatalf("restart: %v", err)
+	}
+	if err := e.Restart(); err == nil {
+		t.Fatal("restart of a running etcd succeeded")
+	}
+	// The same client reconnects by itself.
+	waitFor(t, 30*time.Second, "get after restart", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		resp, err := cli.Get(ctx, "/testenv/k")
+		if err != nil {
+			return err
+		}
+		if len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "v1" {
+			return fmt.Errorf("got %v, want v1", resp.Kvs)
+		}
+		return nil
+	})
+}
+
+func TestEtcdStopLeavesNoGoroutines(t *testing.T) {
+	defer goleak.VerifyNone(t, append([]goleak.Option{goleak.IgnoreCurrent()}, IgnoreEtcd...)...)
+
+	e, err := StartEtcd(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := e.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := cli.Put(ctx, "k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	if err := cli.Close(); err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+	e.Stop()
+	if err := e.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	e.Stop()
+}

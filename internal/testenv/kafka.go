@@ -1,0 +1,383 @@
+package testenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
+)
+
+// adminTimeout bounds AddPartitions, which goes over the wire.
+const adminTimeout = 10 * time.Second
+
+// KafkaOptions configures StartKafka. The zero value is a one-broker cluster
+// on a free port, in memory, with no topics.
+type KafkaOptions struct {
+	// Brokers is the number of brokers. Default 1. When Ports is set it
+	// must be 0 or len(Ports).
+	Brokers int
+
+	// Ports fixes the brokers' ports, one per broker. Default: the kernel
+	// picks free ports at the first start. Either way the ports are kept
+	// for Restart.
+	Ports []int
+
+	// DataDir is where the cluster persists its topics, records, group
+	// offsets and producer state, so that Restart finds them again (see
+	// Stop). The directory is created if needed and left behind: the
+	// caller owns it. Default "": state is kept in memory only and a
+	// Restart starts an empty cluster.
+	DataDir string
+
+	// Topics maps topic name to partition count; they are created when a
+	// start finds no persisted state (a restart with data keeps what was
+	// persisted instead). A count <= 0 means DefaultPartitions.
+	Topics map[string]int32
+
+	// AutoCreateTopics lets Metadata requests that ask for it create
+	// unknown topics, as real Kafka does with its default
+	// auto.create.topics.enable=true. Default false: producing to an
+	// unknown topic fails with UNKNOWN_TOPIC_OR_PARTITION, which keeps
+	// tests from silently creating misspelled topics.
+	AutoCreateTopics bool
+
+	// DefaultPartitions is the partition count of auto-created topics and
+	// of CreateTopic with a count <= 0. Default 1, real Kafka's
+	// num.partitions default (kfake's own default would be 10).
+	DefaultPartitions int
+
+	// Logger receives the cluster's logs: kfake's errors and warnings at
+	// their level, its (per-request, chatty) info and debug logs at
+	// debug. Default: no logs.
+	Logger *zap.Logger
+
+	// Extra kfake options, applied after testenv's own (so they win), on
+	// every start. For what KafkaOptions does not cover, such as
+	// kfake.GroupMinSessionTimeout or kfake.BrokerConfigs.
+	Extra []kfake.Opt
+}
+
+// faultMode is what a Kafka cluster does with incoming requests.
+type faultMode int32
+
+const (
+	faultNone faultMode = iota // requests are served
+	faultFail                  // each request closes its connection
+	faultHang                  // requests are swallowed, never answered
+)
+
+func (m faultMode) String() string {
+	switch m {
+	case faultNone:
+		return "none"
+	case faultFail:
+		return "fail"
+	case faultHang:
+		return "hang"
+	default:
+		return "faultMode(" + strconv.Itoa(int(m)) + ")"
+	}
+}
+
+// errInjectedFailure is what the Fail control answers with; kfake then closes
+// the client's connection. The client never sees this text.
+var errInjectedFailure = errors.New("testenv: injected failure")
+
+// Kafka is a fake Kafka cluster (kfake) running in this process on loopback
+// ports. Its broker addresses stay the same across Stop and Restart.
+//
+// All methods are safe for concurrent use. Stop and Restart are serialised
+// with each other and with CreateTopic.
+type Kafka struct {
+	name  string
+	opts  KafkaOptions // copied at start; Ports filled after the first start
+	ports []int
+	mode  atomic.Int32 // a faultMode; read by the control function on kfake's goroutines
+
+	mu sync.RWMutex
+	c  *kfake.Cluster // nil while stopped
+}
+
+// StartKafka starts a fake Kafka cluster named name (also its cluster ID, so
+// clusters are told apart in metadata) and returns once it accepts
+// connections. The caller must call Stop when done.
+func StartKafka(name string, opts KafkaOptions) (*Kafka, error) {
+	if opts.Brokers < 0 || (len(opts.Ports) > 0 && opts.Brokers != 0 && opts.Brokers != len(opts.Ports)) {
+		return nil, fmt.Errorf("testenv: kafka %s: Brokers=%d does not fit %d Ports", name, opts.Brokers, len(opts.Ports))
+	}
+	if opts.Brokers == 0 {
+		opts.Brokers = max(1, len(opts.Ports))
+	}
+	if opts.DefaultPartitions <= 0 {
+		opts.DefaultPartitions = 1
+	}
+	opts.Ports = append([]int(nil), opts.Ports...)
+	opts.Extra = append([]kfake.Opt(nil), opts.Extra...)
+	topics := make(map[string]int32, len(opts.Topics))
+	for t, p := range opts.Topics {
+		topics[t] = p
+	}
+	opts.Topics = topics
+
+	k := &Kafka{name: name, opts: opts, ports: opts.Ports}
+	c, err := k.start()
+	if err != nil {
+		return nil, err
+	}
+	if len(k.ports) == 0 {
+		ports, err := listenPorts(c.ListenAddrs())
+		if err != nil {
+			c.Close()
+			return nil, fmt.Errorf("testenv: kafka %s: %w", name, err)
+		}
+		k.ports = ports
+	}
+	k.c = c
+	return k, nil
+}
+
+// Name returns the name given to StartKafka, which is also the cluster ID.
+func (k *Kafka) Name() string { return k.name }
+
+// Brokers returns the brokers' addresses ("127.0.0.1:PORT"), the same across
+// Stop and Restart.
+func (k *Kafka) Brokers() []string {
+	addrs := make([]string, len(k.ports))
+	for i, p := range k.ports {
+		addrs[i] = hostPort(p)
+	}
+	return addrs
+}
+
+// Cluster returns the running kfake cluster for what this type does not
+// wrap (Fault, ControlKey, GroupInfo...), or nil while stopped. A Restart
+// makes a new cluster: controls and faults installed on the old one are gone.
+func (k *Kafka) Cluster() *kfake.Cluster {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	return k.c
+}
+
+// Running reports whether the cluster is started (not stopped).
+func (k *Kafka) Running() bool {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	return k.c != nil
+}
+
+// Stop closes the cluster: listeners close (clients get connection refused
+// until Restart), open connections are dropped, and, with a DataDir, the
+// whole state is written to disk before Stop returns — including
+// auto-created topics and the latest group offsets, which kfake only saves
+// on this clean close. A few kfake goroutines finish asynchronously, within
+// milliseconds. Stop is idempotent.
+//
+// Stop is the way to simulate a dead process (connections refused); Fail
+// and Hang keep the port open.
+func (k *Kafka) Stop() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.c == nil {
+		return
+	}
+	k.c.Close()
+	k.c = nil
+}
+
+// Restart starts a stopped cluster again on the same ports and, with a
+// DataDir, with the data persisted by Stop. If a port is briefly still in use
+// it retries for up to 10 s. The fault mode (Fail/Hang) is a property of the
+// Kafka value, not of one run: it still applies after Restart until Recover.
+// Clients reconnect by themselves (sarama on its next metadata refresh or
+// request). Restarting a running cluster is an error.
+func (k *Kafka) Restart() error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.c != nil {
+		return fmt.Errorf("testenv: kafka %s: restart: already running", k.name)
+	}
+	deadline := time.Now().Add(restartBindTimeout)
+	for {
+		c, err := k.start()
+		if err == nil {
+			k.c = c
+			return nil
+		}
+		if !isBindError(err) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond) // waiting for a port to be released; nothing to poll
+	}
+}
+
+// Fail makes every request to the cluster fail from now on: kfake reads the
+// request and closes the connection without answering, so clients see EOF
+// or "connection reset" at once and reconnecting does not help (the new
+// connection's first request, ApiVersions, fails the same way). To a sarama
+// client this looks like a cluster whose brokers are all down: metadata
+// refreshes run out of brokers and produce/fetch fail within their retry
+// budget (a couple of seconds with sarama's defaults).
+//
+// Use Fail for "the data centre is gone, fast". Use Hang to exercise
+// timeouts, and Stop for "connection refused". Connections idle at the time
+// of Fail are not cut until they send a request. Recover lifts it.
+func (k *Kafka) Fail() { k.mode.Store(int32(faultFail)) }
+
+// Hang makes the cluster swallow every request from now on: it is read and
+// never answered, and kfake reads nothing more from that connection. Clients
+// see timeouts (sarama: Net.ReadTimeout, 30 s by default), like a network
+// partition or a hung broker. Recover lifts it for new requests, but a
+// connection that had a request swallowed stays dead: clients recover when
+// their timeout closes it and they reconnect.
+func (k *Kafka) Hang() { k.mode.Store(int32(faultHang)) }
+
+// Recover lifts Fail or Hang: requests from now on are served normally.
+func (k *Kafka) Recover() { k.mode.Store(int32(faultNone)) }
+
+// CreateTopic creates a topic with partitions partitions (<= 0: the cluster
+// default, see KafkaOptions.DefaultPartitions). It acts on the cluster
+// directly, not through a request, so it works even while Fail or Hang is in
+// effect; with a DataDir the topic is persisted at once. An existing topic
+// gives an error wrapping kerr.TopicAlreadyExists; a stopped cluster gives
+// ErrStopped.
+func (k *Kafka) CreateTopic(name string, partitions int32) error {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	if k.c == nil {
+		return fmt.Errorf("testenv: kafka %s: create topic %s: %w", k.name, name, ErrStopped)
+	}
+	if err := k.c.CreateTopic(name, partitions, nil); err != nil {
+		return fmt.Errorf("testenv: kafka %s: create topic %s: %w", k.name, name, err)
+	}
+	return nil
+}
+
+// AddPartitions grows topic to total partitions by sending a CreatePartitions
+// request from a short-lived franz-go client. Being a real request, it fails
+// while Fail is in effect and times out (10 s) under Hang. Errors from the
+// broker wrap the kerr error (e.g. kerr.InvalidPartitions when total is not
+// larger than the current count, kerr.UnknownTopicOrPartition).
+func (k *Kafka) AddPartitions(topic string, total int32) error {
+	wrap := func(err error) error {
+		return fmt.Errorf("testenv: kafka %s: add partitions to %s (total %d): %w", k.name, topic, total, err)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...))
+	if err != nil {
+		return wrap(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
+	defer cancel()
+
+	req := kmsg.NewPtrCreatePartitionsRequest()
+	req.TimeoutMillis = int32(adminTimeout / time.Millisecond)
+	rt := kmsg.NewCreatePartitionsRequestTopic()
+	rt.Topic = topic
+	rt.Count = total
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return wrap(err)
+	}
+	if len(resp.Topics) != 1 {
+		return wrap(fmt.Errorf("%d topics in response, want 1", len(resp.Topics)))
+	}
+	if err := kerr.ErrorForCode(resp.Topics[0].ErrorCode); err != nil {
+		if msg := resp.Topics[0].ErrorMessage; msg != nil && *msg != "" {
+			return wrap(fmt.Errorf("%w: %s", err, *msg))
+		}
+		return wrap(err)
+	}
+	return nil
+}
+
+// start runs one kfake cluster with k's options and installs the fault
+// control. Called with k.mu held (or before k is shared).
+func (k *Kafka) start() (*kfake.Cluster, error) {
+	opts := []kfake.Opt{
+		kfake.ClusterID(k.name),
+		kfake.DefaultNumPartitions(k.opts.DefaultPartitions),
+	}
+	if len(k.ports) > 0 {
+		opts = append(opts, kfake.Ports(k.ports...))
+	} else {
+		opts = append(opts, kfake.NumBrokers(k.opts.Brokers))
+	}
+	if k.opts.DataDir != "" {
+		opts = append(opts, kfake.DataDir(k.opts.DataDir))
+	}
+	if k.opts.AutoCreateTopics {
+		opts = append(opts, kfake.AllowAutoTopicCreation())
+	}
+	for t, p := range k.opts.Topics {
+		opts = append(opts, kfake.SeedTopics(p, t))
+	}
+	if k.opts.Logger != nil {
+		opts = append(opts, kfake.WithLogger(zapKfakeLogger{k.opts.Logger.Sugar().With("kafka", k.name)}))
+	}
+	opts = append(opts, k.opts.Extra...)
+
+	c, err := kfake.NewCluster(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("testenv: kafka %s: start: %w", k.name, err)
+	}
+	// One permanent control for all requests. Unhandled (mode none) it
+	// stays installed and kfake serves the request; handled, it must ask
+	// to be kept or kfake drops it after one request.
+	c.Control(func(kmsg.Request) (kmsg.Response, error, bool) {
+		switch faultMode(k.mode.Load()) {
+		case faultFail:
+			c.KeepControl()
+			return nil, errInjectedFailure, true // kfake closes the connection
+		case faultHang:
+			c.KeepControl()
+			return nil, nil, true // no response: the connection stalls
+		default:
+			return nil, nil, false
+		}
+	})
+	return c, nil
+}
+
+// listenPorts extracts the ports of "host:port" addresses.
+func listenPorts(addrs []string) ([]int, error) {
+	ports := make([]int, 0, len(addrs))
+	for _, a := range addrs {
+		_, p, err := net.SplitHostPort(a)
+		if err != nil {
+			return nil, fmt.Errorf("listen address %q: %w", a, err)
+		}
+		n, err := strconv.Atoi(p)
+		if err != nil {
+			return nil, fmt.Errorf("listen address %q: %w", a, err)
+		}
+		ports = append(ports, n)
+	}
+	return ports, nil
+}
+
+// zapKfakeLogger adapts zap to kfake.Logger. kfake logs every request at
+// info, so info and debug both go to debug.
+type zapKfakeLogger struct{ s *zap.SugaredLogger }
+
+func (l zapKfakeLogger) Logf(level kfake.LogLevel, format string, args ...any) {
+	switch level {
+	case kfake.LogLevelError:
+		l.s.Errorf(format, args...)
+	case kfake.LogLevelWarn:
+		l.s.Warnf(format, args...)
+	case kfake.LogLevelNone:
+	default:
+		l.s.Debugf(format, args...)
+	}
+}

@@ -1,0 +1,54 @@
+package testenv
+
+import (
+	"testing"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// This file holds the only code of the package that depends on "testing":
+// thin wrappers that fail the test on error and stop what they started in
+// t.Cleanup. Cleanups run in reverse order of registration, so a client made
+// with EtcdClientT is closed before the server made earlier is stopped.
+
+// StartEtcdT starts an etcd with StartEtcd in a fresh t.TempDir(), with
+// etcd's logs at error level on stderr, and stops it when the test ends.
+// It calls t.Fatal on error, so it must be called from the test's goroutine.
+func StartEtcdT(t testing.TB) *Etcd {
+	t.Helper()
+	e, err := StartEtcd(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Stop)
+	return e
+}
+
+// EtcdClientT returns a client of e that is closed when the test ends.
+// It calls t.Fatal on error, so it must be called from the test's goroutine.
+func EtcdClientT(t testing.TB, e *Etcd) *clientv3.Client {
+	t.Helper()
+	cli, err := e.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// StartKafkaT starts a Kafka cluster with StartKafka and stops it when the
+// test ends. Unlike StartKafka, an empty opts.DataDir means a fresh
+// t.TempDir(), so Stop and Restart keep the data by default. It calls
+// t.Fatal on error, so it must be called from the test's goroutine.
+func StartKafkaT(t testing.TB, name string, opts KafkaOptions) *Kafka {
+	t.Helper()
+	if opts.DataDir == "" {
+		opts.DataDir = t.TempDir()
+	}
+	k, err := StartKafka(name, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(k.Stop)
+	return k
+}
