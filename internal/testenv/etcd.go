@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,9 +20,9 @@ const (
 	// small and noisy.
 	etcdReadyTimeout = 30 * time.Second
 
-	// etcdStartAttempts is how often StartEtcd tries fresh ports when the
-	// ones it picked were taken before etcd bound them.
-	etcdStartAttempts = 5
+	// startAttempts is how often a first start tries fresh ports when the
+	// ones it picked were taken before the server bound them.
+	startAttempts = 5
 
 	// restartBindTimeout bounds how long Restart keeps retrying when its
 	// fixed ports are still (or again) in use.
@@ -45,7 +44,7 @@ var ErrStopped = errors.New("testenv: stopped")
 // All methods are safe for concurrent use; Stop and Restart are serialised.
 type Etcd struct {
 	dir        string
-	logger     *zap.Logger // nil: etcd's own logger at error level
+	logger     *zap.Logger // nil: defaultEtcdLogger
 	clientPort int
 	peerPort   int
 
@@ -74,7 +73,7 @@ type etcdRun struct {
 // timing); use longer TTLs in tests.
 func StartEtcd(dir string, logger *zap.Logger) (*Etcd, error) {
 	var lastErr error
-	for range etcdStartAttempts {
+	for range startAttempts {
 		ports, err := freePorts(2)
 		if err != nil {
 			return nil, err
@@ -262,10 +261,4 @@ func (f shutdownNoiseFilter) Check(ent zapcore.Entry, ce *zapcore.CheckedEntry) 
 		return ce.AddCore(ent, f)
 	}
 	return ce
-}
-
-// isBindError reports whether a start failed because a port was taken.
-// etcd does not always wrap the syscall error, hence the text match.
-func isBindError(err error) bool {
-	return isAddrInUse(err) || strings.Contains(err.Error(), "address already in use")
 }

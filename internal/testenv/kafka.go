@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -27,9 +26,10 @@ type KafkaOptions struct {
 	// must be 0 or len(Ports).
 	Brokers int
 
-	// Ports fixes the brokers' ports, one per broker. Default: the kernel
-	// picks free ports at the first start. Either way the ports are kept
-	// for Restart.
+	// Ports fixes the brokers' ports, one per broker. Default: free ports
+	// chosen at the first start, outside the kernel's ephemeral port range
+	// where possible (so no outgoing connection can take them while the
+	// cluster is stopped). Either way the ports are kept for Restart.
 	Ports []int
 
 	// DataDir is where the cluster persists its topics, records, group
@@ -129,21 +129,34 @@ func StartKafka(name string, opts KafkaOptions) (*Kafka, error) {
 	}
 	opts.Topics = topics
 
-	k := &Kafka{name: name, opts: opts, ports: opts.Ports}
-	c, err := k.start()
-	if err != nil {
-		return nil, err
-	}
-	if len(k.ports) == 0 {
-		ports, err := listenPorts(c.ListenAddrs())
+	k := &Kafka{name: name, opts: opts}
+	if len(opts.Ports) > 0 {
+		k.ports = opts.Ports
+		c, err := k.start()
 		if err != nil {
-			c.Close()
-			return nil, fmt.Errorf("testenv: kafka %s: %w", name, err)
+			return nil, err
+		}
+		k.c = c
+		return k, nil
+	}
+	var lastErr error
+	for range startAttempts {
+		ports, err := freePorts(opts.Brokers)
+		if err != nil {
+			return nil, err
 		}
 		k.ports = ports
+		c, err := k.start()
+		if err == nil {
+			k.c = c
+			return k, nil
+		}
+		lastErr = err
+		if !isBindError(err) {
+			break
+		}
 	}
-	k.c = c
-	return k, nil
+	return nil, lastErr
 }
 
 // Name returns the name given to StartKafka, which is also the cluster ID.
@@ -307,11 +320,7 @@ func (k *Kafka) start() (*kfake.Cluster, error) {
 	opts := []kfake.Opt{
 		kfake.ClusterID(k.name),
 		kfake.DefaultNumPartitions(k.opts.DefaultPartitions),
-	}
-	if len(k.ports) > 0 {
-		opts = append(opts, kfake.Ports(k.ports...))
-	} else {
-		opts = append(opts, kfake.NumBrokers(k.opts.Brokers))
+		kfake.Ports(k.ports...),
 	}
 	if k.opts.DataDir != "" {
 		opts = append(opts, kfake.DataDir(k.opts.DataDir))
@@ -347,23 +356,6 @@ func (k *Kafka) start() (*kfake.Cluster, error) {
 		}
 	})
 	return c, nil
-}
-
-// listenPorts extracts the ports of "host:port" addresses.
-func listenPorts(addrs []string) ([]int, error) {
-	ports := make([]int, 0, len(addrs))
-	for _, a := range addrs {
-		_, p, err := net.SplitHostPort(a)
-		if err != nil {
-			return nil, fmt.Errorf("listen address %q: %w", a, err)
-		}
-		n, err := strconv.Atoi(p)
-		if err != nil {
-			return nil, fmt.Errorf("listen address %q: %w", a, err)
-		}
-		ports = append(ports, n)
-	}
-	return ports, nil
 }
 
 // zapKfakeLogger adapts zap to kfake.Logger. kfake logs every request at

@@ -43,4 +43,3 @@ func within(t *testing.T, d time.Duration, what string, fn func() error) error {
 	t.Logf("%s took %v: %v", what, took.Round(time.Millisecond), err)
 	return err
 }
-

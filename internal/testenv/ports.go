@@ -3,14 +3,29 @@ package testenv
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
+	"strings"
 	"syscall"
 )
 
+// Ports are chosen outside the kernel's ephemeral range when possible. A
+// stopped service keeps its ports for Restart; a port from the ephemeral
+// range could meanwhile become the local port of some outgoing connection
+// (any client in any test process), and binding it would fail until that
+// connection closed. Ports outside the range are only ever taken by
+// listeners.
+const (
+	minStablePort = 10000 // stay clear of well-known service ports
+	maxPort       = 65535
+	portTries     = 200
+)
+
 // freePorts returns n distinct loopback ports that were free a moment ago.
-// All n listeners are held open together so the kernel cannot hand out the
-// same port twice; another process can still take a port between our close
-// and the caller's bind, so callers retry on isAddrInUse.
+// All n listeners are held open together so no port is returned twice;
+// another process can still take a port between our close and the caller's
+// bind, so callers retry on isBindError.
 func freePorts(n int) ([]int, error) {
 	lns := make([]net.Listener, 0, n)
 	defer func() {
@@ -18,9 +33,10 @@ func freePorts(n int) ([]int, error) {
 			ln.Close()
 		}
 	}()
+	pick := stablePortPicker()
 	ports := make([]int, 0, n)
 	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		ln, err := listenFree(pick)
 		if err != nil {
 			return nil, fmt.Errorf("testenv: pick free port: %w", err)
 		}
@@ -30,9 +46,48 @@ func freePorts(n int) ([]int, error) {
 	return ports, nil
 }
 
-// isAddrInUse reports whether err comes from binding a port that is taken.
-func isAddrInUse(err error) bool {
-	return errors.Is(err, syscall.EADDRINUSE)
+// listenFree listens on a random port from pick, or on a kernel-chosen port
+// when pick is nil or no tried port is free.
+func listenFree(pick func() int) (net.Listener, error) {
+	if pick != nil {
+		for range portTries {
+			if ln, err := net.Listen("tcp", hostPort(pick())); err == nil {
+				return ln, nil
+			}
+		}
+	}
+	return net.Listen("tcp", "127.0.0.1:0")
+}
+
+// stablePortPicker returns a function drawing random ports outside the
+// ephemeral range, or nil if that range cannot be read or leaves too little.
+func stablePortPicker() func() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return nil
+	}
+	var lo, hi int
+	if _, err := fmt.Sscan(strings.TrimSpace(string(b)), &lo, &hi); err != nil || lo > hi {
+		return nil
+	}
+	below := max(0, lo-minStablePort)                 // [minStablePort, lo)
+	above := max(0, maxPort-max(hi, minStablePort-1)) // (hi, maxPort]
+	if below+above < 1000 {
+		return nil
+	}
+	return func() int {
+		i := rand.IntN(below + above)
+		if i < below {
+			return minStablePort + i
+		}
+		return max(hi, minStablePort-1) + 1 + (i - below)
+	}
+}
+
+// isBindError reports whether err comes from binding a port that is taken.
+// etcd does not always wrap the syscall error, hence the text match.
+func isBindError(err error) bool {
+	return errors.Is(err, syscall.EADDRINUSE) || strings.Contains(err.Error(), "address already in use")
 }
 
 func hostPort(port int) string {
