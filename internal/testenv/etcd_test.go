@@ -85,3 +85,37 @@ func TestEtcdStopLeavesNoGoroutines(t *testing.T) {
 	}
 	e.Stop()
 }
+
+func TestEtcdNewValueOnExistingDataDir(t *testing.T) {
+	dir := t.TempDir()
+	e1, err := StartEtcd(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli1, err := e1.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := cli1.Put(ctx, "k", "kept"); err != nil {
+		t.Fatal(err)
+	}
+	cli1.Close()
+	e1.Stop()
+
+	// A second StartEtcd on the same dir gets new ports but the old data.
+	e2 := func() *Etcd {
+		e, err := StartEtcd(dir, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(e.Stop)
+		return e
+	}()
+	cli2 := EtcdClientT(t, e2)
+	resp, err := cli2.Get(ctx, "k")
+	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "kept" {
+		t.Fatalf("get = %v, %v; want kept", resp, err)
+	}
+}

@@ -100,7 +100,7 @@ var errInjectedFailure = errors.New("testenv: injected failure")
 // with each other and with CreateTopic.
 type Kafka struct {
 	name  string
-	opts  KafkaOptions // copied at start; Ports filled after the first start
+	opts  KafkaOptions // a copy, with defaults filled in
 	ports []int
 	mode  atomic.Int32 // a faultMode; read by the control function on kfake's goroutines
 
@@ -239,7 +239,11 @@ func (k *Kafka) Restart() error {
 // connection's first request, ApiVersions, fails the same way). To a sarama
 // client this looks like a cluster whose brokers are all down: metadata
 // refreshes run out of brokers and produce/fetch fail within their retry
-// budget (a couple of seconds with sarama's defaults).
+// budget (with sarama's defaults: RefreshMetadata failed in under 1 s,
+// SendMessage in under 2 s, and a partition consumer reported EOF at once,
+// then "run out of available brokers" every ~2.8 s). After Recover, or
+// after Stop and Restart, the same sarama client, producer and partition
+// consumer carry on by themselves within a fraction of a second.
 //
 // Use Fail for "the data centre is gone, fast". Use Hang to exercise
 // timeouts, and Stop for "connection refused". Connections idle at the time
@@ -249,9 +253,14 @@ func (k *Kafka) Fail() { k.mode.Store(int32(faultFail)) }
 // Hang makes the cluster swallow every request from now on: it is read and
 // never answered, and kfake reads nothing more from that connection. Clients
 // see timeouts (sarama: Net.ReadTimeout, 30 s by default), like a network
-// partition or a hung broker. Recover lifts it for new requests, but a
-// connection that had a request swallowed stays dead: clients recover when
-// their timeout closes it and they reconnect.
+// partition or a hung broker. Note that a sarama metadata refresh times out
+// once per broker address it knows (the seed address and the broker's
+// advertised one count separately) and per retry: with Net.ReadTimeout = 1 s
+// and Metadata.Retry.Max = 1 it failed after about 5 s.
+//
+// Recover lifts it for new requests, but a connection that had a request
+// swallowed stays dead (its kfake goroutines remain until Stop): clients
+// recover when their timeout closes it and they reconnect.
 func (k *Kafka) Hang() { k.mode.Store(int32(faultHang)) }
 
 // Recover lifts Fail or Hang: requests from now on are served normally.
