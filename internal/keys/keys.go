@@ -87,9 +87,18 @@ func (f Fleet) Ack(id string) string { return f.Acks() + id }
 // Offsets is the prefix of all committed offsets.
 func (f Fleet) Offsets() string { return f.prefix + "offsets/" }
 
+// ClusterOffsets is the prefix of the committed offsets of one cluster.
+func (f Fleet) ClusterOffsets(cluster string) string { return f.Offsets() + cluster + "/" }
+
+// TopicOffsets is the prefix of the committed offsets of one topic on one
+// cluster.
+func (f Fleet) TopicOffsets(cluster, topic string) string {
+	return f.ClusterOffsets(cluster) + topic + "/"
+}
+
 // Offset is the committed-offset key of one partition on one cluster.
 func (f Fleet) Offset(cluster, topic string, partition int32) string {
-	return fmt.Sprintf("%s%s/%s/%d", f.Offsets(), cluster, topic, partition)
+	return fmt.Sprintf("%s%d", f.TopicOffsets(cluster, topic), partition)
 }
 
 // Signals is the prefix of all pause/start signals.
