@@ -1,0 +1,298 @@
+package coordinator
+
+import (
+	"maps"
+	"slices"
+)
+
+// Balance returns the assignment the fleet should converge to: every
+// partition with exactly one of agents, per-agent counts differing by at
+// most one, and as few partitions as possible taken from their owner in
+// current.
+//
+// Stickiness matters because every move costs a revoke → ack → assign round
+// trip during which the partition is not consumed, and a restart at the
+// committed offset (re-delivering what was in flight). So a partition stays
+// with its owner unless the owner is gone or keeping it would break the
+// balance; the freed and the new partitions fill the least-loaded agents.
+//
+// The leader must reach the same answer every time it looks at the same
+// state (a new leader, or a retried publish, must not reshuffle), so the
+// result depends only on the sets given, never on their order. Partitions
+// of current that are not in partitions (deleted topics) are ignored, as
+// are agents of current not in agents. Only agents given at least one
+// partition appear in the result; its lists are sorted.
+func Balance(partitions []TopicPartition, agents []string, current map[string][]TopicPartition) map[string][]TopicPartition {
+	out := map[string][]TopicPartition{}
+	agents = sortedUnique(agents)
+	if len(agents) == 0 {
+		return out
+	}
+	parts := sortedPartitions(partitions)
+	exists := make(map[TopicPartition]bool, len(parts))
+	for _, tp := range parts {
+		exists[tp] = true
+	}
+
+	// held[i]: what agents[i] has now and may keep. A partition listed under
+	// two agents (never in a valid assignment) is held by the first by id.
+	held := make([][]TopicPartition, len(agents))
+	claimed := map[TopicPartition]bool{}
+	for i, a := range agents {
+		for _, tp := range sortedPartitions(current[a]) {
+			if exists[tp] && !claimed[tp] {
+				claimed[tp] = true
+				held[i] = append(held[i], tp)
+			}
+		}
+	}
+
+	// Each agent ends with floor(n/k) or, for exactly n mod k of them,
+	// ceil(n/k). An agent keeps min(held, quota) partitions, so the extra
+	// one is worth a kept partition only to agents holding more than the
+	// floor: give it to those holding most.
+	n, k := len(parts), len(agents)
+	base, extra := n/k, n%k
+	order := make([]int, k)
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(i, j int) int { return len(held[j]) - len(held[i]) })
+	quota := make([]int, k)
+	for rank, i := range order {
+		quota[i] = base
+		if rank < extra {
+			quota[i]++
+		}
+	}
+
+	lists := make([][]TopicPartition, k)
+	kept := map[TopicPartition]bool{}
+	for i := range agents {
+		lists[i] = slices.Clone(held[i][:min(len(held[i]), quota[i])])
+		for _, tp := range lists[i] {
+			kept[tp] = true
+		}
+	}
+	for _, tp := range parts {
+		if kept[tp] {
+			continue
+		}
+		best := -1
+		for i := range agents {
+			if len(lists[i]) < quota[i] && (best < 0 || len(lists[i]) < len(lists[best])) {
+				best = i
+			}
+		}
+		lists[best] = append(lists[best], tp)
+	}
+	for i, a := range agents {
+		if len(lists[i]) > 0 {
+			slices.SortFunc(lists[i], TopicPartition.Compare)
+			out[a] = lists[i]
+		}
+	}
+	return out
+}
+
+// Moves counts the partitions present in both from and to whose agent
+// differs: the partitions a rebalance from one to the other takes away from
+// a consumer. Partitions only in one of them (created, deleted) are not
+// moves. Each partition is expected at most once per map.
+func Moves(from, to map[string][]TopicPartition) int {
+	owner := map[TopicPartition]string{}
+	for a, tps := range to {
+		for _, tp := range tps {
+			owner[tp] = a
+		}
+	}
+	moves := 0
+	for a, tps := range from {
+		for _, tp := range tps {
+			if o, ok := owner[tp]; ok && o != a {
+				moves++
+			}
+		}
+	}
+	return moves
+}
+
+// PlanInput is what the leader knows when it plans one generation.
+type PlanInput struct {
+	// Current is the last published assignment (zero value: none yet,
+	// Generation 0). It is trusted to be valid, as ParseAssignment checks.
+	Current Assignment
+	// Partitions are all source partitions of Cluster.
+	Partitions []TopicPartition
+	// Cluster is the cluster to consume from.
+	Cluster string
+	// Live are the agents that are registered (their session lease holds)
+	// and ready.
+	Live []string
+	// Acks maps agent id → the last generation it acknowledged, that is
+	// applied fully: released what it was revoking, committed, started what
+	// it owns.
+	Acks map[string]int64
+}
+
+// Plan computes the generation that follows in.Current, or reports that
+// none is needed (changed false, next == in.Current).
+//
+// The guarantee it keeps: a partition never has two consumers. A live agent
+// that may consume a partition (it owns it, or is revoking it and has not
+// acknowledged) keeps it, owned or revoking, in the next generation; nobody
+// else gets it until that agent has acknowledged a generation in which it
+// no longer owns it, or until it is no longer live (its lease has ended, so
+// etcd fencing refuses its commits). Moving a partition therefore takes two
+// generations: revoke, then, once acknowledged, assign.
+//
+// A cluster switch (in.Cluster differs from a published Current.Cluster)
+// publishes a generation in which nobody owns anything: every live owner
+// revokes all it consumes on the old cluster. The next generations assign
+// on the new cluster as the releases are acknowledged; between the two the
+// caller translates the committed offsets to the new cluster.
+//
+// With every live agent acknowledging each generation, iterating Plan
+// reaches, in at most two changed generations, Owned == Balance(...) with
+// nothing revoking, and then reports no change.
+//
+// When changed, next has Generation = Current.Generation+1 and Cluster =
+// in.Cluster; Leader, Token and Published are for the caller to fill.
+// Owned and Revoking are non-nil, hold only agents with partitions, and
+// their lists are sorted.
+func Plan(in PlanInput) (next Assignment, changed bool) {
+	cur := in.Current
+	gen := cur.Generation
+	live := map[string]bool{}
+	for _, a := range in.Live {
+		live[a] = true
+	}
+	acked := func(a string) bool { return in.Acks[a] >= gen }
+	switching := gen > 0 && in.Cluster != cur.Cluster
+	exists := map[TopicPartition]bool{}
+	for _, tp := range in.Partitions {
+		exists[tp] = true
+	}
+
+	owned := map[string][]TopicPartition{}
+	revoking := map[string][]TopicPartition{}
+	taken := map[TopicPartition]bool{}
+	take := func(m map[string][]TopicPartition, a string, tp TopicPartition) {
+		taken[tp] = true
+		m[a] = append(m[a], tp)
+	}
+
+	// Releases still in progress stand, whatever else changed: the agent
+	// may still be consuming, and it may still commit. Deleted partitions
+	// included: the agent must still stop them.
+	for _, r := range slices.Sorted(maps.Keys(cur.Revoking)) {
+		if !live[r] || acked(r) {
+			continue
+		}
+		for _, tp := range cur.Revoking[r] {
+			if !taken[tp] {
+				take(revoking, r, tp)
+			}
+		}
+	}
+
+	// What live owners have is the sticky base of the target.
+	holders := slices.Sorted(maps.Keys(cur.Owned))
+	holding := map[string][]TopicPartition{}
+	for _, o := range holders {
+		if live[o] {
+			holding[o] = cur.Owned[o]
+		}
+	}
+	target := map[TopicPartition]string{}
+	for a, tps := range Balance(in.Partitions, in.Live, holding) {
+		for _, tp := range tps {
+			target[tp] = a
+		}
+	}
+
+	// A live owner keeps what the target leaves it and releases the rest.
+	// A partition that no longer exists is released too rather than
+	// dropped: were it dropped and then seen again (a metadata glitch),
+	// it could be assigned elsewhere before the owner had stopped it.
+	for _, o := range holders {
+		if !live[o] {
+			continue
+		}
+		for _, tp := range cur.Owned[o] {
+			switch {
+			case taken[tp]:
+			case !switching && exists[tp] && target[tp] == o:
+				take(owned, o, tp)
+			default:
+				take(revoking, o, tp)
+			}
+		}
+	}
+
+	// Free partitions: never owned, owner gone, or release acknowledged.
+	// None is assigned in the switch generation: offsets are translated
+	// to the new cluster before anyone starts there.
+	if !switching {
+		for _, tp := range sortedPartitions(in.Partitions) {
+			if a, ok := target[tp]; ok && !taken[tp] {
+				take(owned, a, tp)
+			}
+		}
+	}
+
+	for _, m := range []map[string][]TopicPartition{owned, revoking} {
+		for _, tps := range m {
+			slices.SortFunc(tps, TopicPartition.Compare)
+		}
+	}
+	if cur.Cluster == in.Cluster && sameOwners(cur.Owned, owned) && sameOwners(cur.Revoking, revoking) {
+		return cur, false
+	}
+	return Assignment{
+		Generation: gen + 1,
+		Cluster:    in.Cluster,
+		Owned:      owned,
+		Revoking:   revoking,
+	}, true
+}
+
+// sameOwners reports whether a and b give the same partitions to the same
+// agents, ignoring list order and agents without partitions.
+func sameOwners(a, b map[string][]TopicPartition) bool {
+	count := func(m map[string][]TopicPartition) int {
+		n := 0
+		for _, tps := range m {
+			if len(tps) > 0 {
+				n++
+			}
+		}
+		return n
+	}
+	if count(a) != count(b) {
+		return false
+	}
+	for agent, tps := range a {
+		if len(tps) == 0 {
+			continue
+		}
+		if !slices.Equal(sortedPartitions(tps), sortedPartitions(b[agent])) {
+			return false
+		}
+	}
+	return true
+}
+
+// sortedPartitions returns a sorted copy of tps without duplicates.
+func sortedPartitions(tps []TopicPartition) []TopicPartition {
+	s := slices.Clone(tps)
+	slices.SortFunc(s, TopicPartition.Compare)
+	return slices.Compact(s)
+}
+
+// sortedUnique returns a sorted copy of ss without duplicates.
+func sortedUnique(ss []string) []string {
+	s := slices.Clone(ss)
+	slices.Sort(s)
+	return slices.Compact(s)
+}
