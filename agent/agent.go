@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,10 +27,12 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
 
+	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/election"
 	"github.com/kswitch/kswitch/internal/config"
 	"github.com/kswitch/kswitch/internal/keys"
 	"github.com/kswitch/kswitch/internal/version"
+	"github.com/kswitch/kswitch/offsets"
 )
 
 // Options are the parts of an agent that are not configuration.
@@ -37,11 +40,16 @@ type Options struct {
 	// Logger receives the agent's logs; every line carries the agent id.
 	// Default: no logging.
 	Logger *zap.Logger
-	// Lead, when set, is the leader work: it runs while this agent leads,
-	// under a context cancelled when leadership ends, and must return
-	// promptly after that. Every etcd write it makes should go through
-	// term (fenced). Default: hold leadership until it ends.
-	Lead func(ctx context.Context, term election.Term)
+	// Handler receives the records of the partitions this agent owns.
+	// Default: a CountingHandler that logs at debug level.
+	Handler Handler
+	// DrainTimeout bounds how long a revoked partition waits for the
+	// handler to acknowledge the records it was given before the
+	// partition's final commit. Default 5s.
+	DrainTimeout time.Duration
+	// OnApplied, when set, is called each time this agent has applied an
+	// assignment generation. It must not block. For tests and tools.
+	OnApplied func(coordinator.Assignment)
 }
 
 // Agent is one member of a fleet. Its exported methods are safe for
@@ -51,7 +59,7 @@ type Agent struct {
 	id   string
 	keys keys.Fleet
 	log  *zap.Logger
-	lead func(context.Context, election.Term)
+	opts Options
 
 	reg     *prometheus.Registry
 	metrics *metrics
@@ -63,7 +71,10 @@ type Agent struct {
 	cand     *election.Candidate
 	observer *election.Observer
 	registry *registry
+	store    *offsets.Store
+	leader   *coordinator.Leader
 	ml       *memberlist.Memberlist
+	mlog     *memberlistLog
 	httpLn   net.Listener
 	httpSrv  *http.Server
 	cancel   context.CancelFunc
@@ -75,6 +86,7 @@ type Agent struct {
 	etcdErr    atomic.Pointer[string] // last etcd probe error; nil or "" = reachable
 	session    atomic.Pointer[sessionState]
 	lastLeader election.Leader
+	owned      atomic.Pointer[[]coordinator.TopicPartition] // set by the worker
 }
 
 // sessionState is the agent's standing in etcd.
@@ -94,9 +106,11 @@ func New(cfg config.Config, opts Options) (*Agent, error) {
 		log = zap.NewNop()
 	}
 	log = log.With(zap.String("agent", cfg.Agent.ID), zap.String("fleet", cfg.Fleet))
-	lead := opts.Lead
-	if lead == nil {
-		lead = func(ctx context.Context, _ election.Term) { <-ctx.Done() }
+	if opts.Handler == nil {
+		opts.Handler = &CountingHandler{Log: log}
+	}
+	if opts.DrainTimeout <= 0 {
+		opts.DrainTimeout = 5 * time.Second
 	}
 	reg := prometheus.NewRegistry()
 	a := &Agent{
@@ -104,7 +118,7 @@ func New(cfg config.Config, opts Options) (*Agent, error) {
 		id:      cfg.Agent.ID,
 		keys:    keys.New(cfg.Fleet),
 		log:     log,
-		lead:    lead,
+		opts:    opts,
 		reg:     reg,
 		metrics: newMetrics(reg),
 	}
@@ -142,7 +156,8 @@ func (a *Agent) Start(ctx context.Context) error {
 		ln.Close()
 		return fmt.Errorf("agent: etcd client for %v: %w", a.cfg.Etcd.Endpoints, err)
 	}
-	ml, err := newMemberlist(a.id, a.cfg.Agent.Gossip, a.cfg.Agent.GossipAdvertise, a.log.Named("gossip"))
+	a.mlog = &memberlistLog{log: a.log.Named("gossip")}
+	ml, err := newMemberlist(a.id, a.cfg.Agent.Gossip, a.cfg.Agent.GossipAdvertise, a.mlog)
 	if err != nil {
 		client.Close()
 		ln.Close()
@@ -158,6 +173,13 @@ func (a *Agent) Start(ctx context.Context) error {
 	a.client, a.ml, a.httpLn, a.cand = client, ml, ln, cand
 	a.observer = election.NewObserver(client, a.keys.Election(), a.cfg.Etcd.RequestTimeout, a.log)
 	a.registry = newRegistry(client, a.keys, a.cfg.Etcd.RequestTimeout, a.log, func() { a.metrics.badValues.WithLabelValues("registration").Inc() })
+	a.store = offsets.NewStore(client, a.keys)
+	if a.leader, err = coordinator.NewLeader(a.cfg, client, a.registry, &a.wg, a.log); err != nil {
+		ml.Shutdown()
+		client.Close()
+		ln.Close()
+		return err
+	}
 	a.httpSrv = &http.Server{Handler: a.handler(), ReadHeaderTimeout: 5 * time.Second}
 
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -253,6 +275,7 @@ func (a *Agent) stop(ctx context.Context, abort bool) error {
 		if !abort {
 			a.client.Close()
 		}
+		a.mlog.close()
 		a.log.Info("agent stopped", zap.Bool("aborted", abort))
 	})
 	return err
@@ -316,6 +339,14 @@ func (a *Agent) GossipMembers() []GossipMember { return gossipMembers(a.ml) }
 
 // Registered returns the agents registered in etcd, as this agent sees them.
 func (a *Agent) Registered() []Registration { return a.registry.list() }
+
+// Owned returns the partitions this agent consumes now, sorted.
+func (a *Agent) Owned() []coordinator.TopicPartition {
+	if p := a.owned.Load(); p != nil {
+		return slices.Clone(*p)
+	}
+	return nil
+}
 
 // Metrics returns the agent's metrics registry.
 func (a *Agent) Metrics() *prometheus.Registry { return a.reg }
@@ -393,6 +424,25 @@ func (a *Agent) runSession(ctx context.Context) error {
 	a.setSession(sessionState{registered: true, lease: s.Lease()})
 	a.log.Info("registered", zap.String("key", a.keys.Agent(a.id)), zap.String("lease", fmt.Sprintf("%x", s.Lease())))
 
+	// The worker consumes while the session lives. On a clean stop it
+	// drains and commits before the deferred lease revocation above; when
+	// etcd refuses its commits for the lease, it ends the session.
+	wctx, wcancel := context.WithCancel(ctx)
+	stopW := context.AfterFunc(s.Ctx(), wcancel)
+	defer stopW()
+	w := a.newWorker(s)
+	wdone := make(chan struct{})
+	go func() {
+		defer close(wdone)
+		if err := w.run(wctx); errors.Is(err, errLeaseLost) {
+			s.Orphan()
+		}
+	}()
+	defer func() {
+		wcancel()
+		<-wdone
+	}()
+
 	for {
 		err := a.cand.Campaign(ctx, s, a.runLeader)
 		switch {
@@ -449,8 +499,21 @@ func (a *Agent) runLeader(ctx context.Context, term election.Term) {
 	defer a.metrics.isLeader.Set(0)
 	log := a.log.With(zap.Int64("fencing_token", term.Rev))
 	log.Info("leading the fleet")
-	a.lead(ctx, term)
+	if err := a.leader.Run(ctx, term); err != nil && ctx.Err() == nil {
+		log.Warn("leader work ended", zap.Error(err))
+	}
 	log.Info("leadership ended")
+}
+
+func (a *Agent) newWorker(s *concurrency.Session) *worker {
+	return &worker{
+		cfg: a.cfg, id: a.id, keys: a.keys, log: a.log, etcd: a.client, store: a.store,
+		handler: a.opts.Handler, metrics: a.metrics, drain: a.opts.DrainTimeout,
+		lease:        s.Lease(),
+		sessionAlive: func() bool { return s.Ctx().Err() == nil },
+		onApplied:    a.opts.OnApplied,
+		owned:        &a.owned,
+	}
 }
 
 // probeEtcdLoop checks that etcd answers, every third of the session TTL

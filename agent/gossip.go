@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -24,7 +25,7 @@ type GossipMember struct {
 
 // newMemberlist creates this agent's gossip node. bind and advertise are
 // host:port; port 0 binds a free port (the same for TCP and UDP).
-func newMemberlist(id, bind, advertise string, logger *zap.Logger) (*memberlist.Memberlist, error) {
+func newMemberlist(id, bind, advertise string, mlog *memberlistLog) (*memberlist.Memberlist, error) {
 	c := memberlist.DefaultLANConfig()
 	c.Name = id
 	host, port, err := splitHostPort(bind)
@@ -41,7 +42,7 @@ func newMemberlist(id, bind, advertise string, logger *zap.Logger) (*memberlist.
 	// Joins and push/pull go to agents on the same LAN; a dead seed must not
 	// hold the join loop for the LAN default of 10 s.
 	c.TCPTimeout = 3 * time.Second
-	c.Logger = log.New(&memberlistLog{log: logger}, "", 0)
+	c.Logger = log.New(mlog, "", 0)
 	ml, err := memberlist.Create(c)
 	if err != nil {
 		return nil, fmt.Errorf("agent: start gossip on %s: %w", bind, err)
@@ -87,11 +88,12 @@ func gossipMembers(ml *memberlist.Memberlist) []GossipMember {
 func (a *Agent) gossipJoinLoop(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	changes := a.registry.Subscribe(ctx)
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-a.registry.changes:
+		case <-changes:
 		case <-t.C:
 		}
 		known := map[string]bool{}
@@ -117,10 +119,20 @@ func (a *Agent) gossipJoinLoop(ctx context.Context, interval time.Duration) {
 }
 
 // memberlistLog turns memberlist's "[LEVEL] memberlist: msg" lines into zap
-// entries at the matching level.
-type memberlistLog struct{ log *zap.Logger }
+// entries at the matching level. memberlist's Shutdown returns while probes
+// it started may still run (and log) for up to a probe interval; after
+// close, their lines are dropped so nothing logs past the agent's end.
+type memberlistLog struct {
+	log    *zap.Logger
+	closed atomic.Bool
+}
+
+func (m *memberlistLog) close() { m.closed.Store(true) }
 
 func (m *memberlistLog) Write(p []byte) (int, error) {
+	if m.closed.Load() {
+		return len(p), nil
+	}
 	line := string(bytes.TrimSpace(p))
 	lvl, msg := "", line
 	if strings.HasPrefix(line, "[") {

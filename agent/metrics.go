@@ -17,6 +17,14 @@ type metrics struct {
 	gossipMembers prometheus.Gauge
 	etcdErrors    *prometheus.CounterVec
 	badValues     *prometheus.CounterVec
+
+	records         prometheus.Counter
+	consumeErrors   prometheus.Counter
+	handlerErrors   prometheus.Counter
+	commits         prometheus.Counter
+	commitErrors    *prometheus.CounterVec
+	ownedPartitions prometheus.Gauge
+	generation      prometheus.Gauge
 }
 
 func newMetrics(reg *prometheus.Registry) *metrics {
@@ -42,6 +50,27 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		badValues: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kswitch_refused_values_total", Help: "Malformed values found under the fleet's etcd prefix and refused, by kind.",
 		}, []string{"kind"}),
+		records: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kswitch_records_total", Help: "Records handed to the handler.",
+		}),
+		consumeErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kswitch_consume_errors_total", Help: "Errors reported by partition consumers.",
+		}),
+		handlerErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kswitch_handler_errors_total", Help: "Records the handler refused (each is offered again).",
+		}),
+		commits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kswitch_offset_commits_total", Help: "Partition positions committed to etcd.",
+		}),
+		commitErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kswitch_offset_commit_errors_total", Help: "Failed or refused commits, by reason (lease_lost, stale_generation, etcd, kafka_mirror).",
+		}, []string{"reason"}),
+		ownedPartitions: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kswitch_owned_partitions", Help: "Partitions this agent consumes now.",
+		}),
+		generation: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kswitch_assignment_generation", Help: "The assignment generation this agent has applied.",
+		}),
 	}
 	info := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "kswitch_build_info", Help: "Always 1; the labels carry the build.",
@@ -49,6 +78,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	})
 	info.Set(1)
 	reg.MustRegister(m.isLeader, m.leaderChanges, m.ready, m.agents, m.gossipMembers, m.etcdErrors, m.badValues, info,
+		m.records, m.consumeErrors, m.handlerErrors, m.commits, m.commitErrors, m.ownedPartitions, m.generation,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

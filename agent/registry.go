@@ -5,15 +5,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/election"
+	"github.com/kswitch/kswitch/internal/etcdwatch"
 	"github.com/kswitch/kswitch/internal/keys"
 )
 
@@ -70,8 +73,8 @@ func ReadRegistrations(ctx context.Context, c *clientv3.Client, k keys.Fleet) (r
 	return regs, refused, nil
 }
 
-// registry follows agents/ in etcd. run owns its goroutine; list and
-// changes may be called from any goroutine.
+// registry follows agents/ in etcd. run owns its goroutine; the other
+// methods may be called from any goroutine.
 type registry struct {
 	client  *clientv3.Client
 	keys    keys.Fleet
@@ -79,99 +82,98 @@ type registry struct {
 	timeout time.Duration
 	onBad   func() // counts refused values; must not block
 
-	mu      sync.Mutex
-	regs    map[string]Registration
-	changes chan struct{}
+	mu   sync.Mutex
+	regs map[string]Registration
+	subs []chan struct{}
 }
 
 func newRegistry(c *clientv3.Client, k keys.Fleet, timeout time.Duration, log *zap.Logger, onBad func()) *registry {
-	return &registry{client: c, keys: k, log: log, timeout: timeout, onBad: onBad,
-		regs: map[string]Registration{}, changes: make(chan struct{}, 1)}
+	return &registry{client: c, keys: k, log: log, timeout: timeout, onBad: onBad, regs: map[string]Registration{}}
 }
 
 // list returns the registered agents sorted by id.
 func (r *registry) list() []Registration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make([]Registration, 0, len(r.regs))
-	for _, reg := range r.regs {
-		out = append(out, reg)
-	}
+	out := slices.Collect(maps.Values(r.regs))
 	slices.SortFunc(out, func(a, b Registration) int { return strings.Compare(a.ID, b.ID) })
 	return out
 }
 
+// Live returns the ids of the registered agents, sorted. An agent is
+// registered exactly while its session lease lives.
+func (r *registry) Live() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Sorted(maps.Keys(r.regs))
+}
+
+// Subscribe returns a channel that receives a value after the registered
+// agents changed; notifications coalesce. It is unsubscribed when ctx ends.
+func (r *registry) Subscribe(ctx context.Context) <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	r.mu.Lock()
+	r.subs = append(r.subs, ch)
+	r.mu.Unlock()
+	context.AfterFunc(ctx, func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.subs = slices.DeleteFunc(r.subs, func(c chan struct{}) bool { return c == ch })
+	})
+	return ch
+}
+
+// notify must be called with r.mu held.
 func (r *registry) notify() {
-	select {
-	case r.changes <- struct{}{}:
-	default:
-	}
-}
-
-// run lists and watches agents/ until ctx ends, relisting whenever the
-// watch breaks.
-func (r *registry) run(ctx context.Context) {
-	backoff := 100 * time.Millisecond
-	for ctx.Err() == nil {
-		err := r.follow(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		r.log.Debug("agents watch interrupted; relisting", zap.Error(err))
+	for _, ch := range r.subs {
 		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
+		case ch <- struct{}{}:
+		default:
 		}
-		backoff = min(2*backoff, 2*time.Second)
 	}
 }
 
-func (r *registry) follow(ctx context.Context) error {
-	lctx, cancel := context.WithTimeout(ctx, r.timeout)
-	resp, err := r.client.Get(lctx, r.keys.Agents(), clientv3.WithPrefix())
-	cancel()
-	if err != nil {
-		return err
-	}
+// run follows agents/ until ctx ends.
+func (r *registry) run(ctx context.Context) {
+	_ = etcdwatch.Follow(ctx, r.client, r.keys.Agents(), true, r.timeout, r, func(err error) {
+		r.log.Debug("agents watch interrupted; relisting", zap.Error(err))
+	})
+}
+
+// Reset implements etcdwatch.Follower.
+func (r *registry) Reset(kvs []*mvccpb.KeyValue, _ int64) {
 	regs := map[string]Registration{}
-	for _, kv := range resp.Kvs {
+	for _, kv := range kvs {
 		if reg, ok := r.parse(kv.Key, kv.Value); ok {
 			regs[reg.ID] = reg
 		}
 	}
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.regs = regs
-	r.mu.Unlock()
 	r.notify()
+}
 
-	wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	defer wcancel()
-	wch := r.client.Watch(wctx, r.keys.Agents(), clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
-	for wr := range wch {
-		if err := wr.Err(); err != nil {
-			return err
+// Apply implements etcdwatch.Follower.
+func (r *registry) Apply(evs []*clientv3.Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, ev := range evs {
+		id, ok := r.keys.AgentID(string(ev.Kv.Key))
+		if !ok {
+			continue
 		}
-		r.mu.Lock()
-		for _, ev := range wr.Events {
-			id, ok := r.keys.AgentID(string(ev.Kv.Key))
-			if !ok {
-				continue
-			}
-			if ev.Type == clientv3.EventTypeDelete {
-				delete(r.regs, id)
-				continue
-			}
-			if reg, ok := r.parse(ev.Kv.Key, ev.Kv.Value); ok {
-				r.regs[id] = reg
-			} else {
-				delete(r.regs, id)
-			}
+		if ev.Type == clientv3.EventTypeDelete {
+			delete(r.regs, id)
+			continue
 		}
-		r.mu.Unlock()
-		r.notify()
+		if reg, ok := r.parse(ev.Kv.Key, ev.Kv.Value); ok {
+			r.regs[id] = reg
+		} else {
+			delete(r.regs, id)
+		}
 	}
-	return errors.New("agent: agents watch closed")
+	r.notify()
 }
 
 func (r *registry) parse(key, val []byte) (Registration, bool) {

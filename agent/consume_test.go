@@ -1,0 +1,481 @@
+package agent_test
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/kswitch/kswitch/agent"
+	"github.com/kswitch/kswitch/coordinator"
+	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/internal/testenv"
+	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/offsets"
+)
+
+// ledger records every record every agent handled, and checks the
+// ownership invariants as records arrive (not by sampling at the end).
+type ledger struct {
+	mu         sync.Mutex
+	seen       map[string]int                          // record id -> times handled
+	first      map[string]string                       // record id -> agent that handled it first
+	holders    map[coordinator.TopicPartition]string   // partition -> agent that handled its last record
+	handedOver map[coordinator.TopicPartition][]string // partition -> agents that held it, in order
+	genHolder  map[string]string                       // "topic/partition@generation" -> agent
+	lastOffset map[string]int64                        // "agent topic/partition@generation" -> last offset
+	gen        map[string]int64                        // record id -> generation it was first handled under
+	violations []string
+}
+
+func newLedger() *ledger {
+	return &ledger{
+		seen: map[string]int{}, first: map[string]string{},
+		holders: map[coordinator.TopicPartition]string{}, handedOver: map[coordinator.TopicPartition][]string{},
+		genHolder: map[string]string{}, lastOffset: map[string]int64{}, gen: map[string]int64{},
+	}
+}
+
+// handler returns agent id's handler.
+func (l *ledger) handler(id string) agent.Handler {
+	return agent.HandlerFunc(func(_ context.Context, r *agent.Record) error {
+		l.record(id, r)
+		r.Ack()
+		return nil
+	})
+}
+
+func (l *ledger) record(id string, r *agent.Record) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	tp := coordinator.TopicPartition{Topic: r.Topic, Partition: r.Partition}
+	key := string(r.Value)
+	l.seen[key]++
+	if _, ok := l.first[key]; !ok {
+		l.first[key] = id
+		l.gen[key] = r.Generation
+	}
+	// A partition's records come from one agent at a time: once another
+	// agent has taken it over, the previous holder must never deliver it
+	// again.
+	if prev, ok := l.holders[tp]; !ok || prev != id {
+		if slices.Contains(l.handedOver[tp], id) {
+			l.violations = append(l.violations, fmt.Sprintf("%s delivered %s again after %s took it over", id, tp, prev))
+		}
+		l.handedOver[tp] = append(l.handedOver[tp], id)
+		l.holders[tp] = id
+	}
+	gk := fmt.Sprintf("%s@%d", tp, r.Generation)
+	if h, ok := l.genHolder[gk]; ok && h != id {
+		l.violations = append(l.violations, fmt.Sprintf("%s and %s both hold %s", h, id, gk))
+	}
+	l.genHolder[gk] = id
+	ok := id + " " + gk
+	if last, seen := l.lastOffset[ok]; seen && r.Offset <= last {
+		l.violations = append(l.violations, fmt.Sprintf("%s handled %s offset %d after %d", id, tp, r.Offset, last))
+	}
+	l.lastOffset[ok] = r.Offset
+}
+
+func (l *ledger) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.seen)
+}
+
+// result returns the ids never handled among want, the number of
+// duplicate deliveries, and which agent first handled each duplicate.
+func (l *ledger) result(want int) (missing []int, dups int, dupFirst map[string]int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	dupFirst = map[string]int{}
+	for i := range want {
+		if l.seen[strconv.Itoa(i)] == 0 {
+			missing = append(missing, i)
+		}
+	}
+	for k, n := range l.seen {
+		if n > 1 {
+			dups += n - 1
+			dupFirst[l.first[k]] += n - 1
+		}
+	}
+	return missing, dups, dupFirst
+}
+
+func (l *ledger) check(t *testing.T) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, v := range l.violations {
+		t.Error("invariant:", v)
+	}
+}
+
+func consumeConfig(e *testenv.Etcd, k *testenv.Kafka, id string) config.Config {
+	cfg := testConfig(e, id)
+	cfg.Clusters = map[string]config.Cluster{"A": {Brokers: k.Brokers(), Role: config.RolePrimary}}
+	cfg.Source.Topics = []string{"orders"}
+	cfg.Source.CommitInterval = 200 * time.Millisecond
+	cfg.Source.RefreshInterval = time.Second
+	return cfg
+}
+
+func startConsumer(t *testing.T, cfg config.Config, h agent.Handler) *agent.Agent {
+	t.Helper()
+	a, err := agent.New(cfg, agent.Options{Logger: zaptest.NewLogger(t).Named(cfg.Agent.ID), Handler: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		if err := a.Stop(ctx); err != nil {
+			t.Error(err)
+		}
+	})
+	return a
+}
+
+// produce writes ids [from, to) as record values, keyed by id so they
+// spread over the partitions, and waits until Kafka acknowledged them.
+func produce(t *testing.T, k *testenv.Kafka, topic string, from, to int) {
+	t.Helper()
+	sc := sarama.NewConfig()
+	sc.Version = sarama.V3_6_0_0
+	sc.Producer.Return.Successes = true
+	sc.Producer.RequiredAcks = sarama.WaitForAll
+	sc.Producer.Flush.Messages = 500
+	sc.Producer.Flush.Frequency = 5 * time.Millisecond
+	sc.Producer.Partitioner = sarama.NewRoundRobinPartitioner
+	p, err := sarama.NewAsyncProducer(k.Brokers(), sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var failed []error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for range to - from {
+			select {
+			case <-p.Successes():
+			case err := <-p.Errors():
+				failed = append(failed, err)
+			}
+		}
+	}()
+	for i := from; i < to; i++ {
+		p.Input() <- &sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(strconv.Itoa(i)), Value: sarama.StringEncoder(strconv.Itoa(i))}
+	}
+	wg.Wait()
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if len(failed) > 0 {
+		t.Fatalf("%d records not produced, first: %v", len(failed), failed[0])
+	}
+}
+
+func owned(agents ...*agent.Agent) map[string]int {
+	out := map[string]int{}
+	for _, a := range agents {
+		out[a.ID()] = len(a.Owned())
+	}
+	return out
+}
+
+// waitBalanced waits until the agents own total partitions between them,
+// balanced to within one.
+func waitBalanced(t *testing.T, total int, agents ...*agent.Agent) {
+	t.Helper()
+	wait.For(t, 20*time.Second, "a balanced assignment", func() error {
+		o := owned(agents...)
+		sum, lo, hi := 0, total, 0
+		for _, n := range o {
+			sum += n
+			lo, hi = min(lo, n), max(hi, n)
+		}
+		if sum != total || hi-lo > 1 {
+			return fmt.Errorf("owned %v", o)
+		}
+		return nil
+	})
+}
+
+func TestFleetConsumesEveryRecordThroughCrashAndJoin(t *testing.T) {
+	const records = 50_000
+	e := testenv.StartEtcdT(t)
+	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 12}})
+	l := newLedger()
+	a1 := startConsumer(t, consumeConfig(e, k, "agent-1"), l.handler("agent-1"))
+	a2 := startConsumer(t, consumeConfig(e, k, "agent-2"), l.handler("agent-2"))
+	a3 := startConsumer(t, consumeConfig(e, k, "agent-3"), l.handler("agent-3"))
+	waitBalanced(t, 12, a1, a2, a3)
+
+	produce(t, k, "orders", 0, records/3)
+	wait.For(t, 30*time.Second, "the first third handled", func() error {
+		if n := l.count(); n < records/3 {
+			return fmt.Errorf("%d handled", n)
+		}
+		return nil
+	})
+	// agent-3 crashes while records keep coming.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		produce(t, k, "orders", records/3, 2*records/3)
+	}()
+	a3.Abort()
+	<-done
+	waitBalanced(t, 12, a1, a2)
+
+	// A new agent joins.
+	a4 := startConsumer(t, consumeConfig(e, k, "agent-4"), l.handler("agent-4"))
+	produce(t, k, "orders", 2*records/3, records)
+	waitBalanced(t, 12, a1, a2, a4)
+
+	wait.For(t, 60*time.Second, "every record handled", func() error {
+		if missing, _, _ := l.result(records); len(missing) > 0 {
+			return fmt.Errorf("%d not handled yet, e.g. %v", len(missing), missing[:min(5, len(missing))])
+		}
+		return nil
+	})
+	_, dups, dupFirst := l.result(records)
+	t.Logf("%d records, 0 lost, %d duplicates (first handled by: %v)", records, dups, dupFirst)
+	// Only the crash may cause duplicates: records agent-3 handled after its
+	// last commit. Hand-overs by plan are drained and committed first.
+	for id, n := range dupFirst {
+		if id != "agent-3" {
+			t.Errorf("%d duplicates of records first handled by %s, which was never killed", n, id)
+		}
+	}
+	l.check(t)
+}
+
+func TestCleanStopHandsOverWithoutDuplicates(t *testing.T) {
+	const records = 6000
+	e := testenv.StartEtcdT(t)
+	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 6}})
+	l := newLedger()
+	a1 := startConsumer(t, consumeConfig(e, k, "agent-1"), l.handler("agent-1"))
+	a2 := startConsumer(t, consumeConfig(e, k, "agent-2"), l.handler("agent-2"))
+	waitBalanced(t, 6, a1, a2)
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		produce(t, k, "orders", 0, records)
+	}()
+	wait.For(t, 30*time.Second, "some records handled", func() error {
+		if n := l.count(); n < records/4 {
+			return fmt.Errorf("%d handled", n)
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := a2.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	waitBalanced(t, 6, a1)
+	wait.For(t, 30*time.Second, "every record handled", func() error {
+		if missing, _, _ := l.result(records); len(missing) > 0 {
+			return fmt.Errorf("%d not handled yet", len(missing))
+		}
+		return nil
+	})
+	if _, dups, _ := l.result(records); dups != 0 {
+		t.Errorf("a clean stop caused %d duplicates", dups)
+	}
+	l.check(t)
+}
+
+func TestNewPartitionsAndTopicsAreConsumed(t *testing.T) {
+	e := testenv.StartEtcdT(t)
+	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 2}})
+	l := newLedger()
+	cfg := consumeConfig(e, k, "agent-1")
+	cfg.Source.TopicRegex = "^orders-"
+	a := startConsumer(t, cfg, l.handler("agent-1"))
+	waitBalanced(t, 2, a)
+
+	if err := k.AddPartitions("orders", 4); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.CreateTopic("orders-v2", 3); err != nil {
+		t.Fatal(err)
+	}
+	// Discovery runs every refresh interval; planning and starting take
+	// milliseconds.
+	began := time.Now()
+	wait.For(t, cfg.Source.RefreshInterval+2*time.Second, "new partitions and the new topic assigned", func() error {
+		var got []string
+		for _, tp := range a.Owned() {
+			got = append(got, tp.String())
+		}
+		want := []string{"orders/0", "orders/1", "orders/2", "orders/3", "orders-v2/0", "orders-v2/1", "orders-v2/2"}
+		if !slices.Equal(got, want) {
+			return fmt.Errorf("owned %v", got)
+		}
+		return nil
+	})
+	t.Logf("assigned %v after the change", time.Since(began))
+	produce(t, k, "orders-v2", 0, 30)
+	wait.For(t, 10*time.Second, "records of the new topic handled", func() error {
+		if n := l.count(); n < 30 {
+			return fmt.Errorf("%d handled", n)
+		}
+		return nil
+	})
+}
+
+func TestStaleAgentStopsAndCommittedOffsetsReachKafka(t *testing.T) {
+	e := testenv.StartEtcdT(t)
+	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 3}})
+	l := newLedger()
+	a1 := startConsumer(t, consumeConfig(e, k, "agent-1"), l.handler("agent-1"))
+	a2 := startConsumer(t, consumeConfig(e, k, "agent-2"), l.handler("agent-2"))
+	waitBalanced(t, 3, a1, a2)
+	produce(t, k, "orders", 0, 300)
+	wait.For(t, 10*time.Second, "records handled", func() error {
+		if n := l.count(); n < 300 {
+			return fmt.Errorf("%d handled", n)
+		}
+		return nil
+	})
+
+	// The committed offsets are the Kafka group's offsets too.
+	cli := testenv.EtcdClientT(t, e)
+	wait.For(t, 10*time.Second, "group offsets on the cluster", func() error {
+		got, err := groupOffsets(k, "orders", 3)
+		if err != nil {
+			return err
+		}
+		etcd, err := committed(cli, "A", "orders", 3)
+		if err != nil {
+			return err
+		}
+		if !maps.Equal(got, etcd) || sum(got) != 300 {
+			return fmt.Errorf("kafka group %v, etcd %v", got, etcd)
+		}
+		return nil
+	})
+
+	// Revoke a follower's lease behind its back, as etcd does to an agent
+	// that stalled past its TTL. The agent is alive: it must stop consuming
+	// under the old lease while the leader gives its partitions to the
+	// other agent, then register again and get its share back.
+	a := a1
+	if a1.Leading() {
+		a = a2
+	}
+	lease := a.Status().Etcd.LeaseID
+	var oldGen int64
+	for i := range 300 {
+		oldGen = max(oldGen, l.generationOf(strconv.Itoa(i)))
+	}
+	if _, err := cli.Revoke(context.Background(), clientv3.LeaseID(lease)); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, 10*time.Second, "registered again on a new lease", func() error {
+		if ok, why := a.Ready(); !ok || a.Status().Etcd.LeaseID == lease {
+			return fmt.Errorf("ready=%v (%s), lease %x", ok, why, a.Status().Etcd.LeaseID)
+		}
+		return nil
+	})
+	waitBalanced(t, 3, a1, a2)
+	produce(t, k, "orders", 300, 400)
+	wait.For(t, 10*time.Second, "consuming again on a new lease", func() error {
+		if n := l.count(); n < 400 {
+			return fmt.Errorf("%d handled", n)
+		}
+		return nil
+	})
+	// What the revoked agent handles now, it consumes under a generation
+	// published after its lease was revoked.
+	byRevoked := 0
+	for i := 300; i < 400; i++ {
+		id := strconv.Itoa(i)
+		if l.firstHandler(id) != a.ID() {
+			continue
+		}
+		byRevoked++
+		if g := l.generationOf(id); g <= oldGen {
+			t.Fatalf("record %d handled by %s under generation %d, not after the stale generation %d", i, a.ID(), g, oldGen)
+		}
+	}
+	if byRevoked == 0 {
+		t.Fatalf("%s handled none of the records produced after it came back", a.ID())
+	}
+	l.check(t)
+}
+
+func (l *ledger) firstHandler(id string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.first[id]
+}
+
+func (l *ledger) generationOf(id string) int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.gen[id]
+}
+
+// groupOffsets reads the Kafka group's committed offsets of topic's
+// partitions [0, n).
+func groupOffsets(k *testenv.Kafka, group string, n int32) (map[coordinator.TopicPartition]int64, error) {
+	sc := sarama.NewConfig()
+	sc.Version = sarama.V3_6_0_0
+	c, err := sarama.NewClient(k.Brokers(), sc)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	var tps []coordinator.TopicPartition
+	for p := range n {
+		tps = append(tps, coordinator.TopicPartition{Topic: "orders", Partition: p})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return offsets.FetchGroupOffsets(ctx, c, group, tps)
+}
+
+// committed reads the fleet's committed offsets of a cluster from etcd.
+func committed(cli *clientv3.Client, cluster, topic string, n int32) (map[coordinator.TopicPartition]int64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ps, _, err := offsets.NewStore(cli, keys.New("orders")).List(ctx, cluster)
+	if err != nil {
+		return nil, err
+	}
+	out := map[coordinator.TopicPartition]int64{}
+	for _, p := range ps {
+		if p.Topic == topic && p.Partition < n {
+			out[coordinator.TopicPartition{Topic: p.Topic, Partition: p.Partition}] = p.Offset
+		}
+	}
+	return out, nil
+}
+
+func sum(m map[coordinator.TopicPartition]int64) int64 {
+	var s int64
+	for _, v := range m {
+		s += v
+	}
+	return s
+}

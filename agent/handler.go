@@ -1,0 +1,84 @@
+package agent
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Header is one Kafka record header.
+type Header struct {
+	Key   []byte
+	Value []byte
+}
+
+// Record is one consumed Kafka record, handed to a Handler.
+type Record struct {
+	Cluster   string
+	Topic     string
+	Partition int32
+	Offset    int64
+	Key       []byte
+	Value     []byte
+	Headers   []Header
+	Timestamp time.Time
+	// Generation is the assignment generation under which the agent
+	// consumes this partition.
+	Generation int64
+
+	entry *pending
+	t     *tracker
+}
+
+// Ack marks the record handled. It may be called from any goroutine, at
+// any time after Handle received the record; calls after the first are
+// ignored. The partition's committed offset moves past a record only once
+// it and every record before it are acknowledged.
+func (r *Record) Ack() {
+	if r.t != nil {
+		r.t.ack(r.entry)
+	}
+}
+
+// Handler receives the records of the partitions an agent owns.
+//
+// Handle is called for the records of one partition in offset order and
+// never concurrently for one partition; different partitions are handled
+// concurrently. It should hand the record on and return quickly; it acks
+// the record (then or later, from any goroutine) once it is done with it.
+// An error means "not now": the same record is offered again after a
+// backoff, so delivery stays at-least-once and in order. ctx ends when the
+// partition is revoked or the agent stops; records not acknowledged by
+// then are consumed again by the partition's next owner.
+type Handler interface {
+	Handle(ctx context.Context, r *Record) error
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(ctx context.Context, r *Record) error
+
+// Handle calls f.
+func (f HandlerFunc) Handle(ctx context.Context, r *Record) error { return f(ctx, r) }
+
+// CountingHandler is the handler of an agent without routes: it logs each
+// record at debug level, acknowledges it and counts it.
+type CountingHandler struct {
+	Log   *zap.Logger
+	count atomic.Int64
+}
+
+// Handle logs, counts and acknowledges r.
+func (h *CountingHandler) Handle(_ context.Context, r *Record) error {
+	if h.Log != nil && h.Log.Core().Enabled(zap.DebugLevel) {
+		h.Log.Debug("record", zap.String("topic", r.Topic), zap.Int32("partition", r.Partition),
+			zap.Int64("offset", r.Offset), zap.Int("bytes", len(r.Value)))
+	}
+	h.count.Add(1)
+	r.Ack()
+	return nil
+}
+
+// Count returns how many records were handled.
+func (h *CountingHandler) Count() int64 { return h.count.Load() }

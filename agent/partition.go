@@ -1,0 +1,133 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/IBM/sarama"
+	"go.uber.org/zap"
+
+	"github.com/kswitch/kswitch/coordinator"
+)
+
+// partitionRun consumes one partition and hands its records to the
+// handler. Its goroutine is owned by the worker, which stops it with stop.
+type partitionRun struct {
+	tp         coordinator.TopicPartition
+	cluster    string
+	generation int64
+	pc         sarama.PartitionConsumer
+	t          *tracker
+	cancel     context.CancelFunc
+	done       chan struct{}
+}
+
+// maxInFlight bounds the records of one partition handed to the handler
+// and not yet acknowledged: a handler that stops acknowledging stops its
+// partition instead of growing memory.
+const maxInFlight = 4096
+
+// startPartition starts consuming tp at start (an offset >= 0, resolved by
+// the caller) and returns the running partition.
+func (w *worker) startPartition(ctx context.Context, k *kafkaConn, gen int64, tp coordinator.TopicPartition, start int64) (*partitionRun, error) {
+	pc, err := k.consumer.ConsumePartition(tp.Topic, tp.Partition, start)
+	if errors.Is(err, sarama.ErrOffsetOutOfRange) {
+		// The committed position is gone (retention) or ahead of the log
+		// (a truncated or re-created topic): fall back to the configured
+		// initial offset, and say so.
+		initial, rerr := k.resolve(tp, w.initialOffset())
+		if rerr != nil {
+			return nil, rerr
+		}
+		w.log.Warn("committed offset out of range; starting at the initial offset instead",
+			zap.Stringer("partition", tp), zap.Int64("committed", start), zap.Int64("start", initial),
+			zap.String("initial_offset", w.cfg.Source.InitialOffset))
+		start = initial
+		pc, err = k.consumer.ConsumePartition(tp.Topic, tp.Partition, start)
+	}
+	if err != nil {
+		return nil, err
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	r := &partitionRun{tp: tp, cluster: k.name, generation: gen, pc: pc, t: newTracker(start, maxInFlight), cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		w.consume(pctx, r)
+	}()
+	return r, nil
+}
+
+// consume hands the partition's records to the handler, in order, until
+// ctx ends.
+func (w *worker) consume(ctx context.Context, r *partitionRun) {
+	log := w.log.With(zap.Stringer("partition", r.tp), zap.Int64("generation", r.generation))
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case err, ok := <-r.pc.Errors():
+			if ok {
+				log.Warn("partition consumer error", zap.Error(err))
+				w.metrics.consumeErrors.Inc()
+			}
+		case msg, ok := <-r.pc.Messages():
+			if !ok {
+				return
+			}
+			rec := &Record{
+				Cluster: r.cluster, Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset,
+				Key: msg.Key, Value: msg.Value, Timestamp: msg.Timestamp, Generation: r.generation,
+			}
+			for _, h := range msg.Headers {
+				if h != nil {
+					rec.Headers = append(rec.Headers, Header{Key: h.Key, Value: h.Value})
+				}
+			}
+			select {
+			case r.t.slots <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			r.t.deliver(rec)
+			if !w.handle(ctx, log, rec) {
+				return
+			}
+			w.metrics.records.Inc()
+		}
+	}
+}
+
+// handle offers rec to the handler until it takes it or ctx ends.
+func (w *worker) handle(ctx context.Context, log *zap.Logger, rec *Record) bool {
+	backoff := 50 * time.Millisecond
+	for {
+		err := w.handler.Handle(ctx, rec)
+		if err == nil {
+			return true
+		}
+		w.metrics.handlerErrors.Inc()
+		log.Warn("handler refused record; retrying", zap.Int64("offset", rec.Offset), zap.Error(err), zap.Duration("backoff", backoff))
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+// stop ends the partition's consumption: no record is handed to the
+// handler after it returns. It then waits up to drain for the handler to
+// acknowledge what it was given.
+func (r *partitionRun) stop(drain time.Duration) (drained bool) {
+	r.cancel()
+	r.pc.AsyncClose()
+	<-r.done
+	// Drain what sarama still holds so its goroutines can end.
+	for range r.pc.Messages() {
+	}
+	for range r.pc.Errors() {
+	}
+	return r.t.waitDrained(drain)
+}

@@ -1,0 +1,113 @@
+package agent
+
+import (
+	"sync"
+	"time"
+
+	"github.com/kswitch/kswitch/offsets"
+)
+
+// pending is one record delivered to the handler and not yet passed by
+// the commit position.
+type pending struct {
+	offset int64
+	ts     time.Time
+	fp     offsets.Fingerprint
+	acked  bool
+}
+
+// tracker follows one partition's delivered and acknowledged records and
+// derives the position that may be committed: just past the longest
+// acknowledged prefix. Methods are safe for concurrent use; the partition
+// loop delivers, any goroutine acks.
+type tracker struct {
+	mu      sync.Mutex
+	queue   []*pending // delivered, in offset order; head is the oldest unacked
+	next    int64      // committable: next offset to consume
+	lastTS  time.Time  // timestamp of record next-1
+	fps     []offsets.Fingerprint
+	drained *sync.Cond
+	slots   chan struct{} // bounds delivered-but-unacked records
+}
+
+func newTracker(start int64, maxInFlight int) *tracker {
+	t := &tracker{next: start, slots: make(chan struct{}, maxInFlight)}
+	t.drained = sync.NewCond(&t.mu)
+	return t
+}
+
+// deliver records that r is being handed to the handler. The caller must
+// hold a slot (acquired from t.slots) for it.
+func (t *tracker) deliver(r *Record) {
+	p := &pending{offset: r.Offset, ts: r.Timestamp, fp: offsets.FingerprintOf(r.Key, r.Value, r.Timestamp)}
+	t.mu.Lock()
+	t.queue = append(t.queue, p)
+	t.mu.Unlock()
+	r.entry, r.t = p, t
+}
+
+func (t *tracker) ack(p *pending) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if p.acked {
+		return
+	}
+	p.acked = true
+	<-t.slots
+	n := 0
+	for n < len(t.queue) && t.queue[n].acked {
+		h := t.queue[n]
+		t.next, t.lastTS = h.offset+1, h.ts
+		t.fps = append(t.fps, h.fp)
+		n++
+	}
+	if n > 0 {
+		t.queue = t.queue[n:]
+		if len(t.fps) > offsets.MaxFingerprints {
+			t.fps = t.fps[len(t.fps)-offsets.MaxFingerprints:]
+		}
+	}
+	if len(t.queue) == 0 {
+		t.drained.Broadcast()
+	}
+}
+
+// position returns the committable position: the next offset to consume,
+// the timestamp and fingerprints of the records before it.
+func (t *tracker) position() (next int64, ts time.Time, fps []offsets.Fingerprint) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.next, t.lastTS, append([]offsets.Fingerprint(nil), t.fps...)
+}
+
+// unacked returns the number of delivered records not yet acknowledged
+// in order.
+func (t *tracker) unacked() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.queue)
+}
+
+// waitDrained waits until every delivered record is acknowledged or the
+// timeout passes, and reports whether it drained.
+func (t *tracker) waitDrained(timeout time.Duration) bool {
+	done := make(chan struct{})
+	timer := time.AfterFunc(timeout, func() {
+		t.mu.Lock()
+		close(done)
+		t.drained.Broadcast()
+		t.mu.Unlock()
+	})
+	defer timer.Stop()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for len(t.queue) > 0 {
+		select {
+		case <-done:
+			return false
+		default:
+		}
+		t.drained.Wait()
+	}
+	return true
+}

@@ -1,0 +1,442 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/kswitch/kswitch/coordinator"
+	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/internal/kafka"
+	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/offsets"
+)
+
+// kafkaConn is the worker's connection to the cluster it consumes.
+type kafkaConn struct {
+	name     string
+	client   sarama.Client
+	consumer sarama.Consumer
+	mirror   *offsets.KafkaMirror
+}
+
+func dialKafka(name string, c config.Cluster, group string, timeout time.Duration) (*kafkaConn, error) {
+	client, err := kafka.NewClient(name, c)
+	if err != nil {
+		return nil, err
+	}
+	consumer, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		client.Close()
+		return nil, fmt.Errorf("kafka: consumer on cluster %s: %w", name, err)
+	}
+	return &kafkaConn{name: name, client: client, consumer: consumer, mirror: offsets.NewKafkaMirror(client, group, timeout)}, nil
+}
+
+// resolve turns sarama.OffsetOldest or OffsetNewest into an offset.
+func (k *kafkaConn) resolve(tp coordinator.TopicPartition, which int64) (int64, error) {
+	off, err := k.client.GetOffset(tp.Topic, tp.Partition, which)
+	if err != nil {
+		return 0, fmt.Errorf("kafka: list offsets of %s on cluster %s: %w", tp, k.name, err)
+	}
+	return off, nil
+}
+
+func (k *kafkaConn) close() {
+	_ = k.consumer.Close()
+	_ = k.client.Close()
+}
+
+// worker applies the fleet's assignment to this agent: it consumes the
+// partitions the agent owns, commits their positions (fenced) and
+// acknowledges each generation. One worker runs per etcd session; its
+// run goroutine owns every field below the line, so they need no lock.
+type worker struct {
+	cfg     config.Config
+	id      string
+	keys    keys.Fleet
+	log     *zap.Logger
+	etcd    *clientv3.Client
+	store   *offsets.Store
+	handler Handler
+	metrics *metrics
+	// drain bounds how long a revoked partition waits for the handler to
+	// acknowledge what it was given before its final commit.
+	drain time.Duration
+	lease clientv3.LeaseID
+	// sessionAlive tells a clean stop (commit, then release) from a lost
+	// session (nothing can be committed).
+	sessionAlive func() bool
+	// onApplied is called after each generation is applied; must not block.
+	onApplied func(coordinator.Assignment)
+	// owned is where the worker publishes the partitions it runs.
+	owned *atomic.Pointer[[]coordinator.TopicPartition]
+
+	// ---- owned by run
+	kafka      *kafkaConn
+	parts      map[coordinator.TopicPartition]*partitionRun
+	committed  map[coordinator.TopicPartition]int64
+	pending    []coordinator.TopicPartition // owned but not started (Kafka trouble): retried
+	applied    coordinator.Assignment
+	appliedRev int64
+}
+
+func (w *worker) initialOffset() int64 {
+	if w.cfg.Source.InitialOffset == "newest" {
+		return sarama.OffsetNewest
+	}
+	return sarama.OffsetOldest
+}
+
+// errLeaseLost ends a worker whose commits etcd refused for its lease.
+var errLeaseLost = errors.New("agent: session lease lost; stopped consuming")
+
+// run follows state/assignment until ctx ends or the lease is lost. On a
+// clean stop it drains and commits every partition before returning; after
+// losing the lease it stops them without committing.
+func (w *worker) run(ctx context.Context) error {
+	w.parts = map[coordinator.TopicPartition]*partitionRun{}
+	w.committed = map[coordinator.TopicPartition]int64{}
+	defer func() {
+		if w.kafka != nil {
+			w.kafka.close()
+		}
+		w.publishOwned()
+	}()
+	tick := time.NewTicker(w.cfg.Source.CommitInterval)
+	defer tick.Stop()
+	for {
+		err := w.follow(ctx, tick.C)
+		if errors.Is(err, errLeaseLost) || !w.sessionAlive() {
+			w.stopAll(false)
+			return errLeaseLost
+		}
+		if ctx.Err() != nil {
+			w.stopAll(true)
+			return ctx.Err()
+		}
+		w.log.Debug("assignment watch interrupted; re-reading", zap.Error(err))
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// follow reads state/assignment, applies it, then applies every change
+// until the watch breaks, committing on every tick.
+func (w *worker) follow(ctx context.Context, tick <-chan time.Time) error {
+	rctx, cancel := context.WithTimeout(ctx, w.cfg.Etcd.RequestTimeout)
+	resp, err := w.etcd.Get(rctx, w.keys.Assignment())
+	cancel()
+	if err != nil {
+		return err
+	}
+	if len(resp.Kvs) > 0 {
+		w.applyValue(ctx, resp.Kvs[0].Value, resp.Kvs[0].ModRevision)
+	}
+	wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer wcancel()
+	wch := w.etcd.Watch(wctx, w.keys.Assignment(), clientv3.WithRev(resp.Header.Revision+1))
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick:
+			if err := w.commit(ctx, slices.Collect(maps.Keys(w.parts))); errors.Is(err, errLeaseLost) {
+				return err
+			}
+			w.startPending(ctx)
+		case wr, ok := <-wch:
+			if !ok {
+				return errors.New("assignment watch closed")
+			}
+			if err := wr.Err(); err != nil {
+				return err
+			}
+			for _, ev := range wr.Events {
+				if ev.Type == clientv3.EventTypeDelete {
+					w.log.Warn("state/assignment was deleted; waiting for the leader to publish one")
+					continue
+				}
+				w.applyValue(ctx, ev.Kv.Value, ev.Kv.ModRevision)
+			}
+		}
+	}
+}
+
+func (w *worker) applyValue(ctx context.Context, val []byte, rev int64) {
+	a, err := coordinator.ParseAssignment(val)
+	if err != nil {
+		w.log.Warn("refusing malformed state/assignment; keeping the last good one", zap.Error(err),
+			zap.Int64("applied_generation", w.applied.Generation))
+		w.metrics.badValues.WithLabelValues("assignment").Inc()
+		return
+	}
+	if a.Generation < w.applied.Generation {
+		w.log.Warn("ignoring an older assignment generation", zap.Int64("generation", a.Generation), zap.Int64("applied", w.applied.Generation))
+		return
+	}
+	w.apply(ctx, a, rev)
+}
+
+// apply makes the running partitions match a: revoked partitions are
+// stopped, drained and committed under a (which allows it), new ones are
+// started at their committed offsets, then the generation is
+// acknowledged.
+func (w *worker) apply(ctx context.Context, a coordinator.Assignment, rev int64) {
+	log := w.log.With(zap.Int64("generation", a.Generation), zap.String("cluster", a.Cluster))
+	want := map[coordinator.TopicPartition]bool{}
+	for _, tp := range a.Owned[w.id] {
+		want[tp] = true
+	}
+	switching := w.kafka != nil && w.kafka.name != a.Cluster
+	var release []coordinator.TopicPartition
+	for tp := range w.parts {
+		if switching || !want[tp] {
+			release = append(release, tp)
+		}
+	}
+	// The final commits of released partitions are fenced by the new
+	// generation, in which they are ours to release.
+	w.applied, w.appliedRev = a, rev
+	if len(release) > 0 {
+		w.release(ctx, release, a)
+		log.Info("released partitions", zap.Stringers("partitions", release))
+	}
+	if switching {
+		w.kafka.close()
+		w.kafka = nil
+	}
+	w.pending = w.pending[:0]
+	for tp := range want {
+		if w.parts[tp] == nil {
+			w.pending = append(w.pending, tp)
+		}
+	}
+	slices.SortFunc(w.pending, coordinator.TopicPartition.Compare)
+	started := slices.Clone(w.pending)
+	w.startPending(ctx)
+	if len(started) > 0 {
+		log.Info("assigned partitions", zap.Stringers("partitions", started), zap.Int("owned", len(w.parts)))
+	}
+	w.publishOwned()
+	w.metrics.generation.Set(float64(a.Generation))
+	w.ack(ctx, a.Generation)
+	if w.onApplied != nil {
+		w.onApplied(a)
+	}
+}
+
+// release stops tps, waits for their records to be acknowledged, and
+// commits their final positions.
+func (w *worker) release(ctx context.Context, tps []coordinator.TopicPartition, a coordinator.Assignment) {
+	for _, tp := range tps {
+		r := w.parts[tp]
+		if !r.stop(w.drain) {
+			w.log.Warn("handler did not acknowledge every record before the drain timeout; the next owner consumes them again",
+				zap.Stringer("partition", tp), zap.Int("unacked", r.t.unacked()), zap.Duration("drain", w.drain))
+		}
+	}
+	var allowed []coordinator.TopicPartition
+	for _, tp := range tps {
+		if a.MayCommit(w.id, tp) {
+			allowed = append(allowed, tp)
+		}
+	}
+	_ = w.commit(ctx, allowed)
+	for _, tp := range tps {
+		delete(w.parts, tp)
+		delete(w.committed, tp)
+	}
+	w.publishOwned()
+}
+
+// startPending starts the owned partitions not yet running. A partition
+// that cannot start (its cluster unreachable) stays pending and is retried
+// on the next commit tick.
+func (w *worker) startPending(ctx context.Context) {
+	if len(w.pending) == 0 {
+		return
+	}
+	if w.kafka == nil {
+		c, ok := w.cfg.Clusters[w.applied.Cluster]
+		if !ok {
+			w.log.Error("assignment names a cluster this agent has no configuration for", zap.String("cluster", w.applied.Cluster))
+			return
+		}
+		k, err := dialKafka(w.applied.Cluster, c, w.cfg.Source.Group, w.cfg.Etcd.RequestTimeout)
+		if err != nil {
+			w.log.Warn("cannot connect to the assigned cluster; retrying", zap.Error(err))
+			return
+		}
+		w.kafka = k
+	}
+	// New partitions or topics are not in the client's metadata yet: one
+	// refresh up front instead of a failed lookup and a retry per partition.
+	topics := map[string]bool{}
+	for _, tp := range w.pending {
+		topics[tp.Topic] = true
+	}
+	if err := w.kafka.client.RefreshMetadata(slices.Sorted(maps.Keys(topics))...); err != nil {
+		w.log.Warn("cannot refresh metadata of the assigned topics; retrying", zap.Error(err))
+		return
+	}
+	lctx, cancel := context.WithTimeout(ctx, w.cfg.Etcd.RequestTimeout)
+	positions, bad, err := w.store.LoadMany(lctx, w.kafka.name, w.pending)
+	cancel()
+	if err != nil {
+		w.log.Warn("cannot read committed offsets; retrying", zap.Error(err))
+		return
+	}
+	for _, b := range bad {
+		// Treated as "no committed offset": the partition starts at the
+		// initial offset, and the next commit replaces the bad value.
+		w.log.Warn("refusing malformed committed offset", zap.Error(b))
+		w.metrics.badValues.WithLabelValues("offset").Inc()
+	}
+	// Partitions start concurrently: each may need a ListOffsets round
+	// trip, and sarama adds a partition to a broker's fetch session only
+	// between two fetches (each up to Consumer.MaxWaitTime), so partitions
+	// started one by one would wait that long each.
+	type started struct {
+		tp  coordinator.TopicPartition
+		r   *partitionRun
+		err error
+	}
+	results := make(chan started, len(w.pending))
+	for _, tp := range w.pending {
+		p, ok := positions[tp]
+		if ok {
+			w.committed[tp] = p.Offset
+		}
+		go func() {
+			start := p.Offset
+			if !ok {
+				var err error
+				if start, err = w.kafka.resolve(tp, w.initialOffset()); err != nil {
+					results <- started{tp: tp, err: err}
+					return
+				}
+			}
+			r, err := w.startPartition(ctx, w.kafka, w.applied.Generation, tp, start)
+			results <- started{tp, r, err}
+		}()
+	}
+	var still []coordinator.TopicPartition
+	for range w.pending {
+		s := <-results
+		if s.err != nil {
+			w.log.Warn("cannot consume partition; retrying", zap.Stringer("partition", s.tp), zap.Error(s.err))
+			still = append(still, s.tp)
+			continue
+		}
+		w.parts[s.tp] = s.r
+	}
+	slices.SortFunc(still, coordinator.TopicPartition.Compare)
+	w.pending = still
+	w.publishOwned()
+}
+
+// publishOwned makes the running partitions visible to Agent.Owned and
+// the metrics.
+func (w *worker) publishOwned() {
+	tps := slices.SortedFunc(maps.Keys(w.parts), coordinator.TopicPartition.Compare)
+	w.owned.Store(&tps)
+	w.metrics.ownedPartitions.Set(float64(len(tps)))
+}
+
+// commit writes the positions of tps that moved since their last commit,
+// fenced by the applied generation and the agent's lease, then mirrors
+// them to the Kafka group. It returns errLeaseLost when etcd says the
+// lease is gone.
+func (w *worker) commit(ctx context.Context, tps []coordinator.TopicPartition) error {
+	var commits []offsets.Commit
+	for _, tp := range tps {
+		r := w.parts[tp]
+		if r == nil {
+			continue
+		}
+		next, ts, fps := r.t.position()
+		if last, ok := w.committed[tp]; ok && last == next {
+			continue
+		}
+		commits = append(commits, offsets.Commit{Cluster: r.cluster, Topic: tp.Topic, Partition: tp.Partition, Offset: next, Timestamp: ts, Fingerprints: fps})
+	}
+	if len(commits) == 0 {
+		return nil
+	}
+	fence := offsets.Fence{
+		AgentKey: w.keys.Agent(w.id), Lease: w.lease,
+		AssignmentKey: w.keys.Assignment(), AssignmentRev: w.appliedRev,
+		Agent: w.id, Generation: w.applied.Generation,
+	}
+	cctx, cancel := context.WithTimeout(ctx, w.cfg.Etcd.RequestTimeout)
+	err := w.store.Commit(cctx, fence, commits)
+	cancel()
+	switch {
+	case errors.Is(err, offsets.ErrLeaseLost):
+		w.log.Error("commit refused: this agent's lease is gone; stopping consumption", zap.Error(err))
+		w.metrics.commitErrors.WithLabelValues("lease_lost").Inc()
+		return errLeaseLost
+	case errors.Is(err, offsets.ErrStaleGeneration):
+		// A new generation is on its way through the watch; commit
+		// under it.
+		w.log.Debug("commit deferred: newer assignment", zap.Error(err))
+		w.metrics.commitErrors.WithLabelValues("stale_generation").Inc()
+		return nil
+	case err != nil:
+		w.log.Warn("commit failed; retrying next interval", zap.Error(err))
+		w.metrics.commitErrors.WithLabelValues("etcd").Inc()
+		return nil
+	}
+	for _, c := range commits {
+		w.committed[coordinator.TopicPartition{Topic: c.Topic, Partition: c.Partition}] = c.Offset
+	}
+	w.metrics.commits.Add(float64(len(commits)))
+	if w.kafka != nil {
+		mctx, cancel := context.WithTimeout(ctx, w.cfg.Etcd.RequestTimeout)
+		if err := w.kafka.mirror.Commit(mctx, commits); err != nil {
+			w.log.Debug("mirroring offsets to the Kafka group failed; etcd holds them", zap.Error(err))
+			w.metrics.commitErrors.WithLabelValues("kafka_mirror").Inc()
+		}
+		cancel()
+	}
+	return nil
+}
+
+// stopAll stops every partition; with commit, drains and commits them.
+func (w *worker) stopAll(commit bool) {
+	tps := slices.Collect(maps.Keys(w.parts))
+	if commit {
+		// The run ctx has ended; the final commit gets a bounded one of
+		// its own.
+		ctx, cancel := context.WithTimeout(context.Background(), w.drain+w.cfg.Etcd.RequestTimeout)
+		defer cancel()
+		w.release(ctx, tps, w.applied)
+		return
+	}
+	for _, tp := range tps {
+		w.parts[tp].stop(0)
+		delete(w.parts, tp)
+	}
+	w.publishOwned()
+}
+
+// ack tells the leader this agent has applied gen.
+func (w *worker) ack(ctx context.Context, gen int64) {
+	actx, cancel := context.WithTimeout(ctx, w.cfg.Etcd.RequestTimeout)
+	defer cancel()
+	if _, err := w.etcd.Put(actx, w.keys.Ack(w.id), strconv.FormatInt(gen, 10), clientv3.WithLease(w.lease)); err != nil {
+		w.log.Warn("cannot acknowledge generation; the leader waits", zap.Int64("generation", gen), zap.Error(err))
+	}
+}
