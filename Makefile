@@ -37,7 +37,7 @@ staticcheck: $(STATICCHECK)
 	$(STATICCHECK) ./...
 
 fmt-check:
-	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	@out=$$(gofmt -l $$(find . -name '*.go' -not -path './bin/*')); \
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 
 tools: $(STATICCHECK)

@@ -75,18 +75,23 @@ type Agent struct {
 	leader   *coordinator.Leader
 	ml       *memberlist.Memberlist
 	mlog     *memberlistLog
+	deaths   *deathWatch
 	httpLn   net.Listener
 	httpSrv  *http.Server
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
 	aborted  atomic.Bool
 	stopOnce sync.Once
+	// sessionDone closes when the session loop has returned: on a clean
+	// stop, partitions are committed and the lease released by then.
+	sessionDone chan struct{}
 
 	// Readiness inputs, written by their loops.
 	etcdErr    atomic.Pointer[string] // last etcd probe error; nil or "" = reachable
 	session    atomic.Pointer[sessionState]
 	lastLeader election.Leader
 	owned      atomic.Pointer[[]coordinator.TopicPartition] // set by the worker
+	current    atomic.Pointer[concurrency.Session]          // while registered
 }
 
 // sessionState is the agent's standing in etcd.
@@ -157,7 +162,8 @@ func (a *Agent) Start(ctx context.Context) error {
 		return fmt.Errorf("agent: etcd client for %v: %w", a.cfg.Etcd.Endpoints, err)
 	}
 	a.mlog = &memberlistLog{log: a.log.Named("gossip")}
-	ml, err := newMemberlist(a.id, a.cfg.Agent.Gossip, a.cfg.Agent.GossipAdvertise, a.mlog)
+	a.deaths = &deathWatch{dead: make(chan string, 64), dropped: func() { a.metrics.gossipDropped.Inc() }}
+	ml, err := newMemberlist(a.id, a.cfg.Agent.Gossip, a.cfg.Agent.GossipAdvertise, a.mlog, a.deaths)
 	if err != nil {
 		client.Close()
 		ln.Close()
@@ -174,7 +180,7 @@ func (a *Agent) Start(ctx context.Context) error {
 	a.observer = election.NewObserver(client, a.keys.Election(), a.cfg.Etcd.RequestTimeout, a.log)
 	a.registry = newRegistry(client, a.keys, a.cfg.Etcd.RequestTimeout, a.log, func() { a.metrics.badValues.WithLabelValues("registration").Inc() })
 	a.store = offsets.NewStore(client, a.keys)
-	if a.leader, err = coordinator.NewLeader(a.cfg, client, a.registry, &a.wg, a.log); err != nil {
+	if a.leader, err = coordinator.NewLeader(a.cfg, client, fleetView{a}, &a.wg, a.log); err != nil {
 		ml.Shutdown()
 		client.Close()
 		ln.Close()
@@ -189,7 +195,11 @@ func (a *Agent) Start(ctx context.Context) error {
 			a.log.Error("http server failed", zap.Error(err))
 		}
 	})
-	a.goRun(func() { a.sessionLoop(runCtx) })
+	a.sessionDone = make(chan struct{})
+	a.goRun(func() {
+		defer close(a.sessionDone)
+		a.sessionLoop(runCtx)
+	})
 	a.goRun(func() { _ = a.observer.Run(runCtx) })
 	a.goRun(func() { a.registry.run(runCtx) })
 	a.goRun(func() { a.gossipJoinLoop(runCtx, 5*time.Second) })
@@ -255,9 +265,14 @@ func (a *Agent) stop(ctx context.Context, abort bool) error {
 			a.wg.Wait()
 			close(done)
 		}()
-		// The session loop has released etcd state once its goroutine is
-		// done; leave gossip and stop HTTP while the others wind down.
+		// Leave gossip only once the session loop has committed and
+		// released the lease: the leader evicts agents that leave gossip
+		// while still registered.
 		if !abort {
+			select {
+			case <-a.sessionDone:
+			case <-ctx.Done():
+			}
 			if lerr := a.ml.Leave(time.Second); lerr != nil {
 				a.log.Debug("gossip leave", zap.Error(lerr))
 			}
@@ -421,6 +436,8 @@ func (a *Agent) runSession(ctx context.Context) error {
 	if err := a.register(ctx, s.Lease()); err != nil {
 		return err
 	}
+	a.current.Store(s)
+	defer a.current.Store(nil)
 	a.setSession(sessionState{registered: true, lease: s.Lease()})
 	a.log.Info("registered", zap.String("key", a.keys.Agent(a.id)), zap.String("lease", fmt.Sprintf("%x", s.Lease())))
 
@@ -505,6 +522,15 @@ func (a *Agent) runLeader(ctx context.Context, term election.Term) {
 	log.Info("leadership ended")
 }
 
+// fleetView is what the leader work sees of the fleet through this agent:
+// registrations from etcd, deaths from gossip.
+type fleetView struct{ a *Agent }
+
+func (f fleetView) Live() []string                                { return f.a.registry.Live() }
+func (f fleetView) Subscribe(ctx context.Context) <-chan struct{} { return f.a.registry.Subscribe(ctx) }
+func (f fleetView) Dead() <-chan string                           { return f.a.deaths.dead }
+func (f fleetView) GossipAlive(id string) bool                    { return gossipAlive(f.a.ml, id) }
+
 func (a *Agent) newWorker(s *concurrency.Session) *worker {
 	return &worker{
 		cfg: a.cfg, id: a.id, keys: a.keys, log: a.log, etcd: a.client, store: a.store,
@@ -525,10 +551,19 @@ func (a *Agent) probeEtcdLoop(ctx context.Context) {
 	defer t.Stop()
 	for {
 		pctx, cancel := context.WithTimeout(ctx, a.cfg.Etcd.RequestTimeout)
-		_, err := a.client.Get(pctx, a.keys.Agent(a.id), clientv3.WithCountOnly())
+		resp, err := a.client.Get(pctx, a.keys.Agent(a.id), clientv3.WithCountOnly())
 		cancel()
 		if ctx.Err() != nil {
 			return
+		}
+		if err == nil && resp.Count == 0 {
+			if s := a.current.Load(); s != nil && a.session.Load().registered {
+				// The leader evicted us (gossip thought us dead) or an
+				// operator deleted the key: our commits are refused from
+				// now on, so end this session and register again.
+				a.log.Warn("this agent's registration was deleted; ending the session and registering again")
+				s.Orphan()
+			}
 		}
 		msg := ""
 		if err != nil {

@@ -479,3 +479,48 @@ func sum(m map[coordinator.TopicPartition]int64) int64 {
 	}
 	return s
 }
+
+func TestGossipDeathMovesPartitionsBeforeTheLeaseExpires(t *testing.T) {
+	e := testenv.StartEtcdT(t)
+	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 6}})
+	l := newLedger()
+	// A TTL far longer than gossip's failure detection: if the partitions
+	// move in time, gossip moved them.
+	const longTTL = 60 * time.Second
+	var agents []*agent.Agent
+	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
+		cfg := consumeConfig(e, k, id)
+		cfg.Etcd.SessionTTL = longTTL
+		agents = append(agents, startConsumer(t, cfg, l.handler(id)))
+	}
+	waitBalanced(t, 6, agents...)
+	wait.For(t, 15*time.Second, "gossip converged", func() error {
+		for _, a := range agents {
+			if n := len(a.GossipMembers()); n != 3 {
+				return fmt.Errorf("%s sees %d members", a.ID(), n)
+			}
+		}
+		return nil
+	})
+	victim := agents[0]
+	if victim.Leading() {
+		victim = agents[1]
+	}
+	rest := slices.DeleteFunc(slices.Clone(agents), func(a *agent.Agent) bool { return a == victim })
+	began := time.Now()
+	victim.Abort()
+	waitBalanced(t, 6, rest...)
+	took := time.Since(began)
+	t.Logf("partitions of %s moved %v after it died (session TTL %v)", victim.ID(), took, longTTL)
+	if took >= longTTL/2 {
+		t.Fatalf("partitions moved after %v: gossip did not evict the dead agent", took)
+	}
+	produce(t, k, "orders", 0, 600)
+	wait.For(t, 10*time.Second, "records handled by the survivors", func() error {
+		if n := l.count(); n < 600 {
+			return fmt.Errorf("%d handled", n)
+		}
+		return nil
+	})
+	l.check(t)
+}

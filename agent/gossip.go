@@ -23,11 +23,38 @@ type GossipMember struct {
 	State string `json:"state"`
 }
 
+// deathWatch is the memberlist event delegate: it passes the names of
+// members that left gossip to the leader through a bounded queue.
+// memberlist calls it with its node lock held (so it must not call back
+// into memberlist) and must not be blocked, so what does not fit is
+// dropped and counted; the lease TTL still frees such an agent's
+// partitions.
+//
+// It cannot tell a death from a clean leave: memberlist does not update
+// Node.State before the call. It need not: an agent that stops cleanly
+// leaves gossip only after it has committed and released its lease, so
+// the leader finds nothing to evict.
+type deathWatch struct {
+	dead    chan string
+	dropped func()
+}
+
+func (d *deathWatch) NotifyJoin(*memberlist.Node)   {}
+func (d *deathWatch) NotifyUpdate(*memberlist.Node) {}
+func (d *deathWatch) NotifyLeave(n *memberlist.Node) {
+	select {
+	case d.dead <- n.Name:
+	default:
+		d.dropped()
+	}
+}
+
 // newMemberlist creates this agent's gossip node. bind and advertise are
 // host:port; port 0 binds a free port (the same for TCP and UDP).
-func newMemberlist(id, bind, advertise string, mlog *memberlistLog) (*memberlist.Memberlist, error) {
+func newMemberlist(id, bind, advertise string, mlog *memberlistLog, events memberlist.EventDelegate) (*memberlist.Memberlist, error) {
 	c := memberlist.DefaultLANConfig()
 	c.Name = id
+	c.Events = events
 	host, port, err := splitHostPort(bind)
 	if err != nil {
 		return nil, fmt.Errorf("agent: gossip address %q: %w", bind, err)
@@ -60,6 +87,17 @@ func splitHostPort(hp string) (string, int, error) {
 		return "", 0, fmt.Errorf("port %q is not a number in 0-65535", p)
 	}
 	return host, port, nil
+}
+
+// gossipAlive reports whether gossip considers member id alive (or only
+// suspect) now.
+func gossipAlive(ml *memberlist.Memberlist, id string) bool {
+	for _, n := range ml.Members() {
+		if n.Name == id {
+			return n.State == memberlist.StateAlive || n.State == memberlist.StateSuspect
+		}
+	}
+	return false
 }
 
 // gossipMembers returns the live and suspect members, sorted by name.

@@ -25,6 +25,7 @@ type metrics struct {
 	commitErrors    *prometheus.CounterVec
 	ownedPartitions prometheus.Gauge
 	generation      prometheus.Gauge
+	gossipDropped   prometheus.Counter
 }
 
 func newMetrics(reg *prometheus.Registry) *metrics {
@@ -71,6 +72,9 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		generation: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kswitch_assignment_generation", Help: "The assignment generation this agent has applied.",
 		}),
+		gossipDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kswitch_gossip_events_dropped_total", Help: "Gossip death notices dropped because the leader's queue was full.",
+		}),
 	}
 	info := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "kswitch_build_info", Help: "Always 1; the labels carry the build.",
@@ -78,7 +82,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	})
 	info.Set(1)
 	reg.MustRegister(m.isLeader, m.leaderChanges, m.ready, m.agents, m.gossipMembers, m.etcdErrors, m.badValues, info,
-		m.records, m.consumeErrors, m.handlerErrors, m.commits, m.commitErrors, m.ownedPartitions, m.generation,
+		m.records, m.consumeErrors, m.handlerErrors, m.commits, m.commitErrors, m.ownedPartitions, m.generation, m.gossipDropped,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -15,9 +15,11 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/election"
 	"github.com/kswitch/kswitch/internal/etcdwatch"
 	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/offsets"
 )
 
 // Registration is what an agent writes under agents/<id> on its session
@@ -190,15 +192,38 @@ func (r *registry) parse(key, val []byte) (Registration, bool) {
 	return reg, true
 }
 
-// FleetView is a fleet as stored in etcd: who leads and who is registered.
-// It is what `kswitch status` shows; it needs no running agent.
+// FleetView is a fleet as stored in etcd: who leads, who is registered,
+// the assignment and the committed positions. It is what `kswitch status`
+// shows; it needs no running agent.
 type FleetView struct {
 	Fleet  string         `json:"fleet"`
 	Leader string         `json:"leader"`
 	Token  int64          `json:"fencing_token"`
 	Agents []Registration `json:"agents"`
-	// Refused lists registrations that could not be parsed.
+	// Assignment is nil when none was published yet.
+	Assignment *coordinator.Assignment `json:"assignment,omitempty"`
+	// Partitions are the assigned partitions with their committed
+	// positions on the assignment's cluster.
+	Partitions []PartitionView `json:"partitions,omitempty"`
+	// Refused lists values that could not be parsed.
 	Refused []string `json:"refused,omitempty"`
+}
+
+// PartitionView is one partition of a FleetView.
+type PartitionView struct {
+	coordinator.TopicPartition
+	Owner string `json:"owner"`
+	// Revoking is true while the owner is releasing it.
+	Revoking bool `json:"revoking,omitempty"`
+	// Committed is the next offset to consume, -1 when none is committed.
+	Committed int64 `json:"committed"`
+	// CommittedAt is when it was committed.
+	CommittedAt time.Time `json:"committed_at,omitzero"`
+	// End is the partition's high watermark, -1 when unknown (the
+	// cluster was not asked or did not answer).
+	End int64 `json:"end"`
+	// Lag is End - Committed, -1 when either is unknown.
+	Lag int64 `json:"lag"`
 }
 
 // ReadFleet reads a fleet's leader and registrations from etcd.
@@ -213,6 +238,48 @@ func ReadFleet(ctx context.Context, c *clientv3.Client, fleet string) (FleetView
 	default:
 		v.Leader, v.Token = l.ID, l.Token
 	}
-	v.Agents, v.Refused, err = ReadRegistrations(ctx, c, k)
-	return v, err
+	if v.Agents, v.Refused, err = ReadRegistrations(ctx, c, k); err != nil {
+		return v, err
+	}
+	resp, err := c.Get(ctx, k.Assignment())
+	if err != nil {
+		return v, fmt.Errorf("agent: read %s: %w", k.Assignment(), err)
+	}
+	if len(resp.Kvs) == 0 {
+		return v, nil
+	}
+	a, err := coordinator.ParseAssignment(resp.Kvs[0].Value)
+	if err != nil {
+		v.Refused = append(v.Refused, err.Error())
+		return v, nil
+	}
+	v.Assignment = &a
+	positions, bad, err := offsets.NewStore(c, k).List(ctx, a.Cluster)
+	if err != nil {
+		return v, err
+	}
+	for _, b := range bad {
+		v.Refused = append(v.Refused, b.Error())
+	}
+	byTP := map[coordinator.TopicPartition]offsets.Position{}
+	for _, p := range positions {
+		byTP[p.TopicPartition()] = p
+	}
+	for _, m := range []map[string][]coordinator.TopicPartition{a.Owned, a.Revoking} {
+		for owner, tps := range m {
+			for _, tp := range tps {
+				pv := PartitionView{TopicPartition: tp, Owner: owner, Revoking: isRevoking(a, owner, tp), Committed: -1, End: -1, Lag: -1}
+				if p, ok := byTP[tp]; ok {
+					pv.Committed, pv.CommittedAt = p.Offset, p.CommittedAt
+				}
+				v.Partitions = append(v.Partitions, pv)
+			}
+		}
+	}
+	slices.SortFunc(v.Partitions, func(x, y PartitionView) int { return x.TopicPartition.Compare(y.TopicPartition) })
+	return v, nil
+}
+
+func isRevoking(a coordinator.Assignment, owner string, tp coordinator.TopicPartition) bool {
+	return slices.Contains(a.Revoking[owner], tp)
 }

@@ -31,6 +31,10 @@ type Membership interface {
 	// Subscribe returns a channel that receives a value after Live
 	// changed (coalesced), until ctx ends.
 	Subscribe(ctx context.Context) <-chan struct{}
+	// Dead receives the ids of agents that gossip declared dead.
+	Dead() <-chan string
+	// GossipAlive reports whether gossip considers the agent alive now.
+	GossipAlive(id string) bool
 }
 
 // Leader is the leader's work for one term: it discovers the source
@@ -203,6 +207,8 @@ func (l *Leader) Run(ctx context.Context, term election.Term) error {
 			return ctx.Err()
 		case <-memberCh:
 		case <-ak.changed:
+		case id := <-l.members.Dead():
+			l.evict(ctx, term, id, log)
 		case ps := <-found:
 			if !slices.Equal(ps, partitions) {
 				log.Info("source partitions", zap.String("cluster", cluster), zap.Int("partitions", len(ps)))
@@ -210,6 +216,38 @@ func (l *Leader) Run(ctx context.Context, term election.Term) error {
 			partitions = ps
 		}
 	}
+}
+
+// evict frees the partitions of an agent that gossip declared dead without
+// waiting for its session lease to expire: the leader deletes its
+// registration (fenced: only while this term lasts and the registration is
+// still on the lease it had) and revokes that lease. An agent that is in
+// fact alive sees its lease gone, stops consuming at once, and registers
+// again.
+func (l *Leader) evict(ctx context.Context, term election.Term, id string, log *zap.Logger) {
+	if id == term.ID || l.members.GossipAlive(id) {
+		return // a stale notice: the agent is back in gossip
+	}
+	key := l.keys.Agent(id)
+	rctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
+	defer cancel()
+	resp, err := l.etcd.Get(rctx, key)
+	if err != nil || len(resp.Kvs) == 0 || resp.Kvs[0].Lease == 0 {
+		return // gone already (its lease expired) or unreadable: the TTL frees it
+	}
+	lease := clientv3.LeaseID(resp.Kvs[0].Lease)
+	_, err = term.Txn(rctx, []clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(key), "=", lease)}, clientv3.OpDelete(key))
+	if err != nil {
+		log.Debug("not evicting agent", zap.String("dead_agent", id), zap.Error(err))
+		return
+	}
+	if _, err := l.etcd.Revoke(rctx, lease); err != nil {
+		log.Warn("deleted the registration of an agent gossip declared dead, but could not revoke its lease; its commits are refused anyway",
+			zap.String("dead_agent", id), zap.Error(err))
+		return
+	}
+	log.Info("gossip declared an agent dead; revoked its lease so its partitions move now",
+		zap.String("dead_agent", id), zap.String("lease", fmt.Sprintf("%x", int64(lease))))
 }
 
 // discoverLoop lists the source partitions now and every refresh interval,

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
+
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/internal/config"
 	"github.com/kswitch/kswitch/internal/testenv"
@@ -166,6 +168,95 @@ func TestDemoRunsItsStory(t *testing.T) {
 	for _, want := range []string{"leads (fencing token", "crash:", "new leader after a crash", "new leader after a clean stop"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestStatusShowsAssignmentOffsetsAndLag(t *testing.T) {
+	e := testenv.StartEtcdT(t)
+	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 2}})
+	cfg, err := config.Parse([]byte(goodConfig), "test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Etcd.Endpoints = e.Endpoints()
+	cfg.Clusters = map[string]config.Cluster{"A": {Brokers: k.Brokers(), Role: config.RolePrimary}}
+	cfg.Source.CommitInterval = 100 * time.Millisecond
+	// The handler takes records but acknowledges only the first 3 of each
+	// partition, so the committed offsets stop there and lag shows.
+	h := agent.HandlerFunc(func(_ context.Context, r *agent.Record) error {
+		if r.Offset < 3 {
+			r.Ack()
+		}
+		return nil
+	})
+	a, err := agent.New(cfg, agent.Options{Handler: h, DrainTimeout: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Stop(context.Background()) })
+	wait.For(t, 10*time.Second, "partitions assigned", func() error {
+		if n := len(a.Owned()); n != 2 {
+			return fmt.Errorf("owns %d", n)
+		}
+		return nil
+	})
+	produceN(t, k, "orders", 10)
+
+	env := []string{"KSWITCH_ETCD_ENDPOINTS=" + strings.Join(e.Endpoints(), ","), "KSWITCH_FLEET=orders",
+		"KSWITCH_CLUSTERS_A_BROKERS=" + strings.Join(k.Brokers(), ",")}
+	var v agent.FleetView
+	wait.For(t, 10*time.Second, "offsets committed and lag shown", func() error {
+		code, out, stderr := run(t, env, "status", "-o", "json")
+		if code != 0 {
+			return fmt.Errorf("exit %d: %s", code, stderr)
+		}
+		if err := json.Unmarshal([]byte(out), &v); err != nil {
+			return err
+		}
+		if v.Assignment == nil || len(v.Partitions) != 2 {
+			return fmt.Errorf("status: %s", out)
+		}
+		for _, p := range v.Partitions {
+			if p.Owner != "agent-1" || p.Committed != 3 || p.End != 5 || p.Lag != 2 {
+				return fmt.Errorf("partition %+v, want owner agent-1, committed 3, end 5, lag 2", p)
+			}
+		}
+		return nil
+	})
+	code, out, stderr := run(t, env, "status")
+	if code != 0 || !strings.Contains(out, "generation") || !strings.Contains(out, "orders/1") {
+		t.Fatalf("status table: exit %d\n%s\n%s", code, out, stderr)
+	}
+	code, out, stderr = run(t, env, "offsets", "show")
+	if code != 0 {
+		t.Fatalf("offsets show: exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{"cluster A: 2 partitions", "orders", "agent-1"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("offsets show lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// produceN writes n records to topic, spread evenly over its partitions.
+func produceN(t *testing.T, k *testenv.Kafka, topic string, n int) {
+	t.Helper()
+	sc := sarama.NewConfig()
+	sc.Version = sarama.V3_6_0_0
+	sc.Producer.Return.Successes = true
+	sc.Producer.Partitioner = sarama.NewRoundRobinPartitioner
+	p, err := sarama.NewSyncProducer(k.Brokers(), sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for i := range n {
+		if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: topic, Value: sarama.StringEncoder(fmt.Sprint(i))}); err != nil {
+			t.Fatal(err)
 		}
 	}
 }

@@ -3,18 +3,21 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/spf13/cobra"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/internal/keys"
 )
 
@@ -36,16 +39,18 @@ func (f *etcdFlags) bind(cmd *cobra.Command) {
 }
 
 // resolve fills endpoints and fleet: flag, else file, else environment.
-func (f *etcdFlags) resolve(environ []string) error {
+// It returns the configuration it read (defaults when no file was given),
+// for the cluster addresses.
+func (f *etcdFlags) resolve(environ []string) (config.Config, error) {
 	cfg := config.Default()
 	if f.file != "" {
 		var err error
 		if cfg, err = config.Load(f.file); err != nil {
-			return err
+			return cfg, err
 		}
 	}
 	if err := (*config.Overrides)(nil).Apply(&cfg, environ); err != nil {
-		return err
+		return cfg, err
 	}
 	if len(f.endpoints) == 0 {
 		f.endpoints = cfg.Etcd.Endpoints
@@ -57,12 +62,12 @@ func (f *etcdFlags) resolve(environ []string) error {
 		f.fleet = cfg.Fleet
 	}
 	if f.fleet == "" {
-		return fmt.Errorf("which fleet? pass --fleet NAME (or --config FILE, or set KSWITCH_FLEET)")
+		return cfg, fmt.Errorf("which fleet? pass --fleet NAME (or --config FILE, or set KSWITCH_FLEET)")
 	}
 	if err := keys.ValidName(f.fleet); err != nil {
-		return fmt.Errorf("--fleet %q: %v", f.fleet, err)
+		return cfg, fmt.Errorf("--fleet %q: %v", f.fleet, err)
 	}
-	return nil
+	return cfg, nil
 }
 
 func (f *etcdFlags) client() (*clientv3.Client, error) {
@@ -78,10 +83,15 @@ func newStatusCmd(g *globals) *cobra.Command {
 	var output string
 	cmd := &cobra.Command{
 		Use:   "status --etcd ENDPOINTS --fleet NAME [-o table|json]",
-		Short: "Show a fleet as recorded in etcd: leader and agents",
-		Long: `Show a fleet as recorded in etcd: who leads (with its fencing token) and
-every registered agent with its HTTP and gossip addresses, version and age.
-Reads etcd only; no agent needs to answer.`,
+		Short: "Show a fleet as recorded in etcd: leader, agents, assignment, offsets, lag",
+		Long: `Show a fleet as recorded in etcd: who leads (with its fencing token), every
+registered agent with its HTTP and gossip addresses, version and age, the
+partition assignment (generation, cluster, agent → partitions) and each
+partition's committed offset. No agent needs to answer.
+
+With --config (or KSWITCH_CLUSTERS_<NAME>_BROKERS) naming the brokers of the
+assigned cluster, it also asks Kafka for each partition's end offset and
+shows the lag; otherwise the lag column shows '-'.`,
 		Example: `  kswitch status --etcd 127.0.0.1:2379 --fleet orders
   kswitch status --config kswitch.yaml -o json`,
 		Args: cobra.NoArgs,
@@ -92,7 +102,8 @@ Reads etcd only; no agent needs to answer.`,
 		if output != "table" && output != "json" {
 			return fmt.Errorf("--output %q: use table or json", output)
 		}
-		if err := ef.resolve(g.environ); err != nil {
+		cfg, err := ef.resolve(g.environ)
+		if err != nil {
 			return err
 		}
 		c, err := ef.client()
@@ -106,6 +117,13 @@ Reads etcd only; no agent needs to answer.`,
 		if err != nil {
 			return fmt.Errorf("read fleet %q from etcd %v: %w", ef.fleet, ef.endpoints, err)
 		}
+		if v.Assignment != nil {
+			if cl, ok := cfg.Clusters[v.Assignment.Cluster]; ok && len(cl.Brokers) > 0 {
+				if err := fillLag(v.Assignment.Cluster, cl, v.Partitions); err != nil {
+					fmt.Fprintf(cmd.ErrOrStderr(), "warning: no lag: %v\n", err)
+				}
+			}
+		}
 		if output == "json" {
 			enc := json.NewEncoder(cmd.OutOrStdout())
 			enc.SetIndent("", "  ")
@@ -115,6 +133,36 @@ Reads etcd only; no agent needs to answer.`,
 		return nil
 	}
 	return cmd
+}
+
+func orDash(n int64) string {
+	if n < 0 {
+		return "-"
+	}
+	return fmt.Sprint(n)
+}
+
+// fillLag asks the cluster for the end offset of each partition. Each
+// call is bounded by the client's timeouts (internal/kafka).
+func fillLag(name string, c config.Cluster, ps []agent.PartitionView) error {
+	client, err := kafka.NewClient(name, c)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	var errs []error
+	for i := range ps {
+		end, err := client.GetOffset(ps[i].Topic, ps[i].Partition, sarama.OffsetNewest)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", ps[i].TopicPartition, err))
+			continue
+		}
+		ps[i].End = end
+		if ps[i].Committed >= 0 {
+			ps[i].Lag = max(0, end-ps[i].Committed)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func printFleet(w io.Writer, v agent.FleetView, now time.Time) {
@@ -133,6 +181,20 @@ func printFleet(w io.Writer, v agent.FleetView, now time.Time) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, mark, a.HTTP, a.Gossip, a.Version, now.Sub(a.Started).Round(time.Second))
 	}
 	tw.Flush()
+	if a := v.Assignment; a != nil {
+		fmt.Fprintf(w, "\nassignment: generation %d on cluster %s, published %s by %s\n\n", a.Generation, a.Cluster,
+			a.Published.Format(time.RFC3339), a.Leader)
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "PARTITION\tOWNER\tCOMMITTED\tEND\tLAG")
+		for _, p := range v.Partitions {
+			owner := p.Owner
+			if p.Revoking {
+				owner += " (releasing)"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.TopicPartition, owner, orDash(p.Committed), orDash(p.End), orDash(p.Lag))
+		}
+		tw.Flush()
+	}
 	for _, r := range v.Refused {
 		fmt.Fprintf(w, "warning: %s\n", strings.TrimSpace(r))
 	}

@@ -9,8 +9,8 @@ import (
 	"errors"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // Follower receives what Follow reads. Its methods are called from
