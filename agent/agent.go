@@ -30,6 +30,7 @@ import (
 	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/election"
 	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/internal/keys"
 	"github.com/kswitch/kswitch/internal/version"
 	"github.com/kswitch/kswitch/offsets"
@@ -50,6 +51,10 @@ type Options struct {
 	// OnApplied, when set, is called each time this agent has applied an
 	// assignment generation. It must not block. For tests and tools.
 	OnApplied func(coordinator.Assignment)
+	// KafkaDialer, when set, returns the dialer for the connections of
+	// this agent to a cluster (probes, consumers, discovery). Tests use it
+	// to cut one agent off one cluster.
+	KafkaDialer func(cluster string) kafka.Dialer
 }
 
 // Agent is one member of a fleet. Its exported methods are safe for
@@ -61,8 +66,9 @@ type Agent struct {
 	log  *zap.Logger
 	opts Options
 
-	reg     *prometheus.Registry
-	metrics *metrics
+	reg           *prometheus.Registry
+	metrics       *metrics
+	leaderMetrics *coordinator.Metrics
 
 	started time.Time
 
@@ -76,6 +82,7 @@ type Agent struct {
 	ml       *memberlist.Memberlist
 	mlog     *memberlistLog
 	deaths   *deathWatch
+	prober   *prober
 	httpLn   net.Listener
 	httpSrv  *http.Server
 	cancel   context.CancelFunc
@@ -92,6 +99,7 @@ type Agent struct {
 	lastLeader election.Leader
 	owned      atomic.Pointer[[]coordinator.TopicPartition] // set by the worker
 	current    atomic.Pointer[concurrency.Session]          // while registered
+	active     atomic.Pointer[string]                       // cluster of the applied assignment
 }
 
 // sessionState is the agent's standing in etcd.
@@ -127,6 +135,7 @@ func New(cfg config.Config, opts Options) (*Agent, error) {
 		reg:     reg,
 		metrics: newMetrics(reg),
 	}
+	a.leaderMetrics = coordinator.NewMetrics(reg)
 	a.session.Store(&sessionState{reason: "starting: not yet registered in etcd"})
 	unknown := "not yet checked"
 	a.etcdErr.Store(&unknown)
@@ -163,7 +172,15 @@ func (a *Agent) Start(ctx context.Context) error {
 	}
 	a.mlog = &memberlistLog{log: a.log.Named("gossip")}
 	a.deaths = &deathWatch{dead: make(chan string, 64), dropped: func() { a.metrics.gossipDropped.Inc() }}
-	ml, err := newMemberlist(a.id, a.cfg.Agent.Gossip, a.cfg.Agent.GossipAdvertise, a.mlog, a.deaths)
+	healthChanged := make(chan struct{}, 1)
+	a.prober = &prober{cfg: a.cfg, log: a.log, dialer: a.opts.KafkaDialer, views: map[string]coordinator.ClusterView{},
+		changed: func() {
+			select {
+			case healthChanged <- struct{}{}:
+			default:
+			}
+		}}
+	ml, err := newMemberlist(a.id, a.cfg.Agent.Gossip, a.cfg.Agent.GossipAdvertise, a.mlog, a.deaths, &healthMeta{views: a.prober.view})
 	if err != nil {
 		client.Close()
 		ln.Close()
@@ -186,6 +203,8 @@ func (a *Agent) Start(ctx context.Context) error {
 		ln.Close()
 		return err
 	}
+	a.leader.Dialer = a.opts.KafkaDialer
+	a.leader.Metrics = a.leaderMetrics
 	a.httpSrv = &http.Server{Handler: a.handler(), ReadHeaderTimeout: 5 * time.Second}
 
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -205,6 +224,8 @@ func (a *Agent) Start(ctx context.Context) error {
 	a.goRun(func() { a.gossipJoinLoop(runCtx, 5*time.Second) })
 	a.goRun(func() { a.probeEtcdLoop(runCtx) })
 	a.goRun(func() { a.leaderChangeLoop(runCtx) })
+	a.goRun(func() { a.prober.run(runCtx) })
+	a.goRun(func() { a.gossipHealthLoop(runCtx, healthChanged, 5*time.Second) })
 	a.log.Info("agent started", zap.String("http", a.HTTPAddr()), zap.String("gossip", a.GossipAddr()),
 		zap.Strings("etcd", a.cfg.Etcd.Endpoints), zap.String("version", version.Version))
 	return nil
@@ -317,6 +338,11 @@ func (a *Agent) Ready() (bool, string) {
 	if !s.registered {
 		return false, s.reason
 	}
+	if p := a.active.Load(); p != nil && a.prober != nil {
+		if v, ok := a.prober.view()[*p]; ok && !v.Reachable {
+			return false, fmt.Sprintf("cannot reach the active cluster %s: %s", *p, v.Error)
+		}
+	}
 	return true, ""
 }
 
@@ -336,21 +362,35 @@ func (a *Agent) LeaderView() LeaderView {
 func (a *Agent) Status() Status {
 	ok, reason := a.Ready()
 	s := a.session.Load()
-	return Status{
+	st := Status{
 		Agent: a.id, Fleet: a.cfg.Fleet, Version: version.Version, Started: a.started,
 		Ready: ok, ReadyReason: reason,
 		Leader: a.LeaderView(),
 		Agents: a.registry.list(),
-		Gossip: gossipMembers(a.ml),
+		Gossip: a.deaths.members(),
 		Etcd: EtcdStatus{
 			Endpoints: a.cfg.Etcd.Endpoints, Reachable: *a.etcdErr.Load() == "",
 			LastError: *a.etcdErr.Load(), LeaseID: int64(s.lease),
 		},
+		Clusters: a.deaths.views(),
+		Owned:    a.Owned(),
+		Active:   deref(a.active.Load()),
 	}
+	if a.Leading() {
+		st.Coordinator = a.leader.Status()
+	}
+	return st
+}
+
+func deref(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
 }
 
 // GossipMembers returns the live and suspect gossip members.
-func (a *Agent) GossipMembers() []GossipMember { return gossipMembers(a.ml) }
+func (a *Agent) GossipMembers() []GossipMember { return a.deaths.members() }
 
 // Registered returns the agents registered in etcd, as this agent sees them.
 func (a *Agent) Registered() []Registration { return a.registry.list() }
@@ -529,7 +569,8 @@ type fleetView struct{ a *Agent }
 func (f fleetView) Live() []string                                { return f.a.registry.Live() }
 func (f fleetView) Subscribe(ctx context.Context) <-chan struct{} { return f.a.registry.Subscribe(ctx) }
 func (f fleetView) Dead() <-chan string                           { return f.a.deaths.dead }
-func (f fleetView) GossipAlive(id string) bool                    { return gossipAlive(f.a.ml, id) }
+func (f fleetView) GossipAlive(id string) bool                    { return f.a.deaths.alive(id) }
+func (f fleetView) Views() coordinator.AgentViews                 { return f.a.deaths.views() }
 
 func (a *Agent) newWorker(s *concurrency.Session) *worker {
 	return &worker{
@@ -539,6 +580,9 @@ func (a *Agent) newWorker(s *concurrency.Session) *worker {
 		sessionAlive: func() bool { return s.Ctx().Err() == nil },
 		onApplied:    a.opts.OnApplied,
 		owned:        &a.owned,
+		dialer:       a.opts.KafkaDialer,
+		naming:       coordinator.NewNaming(a.cfg),
+		active:       &a.active,
 	}
 }
 

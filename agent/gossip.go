@@ -3,24 +3,27 @@ package agent
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"log"
 	"net"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
 	"go.uber.org/zap"
+
+	"github.com/kswitch/kswitch/coordinator"
 )
 
 // GossipMember is one member of the gossip cluster as this agent sees it.
 type GossipMember struct {
-	Name  string `json:"name"`
-	Addr  string `json:"addr"`
-	State string `json:"state"`
+	Name string `json:"name"`
+	Addr string `json:"addr"`
 }
 
 // deathWatch is the memberlist event delegate: it passes the names of
@@ -34,14 +37,73 @@ type GossipMember struct {
 // Node.State before the call. It need not: an agent that stops cleanly
 // leaves gossip only after it has committed and released its lease, so
 // the leader finds nothing to evict.
+//
+// It also keeps a copy of every member's metadata (its view of the
+// clusters): memberlist's Members() hands out pointers to nodes whose
+// metadata it later rewrites without a lock that readers could take, so
+// metadata is only read here, in the callbacks, and copied.
 type deathWatch struct {
 	dead    chan string
 	dropped func()
+
+	mu    sync.Mutex
+	metas map[string][]byte
+	addrs map[string]string
 }
 
-func (d *deathWatch) NotifyJoin(*memberlist.Node)   {}
-func (d *deathWatch) NotifyUpdate(*memberlist.Node) {}
+func (d *deathWatch) keepMeta(n *memberlist.Node) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.metas == nil {
+		d.metas, d.addrs = map[string][]byte{}, map[string]string{}
+	}
+	d.metas[n.Name] = bytes.Clone(n.Meta)
+	d.addrs[n.Name] = n.Address()
+}
+
+// members returns the live (and suspect) gossip members, sorted by name.
+func (d *deathWatch) members() []GossipMember {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]GossipMember, 0, len(d.addrs))
+	for name, addr := range d.addrs {
+		out = append(out, GossipMember{Name: name, Addr: addr})
+	}
+	slices.SortFunc(out, func(a, b GossipMember) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// alive reports whether gossip counts member id in now.
+func (d *deathWatch) alive(id string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	_, ok := d.addrs[id]
+	return ok
+}
+
+// views returns the members' views of the clusters; members whose
+// metadata does not parse are left out.
+func (d *deathWatch) views() coordinator.AgentViews {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := coordinator.AgentViews{}
+	for name, meta := range d.metas {
+		var v map[string]coordinator.ClusterView
+		if len(meta) == 0 || json.Unmarshal(meta, &v) != nil {
+			continue
+		}
+		out[name] = v
+	}
+	return out
+}
+
+func (d *deathWatch) NotifyJoin(n *memberlist.Node)   { d.keepMeta(n) }
+func (d *deathWatch) NotifyUpdate(n *memberlist.Node) { d.keepMeta(n) }
 func (d *deathWatch) NotifyLeave(n *memberlist.Node) {
+	d.mu.Lock()
+	delete(d.metas, n.Name)
+	delete(d.addrs, n.Name)
+	d.mu.Unlock()
 	select {
 	case d.dead <- n.Name:
 	default:
@@ -49,12 +111,52 @@ func (d *deathWatch) NotifyLeave(n *memberlist.Node) {
 	}
 }
 
+// healthMeta is the memberlist delegate that carries this agent's view of
+// each Kafka cluster in its node metadata, so every agent (the leader
+// above all) sees every agent's view without asking etcd. memberlist
+// calls NodeMeta from its own goroutines; it reads the prober's snapshot
+// and never blocks.
+type healthMeta struct {
+	views func() map[string]coordinator.ClusterView
+}
+
+func (h *healthMeta) NodeMeta(limit int) []byte {
+	b, err := json.Marshal(h.views())
+	if err != nil || len(b) > limit {
+		return nil // too many clusters to fit: the leader treats the views as unknown
+	}
+	return b
+}
+func (h *healthMeta) NotifyMsg([]byte)                           {}
+func (h *healthMeta) GetBroadcasts(overhead, limit int) [][]byte { return nil }
+func (h *healthMeta) LocalState(join bool) []byte                { return nil }
+func (h *healthMeta) MergeRemoteState(buf []byte, join bool)     {}
+
+// gossipHealthLoop re-announces this agent's metadata when its view of a
+// cluster changed, and every interval to refresh latencies.
+func (a *Agent) gossipHealthLoop(ctx context.Context, changed <-chan struct{}, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		case <-t.C:
+		}
+		if err := a.ml.UpdateNode(time.Second); err != nil {
+			a.log.Debug("gossip metadata update", zap.Error(err))
+		}
+	}
+}
+
 // newMemberlist creates this agent's gossip node. bind and advertise are
 // host:port; port 0 binds a free port (the same for TCP and UDP).
-func newMemberlist(id, bind, advertise string, mlog *memberlistLog, events memberlist.EventDelegate) (*memberlist.Memberlist, error) {
+func newMemberlist(id, bind, advertise string, mlog *memberlistLog, events memberlist.EventDelegate, meta memberlist.Delegate) (*memberlist.Memberlist, error) {
 	c := memberlist.DefaultLANConfig()
 	c.Name = id
 	c.Events = events
+	c.Delegate = meta
 	host, port, err := splitHostPort(bind)
 	if err != nil {
 		return nil, fmt.Errorf("agent: gossip address %q: %w", bind, err)
@@ -89,36 +191,6 @@ func splitHostPort(hp string) (string, int, error) {
 	return host, port, nil
 }
 
-// gossipAlive reports whether gossip considers member id alive (or only
-// suspect) now.
-func gossipAlive(ml *memberlist.Memberlist, id string) bool {
-	for _, n := range ml.Members() {
-		if n.Name == id {
-			return n.State == memberlist.StateAlive || n.State == memberlist.StateSuspect
-		}
-	}
-	return false
-}
-
-// gossipMembers returns the live and suspect members, sorted by name.
-func gossipMembers(ml *memberlist.Memberlist) []GossipMember {
-	var out []GossipMember
-	for _, n := range ml.Members() {
-		state := "alive"
-		switch n.State {
-		case memberlist.StateSuspect:
-			state = "suspect"
-		case memberlist.StateDead:
-			state = "dead"
-		case memberlist.StateLeft:
-			state = "left"
-		}
-		out = append(out, GossipMember{Name: n.Name, Addr: n.Address(), State: state})
-	}
-	slices.SortFunc(out, func(a, b GossipMember) int { return strings.Compare(a.Name, b.Name) })
-	return out
-}
-
 // gossipJoinLoop joins the agents registered in etcd that are not yet
 // gossip members: etcd is the seed list, so no static seeds are needed. It
 // runs on every registry change and every interval (to heal a partition
@@ -134,13 +206,9 @@ func (a *Agent) gossipJoinLoop(ctx context.Context, interval time.Duration) {
 		case <-changes:
 		case <-t.C:
 		}
-		known := map[string]bool{}
-		for _, n := range a.ml.Members() {
-			known[n.Name] = true
-		}
 		var seeds []string
 		for _, r := range a.registry.list() {
-			if r.ID != a.id && !known[r.ID] && r.Gossip != "" {
+			if r.ID != a.id && !a.deaths.alive(r.ID) && r.Gossip != "" {
 				seeds = append(seeds, r.Gossip)
 			}
 		}

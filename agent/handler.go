@@ -16,14 +16,19 @@ type Header struct {
 
 // Record is one consumed Kafka record, handed to a Handler.
 type Record struct {
-	Cluster   string
-	Topic     string
-	Partition int32
-	Offset    int64
-	Key       []byte
-	Value     []byte
-	Headers   []Header
-	Timestamp time.Time
+	// Cluster is the cluster the record was consumed from.
+	Cluster string
+	// Topic is the topic's name on Cluster; SourceTopic its logical name
+	// (its name on the primary), which stays the same across a switch to
+	// a standby that names replicas A.<topic>.
+	Topic       string
+	SourceTopic string
+	Partition   int32
+	Offset      int64
+	Key         []byte
+	Value       []byte
+	Headers     []Header
+	Timestamp   time.Time
 	// Generation is the assignment generation under which the agent
 	// consumes this partition.
 	Generation int64

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kswitch/kswitch/coordinator"
 )
 
 // LeaderView is the body of GET /leader.
@@ -32,6 +34,14 @@ type Status struct {
 	Agents      []Registration `json:"agents"`
 	Gossip      []GossipMember `json:"gossip"`
 	Etcd        EtcdStatus     `json:"etcd"`
+	// Clusters is every gossip member's view of each Kafka cluster.
+	Clusters coordinator.AgentViews `json:"clusters"`
+	// Active is the cluster of the assignment this agent applied.
+	Active string `json:"active_cluster,omitempty"`
+	// Owned are the partitions this agent consumes.
+	Owned []coordinator.TopicPartition `json:"owned"`
+	// Coordinator is the leader's last verdict (only on the leader).
+	Coordinator *coordinator.LeaderStatus `json:"coordinator,omitempty"`
 }
 
 // EtcdStatus is this agent's view of its etcd connection.

@@ -17,6 +17,7 @@ type partitionRun struct {
 	tp         coordinator.TopicPartition
 	cluster    string
 	generation int64
+	logical    string // the topic's logical name
 	pc         sarama.PartitionConsumer
 	t          *tracker
 	cancel     context.CancelFunc
@@ -50,7 +51,8 @@ func (w *worker) startPartition(ctx context.Context, k *kafkaConn, gen int64, tp
 		return nil, err
 	}
 	pctx, cancel := context.WithCancel(ctx)
-	r := &partitionRun{tp: tp, cluster: k.name, generation: gen, pc: pc, t: newTracker(start, maxInFlight), cancel: cancel, done: make(chan struct{})}
+	logical, _ := w.naming.Logical(k.name, tp.Topic)
+	r := &partitionRun{tp: tp, cluster: k.name, logical: logical, generation: gen, pc: pc, t: newTracker(start, maxInFlight), cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(r.done)
 		w.consume(pctx, r)
@@ -76,7 +78,7 @@ func (w *worker) consume(ctx context.Context, r *partitionRun) {
 				return
 			}
 			rec := &Record{
-				Cluster: r.cluster, Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset,
+				Cluster: r.cluster, Topic: msg.Topic, SourceTopic: r.logical, Partition: msg.Partition, Offset: msg.Offset,
 				Key: msg.Key, Value: msg.Value, Timestamp: msg.Timestamp, Generation: r.generation,
 			}
 			for _, h := range msg.Headers {

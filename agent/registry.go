@@ -200,6 +200,8 @@ type FleetView struct {
 	Leader string         `json:"leader"`
 	Token  int64          `json:"fencing_token"`
 	Agents []Registration `json:"agents"`
+	// Active is the active cluster; nil before the first leader wrote it.
+	Active *coordinator.Active `json:"active,omitempty"`
 	// Assignment is nil when none was published yet.
 	Assignment *coordinator.Assignment `json:"assignment,omitempty"`
 	// Partitions are the assigned partitions with their committed
@@ -240,6 +242,15 @@ func ReadFleet(ctx context.Context, c *clientv3.Client, fleet string) (FleetView
 	}
 	if v.Agents, v.Refused, err = ReadRegistrations(ctx, c, k); err != nil {
 		return v, err
+	}
+	if resp, err := c.Get(ctx, k.Active()); err != nil {
+		return v, fmt.Errorf("agent: read %s: %w", k.Active(), err)
+	} else if len(resp.Kvs) > 0 {
+		if a, err := coordinator.ParseActive(resp.Kvs[0].Value); err != nil {
+			v.Refused = append(v.Refused, err.Error())
+		} else {
+			v.Active = &a
+		}
 	}
 	resp, err := c.Get(ctx, k.Assignment())
 	if err != nil {

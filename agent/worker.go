@@ -29,8 +29,8 @@ type kafkaConn struct {
 	mirror   *offsets.KafkaMirror
 }
 
-func dialKafka(name string, c config.Cluster, group string, timeout time.Duration) (*kafkaConn, error) {
-	client, err := kafka.NewClient(name, c)
+func dialKafka(name string, c config.Cluster, group string, timeout time.Duration, d kafka.Dialer) (*kafkaConn, error) {
+	client, err := kafka.NewClientWith(name, c, kafka.Options{Dialer: d})
 	if err != nil {
 		return nil, err
 	}
@@ -79,7 +79,17 @@ type worker struct {
 	// onApplied is called after each generation is applied; must not block.
 	onApplied func(coordinator.Assignment)
 	// owned is where the worker publishes the partitions it runs.
-	owned *atomic.Pointer[[]coordinator.TopicPartition]
+	owned  *atomic.Pointer[[]coordinator.TopicPartition]
+	naming coordinator.Naming
+	// active publishes the cluster of the applied assignment, for
+	// readiness.
+	active *atomic.Pointer[string]
+	// dialer, when set, opens this agent's connections to a cluster.
+	dialer func(cluster string) kafka.Dialer
+	// mirrorq hands committed positions to the goroutine that mirrors
+	// them to the Kafka group, so a slow or dead cluster never delays a
+	// commit, a release or an acknowledgement. It holds the latest batch.
+	mirrorq chan mirrorJob
 
 	// ---- owned by run
 	kafka      *kafkaConn
@@ -106,7 +116,18 @@ var errLeaseLost = errors.New("agent: session lease lost; stopped consuming")
 func (w *worker) run(ctx context.Context) error {
 	w.parts = map[coordinator.TopicPartition]*partitionRun{}
 	w.committed = map[coordinator.TopicPartition]int64{}
+	w.mirrorq = make(chan mirrorJob, 1)
+	mctx, mcancel := context.WithCancel(context.WithoutCancel(ctx))
+	mdone := make(chan struct{})
+	go func() {
+		defer close(mdone)
+		w.mirrorLoop(mctx)
+	}()
 	defer func() {
+		// The mirror goroutine ends before the Kafka client it uses is
+		// closed.
+		mcancel()
+		<-mdone
 		if w.kafka != nil {
 			w.kafka.close()
 		}
@@ -230,6 +251,8 @@ func (w *worker) apply(ctx context.Context, a coordinator.Assignment, rev int64)
 		log.Info("assigned partitions", zap.Stringers("partitions", started), zap.Int("owned", len(w.parts)))
 	}
 	w.publishOwned()
+	cluster := a.Cluster
+	w.active.Store(&cluster)
 	w.metrics.generation.Set(float64(a.Generation))
 	w.ack(ctx, a.Generation)
 	if w.onApplied != nil {
@@ -274,7 +297,11 @@ func (w *worker) startPending(ctx context.Context) {
 			w.log.Error("assignment names a cluster this agent has no configuration for", zap.String("cluster", w.applied.Cluster))
 			return
 		}
-		k, err := dialKafka(w.applied.Cluster, c, w.cfg.Source.Group, w.cfg.Etcd.RequestTimeout)
+		var d kafka.Dialer
+		if w.dialer != nil {
+			d = w.dialer(w.applied.Cluster)
+		}
+		k, err := dialKafka(w.applied.Cluster, c, w.cfg.Source.Group, w.cfg.Etcd.RequestTimeout, d)
 		if err != nil {
 			w.log.Warn("cannot connect to the assigned cluster; retrying", zap.Error(err))
 			return
@@ -404,14 +431,61 @@ func (w *worker) commit(ctx context.Context, tps []coordinator.TopicPartition) e
 	}
 	w.metrics.commits.Add(float64(len(commits)))
 	if w.kafka != nil {
-		mctx, cancel := context.WithTimeout(ctx, w.cfg.Etcd.RequestTimeout)
-		if err := w.kafka.mirror.Commit(mctx, commits); err != nil {
-			w.log.Debug("mirroring offsets to the Kafka group failed; etcd holds them", zap.Error(err))
-			w.metrics.commitErrors.WithLabelValues("kafka_mirror").Inc()
+		job := mirrorJob{mirror: w.kafka.mirror, commits: commits}
+		select {
+		case w.mirrorq <- job:
+		default:
+			// The mirror is behind: the newer positions replace the
+			// queued ones (etcd has both; Kafka only needs the latest).
+			select {
+			case old := <-w.mirrorq:
+				job.commits = mergeCommits(old.commits, commits, old.mirror == job.mirror)
+			default:
+			}
+			w.mirrorq <- job
 		}
-		cancel()
 	}
 	return nil
+}
+
+// mirrorJob is one batch of positions to mirror to a cluster's group.
+type mirrorJob struct {
+	mirror  *offsets.KafkaMirror
+	commits []offsets.Commit
+}
+
+// mergeCommits keeps, per partition, the newest position; older positions
+// of another cluster are dropped.
+func mergeCommits(old, newer []offsets.Commit, sameCluster bool) []offsets.Commit {
+	if !sameCluster {
+		return newer
+	}
+	byTP := map[coordinator.TopicPartition]offsets.Commit{}
+	for _, c := range old {
+		byTP[c.TopicPartition()] = c
+	}
+	for _, c := range newer {
+		byTP[c.TopicPartition()] = c
+	}
+	return slices.Collect(maps.Values(byTP))
+}
+
+// mirrorLoop mirrors committed positions to the Kafka group until ctx
+// ends. Best effort: etcd holds the positions.
+func (w *worker) mirrorLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case job := <-w.mirrorq:
+			mctx, cancel := context.WithTimeout(ctx, w.cfg.Etcd.RequestTimeout)
+			if err := job.mirror.Commit(mctx, job.commits); err != nil && ctx.Err() == nil {
+				w.log.Debug("mirroring offsets to the Kafka group failed; etcd holds them", zap.Error(err))
+				w.metrics.commitErrors.WithLabelValues("kafka_mirror").Inc()
+			}
+			cancel()
+		}
+	}
 }
 
 // stopAll stops every partition; with commit, drains and commits them.

@@ -1,28 +1,16 @@
 package coordinator
 
 import (
-	"cmp"
 	"encoding/json"
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/kswitch/kswitch/offsets"
 )
 
 // TopicPartition names one partition of a source topic.
-type TopicPartition struct {
-	Topic     string `json:"topic"`
-	Partition int32  `json:"partition"`
-}
-
-func (tp TopicPartition) String() string { return fmt.Sprintf("%s/%d", tp.Topic, tp.Partition) }
-
-// Compare orders partitions by topic, then partition number.
-func (tp TopicPartition) Compare(o TopicPartition) int {
-	if c := cmp.Compare(tp.Topic, o.Topic); c != 0 {
-		return c
-	}
-	return cmp.Compare(tp.Partition, o.Partition)
-}
+type TopicPartition = offsets.TopicPartition
 
 // Assignment is the value of state/assignment: which agent consumes which
 // partition of which cluster, in one generation.

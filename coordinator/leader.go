@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -22,6 +24,7 @@ import (
 	"github.com/kswitch/kswitch/internal/etcdwatch"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/offsets"
 )
 
 // Membership is what the leader needs to know of the fleet's agents.
@@ -35,6 +38,8 @@ type Membership interface {
 	Dead() <-chan string
 	// GossipAlive reports whether gossip considers the agent alive now.
 	GossipAlive(id string) bool
+	// Views returns every gossip member's view of the Kafka clusters.
+	Views() AgentViews
 }
 
 // Leader is the leader's work for one term: it discovers the source
@@ -50,7 +55,15 @@ type Leader struct {
 	// OnPublish, when set, is called after each generation is written.
 	OnPublish func(Assignment)
 
-	regex *regexp.Regexp
+	regex  *regexp.Regexp
+	naming Naming
+	store  *offsets.Store
+	// Dialer, when set, opens the leader's connections to a cluster.
+	Dialer func(cluster string) kafka.Dialer
+	// Metrics, when set, receives the leader's measurements.
+	Metrics *Metrics
+	// status is the leader's last verdict, for /status.
+	status atomic.Pointer[LeaderStatus]
 	// bg owns the goroutines that talk to Kafka. They may outlive a term
 	// by the length of one Kafka call (bounded by the client's timeouts),
 	// so that a dead cluster never delays the end of a term; the caller
@@ -61,7 +74,8 @@ type Leader struct {
 // NewLeader returns the leader work of a fleet. cfg must be validated. bg
 // must outlive every Run: the caller waits for it after the last term.
 func NewLeader(cfg config.Config, c *clientv3.Client, m Membership, bg *sync.WaitGroup, log *zap.Logger) (*Leader, error) {
-	l := &Leader{cfg: cfg, keys: keys.New(cfg.Fleet), etcd: c, members: m, bg: bg, log: log}
+	l := &Leader{cfg: cfg, keys: keys.New(cfg.Fleet), etcd: c, members: m, bg: bg, log: log,
+		naming: NewNaming(cfg), store: offsets.NewStore(c, keys.New(cfg.Fleet))}
 	if cfg.Source.TopicRegex != "" {
 		re, err := regexp.Compile(cfg.Source.TopicRegex)
 		if err != nil {
@@ -132,54 +146,220 @@ func (a *acks) snapshot() map[string]int64 {
 	return out
 }
 
+// LeaderStatus is what the leader last decided, for /status.
+type LeaderStatus struct {
+	Active  Active    `json:"active"`
+	Verdict string    `json:"verdict,omitempty"`
+	Pin     string    `json:"pin,omitempty"`
+	Breaker time.Time `json:"breaker_open_until,omitzero"`
+	CutOff  []string  `json:"cut_off,omitempty"`
+}
+
+// Status returns the leader's last verdict, or nil when this agent has not
+// led.
+func (l *Leader) Status() *LeaderStatus { return l.status.Load() }
+
+func (l *Leader) dialer(cluster string) kafka.Dialer {
+	if l.Dialer == nil {
+		return nil
+	}
+	return l.Dialer(cluster)
+}
+
+// pin follows control/pin.
+type pin struct {
+	mu      sync.Mutex
+	val     string
+	changed chan struct{}
+	valid   func(string) bool
+	log     *zap.Logger
+}
+
+func (p *pin) set(v string) {
+	v = strings.TrimSpace(v)
+	if v != "" && !p.valid(v) {
+		p.log.Warn("refusing control/pin: not a primary or standby cluster of this configuration; the previous pin stays",
+			zap.String("value", v))
+		return
+	}
+	p.mu.Lock()
+	p.val = v
+	p.mu.Unlock()
+	select {
+	case p.changed <- struct{}{}:
+	default:
+	}
+}
+
+func (p *pin) Reset(kvs []*mvccpb.KeyValue, _ int64) {
+	if len(kvs) == 0 {
+		p.set("")
+		return
+	}
+	p.set(string(kvs[0].Value))
+}
+
+func (p *pin) Apply(evs []*clientv3.Event) {
+	for _, ev := range evs {
+		if ev.Type == clientv3.EventTypeDelete {
+			p.set("")
+		} else {
+			p.set(string(ev.Kv.Value))
+		}
+	}
+}
+
+func (p *pin) get() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.val
+}
+
 // Run does the leader's work until ctx ends (leadership ended). Every
-// write goes through term, so a deposed leader's plan never lands.
-func (l *Leader) Run(ctx context.Context, term election.Term) error {
-	log := l.log.With(zap.Int64("fencing_token", term.Rev))
+// write goes through term, so a deposed leader's decisions never land.
+func (l *Leader) Run(ctx context.Context, et election.Term) error {
+	log := l.log.With(zap.Int64("fencing_token", et.Rev))
 	ak := &acks{keys: l.keys, log: log, gens: map[string]int64{}, changed: make(chan struct{}, 1)}
+	primary, _ := l.cfg.Primary()
+	standby, _, _ := l.cfg.Standby()
+	pn := &pin{changed: make(chan struct{}, 1), log: log, valid: func(c string) bool {
+		return c != "" && (c == primary || c == standby)
+	}}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	wg.Add(1)
+	wg.Add(2)
 	go func() {
 		defer wg.Done()
 		_ = etcdwatch.Follow(ctx, l.etcd, l.keys.Acks(), true, l.cfg.Etcd.RequestTimeout, ak, nil)
 	}()
+	go func() {
+		defer wg.Done()
+		_ = etcdwatch.Follow(ctx, l.etcd, l.keys.Pin(), false, l.cfg.Etcd.RequestTimeout, pn, nil)
+	}()
 	memberCh := l.members.Subscribe(ctx)
 
-	// Discovery talks to Kafka in a goroutine of its own: a dead or hung
-	// cluster delays the partition list, never the leader's loop or the
-	// end of its term.
-	cluster, _ := l.cfg.Primary()
-	found := make(chan []TopicPartition, 1)
-	l.bg.Add(1)
-	go func() {
-		defer l.bg.Done()
-		l.discoverLoop(ctx, cluster, log, found)
-	}()
-
-	current, rev, err := l.readAssignment(ctx, ak)
-	for err != nil {
-		log.Warn("cannot read state/assignment; retrying", zap.Error(err))
+	t := &term{Term: et, log: log, acks: ak}
+	for {
+		var err error
+		if t.active, t.activeRev, err = l.readActive(ctx); err == nil {
+			t.current, t.currentRev, err = l.readAssignment(ctx, ak)
+		}
+		if err == nil {
+			break
+		}
+		log.Warn("cannot read the fleet's state; retrying", zap.Error(err))
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(time.Second):
 		}
-		current, rev, err = l.readAssignment(ctx, ak)
+	}
+	if t.activeRev == 0 {
+		t.active.Epoch = 1
+		t.active.Since = time.Now().UTC()
+		if err := l.writeActive(ctx, t, t.active); err != nil {
+			return err
+		}
 	}
 
-	var partitions []TopicPartition // nil until the first discovery succeeds
+	// Discovery talks to Kafka in a goroutine of its own: a dead or hung
+	// cluster delays the partition list, never the leader's loop or the
+	// end of its term. It follows the active cluster.
+	found := make(chan []TopicPartition, 1)
+	var partitions []TopicPartition // nil until the first discovery of the active cluster succeeds
+	discovering := ""
+	stopDiscovery := func() {}
+	defer func() { stopDiscovery() }()
+	discover := func(cluster string) {
+		stopDiscovery()
+		dctx, dcancel := context.WithCancel(ctx)
+		stopDiscovery = dcancel
+		discovering, partitions = cluster, nil
+		select {
+		case <-found:
+		default:
+		}
+		l.bg.Add(1)
+		go func() {
+			defer l.bg.Done()
+			l.discoverLoop(dctx, cluster, log, found)
+		}()
+	}
+
+	h := newHealth()
+	br := &breaker{cfg: l.cfg.Failover}
+	probe := time.NewTicker(l.cfg.Failover.ProbeInterval)
+	defer probe.Stop()
+	var lastVerdict string
+	var lastCaughtUpCheck time.Time
+	caughtUpResult, caughtUpWhy := false, "not checked yet"
 	for {
+		now := time.Now()
+		live := l.members.Live()
+		views := l.members.Views()
+		h.observe(now, live, views, []string{primary, standby})
+		if l.Metrics != nil {
+			l.Metrics.observe(views, t.active)
+			l.Metrics.breaker(br.openUntil)
+		}
+
+		// A switch in progress (ours or a predecessor's) goes first.
+		dec, why := verdict(verdictInput{now: now, active: t.active, primary: primary, standby: standby, pin: pn.get(),
+			live: live, h: h, b: br, cfg: l.cfg.Failover,
+			caughtUp: func() (bool, string) {
+				if time.Since(lastCaughtUpCheck) > 2*time.Second {
+					lastCaughtUpCheck = time.Now()
+					caughtUpResult, caughtUpWhy = l.caughtUp(ctx, t, log)
+				}
+				return caughtUpResult, caughtUpWhy
+			}})
+		if t.active.Phase == PhaseSwitching || dec.to != "" {
+			began := time.Now()
+			ev, err := l.switchTo(ctx, t, dec.to, dec.reason, l.members.Live)
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if errors.Is(err, election.ErrNotLeader) {
+				return err
+			}
+			tripped := false
+			if dec.auto || err != nil {
+				tripped = br.record(time.Now(), err != nil)
+			}
+			if l.Metrics != nil {
+				l.Metrics.switched(ev, time.Since(began), err)
+			}
+			if err != nil {
+				log.Error("cluster switch failed; the fleet stays released until it is retried", zap.Error(err))
+			}
+			if tripped {
+				log.Error("circuit breaker tripped: automatic switching stops", zap.Time("until", br.openUntil))
+			}
+			// Re-read what the switch wrote, then plan on the new cluster.
+			if c, r, err := l.readAssignment(ctx, ak); err == nil {
+				t.current, t.currentRev = c, r
+			}
+			continue
+		}
+		if why != lastVerdict && why != "" {
+			log.Info("verdict", zap.String("active", t.active.Cluster), zap.String("state", why))
+		}
+		lastVerdict = why
+
+		if discovering != t.active.Cluster {
+			discover(t.active.Cluster)
+		}
+		// Agents that alone cannot reach the active cluster get no
+		// partitions: they would only stall them.
+		cut := h.cutOff(now, t.active.Cluster, l.cfg.Failover.FailureWindow)
+		ready := slices.DeleteFunc(slices.Clone(live), func(id string) bool { return cut[id] })
+		l.status.Store(&LeaderStatus{Active: t.active, Verdict: why, Pin: pn.get(), Breaker: br.openUntil, CutOff: slices.Sorted(maps.Keys(cut))})
 		if partitions != nil {
-			next, changed := Plan(PlanInput{
-				Current: current, Partitions: partitions, Cluster: cluster,
-				Live: l.members.Live(), Acks: ak.snapshot(),
-			})
+			next, changed := Plan(PlanInput{Current: t.current, Partitions: partitions, Cluster: t.active.Cluster, Live: ready, Acks: ak.snapshot()})
 			if changed {
-				next.Leader, next.Token, next.Published = term.ID, term.Rev, time.Now().UTC()
-				newRev, err := l.publish(ctx, term, next, rev)
+				err := l.publishTerm(ctx, t, next)
 				switch {
 				case errors.Is(err, election.ErrNotLeader):
 					log.Warn("leadership lost while publishing", zap.Error(err))
@@ -187,18 +367,11 @@ func (l *Leader) Run(ctx context.Context, term election.Term) error {
 				case errors.Is(err, election.ErrConditionFailed):
 					log.Warn("state/assignment changed under the leader; re-reading it")
 					if c, r, err := l.readAssignment(ctx, ak); err == nil {
-						current, rev = c, r
+						t.current, t.currentRev = c, r
 					}
 					continue
 				case err != nil:
 					log.Warn("cannot publish assignment; retrying", zap.Error(err))
-				default:
-					current, rev = next, newRev
-					log.Info("published assignment", zap.Int64("generation", next.Generation),
-						zap.Int("agents", len(next.Owned)), zap.Int("revoking", len(next.Revoking)))
-					if l.OnPublish != nil {
-						l.OnPublish(next)
-					}
 				}
 			}
 		}
@@ -207,15 +380,68 @@ func (l *Leader) Run(ctx context.Context, term election.Term) error {
 			return ctx.Err()
 		case <-memberCh:
 		case <-ak.changed:
+		case <-pn.changed:
+		case <-probe.C:
 		case id := <-l.members.Dead():
-			l.evict(ctx, term, id, log)
+			l.evict(ctx, et, id, log)
 		case ps := <-found:
 			if !slices.Equal(ps, partitions) {
-				log.Info("source partitions", zap.String("cluster", cluster), zap.Int("partitions", len(ps)))
+				log.Info("source partitions", zap.String("cluster", t.active.Cluster), zap.Int("partitions", len(ps)))
 			}
 			partitions = ps
 		}
 	}
+}
+
+// publishTerm publishes a as the term's next generation.
+func (l *Leader) publishTerm(ctx context.Context, t *term, a Assignment) error {
+	a.Leader, a.Token, a.Published = t.ID, t.Rev, time.Now().UTC()
+	rev, err := l.publish(ctx, t.Term, a, t.currentRev)
+	if err != nil {
+		return err
+	}
+	t.current, t.currentRev = a, rev
+	t.log.Info("published assignment", zap.Int64("generation", a.Generation), zap.String("cluster", a.Cluster),
+		zap.Int("agents", len(a.Owned)), zap.Int("revoking", len(a.Revoking)))
+	if l.OnPublish != nil {
+		l.OnPublish(a)
+	}
+	return nil
+}
+
+// caughtUp reports whether the primary holds the last record consumed on
+// the standby in every partition: the fingerprint translation from the
+// standby back to the primary must find it exactly.
+func (l *Leader) caughtUp(ctx context.Context, t *term, log *zap.Logger) (bool, string) {
+	primary, _ := l.cfg.Primary()
+	standby := t.active.Cluster
+	target, err := kafka.NewClientWith(primary, l.cfg.Clusters[primary], kafka.Options{Dialer: l.dialer(primary)})
+	if err != nil {
+		return false, err.Error()
+	}
+	defer target.Close()
+	lctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
+	positions, _, err := l.store.List(lctx, standby)
+	cancel()
+	if err != nil {
+		return false, err.Error()
+	}
+	tr := &offsets.Translator{Target: target, Replication: l.cfg.Replication(standby), TimestampMargin: l.cfg.Failover.TimestampMargin}
+	for _, p := range positions {
+		logical, ok := l.naming.Logical(standby, p.Topic)
+		if !ok || len(p.Fingerprints) == 0 {
+			continue
+		}
+		res, err := tr.Translate(ctx, offsets.TranslateRequest{From: standby, To: primary, Topic: logical, SourceTopic: logical,
+			Partition: p.Partition, Position: p.Commit, Group: l.cfg.Source.Group, Direction: offsets.Backward})
+		if err != nil {
+			return false, err.Error()
+		}
+		if res.Method != offsets.MethodFingerprint {
+			return false, fmt.Sprintf("%s/%d: the last record consumed on %s is not on %s yet", logical, p.Partition, standby, primary)
+		}
+	}
+	return true, ""
 }
 
 // evict frees the partitions of an agent that gossip declared dead without
@@ -228,6 +454,12 @@ func (l *Leader) evict(ctx context.Context, term election.Term, id string, log *
 	if id == term.ID || l.members.GossipAlive(id) {
 		return // a stale notice: the agent is back in gossip
 	}
+	l.evictLease(ctx, term, id, log)
+}
+
+// evictLease deletes agent id's registration (fenced) and revokes its
+// lease: its partitions are free, and it can commit nothing more.
+func (l *Leader) evictLease(ctx context.Context, term election.Term, id string, log *zap.Logger) {
 	key := l.keys.Agent(id)
 	rctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
 	defer cancel()
@@ -246,7 +478,7 @@ func (l *Leader) evict(ctx context.Context, term election.Term, id string, log *
 			zap.String("dead_agent", id), zap.Error(err))
 		return
 	}
-	log.Info("gossip declared an agent dead; revoked its lease so its partitions move now",
+	log.Info("evicted agent: revoked its lease so its partitions move now",
 		zap.String("dead_agent", id), zap.String("lease", fmt.Sprintf("%x", int64(lease))))
 }
 
@@ -343,7 +575,7 @@ func (d *discovery) close() {
 // client's timeouts (internal/kafka).
 func (d *discovery) partitions(ctx context.Context) ([]TopicPartition, error) {
 	if d.client == nil {
-		c, err := kafka.NewClient(d.cluster, d.leader.cfg.Clusters[d.cluster])
+		c, err := kafka.NewClientWith(d.cluster, d.leader.cfg.Clusters[d.cluster], kafka.Options{Dialer: d.leader.dialer(d.cluster)})
 		if err != nil {
 			return nil, err
 		}
@@ -360,18 +592,25 @@ func (d *discovery) partitions(ctx context.Context) ([]TopicPartition, error) {
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: topics of cluster %s: %w", d.cluster, err)
 	}
+	// Topics are chosen by their logical name (their name on the
+	// primary), so a standby's replicas (A.orders) are found by the same
+	// topics and regex as the originals.
 	want := map[string]bool{}
 	for _, t := range d.leader.cfg.Source.Topics {
 		want[t] = false
 	}
 	var out []TopicPartition
 	for _, t := range all {
-		_, listed := want[t]
-		internal := strings.HasPrefix(t, "__")
-		if !listed && (d.leader.regex == nil || internal || !d.leader.regex.MatchString(t)) {
+		logical, ok := d.leader.naming.Logical(d.cluster, t)
+		if !ok {
 			continue
 		}
-		want[t] = true
+		_, listed := want[logical]
+		internal := strings.HasPrefix(logical, "__")
+		if !listed && (d.leader.regex == nil || internal || !d.leader.regex.MatchString(logical)) {
+			continue
+		}
+		want[logical] = true
 		ps, err := d.client.Partitions(t)
 		if err != nil {
 			return nil, fmt.Errorf("coordinator: partitions of %s on cluster %s: %w", t, d.cluster, err)

@@ -12,8 +12,6 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-
-	"github.com/kswitch/kswitch/coordinator"
 )
 
 // DefaultKafkaTimeout bounds a KafkaMirror.Commit whose timeout is not
@@ -144,14 +142,14 @@ func (m *KafkaMirror) wrap(ctx context.Context, err error) error {
 // partition, or returns nil.
 func (m *KafkaMirror) partitionErrors(resp *sarama.OffsetCommitResponse) error {
 	type perr struct {
-		tp  coordinator.TopicPartition
+		tp  TopicPartition
 		err sarama.KError
 	}
 	var errs []perr
 	for topic, ps := range resp.Errors {
 		for p, kerr := range ps {
 			if kerr != sarama.ErrNoError {
-				errs = append(errs, perr{coordinator.TopicPartition{Topic: topic, Partition: p}, kerr})
+				errs = append(errs, perr{TopicPartition{Topic: topic, Partition: p}, kerr})
 			}
 		}
 	}
@@ -176,8 +174,8 @@ func (m *KafkaMirror) partitionErrors(resp *sarama.OffsetCommitResponse) error {
 // The call is bounded by ctx, or DefaultKafkaTimeout if ctx has no deadline,
 // the same way as KafkaMirror.Commit (an abandoned sarama call ends at the
 // client's Net.ReadTimeout).
-func FetchGroupOffsets(ctx context.Context, client sarama.Client, group string, tps []coordinator.TopicPartition) (map[coordinator.TopicPartition]int64, error) {
-	out := make(map[coordinator.TopicPartition]int64, len(tps))
+func FetchGroupOffsets(ctx context.Context, client sarama.Client, group string, tps []TopicPartition) (map[TopicPartition]int64, error) {
+	out := make(map[TopicPartition]int64, len(tps))
 	if len(tps) == 0 {
 		// A fetch with no partitions would mean "all of them".
 		return out, nil
@@ -237,7 +235,7 @@ func FetchGroupOffsets(ctx context.Context, client sarama.Client, group string, 
 		return nil, wrap(err)
 	}
 	var errs []error
-	for _, tp := range slices.SortedFunc(maps.Keys(out), coordinator.TopicPartition.Compare) {
+	for _, tp := range slices.SortedFunc(maps.Keys(out), TopicPartition.Compare) {
 		b := resp.GetBlock(tp.Topic, tp.Partition)
 		switch {
 		case b == nil:

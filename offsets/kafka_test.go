@@ -9,7 +9,6 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
 )
@@ -30,8 +29,8 @@ func newSaramaClient(t *testing.T, k *testenv.Kafka) sarama.Client {
 	return cl
 }
 
-func tp(topic string, p int32) coordinator.TopicPartition {
-	return coordinator.TopicPartition{Topic: topic, Partition: p}
+func tp(topic string, p int32) TopicPartition {
+	return TopicPartition{Topic: topic, Partition: p}
 }
 
 func TestKafkaMirrorCommitThenFetch(t *testing.T) {
@@ -39,7 +38,7 @@ func TestKafkaMirrorCommitThenFetch(t *testing.T) {
 	cl := newSaramaClient(t, k)
 	ctx := testCtx(t)
 	const group = "kswitch-f1"
-	tps := []coordinator.TopicPartition{tp("orders", 0), tp("orders", 1), tp("orders", 3), tp("audit", 0)}
+	tps := []TopicPartition{tp("orders", 0), tp("orders", 1), tp("orders", 3), tp("audit", 0)}
 
 	// A group that never committed has no offsets (kfake: GROUP_ID_NOT_FOUND).
 	got, err := FetchGroupOffsets(ctx, cl, group, tps)
@@ -65,7 +64,7 @@ func TestKafkaMirrorCommitThenFetch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[coordinator.TopicPartition]int64{tp("orders", 0): 42, tp("orders", 1): -1, tp("orders", 3): 0, tp("audit", 0): 9}
+	want := map[TopicPartition]int64{tp("orders", 0): 42, tp("orders", 1): -1, tp("orders", 3): 0, tp("audit", 0): 9}
 	for tp, w := range want {
 		if got[tp] != w {
 			t.Fatalf("FetchGroupOffsets = %v, want %v", got, want)
@@ -110,7 +109,7 @@ func TestKafkaMirrorPartitionErrors(t *testing.T) {
 	if !strings.Contains(err.Error(), "nosuch/0") || !strings.Contains(err.Error(), "orders/9") || strings.Contains(err.Error(), "orders/1:") {
 		t.Fatalf("error does not name exactly the failed partitions: %v", err)
 	}
-	got, ferr := FetchGroupOffsets(ctx, cl, "g", []coordinator.TopicPartition{tp("orders", 1)})
+	got, ferr := FetchGroupOffsets(ctx, cl, "g", []TopicPartition{tp("orders", 1)})
 	if ferr != nil || got[tp("orders", 1)] != 5 {
 		t.Fatalf("the good partition was not committed: %v, %v", got, ferr)
 	}
@@ -136,7 +135,7 @@ func TestKafkaMirrorTimesOutOnHungCluster(t *testing.T) {
 		t.Fatalf("Commit on a hung cluster = %v, want context.DeadlineExceeded", err)
 	}
 	fctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	_, err = FetchGroupOffsets(fctx, cl, "g", []coordinator.TopicPartition{tp("orders", 0)})
+	_, err = FetchGroupOffsets(fctx, cl, "g", []TopicPartition{tp("orders", 0)})
 	cancel()
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("FetchGroupOffsets on a hung cluster = %v, want context.DeadlineExceeded", err)
@@ -145,7 +144,7 @@ func TestKafkaMirrorTimesOutOnHungCluster(t *testing.T) {
 	k.Recover()
 	c[0].Offset = 2
 	wait.For(t, 20*time.Second, "mirror commit after recover", func() error { return m.Commit(ctx, c) })
-	got, err := FetchGroupOffsets(ctx, cl, "g", []coordinator.TopicPartition{tp("orders", 0)})
+	got, err := FetchGroupOffsets(ctx, cl, "g", []TopicPartition{tp("orders", 0)})
 	if err != nil || got[tp("orders", 0)] != 2 {
 		t.Fatalf("after recover = %v, %v", got, err)
 	}

@@ -13,7 +13,6 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/internal/keys"
 )
 
@@ -85,7 +84,7 @@ type FenceError struct {
 	Agent      string
 	Generation int64
 	// Partitions are those of the refused transaction.
-	Partitions []coordinator.TopicPartition
+	Partitions []TopicPartition
 	// Committed is how many of the call's commits earlier transactions
 	// had already written (see Store.Commit on batches).
 	Committed int
@@ -132,7 +131,7 @@ func (e *FenceError) Is(target error) bool {
 	return (target == ErrLeaseLost && e.LeaseLost) || (target == ErrStaleGeneration && e.Stale)
 }
 
-func describePartitions(tps []coordinator.TopicPartition) string {
+func describePartitions(tps []TopicPartition) string {
 	switch len(tps) {
 	case 0:
 		return "(none)"
@@ -217,7 +216,7 @@ func (s *Store) Commit(ctx context.Context, f Fence, commits []Commit) error {
 		return nil
 	}
 	type entry struct {
-		tp  coordinator.TopicPartition
+		tp  TopicPartition
 		key string
 		val string
 	}
@@ -264,19 +263,19 @@ func (s *Store) Commit(ctx context.Context, f Fence, commits []Commit) error {
 				return err
 			}
 			return fmt.Errorf("offsets: commit %s by %s (%d of %d written before): %w",
-				describePartitions(tpsOf(chunk, func(e entry) coordinator.TopicPartition { return e.tp })),
+				describePartitions(tpsOf(chunk, func(e entry) TopicPartition { return e.tp })),
 				f.Agent, done, len(entries), err)
 		}
 		if !resp.Succeeded {
-			return fenceError(f, resp, tpsOf(chunk, func(e entry) coordinator.TopicPartition { return e.tp }), done)
+			return fenceError(f, resp, tpsOf(chunk, func(e entry) TopicPartition { return e.tp }), done)
 		}
 		done += n
 	}
 	return nil
 }
 
-func tpsOf[T any](xs []T, tp func(T) coordinator.TopicPartition) []coordinator.TopicPartition {
-	out := make([]coordinator.TopicPartition, len(xs))
+func tpsOf[T any](xs []T, tp func(T) TopicPartition) []TopicPartition {
+	out := make([]TopicPartition, len(xs))
 	for i, x := range xs {
 		out[i] = tp(x)
 	}
@@ -295,7 +294,7 @@ func (s *Store) lowerMaxOps(n int64) {
 
 // fenceError reads the Else branch of a failed fenced transaction: the
 // registration and the assignment as they were when the compares failed.
-func fenceError(f Fence, resp *clientv3.TxnResponse, tps []coordinator.TopicPartition, committed int) error {
+func fenceError(f Fence, resp *clientv3.TxnResponse, tps []TopicPartition, committed int) error {
 	e := &FenceError{
 		Agent:         f.Agent,
 		Generation:    f.Generation,
@@ -403,8 +402,8 @@ func (s *Store) List(ctx context.Context, cluster string) ([]Position, []*Malfor
 // separately (see List). It reads every partition of each topic named in
 // tps, one prefix read per topic, all in one etcd transaction (several if
 // there are more topics than a transaction may carry).
-func (s *Store) LoadMany(ctx context.Context, cluster string, tps []coordinator.TopicPartition) (map[coordinator.TopicPartition]Position, []*MalformedError, error) {
-	want := make(map[coordinator.TopicPartition]bool, len(tps))
+func (s *Store) LoadMany(ctx context.Context, cluster string, tps []TopicPartition) (map[TopicPartition]Position, []*MalformedError, error) {
+	want := make(map[TopicPartition]bool, len(tps))
 	var topics []string
 	for _, tp := range tps {
 		if err := validName(cluster, tp.Topic, tp.Partition); err != nil {
@@ -418,7 +417,7 @@ func (s *Store) LoadMany(ctx context.Context, cluster string, tps []coordinator.
 	slices.Sort(topics)
 	topics = slices.Compact(topics)
 
-	out := make(map[coordinator.TopicPartition]Position, len(want))
+	out := make(map[TopicPartition]Position, len(want))
 	var bad []*MalformedError
 	prefix := s.k.ClusterOffsets(cluster)
 	for len(topics) > 0 {
@@ -493,19 +492,40 @@ func (s *Store) decodeKV(cluster, prefix, key string, rev int64, val []byte) (Po
 // parseKey returns the partition of an offset key of cluster. The key must
 // be exactly what keys.Fleet.Offset builds for it (so "orders/03" or a
 // nested "a/b/1" is refused).
-func (s *Store) parseKey(cluster, prefix, key string) (coordinator.TopicPartition, bool) {
+func (s *Store) parseKey(cluster, prefix, key string) (TopicPartition, bool) {
 	rest, ok := strings.CutPrefix(key, prefix)
 	if !ok {
-		return coordinator.TopicPartition{}, false
+		return TopicPartition{}, false
 	}
 	i := strings.LastIndexByte(rest, '/')
 	if i < 0 {
-		return coordinator.TopicPartition{}, false
+		return TopicPartition{}, false
 	}
 	topic := rest[:i]
 	p, err := strconv.ParseInt(rest[i+1:], 10, 32)
 	if err != nil || validName(cluster, topic, int32(p)) != nil || s.k.Offset(cluster, topic, int32(p)) != key {
-		return coordinator.TopicPartition{}, false
+		return TopicPartition{}, false
 	}
-	return coordinator.TopicPartition{Topic: topic, Partition: int32(p)}, true
+	return TopicPartition{Topic: topic, Partition: int32(p)}, true
+}
+
+// PutOps returns the etcd operations that write commits as written by
+// writer in generation, for a caller that fences them itself: the leader
+// writes translated positions during a cluster switch inside its own
+// fenced transactions (election.Term.Txn), while no agent consumes the
+// target cluster. The commits are validated like Commit's.
+func (s *Store) PutOps(writer string, generation int64, commits []Commit) ([]clientv3.Op, error) {
+	now := s.now()
+	ops := make([]clientv3.Op, 0, len(commits))
+	for _, c := range commits {
+		if err := c.validate(); err != nil {
+			return nil, fmt.Errorf("offsets: write %s/%s/%d by %s: %w", c.Cluster, c.Topic, c.Partition, writer, err)
+		}
+		val, err := encodeValue(c, writer, generation, now)
+		if err != nil {
+			return nil, fmt.Errorf("offsets: write %s/%s/%d by %s: %w", c.Cluster, c.Topic, c.Partition, writer, err)
+		}
+		ops = append(ops, clientv3.OpPut(s.k.Offset(c.Cluster, c.Topic, c.Partition), string(val)))
+	}
+	return ops, nil
 }

@@ -11,7 +11,6 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/internal/keys"
 	"github.com/kswitch/kswitch/internal/testenv"
 )
@@ -124,14 +123,14 @@ func TestCommitLoadListRoundTrip(t *testing.T) {
 		t.Fatalf("List lost detail: %+v", list[1])
 	}
 
-	many, bad, err := env.store.LoadMany(ctx, "A", []coordinator.TopicPartition{
+	many, bad, err := env.store.LoadMany(ctx, "A", []TopicPartition{
 		{Topic: "orders", Partition: 3}, {Topic: "orders", Partition: 4}, {Topic: "audit", Partition: 0}, {Topic: "orders", Partition: 3},
 	})
 	if err != nil || len(bad) != 0 {
 		t.Fatalf("LoadMany = %v, %v", bad, err)
 	}
-	if len(many) != 2 || many[coordinator.TopicPartition{Topic: "orders", Partition: 3}].Offset != 1042 ||
-		many[coordinator.TopicPartition{Topic: "audit", Partition: 0}].Agent != "agent-2" {
+	if len(many) != 2 || many[TopicPartition{Topic: "orders", Partition: 3}].Offset != 1042 ||
+		many[TopicPartition{Topic: "audit", Partition: 0}].Agent != "agent-2" {
 		t.Fatalf("LoadMany = %+v", many)
 	}
 }
@@ -149,7 +148,7 @@ func TestContextErrorsUnchanged(t *testing.T) {
 	if _, _, err := env.store.List(ctx, "A"); err != context.Canceled {
 		t.Errorf("List = %v, want context.Canceled unchanged", err)
 	}
-	if _, _, err := env.store.LoadMany(ctx, "A", []coordinator.TopicPartition{{Topic: "orders"}}); err != context.Canceled {
+	if _, _, err := env.store.LoadMany(ctx, "A", []TopicPartition{{Topic: "orders"}}); err != context.Canceled {
 		t.Errorf("LoadMany = %v, want context.Canceled unchanged", err)
 	}
 }
@@ -307,9 +306,9 @@ func TestCommitLargeBatch(t *testing.T) {
 			t.Fatalf("List[%d] = %s/%d@%d", i, p.Topic, p.Partition, p.Offset)
 		}
 	}
-	tps := make([]coordinator.TopicPartition, n)
+	tps := make([]TopicPartition, n)
 	for i := range tps {
-		tps[i] = coordinator.TopicPartition{Topic: "orders", Partition: int32(i)}
+		tps[i] = TopicPartition{Topic: "orders", Partition: int32(i)}
 	}
 	many, bad, err := env.store.LoadMany(ctx, "A", tps)
 	if err != nil || len(bad) != 0 || len(many) != n {
@@ -472,8 +471,8 @@ func TestMalformedValues(t *testing.T) {
 
 	// LoadMany reports the malformed values of the partitions asked for,
 	// and keys under the asked topics' prefixes that are no partition key.
-	many, malformed, err := env.store.LoadMany(ctx, "A", []coordinator.TopicPartition{{Topic: "orders", Partition: 0}, {Topic: "orders", Partition: 1}})
-	if err != nil || len(many) != 1 || many[coordinator.TopicPartition{Topic: "orders", Partition: 0}].Offset != 5 {
+	many, malformed, err := env.store.LoadMany(ctx, "A", []TopicPartition{{Topic: "orders", Partition: 0}, {Topic: "orders", Partition: 1}})
+	if err != nil || len(many) != 1 || many[TopicPartition{Topic: "orders", Partition: 0}].Offset != 5 {
 		t.Fatalf("LoadMany = %v, %v", many, err)
 	}
 	badKeys = badKeys[:0]
@@ -498,7 +497,7 @@ func TestPrefixesMatchKeys(t *testing.T) {
 	}
 	s := NewStore(nil, k)
 	tp, ok := s.parseKey("A", k.ClusterOffsets("A"), key)
-	if !ok || tp != (coordinator.TopicPartition{Topic: "orders", Partition: 12}) {
+	if !ok || tp != (TopicPartition{Topic: "orders", Partition: 12}) {
 		t.Fatalf("parseKey = %v, %v", tp, ok)
 	}
 }

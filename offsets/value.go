@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/internal/keys"
 )
 
@@ -33,8 +32,8 @@ type Commit struct {
 }
 
 // TopicPartition returns the commit's partition.
-func (c Commit) TopicPartition() coordinator.TopicPartition {
-	return coordinator.TopicPartition{Topic: c.Topic, Partition: c.Partition}
+func (c Commit) TopicPartition() TopicPartition {
+	return TopicPartition{Topic: c.Topic, Partition: c.Partition}
 }
 
 // validate checks what Commit and the value parser both require.

@@ -170,7 +170,11 @@ func printFleet(w io.Writer, v agent.FleetView, now time.Time) {
 	if v.Leader != "" {
 		leader = fmt.Sprintf("%s (fencing token %d)", v.Leader, v.Token)
 	}
-	fmt.Fprintf(w, "fleet:   %s\nleader:  %s\nagents:  %d\n\n", v.Fleet, leader, len(v.Agents))
+	active := "(not decided yet)"
+	if a := v.Active; a != nil {
+		active = fmt.Sprintf("%s (epoch %d, %s since %s: %s)", a.Cluster, a.Epoch, a.Phase, a.Since.Format(time.RFC3339), a.Reason)
+	}
+	fmt.Fprintf(w, "fleet:   %s\nleader:  %s\nactive:  %s\nagents:  %d\n\n", v.Fleet, leader, active, len(v.Agents))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "AGENT\tLEADER\tHTTP\tGOSSIP\tVERSION\tAGE")
 	for _, a := range v.Agents {

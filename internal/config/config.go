@@ -118,6 +118,29 @@ type Cluster struct {
 	Version string `yaml:"version" help:"Kafka protocol version"`
 	// ClientID is the Kafka client.id, visible in broker logs and quotas.
 	ClientID string `yaml:"client_id" help:"Kafka client.id"`
+
+	// The fields below describe how a standby is filled by MirrorMaker 2
+	// (or a replicator that follows its conventions); they matter only on
+	// the standby.
+
+	// ReplicationPolicy names the source topics on this cluster: "prefix"
+	// (MirrorMaker 2's default: topic orders of source alias A is A.orders)
+	// or "identity" (IdentityReplicationPolicy: the same name).
+	ReplicationPolicy string `yaml:"replication_policy" help:"standby topic naming: prefix (A.orders) or identity (orders)"`
+	// SourceAlias is the alias MirrorMaker 2 gives the primary, used by the
+	// prefix policy and in the internal topic names. Default: the primary's
+	// name in this file.
+	SourceAlias string `yaml:"source_alias" help:"MirrorMaker 2's alias of the primary (default: the primary's name)"`
+	// OffsetSyncsTopic is MirrorMaker 2's offset-syncs topic. Default
+	// mm2-offset-syncs.<this cluster's name>.internal.
+	OffsetSyncsTopic string `yaml:"offset_syncs_topic" help:"MirrorMaker 2 offset-syncs topic (default mm2-offset-syncs.<name>.internal)"`
+	// OffsetSyncsOn is the cluster that holds the offset-syncs topic:
+	// "source" (MirrorMaker 2's default) or "target"
+	// (offset-syncs.topic.location=target, readable when the source is down).
+	OffsetSyncsOn string `yaml:"offset_syncs_on" help:"where the offset-syncs topic lives: source or target"`
+	// CheckpointsTopic is MirrorMaker 2's checkpoints topic on this cluster.
+	// Default <source alias>.checkpoints.internal.
+	CheckpointsTopic string `yaml:"checkpoints_topic" help:"MirrorMaker 2 checkpoints topic (default <source_alias>.checkpoints.internal)"`
 }
 
 // Source configures what the fleet consumes.
@@ -148,6 +171,27 @@ type Failover struct {
 	// cluster before it is declared down; longer than ProbeInterval so that
 	// more than one probe decides.
 	FailureWindow time.Duration `yaml:"failure_window" help:"how long a cluster must be unreachable before it is declared down; must exceed failover.probe_interval"`
+	// ProbeTimeout bounds each probe request (metadata, fetch).
+	ProbeTimeout time.Duration `yaml:"probe_timeout" help:"timeout of each probe request"`
+	// TimestampMargin is how far before the last consumed record's
+	// timestamp the timestamp translation starts, to absorb clock and
+	// ordering skew between the clusters. Larger: more duplicates; smaller:
+	// risk of loss.
+	TimestampMargin time.Duration `yaml:"timestamp_margin" help:"rewind of the timestamp offset translation"`
+	// Failback is "auto" (return to the primary once it is healthy and
+	// caught up) or "manual" (stay until an operator switches).
+	Failback string `yaml:"failback" help:"auto or manual"`
+	// FailbackStable is how long the primary must stay healthy before an
+	// automatic failback.
+	FailbackStable time.Duration `yaml:"failback_stable" help:"how long the primary must be healthy before failback"`
+	// MaxFailedSwitches trips the circuit breaker: after this many switches
+	// that failed or flapped within BreakerWindow, automatic switching
+	// stops for BreakerCooldown.
+	MaxFailedSwitches int `yaml:"max_failed_switches" help:"failed or flapping switches that trip the circuit breaker"`
+	// BreakerWindow is the window in which failed switches are counted.
+	BreakerWindow time.Duration `yaml:"breaker_window" help:"window in which failed switches are counted"`
+	// BreakerCooldown is how long automatic switching stays off.
+	BreakerCooldown time.Duration `yaml:"breaker_cooldown" help:"how long automatic switching stays off once the breaker trips"`
 }
 
 // Default returns a configuration with every default filled in. It has no
@@ -172,8 +216,15 @@ func Default() Config {
 			CommitInterval:  time.Second,
 		},
 		Failover: Failover{
-			ProbeInterval: 500 * time.Millisecond,
-			FailureWindow: 3 * time.Second,
+			ProbeInterval:     500 * time.Millisecond,
+			FailureWindow:     3 * time.Second,
+			ProbeTimeout:      time.Second,
+			TimestampMargin:   5 * time.Second,
+			Failback:          "auto",
+			FailbackStable:    30 * time.Second,
+			MaxFailedSwitches: 3,
+			BreakerWindow:     5 * time.Minute,
+			BreakerCooldown:   10 * time.Minute,
 		},
 	}
 }
@@ -236,4 +287,56 @@ func (c Config) withRole(r Role) (string, Cluster, bool) {
 		}
 	}
 	return "", Cluster{}, false
+}
+
+// Replication describes how a standby is filled from the primary, with
+// every default resolved.
+type Replication struct {
+	// Policy is "prefix" or "identity".
+	Policy string
+	// SourceAlias is MirrorMaker 2's alias of the primary.
+	SourceAlias string
+	// OffsetSyncsTopic and OffsetSyncsCluster locate the offset-syncs.
+	OffsetSyncsTopic   string
+	OffsetSyncsCluster string
+	// CheckpointsTopic is on the standby.
+	CheckpointsTopic string
+}
+
+// Replication returns the replication settings of cluster target (a
+// standby) from the primary, defaults resolved: prefix policy, the
+// primary's name as alias, MirrorMaker 2's default topic names, offset-syncs
+// on the primary.
+func (c Config) Replication(target string) Replication {
+	primary, _ := c.Primary()
+	t := c.Clusters[target]
+	r := Replication{
+		Policy: t.ReplicationPolicy, SourceAlias: t.SourceAlias,
+		OffsetSyncsTopic: t.OffsetSyncsTopic, CheckpointsTopic: t.CheckpointsTopic,
+		OffsetSyncsCluster: primary,
+	}
+	if r.Policy == "" {
+		r.Policy = "prefix"
+	}
+	if r.SourceAlias == "" {
+		r.SourceAlias = primary
+	}
+	if r.OffsetSyncsTopic == "" {
+		r.OffsetSyncsTopic = "mm2-offset-syncs." + target + ".internal"
+	}
+	if t.OffsetSyncsOn == "target" {
+		r.OffsetSyncsCluster = target
+	}
+	if r.CheckpointsTopic == "" {
+		r.CheckpointsTopic = r.SourceAlias + ".checkpoints.internal"
+	}
+	return r
+}
+
+// RemoteTopic is the name of source topic on the standby target.
+func (r Replication) RemoteTopic(topic string) string {
+	if r.Policy == "identity" {
+		return topic
+	}
+	return r.SourceAlias + "." + topic
 }

@@ -144,6 +144,13 @@ func TestDefaultsAppliedWhenAbsent(t *testing.T) {
 		{"source.commit_interval", d.Source.CommitInterval, time.Second},
 		{"failover.probe_interval", d.Failover.ProbeInterval, 500 * time.Millisecond},
 		{"failover.failure_window", d.Failover.FailureWindow, 3 * time.Second},
+		{"failover.probe_timeout", d.Failover.ProbeTimeout, time.Second},
+		{"failover.timestamp_margin", d.Failover.TimestampMargin, 5 * time.Second},
+		{"failover.failback", d.Failover.Failback, "auto"},
+		{"failover.failback_stable", d.Failover.FailbackStable, 30 * time.Second},
+		{"failover.max_failed_switches", d.Failover.MaxFailedSwitches, 3},
+		{"failover.breaker_window", d.Failover.BreakerWindow, 5 * time.Minute},
+		{"failover.breaker_cooldown", d.Failover.BreakerCooldown, 10 * time.Minute},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("Default() %s = %v, want %v", tc.name, tc.got, tc.want)
@@ -191,7 +198,7 @@ clusters:
     role: primary
     brokerz: [127.0.0.1:9092]
 `,
-			want: []string{`config: f.yaml line 7: unknown field "brokerz" in clusters.A (known: brokers, role, version, client_id)`},
+			want: []string{`config: f.yaml line 7: unknown field "brokerz" in clusters.A (known: brokers, role, version, client_id, replication_policy, source_alias, offset_syncs_topic, offset_syncs_on, checkpoints_topic)`},
 		},
 		{
 			name: "unknown top-level field",
@@ -361,6 +368,37 @@ func TestValidateErrors(t *testing.T) {
 		{"bad log level", func(c *Config) { c.Log.Level = "verbose" }, []string{`log.level: "verbose" is not one of debug, info, warn, error`}},
 		{"bad log format", func(c *Config) { c.Log.Format = "text" }, []string{`log.format: "text"`}},
 		{"failure window not above probe interval", func(c *Config) { c.Failover.FailureWindow = 500 * time.Millisecond }, []string{"failover.failure_window: 500ms must be longer than failover.probe_interval (500ms)"}},
+		{"bad replication policy", func(c *Config) { setB(c, func(b *Cluster) { b.ReplicationPolicy = "default" }) },
+			[]string{`config: clusters.B.replication_policy: "default" is not a replication policy; use prefix`}},
+		{"bad offset_syncs_on", func(c *Config) { setB(c, func(b *Cluster) { b.OffsetSyncsOn = "standby" }) },
+			[]string{`config: clusters.B.offset_syncs_on: "standby" is not one of source, target`}},
+		{"bad source alias", func(c *Config) { setB(c, func(b *Cluster) { b.SourceAlias = "dc 1" }) },
+			[]string{`config: clusters.B.source_alias: "dc 1" is not usable in Kafka topic names`}},
+		{"bad offset-syncs topic", func(c *Config) { setB(c, func(b *Cluster) { b.OffsetSyncsTopic = "mm2/syncs" }) },
+			[]string{`config: clusters.B.offset_syncs_topic: "mm2/syncs" is not a Kafka topic name`, "leave it empty for the default mm2-offset-syncs.<name>.internal"}},
+		{"too long checkpoints topic", func(c *Config) { setB(c, func(b *Cluster) { b.CheckpointsTopic = strings.Repeat("c", 250) }) },
+			[]string{`config: clusters.B.checkpoints_topic: "ccc`, "is not a Kafka topic name"}},
+		{"checkpoints topic dot", func(c *Config) { setB(c, func(b *Cluster) { b.CheckpointsTopic = ".." }) },
+			[]string{`clusters.B.checkpoints_topic: ".." is not a Kafka topic name`}},
+		{"bad replication field on the primary", func(c *Config) {
+			a := c.Clusters["A"]
+			a.ReplicationPolicy = "mirror"
+			c.Clusters["A"] = a
+		}, []string{`clusters.A.replication_policy: "mirror" is not a replication policy`}},
+		{"bad failback", func(c *Config) { c.Failover.Failback = "automatic" }, []string{`config: failover.failback: "automatic" is not one of auto, manual`}},
+		{"zero probe timeout", func(c *Config) { c.Failover.ProbeTimeout = 0 }, []string{`config: failover.probe_timeout: "0s" must be positive`}},
+		{"probe timeout beyond failure window", func(c *Config) { c.Failover.ProbeTimeout = 4 * time.Second },
+			[]string{`config: failover.probe_timeout: "4s" must not exceed failover.failure_window (3s): a probe that cannot time out inside the window cannot decide it`}},
+		{"negative timestamp margin", func(c *Config) { c.Failover.TimestampMargin = -time.Second },
+			[]string{`config: failover.timestamp_margin: "-1s" must not be negative`}},
+		{"zero failback_stable", func(c *Config) { c.Failover.FailbackStable = 0 }, []string{`config: failover.failback_stable: "0s" must be positive`}},
+		{"zero max_failed_switches", func(c *Config) { c.Failover.MaxFailedSwitches = 0 },
+			[]string{`config: failover.max_failed_switches: 0 must be at least 1`}},
+		{"negative max_failed_switches", func(c *Config) { c.Failover.MaxFailedSwitches = -2 },
+			[]string{`config: failover.max_failed_switches: -2 must be at least 1`}},
+		{"zero breaker window", func(c *Config) { c.Failover.BreakerWindow = 0 }, []string{`config: failover.breaker_window: "0s" must be positive`}},
+		{"negative breaker cooldown", func(c *Config) { c.Failover.BreakerCooldown = -time.Minute },
+			[]string{`config: failover.breaker_cooldown: "-1m0s" must be positive`}},
 		{"every problem reported", func(c *Config) {
 			c.Fleet = ""
 			c.Source.Group = ""
@@ -407,6 +445,28 @@ func TestValidateAccepts(t *testing.T) {
 			c.Clusters["A"] = Cluster{Brokers: []string{"a:1"}, Role: RolePrimary, Version: "0.10.2.0"}
 		}},
 		{"cluster without version", func(c *Config) { c.Clusters["A"] = Cluster{Brokers: []string{"a:1"}, Role: RolePrimary} }},
+		{"replication fields on the standby", func(c *Config) {
+			setB(c, func(b *Cluster) {
+				b.ReplicationPolicy, b.SourceAlias, b.OffsetSyncsOn = "identity", "dc-east.1", "target"
+				b.OffsetSyncsTopic, b.CheckpointsTopic = "mm2-offset-syncs.dr.internal", "dc-east.1.checkpoints.internal"
+			})
+		}},
+		{"replication fields explicitly default", func(c *Config) {
+			setB(c, func(b *Cluster) { b.ReplicationPolicy, b.OffsetSyncsOn = "prefix", "source" })
+		}},
+		// Validate cannot warn, so replication fields on a cluster that is
+		// not the standby are accepted (and ignored).
+		{"replication fields on the primary and a sink", func(c *Config) {
+			a := c.Clusters["A"]
+			a.ReplicationPolicy, a.SourceAlias, a.OffsetSyncsOn = "identity", "X", "target"
+			c.Clusters["A"] = a
+			c.Clusters["S"] = Cluster{Brokers: []string{"s:1"}, Role: RoleSink, ReplicationPolicy: "prefix", CheckpointsTopic: "X.checkpoints.internal"}
+		}},
+		{"no standby with replication fields nowhere", func(c *Config) { delete(c.Clusters, "B") }},
+		{"manual failback", func(c *Config) { c.Failover.Failback = "manual" }},
+		{"zero timestamp margin", func(c *Config) { c.Failover.TimestampMargin = 0 }},
+		{"probe timeout equal to failure window", func(c *Config) { c.Failover.ProbeTimeout = c.Failover.FailureWindow }},
+		{"one failed switch trips the breaker", func(c *Config) { c.Failover.MaxFailedSwitches = 1 }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := valid(t)
@@ -416,6 +476,13 @@ func TestValidateAccepts(t *testing.T) {
 			}
 		})
 	}
+}
+
+// setB modifies cluster B of a valid() configuration.
+func setB(c *Config, f func(b *Cluster)) {
+	b := c.Clusters["B"]
+	f(&b)
+	c.Clusters["B"] = b
 }
 
 // TestPrecedence checks flag > env > file > default for a scalar
@@ -593,7 +660,7 @@ func TestBadOverrides(t *testing.T) {
 		{"flag cluster syntax", nil, []string{"--cluster=A:brokers=x"},
 			[]string{`for "--cluster" flag: want NAME.field=value`}},
 		{"flag cluster field", nil, []string{"--cluster=A.brokerz=x:1"},
-			[]string{`for "--cluster" flag: unknown cluster field "brokerz" (known: brokers, role, version, client_id)`}},
+			[]string{`for "--cluster" flag: unknown cluster field "brokerz" (known: brokers, role, version, client_id, replication_policy, source_alias, offset_syncs_topic, offset_syncs_on, checkpoints_topic)`}},
 		{"flag ambiguous cluster", nil, []string{"--cluster=AB.role=sink"},
 			[]string{`config: --cluster AB.role: cluster "AB" matches clusters Ab and aB, which differ only in case`}},
 	} {
@@ -632,6 +699,9 @@ func TestFlagHelp(t *testing.T) {
 		"--etcd.endpoints strings",
 		"--cluster NAME.field=value",
 		"default <hostname>-<pid>",
+		"--failover.max_failed_switches int",
+		"(default 3)",
+		"KSWITCH_FAILOVER_MAX_FAILED_SWITCHES",
 	} {
 		if !strings.Contains(usage, want) {
 			t.Errorf("usage lacks %q:\n%s", want, usage)
@@ -704,5 +774,177 @@ func TestPrimaryStandby(t *testing.T) {
 	delete(c.Clusters, "B")
 	if name, _, ok := c.Standby(); ok || name != "" {
 		t.Errorf("Standby() without standby = %q, %v", name, ok)
+	}
+}
+
+// TestIntLeaf checks failover.max_failed_switches, an int leaf, from the
+// file, the environment and a flag, and the errors of each.
+func TestIntLeaf(t *testing.T) {
+	t.Run("yaml", func(t *testing.T) {
+		c, err := Parse([]byte("failover:\n  max_failed_switches: 5\n"), "f.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Failover.MaxFailedSwitches != 5 {
+			t.Errorf("max_failed_switches = %d, want 5", c.Failover.MaxFailedSwitches)
+		}
+	})
+	for _, tc := range []struct{ name, value, want string }{
+		{"yaml word", "three", `config: f.yaml line 2: failover.max_failed_switches: "three" is not a whole number`},
+		{"yaml quoted number", `"5"`, `config: f.yaml line 2: failover.max_failed_switches: expected a whole number, got the string "5"; write it without quotes`},
+		{"yaml float", "5.0", `config: f.yaml line 2: failover.max_failed_switches: "5.0" is not a whole number`},
+		{"yaml bool", "true", `config: f.yaml line 2: failover.max_failed_switches: "true" is not a whole number`},
+		{"yaml list", "[5]", `config: f.yaml line 2: failover.max_failed_switches: expected a single value, got a list`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte("failover:\n  max_failed_switches: "+tc.value+"\n"), "f.yaml")
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error\n%v\ndoes not contain\n%s", err, tc.want)
+			}
+		})
+	}
+
+	apply := func(env, args []string) (Config, error) {
+		c := valid(t)
+		fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+		fs.SetOutput(new(strings.Builder))
+		o := BindFlags(fs)
+		if err := fs.Parse(args); err != nil {
+			return c, err
+		}
+		return c, o.Apply(&c, env)
+	}
+	for _, tc := range []struct {
+		name      string
+		env, args []string
+		want      int
+	}{
+		{"env", []string{"KSWITCH_FAILOVER_MAX_FAILED_SWITCHES=5"}, nil, 5},
+		{"env with blanks", []string{"KSWITCH_FAILOVER_MAX_FAILED_SWITCHES= 7 "}, nil, 7},
+		{"flag", nil, []string{"--failover.max_failed_switches", "5"}, 5},
+		{"flag over env", []string{"KSWITCH_FAILOVER_MAX_FAILED_SWITCHES=4"}, []string{"--failover.max_failed_switches=6"}, 6},
+		{"neither", nil, nil, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := apply(tc.env, tc.args)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Failover.MaxFailedSwitches != tc.want {
+				t.Errorf("max_failed_switches = %d, want %d", c.Failover.MaxFailedSwitches, tc.want)
+			}
+			if err := c.Validate(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	for _, tc := range []struct {
+		name      string
+		env, args []string
+		want      string
+	}{
+		{"env word", []string{"KSWITCH_FAILOVER_MAX_FAILED_SWITCHES=three"}, nil,
+			`config: KSWITCH_FAILOVER_MAX_FAILED_SWITCHES="three": "three" is not a whole number`},
+		{"flag word", nil, []string{"--failover.max_failed_switches", "three"},
+			`invalid argument "three" for "--failover.max_failed_switches" flag: "three" is not a whole number`},
+		{"flag fraction", nil, []string{"--failover.max_failed_switches=2.5"},
+			`invalid argument "2.5" for "--failover.max_failed_switches" flag: "2.5" is not a whole number`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := apply(tc.env, tc.args)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error\n%v\ndoes not contain\n%s", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestReplication(t *testing.T) {
+	c := valid(t) // A primary, B standby, no replication fields
+	want := Replication{
+		Policy:             "prefix",
+		SourceAlias:        "A",
+		OffsetSyncsTopic:   "mm2-offset-syncs.B.internal",
+		OffsetSyncsCluster: "A",
+		CheckpointsTopic:   "A.checkpoints.internal",
+	}
+	r := c.Replication("B")
+	if r != want {
+		t.Errorf("Replication(B) defaults = %+v, want %+v", r, want)
+	}
+	if got := r.RemoteTopic("orders"); got != "A.orders" {
+		t.Errorf("prefix RemoteTopic(orders) = %q, want A.orders", got)
+	}
+
+	// Explicit source alias: the prefix and the checkpoints topic follow it.
+	setB(&c, func(b *Cluster) { b.SourceAlias, b.OffsetSyncsOn = "east", "target" })
+	r = c.Replication("B")
+	want = Replication{
+		Policy:             "prefix",
+		SourceAlias:        "east",
+		OffsetSyncsTopic:   "mm2-offset-syncs.B.internal",
+		OffsetSyncsCluster: "B",
+		CheckpointsTopic:   "east.checkpoints.internal",
+	}
+	if r != want {
+		t.Errorf("Replication(B) with alias = %+v, want %+v", r, want)
+	}
+	if got := r.RemoteTopic("orders"); got != "east.orders" {
+		t.Errorf("prefix RemoteTopic(orders) = %q, want east.orders", got)
+	}
+
+	// Everything explicit, identity policy.
+	setB(&c, func(b *Cluster) {
+		b.ReplicationPolicy, b.OffsetSyncsOn = "identity", "source"
+		b.OffsetSyncsTopic, b.CheckpointsTopic = "syncs", "checkpoints"
+	})
+	r = c.Replication("B")
+	want = Replication{
+		Policy:             "identity",
+		SourceAlias:        "east",
+		OffsetSyncsTopic:   "syncs",
+		OffsetSyncsCluster: "A",
+		CheckpointsTopic:   "checkpoints",
+	}
+	if r != want {
+		t.Errorf("Replication(B) explicit = %+v, want %+v", r, want)
+	}
+	if got := r.RemoteTopic("orders"); got != "orders" {
+		t.Errorf("identity RemoteTopic(orders) = %q, want orders", got)
+	}
+	if err := c.Validate(); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestReplicationOverrides sets the replication fields of a cluster by
+// flag and by environment.
+func TestReplicationOverrides(t *testing.T) {
+	c := valid(t)
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	o := BindFlags(fs)
+	if err := fs.Parse([]string{"--cluster", "B.replication_policy=identity", "--cluster=b.source_alias=east"}); err != nil {
+		t.Fatal(err)
+	}
+	err := o.Apply(&c, []string{
+		"KSWITCH_CLUSTERS_B_OFFSET_SYNCS_ON=target",
+		"KSWITCH_CLUSTERS_B_CHECKPOINTS_TOPIC=east.cp",
+		"KSWITCH_CLUSTERS_B_REPLICATION_POLICY=prefix", // the flag wins
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	b := c.Clusters["B"]
+	if b.ReplicationPolicy != "identity" || b.SourceAlias != "east" || b.OffsetSyncsOn != "target" || b.CheckpointsTopic != "east.cp" {
+		t.Errorf("clusters.B = %+v", b)
+	}
+	if r := c.Replication("B"); r.RemoteTopic("orders") != "orders" || r.OffsetSyncsCluster != "B" {
+		t.Errorf("Replication(B) = %+v", r)
+	}
+	if len(c.Clusters) != 2 {
+		t.Errorf("clusters = %v, want A and B only", slices.Sorted(maps.Keys(c.Clusters)))
 	}
 }

@@ -82,7 +82,7 @@ func yamlName(f reflect.StructField) string {
 }
 
 func isLeafType(t reflect.Type) bool {
-	return t == durationType || t.Kind() == reflect.String || t == stringListType
+	return t == durationType || t.Kind() == reflect.String || t.Kind() == reflect.Int || t == stringListType
 }
 
 // env is the environment variable of a static leaf.
@@ -128,6 +128,12 @@ func parseValue(t reflect.Type, s, example string) (reflect.Value, error) {
 			}
 		}
 		v.Set(reflect.ValueOf(items))
+	case t.Kind() == reflect.Int:
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil {
+			return v, fmt.Errorf("%q is not a whole number", s)
+		}
+		v.SetInt(int64(n))
 	default: // string kinds
 		v.SetString(s)
 	}
@@ -144,6 +150,8 @@ func formatValue(v reflect.Value) string {
 		return time.Duration(v.Int()).String()
 	case v.Type() == stringListType:
 		return strings.Join(v.Interface().([]string), ",")
+	case v.Kind() == reflect.Int:
+		return strconv.FormatInt(v.Int(), 10)
 	default:
 		return v.String()
 	}

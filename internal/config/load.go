@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"reflect"
+	"strconv"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
@@ -145,6 +146,21 @@ func (d *decoder) value(n *yaml.Node, v reflect.Value, path string) {
 		if d.want(n, yaml.ScalarNode, path) {
 			v.SetString(n.Value)
 		}
+	case t.Kind() == reflect.Int:
+		// A YAML integer only: a quoted number is a string, as in the
+		// rest of the file, and 2.0 or true are not counts.
+		if !d.want(n, yaml.ScalarNode, path) {
+			return
+		}
+		var i int
+		switch {
+		case n.ShortTag() == "!!int" && n.Decode(&i) == nil:
+			v.SetInt(int64(i))
+		case n.ShortTag() == "!!str" && isInteger(n.Value):
+			d.errorf(n, path, "expected a whole number, got the string %q; write it without quotes", n.Value)
+		default:
+			d.errorf(n, path, "%q is not a whole number", n.Value)
+		}
 	default:
 		panic(fmt.Sprintf("config: no YAML decoding for %s (%s)", path, t))
 	}
@@ -252,6 +268,13 @@ func (d *decoder) merge(n *yaml.Node, path string) []pair {
 		d.errorf(n, join(path, "<<"), "a merge key needs a mapping or a list of mappings, got %s", describe(n))
 		return nil
 	}
+}
+
+// isInteger reports whether s, an int leaf's YAML value, would be a whole
+// number had it not been quoted.
+func isInteger(s string) bool {
+	_, err := strconv.Atoi(strings.TrimSpace(s))
+	return err == nil
 }
 
 func emptyDocument(doc *yaml.Node) bool {

@@ -269,11 +269,13 @@ func (f *leafFlag) Set(s string) error {
 }
 
 func (f *leafFlag) Type() string {
-	switch f.typ {
-	case durationType:
+	switch {
+	case f.typ == durationType:
 		return "duration"
-	case stringListType:
+	case f.typ == stringListType:
 		return "strings"
+	case f.typ.Kind() == reflect.Int:
+		return "int"
 	default:
 		return "string"
 	}

@@ -32,6 +32,11 @@ var (
 // field and the timing relations between them. It returns every problem
 // found, joined, each naming the field path and how to fix it. Call it
 // after Apply, on the final values.
+//
+// The MirrorMaker 2 fields of a cluster (replication_policy, source_alias,
+// offset_syncs_*, checkpoints_topic) matter only on the standby; on another
+// cluster their values are checked but otherwise accepted and ignored, as
+// Validate has no way to warn.
 func (c *Config) Validate() error {
 	if c.Agent.ID == "" {
 		c.Agent.ID = defaultAgentID()
@@ -60,13 +65,31 @@ func (c *Config) Validate() error {
 	c.validateClusters(&p)
 	c.validateSource(&p)
 
+	c.validateFailover(&p)
+	return p.err()
+}
+
+func (c *Config) validateFailover(p *problems) {
 	f := c.Failover
 	p.positive("failover.probe_interval", f.ProbeInterval)
 	if f.ProbeInterval > 0 && f.FailureWindow <= f.ProbeInterval {
 		p.add("failover.failure_window", "%s must be longer than failover.probe_interval (%s) so that more than one probe decides",
 			f.FailureWindow, f.ProbeInterval)
 	}
-	return p.err()
+	if p.positive("failover.probe_timeout", f.ProbeTimeout) && f.FailureWindow > 0 && f.ProbeTimeout > f.FailureWindow {
+		p.add("failover.probe_timeout", "%q must not exceed failover.failure_window (%s): a probe that cannot time out inside the window cannot decide it; lower it or lengthen the window",
+			f.ProbeTimeout, f.FailureWindow)
+	}
+	if f.TimestampMargin < 0 {
+		p.add("failover.timestamp_margin", "%q must not be negative; use 0s for no rewind", f.TimestampMargin)
+	}
+	p.oneOf("failover.failback", f.Failback, "auto", "manual")
+	p.positive("failover.failback_stable", f.FailbackStable)
+	if f.MaxFailedSwitches < 1 {
+		p.add("failover.max_failed_switches", "%d must be at least 1 (the number of failed switches that trips the breaker)", f.MaxFailedSwitches)
+	}
+	p.positive("failover.breaker_window", f.BreakerWindow)
+	p.positive("failover.breaker_cooldown", f.BreakerCooldown)
 }
 
 func (c *Config) validateEtcd(p *problems) {
@@ -156,10 +179,44 @@ func (c *Config) validateClusters(p *problems) {
 		if strings.ContainsFunc(cl.ClientID, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
 			p.add(path+".client_id", "%q must not contain control characters", cl.ClientID)
 		}
+		validateReplication(p, path, cl)
 	}
 	if _, ok := byRole[RolePrimary]; !ok {
 		p.add("clusters", "no cluster has role primary; set role: primary on the cluster consumed from normally")
 	}
+}
+
+// validateReplication checks the MirrorMaker 2 fields of a cluster. They
+// matter only on the standby, but are checked on every cluster: they are
+// accepted (not refused) on another role, as Validate cannot warn, and a
+// bad value is wrong wherever it is.
+func validateReplication(p *problems, path string, cl Cluster) {
+	switch cl.ReplicationPolicy {
+	case "", "prefix", "identity":
+	default:
+		p.add(path+".replication_policy", "%q is not a replication policy; use prefix (MirrorMaker 2's default: orders is replicated as <source_alias>.orders) or identity (IdentityReplicationPolicy: the same name), or leave it empty for prefix", cl.ReplicationPolicy)
+	}
+	switch cl.OffsetSyncsOn {
+	case "", "source", "target":
+	default:
+		p.add(path+".offset_syncs_on", "%q is not one of source, target (where MirrorMaker 2's offset-syncs.topic.location puts the topic); leave it empty for source", cl.OffsetSyncsOn)
+	}
+	if cl.SourceAlias != "" && !validTopicName(cl.SourceAlias) {
+		p.add(path+".source_alias", "%q is not usable in Kafka topic names (letters, digits, '.', '_' and '-'); write MirrorMaker 2's alias of the primary cluster, or leave it empty for the primary's name", cl.SourceAlias)
+	}
+	for _, t := range []struct{ field, value, def string }{
+		{"offset_syncs_topic", cl.OffsetSyncsTopic, "mm2-offset-syncs.<name>.internal"},
+		{"checkpoints_topic", cl.CheckpointsTopic, "<source_alias>.checkpoints.internal"},
+	} {
+		if t.value != "" && !validTopicName(t.value) {
+			p.add(path+"."+t.field, "%q is not a Kafka topic name (letters, digits, '.', '_' and '-', at most 249); leave it empty for the default %s", t.value, t.def)
+		}
+	}
+}
+
+// validTopicName reports whether s is a legal Kafka topic name.
+func validTopicName(s string) bool {
+	return topicNameRE.MatchString(s) && len(s) <= 249 && s != "." && s != ".."
 }
 
 func (c *Config) validateSource(p *problems) {
@@ -171,7 +228,7 @@ func (c *Config) validateSource(p *problems) {
 	for i, t := range s.Topics {
 		path := fmt.Sprintf("source.topics[%d]", i)
 		switch {
-		case !topicNameRE.MatchString(t) || len(t) > 249 || t == "." || t == "..":
+		case !validTopicName(t):
 			p.add(path, "%q is not a Kafka topic name (letters, digits, '.', '_' and '-', at most 249)", t)
 		case seen[t]:
 			p.add(path, "%q is listed twice", t)

@@ -5,6 +5,7 @@ package kafka
 
 import (
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -37,12 +38,42 @@ func Config(c config.Cluster) (*sarama.Config, error) {
 	return sc, nil
 }
 
+// Dialer opens connections to brokers. Tests inject one to cut the link
+// between one agent and one cluster.
+type Dialer interface {
+	Dial(network, addr string) (net.Conn, error)
+}
+
+// Options adjust a client for one use.
+type Options struct {
+	// Dialer, when set, opens the broker connections.
+	Dialer Dialer
+	// Timeout, when set, bounds dialing, each read and each write, and
+	// turns off metadata retries: for probes, which must answer within
+	// their own interval.
+	Timeout time.Duration
+}
+
 // NewClient connects to cluster name. It fails when no broker answers
 // within the dial and metadata timeouts.
 func NewClient(name string, c config.Cluster) (sarama.Client, error) {
+	return NewClientWith(name, c, Options{})
+}
+
+// NewClientWith is NewClient with options.
+func NewClientWith(name string, c config.Cluster, o Options) (sarama.Client, error) {
 	sc, err := Config(c)
 	if err != nil {
 		return nil, err
+	}
+	if o.Dialer != nil {
+		sc.Net.Proxy.Enable = true
+		sc.Net.Proxy.Dialer = o.Dialer
+	}
+	if o.Timeout > 0 {
+		sc.Net.DialTimeout, sc.Net.ReadTimeout, sc.Net.WriteTimeout = o.Timeout, o.Timeout, o.Timeout
+		sc.Metadata.Retry.Max = 0
+		sc.Metadata.Timeout = o.Timeout
 	}
 	cl, err := sarama.NewClient(c.Brokers, sc)
 	if err != nil {

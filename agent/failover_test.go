@@ -1,0 +1,310 @@
+package agent_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kswitch/kswitch/agent"
+	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/internal/mirror"
+	"github.com/kswitch/kswitch/internal/testenv"
+	"github.com/kswitch/kswitch/internal/wait"
+)
+
+// dc is two Kafka clusters, A and its replica B, kept by the in-process
+// mirror, and an embedded etcd.
+type dc struct {
+	etcd   *testenv.Etcd
+	a, b   *testenv.Kafka
+	mirror *mirror.Mirror
+}
+
+const failoverPartitions = 4
+
+func startDC(t *testing.T) *dc {
+	t.Helper()
+	d := &dc{
+		etcd: testenv.StartEtcdT(t),
+		a:    testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": failoverPartitions}}),
+		b:    testenv.StartKafkaT(t, "B", testenv.KafkaOptions{}),
+	}
+	m, err := mirror.Start(context.Background(), mirror.Config{
+		Source: d.a.Brokers(), Target: d.b.Brokers(), SourceName: "A", TargetName: "B",
+		Topics: []string{"orders"}, RemoteTopic: func(t string) string { return "A." + t },
+		// Offsets on B differ from A's: translation must find them.
+		TargetPrefill: 17,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.mirror = m
+	t.Cleanup(m.Stop)
+	return d
+}
+
+func (d *dc) config(id string) config.Config {
+	cfg := testConfig(d.etcd, id)
+	cfg.Clusters = map[string]config.Cluster{
+		"A": {Brokers: d.a.Brokers(), Role: config.RolePrimary},
+		"B": {Brokers: d.b.Brokers(), Role: config.RoleStandby},
+	}
+	cfg.Source.Topics = []string{"orders"}
+	cfg.Source.CommitInterval = 100 * time.Millisecond
+	cfg.Source.RefreshInterval = time.Second
+	cfg.Failover.ProbeInterval = 200 * time.Millisecond
+	cfg.Failover.ProbeTimeout = 400 * time.Millisecond
+	cfg.Failover.FailureWindow = time.Second
+	cfg.Failover.FailbackStable = 2 * time.Second
+	return cfg
+}
+
+// activeOf returns the cluster every agent consumes, or an error while they
+// disagree or own nothing.
+func activeOf(agents ...*agent.Agent) (string, error) {
+	cluster, total := "", 0
+	for _, a := range agents {
+		st := a.Status()
+		if cluster != "" && st.Active != cluster {
+			return "", fmt.Errorf("%s consumes %s, others %s", a.ID(), st.Active, cluster)
+		}
+		cluster = st.Active
+		total += len(st.Owned)
+	}
+	if total != failoverPartitions {
+		return "", fmt.Errorf("%d of %d partitions owned", total, failoverPartitions)
+	}
+	return cluster, nil
+}
+
+// producer writes numbered records to a cluster's topic until stopped.
+type producer struct {
+	next    atomic.Int64
+	stop    chan struct{}
+	done    chan struct{}
+	failed  atomic.Int64
+	started int64
+}
+
+func startProducer(t *testing.T, brokers []string, topic string, from int64) *producer {
+	t.Helper()
+	sc := sarama.NewConfig()
+	sc.Version = sarama.V3_6_0_0
+	sc.Producer.Return.Successes = true
+	sc.Producer.Retry.Max = 0
+	sc.Producer.Partitioner = sarama.NewRoundRobinPartitioner
+	sc.Net.ReadTimeout = time.Second
+	sc.Net.DialTimeout = time.Second
+	p, err := sarama.NewSyncProducer(brokers, sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr := &producer{stop: make(chan struct{}), done: make(chan struct{}), started: from}
+	pr.next.Store(from)
+	go func() {
+		defer close(pr.done)
+		defer p.Close()
+		for {
+			select {
+			case <-pr.stop:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+			id := pr.next.Load()
+			_, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(strconv.FormatInt(id, 10)),
+				Value: sarama.StringEncoder(strconv.FormatInt(id, 10)), Timestamp: time.Now()})
+			if err != nil {
+				pr.failed.Add(1)
+				continue
+			}
+			pr.next.Add(1)
+		}
+	}()
+	t.Cleanup(pr.halt)
+	return pr
+}
+
+// halt stops the producer and returns the first id it did not write.
+func (p *producer) halt() {
+	select {
+	case <-p.stop:
+	default:
+		close(p.stop)
+	}
+	<-p.done
+}
+
+// idsOn reads every record of topic on a cluster and returns the ids
+// (record values), skipping the mirror's filler.
+func idsOn(t *testing.T, k *testenv.Kafka, topic string) map[string]bool {
+	t.Helper()
+	sc := sarama.NewConfig()
+	sc.Version = sarama.V3_6_0_0
+	c, err := sarama.NewConsumer(k.Brokers(), sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cl, err := sarama.NewClient(k.Brokers(), sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	out := map[string]bool{}
+	for p := range int32(failoverPartitions) {
+		end, err := cl.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if end == 0 {
+			continue
+		}
+		pc, err := c.ConsumePartition(topic, p, sarama.OffsetOldest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for msg := range pc.Messages() {
+			filler := false
+			for _, h := range msg.Headers {
+				if string(h.Key) == mirror.FillerHeader {
+					filler = true
+				}
+			}
+			if !filler {
+				out[string(msg.Value)] = true
+			}
+			if msg.Offset == end-1 {
+				break
+			}
+		}
+		pc.Close()
+	}
+	return out
+}
+
+func TestFailoverToTheReplicaAndBack(t *testing.T) {
+	d := startDC(t)
+	l := newLedger()
+	var agents []*agent.Agent
+	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
+		agents = append(agents, startConsumer(t, d.config(id), l.handler(id)))
+	}
+	wait.For(t, 20*time.Second, "consuming A", func() error {
+		c, err := activeOf(agents...)
+		if err == nil && c != "A" {
+			err = fmt.Errorf("active %s", c)
+		}
+		return err
+	})
+	p := startProducer(t, d.a.Brokers(), "orders", 0)
+	wait.For(t, 20*time.Second, "records flowing through A and mirrored to B", func() error {
+		if n := l.count(); n < 500 || d.mirror.Copied() < 500 {
+			return fmt.Errorf("%d handled, %d mirrored", n, d.mirror.Copied())
+		}
+		return nil
+	})
+
+	// A dies. Records keep coming until its producer notices.
+	cfg := d.config("x")
+	began := time.Now()
+	d.a.Fail()
+	wait.For(t, cfg.Failover.FailureWindow+2*time.Second+3*time.Second, "the fleet consumes B", func() error {
+		c, err := activeOf(agents...)
+		if err == nil && c != "B" {
+			err = fmt.Errorf("active %s", c)
+		}
+		return err
+	})
+	took := time.Since(began)
+	p.halt()
+	t.Logf("failover: consuming B %v after A failed (failure window %v)", took, cfg.Failover.FailureWindow)
+	if took > cfg.Failover.FailureWindow+2*time.Second {
+		t.Errorf("failover took %v, want <= failure window + 2s", took)
+	}
+
+	// Everything that reached B before the failure is handled, once.
+	onB := idsOn(t, d.b, "A.orders")
+	wait.For(t, 20*time.Second, "every mirrored record handled", func() error {
+		missing := 0
+		for id := range onB {
+			if l.timesHandled(id) == 0 {
+				missing++
+			}
+		}
+		if missing > 0 {
+			return fmt.Errorf("%d of %d mirrored records not handled", missing, len(onB))
+		}
+		return nil
+	})
+	if dups := l.duplicates(); dups != 0 {
+		t.Errorf("%d duplicates after a failover with fingerprint alignment", dups)
+	}
+
+	// A comes back. The mirror copies what A took before it failed but
+	// had not mirrored; the fleet consumes it on B, then fails back once A
+	// has been healthy for failback_stable and holds the last record
+	// consumed on B.
+	d.a.Recover()
+	wait.For(t, cfg.Failover.FailbackStable+20*time.Second, "failback to A", func() error {
+		c, err := activeOf(agents...)
+		if err == nil && c != "A" {
+			err = fmt.Errorf("active %s", c)
+		}
+		return err
+	})
+	p3 := startProducer(t, d.a.Brokers(), "orders", 2_000_000)
+	wait.For(t, 20*time.Second, "records produced after the failback handled", func() error {
+		if l.timesHandled("2000100") == 0 {
+			return fmt.Errorf("record 2000100 not handled")
+		}
+		return nil
+	})
+	p3.halt()
+	onA := idsOn(t, d.a, "orders")
+	for id := range onA {
+		if l.timesHandled(id) == 0 {
+			t.Errorf("record %s on A never handled", id)
+		}
+	}
+	if dups := l.duplicates(); dups != 0 {
+		t.Errorf("%d duplicates after failback", dups)
+	}
+	logHistory(t, d.etcd)
+	l.check(t)
+}
+
+// logHistory logs the fleet's switch history, which says per partition how
+// its position was translated.
+func logHistory(t *testing.T, e *testenv.Etcd) {
+	cli := testenv.EtcdClientT(t, e)
+	resp, err := cli.Get(context.Background(), keys.New("orders").History(), clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range resp.Kvs {
+		t.Logf("history %s", kv.Value)
+	}
+}
+
+func (l *ledger) timesHandled(id string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.seen[id]
+}
+
+func (l *ledger) duplicates() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, c := range l.seen {
+		n += max(0, c-1)
+	}
+	return n
+}

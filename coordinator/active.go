@@ -1,0 +1,76 @@
+package coordinator
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Phases of state/active.
+const (
+	// PhaseActive: the fleet consumes Cluster.
+	PhaseActive = "active"
+	// PhaseSwitching: the fleet is moving from From to Cluster; partitions
+	// are being released on From and their positions translated. Nobody
+	// consumes Cluster until the phase is active.
+	PhaseSwitching = "switching"
+)
+
+// Active is the value of state/active: which cluster the fleet consumes.
+type Active struct {
+	Cluster string `json:"cluster"`
+	// Epoch grows by one with every switch.
+	Epoch int64 `json:"epoch"`
+	// Phase is PhaseActive or PhaseSwitching.
+	Phase string `json:"phase"`
+	// From is the cluster a switch in progress (or the last one) left.
+	From   string    `json:"from,omitempty"`
+	Reason string    `json:"reason"`
+	Since  time.Time `json:"since"`
+	Leader string    `json:"leader"`
+	Token  int64     `json:"fencing_token"`
+}
+
+// ParseActive decodes and checks a state/active value.
+func ParseActive(val []byte) (Active, error) {
+	var a Active
+	if len(val) > 64<<10 {
+		return a, fmt.Errorf("coordinator: state/active is %d bytes, over the 64 KiB limit", len(val))
+	}
+	if err := json.Unmarshal(val, &a); err != nil {
+		return a, fmt.Errorf("coordinator: state/active is not valid JSON: %w", err)
+	}
+	if a.Cluster == "" || a.Epoch <= 0 || (a.Phase != PhaseActive && a.Phase != PhaseSwitching) {
+		return a, fmt.Errorf("coordinator: state/active %q: needs a cluster, a positive epoch and phase active or switching", val)
+	}
+	return a, nil
+}
+
+// SwitchEvent is one entry of history/: a cluster switch as it happened.
+type SwitchEvent struct {
+	Epoch    int64     `json:"epoch"`
+	From     string    `json:"from"`
+	To       string    `json:"to"`
+	Reason   string    `json:"reason"`
+	Started  time.Time `json:"started"`
+	Finished time.Time `json:"finished"`
+	// Phases are the durations of revoke (release on From), translate and
+	// activate, in seconds.
+	Phases     map[string]float64 `json:"phases_seconds"`
+	Partitions []PartitionSwitch  `json:"partitions"`
+	Leader     string             `json:"leader"`
+	Token      int64              `json:"fencing_token"`
+}
+
+// PartitionSwitch is how one partition's position moved in a switch.
+type PartitionSwitch struct {
+	// Topic is the logical topic (its name on the primary).
+	Topic      string `json:"topic"`
+	Partition  int32  `json:"partition"`
+	FromOffset int64  `json:"from_offset"`
+	ToOffset   int64  `json:"to_offset"`
+	Method     string `json:"method"`
+	// Rewound is how many records are delivered again, -1 when unknown.
+	Rewound int64  `json:"rewound"`
+	Detail  string `json:"detail,omitempty"`
+}

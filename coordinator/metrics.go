@@ -1,0 +1,88 @@
+package coordinator
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the leader's measurements. Register them once per agent.
+type Metrics struct {
+	activeCluster  *prometheus.GaugeVec
+	lastSwitch     prometheus.Gauge
+	switchDuration prometheus.Histogram
+	switchFailures prometheus.Counter
+	translation    *prometheus.CounterVec
+	reachable      *prometheus.GaugeVec
+	breakerOpen    prometheus.Gauge
+}
+
+// NewMetrics creates and registers the leader's metrics on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		activeCluster: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kswitch_active_cluster", Help: "1 for the cluster the fleet consumes, as the leader sees it (0 for the others).",
+		}, []string{"cluster"}),
+		lastSwitch: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kswitch_last_switch_timestamp_seconds", Help: "When the last cluster switch finished (Unix time).",
+		}),
+		switchDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "kswitch_switch_duration_seconds", Help: "Duration of cluster switches, from decision to active.",
+			Buckets: []float64{0.1, 0.25, 0.5, 1, 2, 5, 10, 30},
+		}),
+		switchFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kswitch_switch_failures_total", Help: "Cluster switches that failed (and are retried).",
+		}),
+		translation: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kswitch_translation_total", Help: "Partition positions translated at switches, by method.",
+		}, []string{"method"}),
+		reachable: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kswitch_cluster_reachable", Help: "1 when the agent's last probe reached the cluster, as gossiped to the leader.",
+		}, []string{"agent", "cluster"}),
+		breakerOpen: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kswitch_circuit_breaker_open", Help: "1 while automatic switching is off after too many failed or flapping switches.",
+		}),
+	}
+	reg.MustRegister(m.activeCluster, m.lastSwitch, m.switchDuration, m.switchFailures, m.translation, m.reachable, m.breakerOpen)
+	return m
+}
+
+func (m *Metrics) observe(views AgentViews, a Active) {
+	m.reachable.Reset()
+	for agent, vs := range views {
+		for cluster, v := range vs {
+			val := 0.0
+			if v.Reachable {
+				val = 1
+			}
+			m.reachable.WithLabelValues(agent, cluster).Set(val)
+		}
+	}
+	m.activeCluster.Reset()
+	if a.Phase == PhaseActive {
+		m.activeCluster.WithLabelValues(a.Cluster).Set(1)
+	}
+}
+
+func (m *Metrics) breaker(until time.Time) {
+	if time.Now().Before(until) {
+		m.breakerOpen.Set(1)
+	} else {
+		m.breakerOpen.Set(0)
+	}
+}
+
+func (m *Metrics) switched(ev SwitchEvent, took time.Duration, err error) {
+	if err != nil {
+		m.switchFailures.Inc()
+		return
+	}
+	m.switchDuration.Observe(took.Seconds())
+	m.lastSwitch.Set(float64(ev.Finished.Unix()))
+}
+
+func (l *Leader) translated(method string) {
+	if l.Metrics != nil {
+		l.Metrics.translation.WithLabelValues(method).Inc()
+	}
+}

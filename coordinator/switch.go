@@ -1,0 +1,315 @@
+package coordinator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/kswitch/kswitch/election"
+	"github.com/kswitch/kswitch/internal/kafka"
+	"github.com/kswitch/kswitch/offsets"
+)
+
+// term is the state of one leader term that the switch and the planning
+// loop share. Only the Run goroutine touches it.
+type term struct {
+	election.Term
+	log        *zap.Logger
+	active     Active
+	activeRev  int64
+	current    Assignment
+	currentRev int64
+	acks       *acks
+}
+
+// writeActive publishes a, fenced by the term and the revision it replaces.
+func (l *Leader) writeActive(ctx context.Context, t *term, a Active) error {
+	a.Leader, a.Token = t.ID, t.Rev
+	val, err := json.Marshal(a)
+	if err != nil {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
+	defer cancel()
+	resp, err := t.Txn(wctx, []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(l.keys.Active()), "=", t.activeRev)},
+		clientv3.OpPut(l.keys.Active(), string(val)))
+	if err != nil {
+		return fmt.Errorf("coordinator: write state/active: %w", err)
+	}
+	t.active, t.activeRev = a, resp.Header.Revision
+	return nil
+}
+
+// readActive reads state/active; absent, the primary is active (epoch 0,
+// to be written by the first publication).
+func (l *Leader) readActive(ctx context.Context) (Active, int64, error) {
+	rctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
+	defer cancel()
+	resp, err := l.etcd.Get(rctx, l.keys.Active())
+	if err != nil {
+		return Active{}, 0, err
+	}
+	primary, _ := l.cfg.Primary()
+	if len(resp.Kvs) == 0 {
+		return Active{Cluster: primary, Phase: PhaseActive, Reason: "initial"}, 0, nil
+	}
+	a, err := ParseActive(resp.Kvs[0].Value)
+	if err != nil {
+		// A stranger's value: keep consuming where the assignment says,
+		// and overwrite it at the next write.
+		l.log.Warn("refusing malformed state/active; assuming the primary until the next switch", zap.Error(err))
+		return Active{Cluster: primary, Phase: PhaseActive, Reason: "state/active was malformed"}, resp.Kvs[0].ModRevision, nil
+	}
+	if _, ok := l.cfg.Clusters[a.Cluster]; !ok {
+		l.log.Warn("state/active names a cluster this configuration lacks; assuming the primary", zap.String("cluster", a.Cluster))
+		return Active{Cluster: primary, Phase: PhaseActive, Epoch: a.Epoch, Reason: "unknown cluster " + a.Cluster}, resp.Kvs[0].ModRevision, nil
+	}
+	return a, resp.Kvs[0].ModRevision, nil
+}
+
+// switchTo moves the fleet to cluster to, or resumes a switch that a
+// previous leader left in PhaseSwitching. Steps, each visible in etcd:
+//
+//  1. state/active := {to, epoch+1, switching} (skipped when resuming);
+//  2. a generation on `to` in which every live owner releases what it
+//     consumes; wait until each has committed and acknowledged (an agent
+//     that does not within the drain bound is evicted: its lease is
+//     revoked, so it can commit nothing more);
+//  3. translate every partition's committed position on `from` to `to`
+//     and write it (fenced);
+//  4. state/active := {to, active}, history/<epoch> := the event.
+//
+// Nobody consumes `to` before step 4: the caller plans assignments on it
+// only once the phase is active. So a leader that dies anywhere in 1–3
+// leaves a state the next leader resumes from, and re-translating is safe.
+func (l *Leader) switchTo(ctx context.Context, t *term, to, reason string, live func() []string) (SwitchEvent, error) {
+	began := time.Now()
+	from := t.active.Cluster
+	if t.active.Phase == PhaseSwitching {
+		from, to, reason = t.active.From, t.active.Cluster, t.active.Reason+" (resumed by "+t.ID+")"
+	} else {
+		next := Active{Cluster: to, Epoch: t.active.Epoch + 1, Phase: PhaseSwitching, From: from, Reason: reason, Since: began.UTC()}
+		if err := l.writeActive(ctx, t, next); err != nil {
+			return SwitchEvent{}, err
+		}
+	}
+	ev := SwitchEvent{Epoch: t.active.Epoch, From: from, To: to, Reason: reason, Started: began.UTC(), Phases: map[string]float64{}, Leader: t.ID, Token: t.Rev}
+	log := t.log.With(zap.String("from", from), zap.String("to", to), zap.Int64("epoch", ev.Epoch))
+	log.Info("switching clusters", zap.String("reason", reason))
+
+	// 2. Release everything on `from`.
+	if err := l.releaseAll(ctx, t, to, live, log); err != nil {
+		return ev, err
+	}
+	ev.Phases["revoke"] = time.Since(began).Seconds()
+
+	// 3. Translate.
+	tt := time.Now()
+	parts, err := l.translateAll(ctx, t, from, to, log)
+	if err != nil {
+		return ev, err
+	}
+	ev.Partitions = parts
+	ev.Phases["translate"] = time.Since(tt).Seconds()
+
+	// 4. Activate.
+	ta := time.Now()
+	if err := l.writeActive(ctx, t, Active{Cluster: to, Epoch: ev.Epoch, Phase: PhaseActive, From: from, Reason: reason, Since: time.Now().UTC()}); err != nil {
+		return ev, err
+	}
+	ev.Phases["activate"] = time.Since(ta).Seconds()
+	ev.Finished = time.Now().UTC()
+	if val, err := json.Marshal(ev); err == nil {
+		hctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
+		if _, err := t.Txn(hctx, nil, clientv3.OpPut(l.keys.HistoryEvent(ev.Epoch), string(val))); err != nil {
+			log.Warn("could not record the switch in history/", zap.Error(err))
+		}
+		cancel()
+	}
+	log.Info("switched clusters", zap.Duration("took", time.Since(began)), zap.Int("partitions", len(parts)))
+	return ev, nil
+}
+
+// releaseAll publishes a generation on `to` in which every live owner
+// releases its partitions, and waits until each has acknowledged it.
+func (l *Leader) releaseAll(ctx context.Context, t *term, to string, live func() []string, log *zap.Logger) error {
+	if t.current.Cluster != to || hasOwned(t.current) {
+		next, changed := Plan(PlanInput{Current: t.current, Partitions: nil, Cluster: to, Live: live(), Acks: t.acks.snapshot()})
+		if changed {
+			if err := l.publishTerm(ctx, t, next); err != nil {
+				return err
+			}
+		}
+	}
+	// Agents drain their handlers (bounded by their drain timeout, 5 s by
+	// default) before they commit and acknowledge.
+	deadline := time.Now().Add(l.ackTimeout())
+	for {
+		waiting := l.unacked(t, live())
+		if len(waiting) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			for _, id := range waiting {
+				log.Warn("agent did not release its partitions in time; evicting it", zap.String("laggard", id))
+				l.evictLease(ctx, t.Term, id, log)
+			}
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.acks.changed:
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func (l *Leader) ackTimeout() time.Duration { return 10 * time.Second }
+
+func hasOwned(a Assignment) bool {
+	for _, tps := range a.Owned {
+		if len(tps) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// unacked returns the live agents that still hold partitions of the
+// current generation unreleased.
+func (l *Leader) unacked(t *term, live []string) []string {
+	acks := t.acks.snapshot()
+	var out []string
+	for _, id := range live {
+		if len(t.current.Revoking[id]) > 0 && acks[id] < t.current.Generation {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// translateAll translates every partition of the source topics on `to`
+// from its committed position on `from`, and writes the results.
+func (l *Leader) translateAll(ctx context.Context, t *term, from, to string, log *zap.Logger) ([]PartitionSwitch, error) {
+	target, err := kafka.NewClientWith(to, l.cfg.Clusters[to], kafka.Options{Dialer: l.dialer(to)})
+	if err != nil {
+		return nil, err
+	}
+	defer target.Close()
+	d := &discovery{leader: l, cluster: to, log: log, client: target, missing: map[string]bool{}}
+	tps, err := d.partitions(ctx)
+	if err != nil {
+		return nil, err
+	}
+	standby := to
+	dir := offsets.Forward
+	if c := l.cfg.Clusters[to]; c.Role != "standby" {
+		standby, dir = from, offsets.Backward
+	}
+	rep := l.cfg.Replication(standby)
+	var syncs sarama.Client
+	if rep.OffsetSyncsCluster == to {
+		syncs = target
+	} else if c, err := kafka.NewClientWith(rep.OffsetSyncsCluster, l.cfg.Clusters[rep.OffsetSyncsCluster],
+		kafka.Options{Dialer: l.dialer(rep.OffsetSyncsCluster), Timeout: l.cfg.Failover.ProbeTimeout}); err == nil {
+		syncs = c
+		defer c.Close()
+	}
+	tr := &offsets.Translator{Target: target, Syncs: syncs, Replication: rep, TimestampMargin: l.cfg.Failover.TimestampMargin}
+
+	// Positions committed on `from`, by logical partition.
+	lctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
+	positions, bad, err := l.store.List(lctx, from)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	for _, b := range bad {
+		log.Warn("ignoring malformed committed offset", zap.Error(b))
+	}
+	byLogical := map[TopicPartition]offsets.Position{}
+	for _, p := range positions {
+		if logical, ok := l.naming.Logical(from, p.Topic); ok {
+			byLogical[TopicPartition{Topic: logical, Partition: p.Partition}] = p
+		}
+	}
+
+	type result struct {
+		ps     PartitionSwitch
+		commit *offsets.Commit
+		err    error
+	}
+	results := make([]result, len(tps))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 8)
+	for i, tp := range tps {
+		logical, _ := l.naming.Logical(to, tp.Topic)
+		pos, ok := byLogical[TopicPartition{Topic: logical, Partition: tp.Partition}]
+		if !ok {
+			results[i] = result{ps: PartitionSwitch{Topic: logical, Partition: tp.Partition, FromOffset: -1, ToOffset: -1, Method: "none", Rewound: -1,
+				Detail: "no committed position on " + from + ": starts at source.initial_offset"}}
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			res, err := tr.Translate(ctx, offsets.TranslateRequest{
+				From: from, To: to, Topic: tp.Topic, SourceTopic: logical, Partition: tp.Partition,
+				Position: pos.Commit, Group: l.cfg.Source.Group, Direction: dir,
+			})
+			if err != nil {
+				results[i] = result{err: err}
+				return
+			}
+			c := offsets.Commit{Cluster: to, Topic: tp.Topic, Partition: tp.Partition, Offset: res.Offset,
+				Timestamp: pos.Timestamp, Fingerprints: pos.Fingerprints}
+			if int64(len(c.Fingerprints)) > c.Offset {
+				c.Fingerprints = c.Fingerprints[int64(len(c.Fingerprints))-c.Offset:]
+			}
+			results[i] = result{commit: &c, ps: PartitionSwitch{Topic: logical, Partition: tp.Partition, FromOffset: pos.Offset,
+				ToOffset: res.Offset, Method: string(res.Method), Rewound: res.Rewound, Detail: res.Detail}}
+		}()
+	}
+	wg.Wait()
+	var commits []offsets.Commit
+	var parts []PartitionSwitch
+	var errs []error
+	for _, r := range results {
+		if r.err != nil {
+			errs = append(errs, r.err)
+			continue
+		}
+		parts = append(parts, r.ps)
+		if r.commit != nil {
+			commits = append(commits, *r.commit)
+			l.translated(r.ps.Method)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return parts, fmt.Errorf("coordinator: translate positions %s → %s: %w", from, to, err)
+	}
+	ops, err := l.store.PutOps("leader:"+t.ID, t.current.Generation, commits)
+	if err != nil {
+		return parts, err
+	}
+	for chunk := range slices.Chunk(ops, 100) {
+		wctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
+		_, err := t.Txn(wctx, []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(l.keys.Active()), "=", t.activeRev)}, chunk...)
+		cancel()
+		if err != nil {
+			return parts, fmt.Errorf("coordinator: write translated positions: %w", err)
+		}
+	}
+	return parts, nil
+}

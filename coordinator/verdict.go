@@ -1,0 +1,221 @@
+package coordinator
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/kswitch/kswitch/internal/config"
+)
+
+// health follows, on the leader's clock, how long each live agent has seen
+// each cluster down, and how long a quorum has seen it up. Using the
+// leader's clock (when it first saw an agent's view flip) keeps agents'
+// clock skew out of the verdict.
+type health struct {
+	downSince map[string]map[string]time.Time // cluster → agent → since
+	upSince   map[string]time.Time            // cluster → quorum up since
+}
+
+func newHealth() *health {
+	return &health{downSince: map[string]map[string]time.Time{}, upSince: map[string]time.Time{}}
+}
+
+// observe records the views of the live agents at now.
+func (h *health) observe(now time.Time, live []string, views AgentViews, clusters []string) {
+	for _, c := range clusters {
+		ds := h.downSince[c]
+		if ds == nil {
+			ds = map[string]time.Time{}
+			h.downSince[c] = ds
+		}
+		seen := map[string]bool{}
+		for _, a := range live {
+			seen[a] = true
+			v, ok := views[a][c]
+			if ok && !v.Reachable {
+				if _, was := ds[a]; !was {
+					ds[a] = now
+				}
+			} else {
+				delete(ds, a)
+			}
+		}
+		for a := range ds {
+			if !seen[a] {
+				delete(ds, a)
+			}
+		}
+		if h.quorumUp(c, live, views) {
+			if _, was := h.upSince[c]; !was {
+				h.upSince[c] = now
+			}
+		} else {
+			delete(h.upSince, c)
+		}
+	}
+}
+
+func quorum(n int) int { return n/2 + 1 }
+
+// down reports whether a quorum of live agents has seen cluster down for
+// at least window, with the count for messages.
+func (h *health) down(now time.Time, cluster string, live []string, window time.Duration) (bool, int) {
+	n := 0
+	for _, since := range h.downSince[cluster] {
+		if now.Sub(since) >= window {
+			n++
+		}
+	}
+	return len(live) > 0 && n >= quorum(len(live)), n
+}
+
+// quorumUp reports whether a quorum of live agents reaches cluster now.
+func (h *health) quorumUp(cluster string, live []string, views AgentViews) bool {
+	n := 0
+	for _, a := range live {
+		if v, ok := views[a][cluster]; ok && v.Reachable {
+			n++
+		}
+	}
+	return len(live) > 0 && n >= quorum(len(live))
+}
+
+// upFor returns how long a quorum has continuously reached cluster.
+func (h *health) upFor(now time.Time, cluster string) time.Duration {
+	since, ok := h.upSince[cluster]
+	if !ok {
+		return 0
+	}
+	return now.Sub(since)
+}
+
+// cutOff returns the live agents that have not reached cluster for the
+// failure window while a quorum reaches it: they alone are cut off, so
+// they get no partitions (the others consume them). While the cluster is
+// not reachable by a quorum nobody is cut off: that is the verdict's
+// business, and moving partitions between agents that all fail to reach
+// the cluster would only churn.
+func (h *health) cutOff(now time.Time, cluster string, window time.Duration) map[string]bool {
+	out := map[string]bool{}
+	if !h.quorumUpNow(cluster) {
+		return out
+	}
+	for a, since := range h.downSince[cluster] {
+		if now.Sub(since) >= window {
+			out[a] = true
+		}
+	}
+	return out
+}
+
+// breaker stops automatic switching after too many switches that failed or
+// flapped within a window.
+type breaker struct {
+	cfg       config.Failover
+	events    []time.Time // automatic switches and failed attempts
+	failures  []time.Time
+	openUntil time.Time
+}
+
+// record notes an automatic switch (failed or not) at now and reports
+// whether the breaker tripped.
+func (b *breaker) record(now time.Time, failed bool) bool {
+	keep := func(ts []time.Time) []time.Time {
+		out := ts[:0]
+		for _, t := range ts {
+			if now.Sub(t) < b.cfg.BreakerWindow {
+				out = append(out, t)
+			}
+		}
+		return out
+	}
+	b.events = append(keep(b.events), now)
+	if failed {
+		b.failures = append(keep(b.failures), now)
+	} else {
+		b.failures = keep(b.failures)
+	}
+	// The first switch in a window is a failover; each further one in the
+	// same window reverses or repeats it: a flap.
+	flaps := len(b.events) - len(b.failures) - 1
+	if len(b.failures)+max(0, flaps) >= b.cfg.MaxFailedSwitches {
+		b.openUntil = now.Add(b.cfg.BreakerCooldown)
+		b.events, b.failures = nil, nil
+		return true
+	}
+	return false
+}
+
+func (b *breaker) open(now time.Time) bool { return now.Before(b.openUntil) }
+
+// decision is what the verdict asks the leader to do.
+type decision struct {
+	to     string
+	reason string
+	auto   bool // counts for the breaker
+}
+
+// verdict decides whether the fleet should switch clusters now. It is pure:
+// everything it needs is passed in.
+type verdictInput struct {
+	now              time.Time
+	active           Active
+	primary, standby string
+	pin              string
+	live             []string
+	h                *health
+	b                *breaker
+	cfg              config.Failover
+	// caughtUp reports whether the primary holds everything consumed on
+	// the standby; called only when a failback is otherwise due.
+	caughtUp func() (bool, string)
+}
+
+func verdict(in verdictInput) (decision, string) {
+	if in.active.Phase != PhaseActive {
+		return decision{}, "a switch is in progress"
+	}
+	cur := in.active.Cluster
+	if in.pin != "" {
+		if in.pin == cur {
+			return decision{}, "pinned to " + cur
+		}
+		if !in.h.quorumUpNow(in.pin) {
+			return decision{}, fmt.Sprintf("pinned to %s, which a quorum of agents cannot reach yet", in.pin)
+		}
+		return decision{to: in.pin, reason: "manual: pinned to " + in.pin}, ""
+	}
+	if in.b.open(in.now) {
+		return decision{}, fmt.Sprintf("circuit breaker open until %s", in.b.openUntil.Format(time.RFC3339))
+	}
+	other := in.standby
+	if cur == in.standby {
+		other = in.primary
+	}
+	if other == "" {
+		return decision{}, "no standby configured"
+	}
+	if down, n := in.h.down(in.now, cur, in.live, in.cfg.FailureWindow); down {
+		if !in.h.quorumUpNow(other) {
+			return decision{}, fmt.Sprintf("%s is down but %s is not reachable by a quorum either", cur, other)
+		}
+		return decision{to: other, auto: true, reason: fmt.Sprintf("failover: %s unreachable from %d of %d agents for %s", cur, n, len(in.live), in.cfg.FailureWindow)}, ""
+	}
+	if cur == in.standby && in.cfg.Failback == "auto" {
+		up := in.h.upFor(in.now, in.primary)
+		if up < in.cfg.FailbackStable {
+			return decision{}, fmt.Sprintf("waiting for %s to be healthy for %s (%s so far)", in.primary, in.cfg.FailbackStable, up.Round(time.Second))
+		}
+		if ok, why := in.caughtUp(); !ok {
+			return decision{}, fmt.Sprintf("%s is healthy but not caught up: %s", in.primary, why)
+		}
+		return decision{to: in.primary, auto: true, reason: fmt.Sprintf("failback: %s healthy for %s and caught up", in.primary, up.Round(time.Second))}, ""
+	}
+	return decision{}, ""
+}
+
+// quorumUpNow reports whether a quorum reached cluster at the last observe.
+func (h *health) quorumUpNow(cluster string) bool {
+	_, ok := h.upSince[cluster]
+	return ok
+}

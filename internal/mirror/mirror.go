@@ -1,0 +1,642 @@
+package mirror
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	"go.uber.org/zap"
+)
+
+// ErrStopped is returned by the methods of a Mirror that has stopped (Stop
+// was called or the context given to Start ended).
+var ErrStopped = errors.New("mirror: stopped")
+
+// Mirror copies topics from one cluster to another until stopped. Its
+// methods are safe for concurrent use.
+type Mirror struct {
+	cfg    Config
+	log    *zap.Logger
+	dialer *dialer
+	topics []string // source topics, for metadata refreshes
+	parts  []*partition
+
+	// src and dst are the two clusters' clients; syncs is the one that
+	// holds the offset-syncs topic. The loop uses them; Lag and CaughtUp
+	// use src under clientsMu, which the loop's exit takes to close them.
+	src, dst, syncs sarama.Client
+	clientsMu       sync.RWMutex
+	clientsClosed   bool
+
+	cancel    context.CancelFunc
+	stopAfter func() bool // stops the closing of connections when Start's ctx ends
+	stopOnce  sync.Once
+	done      chan struct{} // closed when the loop has returned and the clients are closed
+
+	copied atomic.Int64
+
+	// progress is closed, and replaced, whenever a partition's published
+	// position moves (see partition.pos).
+	progressMu sync.Mutex
+	progress   chan struct{}
+
+	// Owned by the loop goroutine.
+	pendingSyncs []syncEntry
+	stalled      bool
+	stalledSince time.Time
+	lastErr      string
+}
+
+// partition is one source partition and its copy.
+type partition struct {
+	topic  string // on the source
+	remote string // on the target
+	id     int32
+
+	// Owned by the loop goroutine.
+	fetchAt   int64    // next source offset to fetch
+	fetchSize int32    // per-partition fetch size
+	pending   []record // fetched, not yet confirmed on the target, in source order
+	next      int64    // the target offset the next copied record should get
+	check     bool     // the last write's outcome is unknown: look at the target before writing again
+
+	// pos is the published position: every source record before it is on
+	// the target, and its offset-sync (if any) is written.
+	pos atomic.Int64
+}
+
+// syncEntry is an offset-sync record not yet written, and the position its
+// partition reaches once it is.
+type syncEntry struct {
+	rec record
+	p   *partition
+	pos int64
+}
+
+// Start connects to both clusters, creates the target topics that are
+// missing (with the source topic's partition count) and the offset-syncs
+// topic, writes the TargetPrefill filler records, and starts copying from
+// the source's oldest offsets. The mirror runs until Stop is called or ctx
+// ends. Both clusters must be reachable during Start; afterwards, either
+// may come and go.
+func Start(ctx context.Context, cfg Config) (*Mirror, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	m := &Mirror{
+		cfg:      cfg,
+		log:      cfg.Logger.With(zap.String("source", cfg.SourceName), zap.String("target", cfg.TargetName)),
+		dialer:   newDialer(),
+		topics:   cfg.Topics,
+		done:     make(chan struct{}),
+		progress: make(chan struct{}),
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	m.cancel = cancel
+	m.stopAfter = context.AfterFunc(runCtx, m.dialer.closeAll)
+	if err := m.setup(); err != nil {
+		m.stopAfter()
+		cancel()
+		m.closeClients()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, err
+	}
+	m.log.Info("mirror: started",
+		zap.Strings("topics", cfg.Topics), zap.Int("partitions", len(m.parts)),
+		zap.Int("target_prefill", cfg.TargetPrefill), zap.String("offset_syncs_topic", cfg.OffsetSyncsTopic))
+	go m.run(runCtx)
+	return m, nil
+}
+
+func (m *Mirror) setup() error {
+	c := m.cfg
+	var err error
+	if m.src, err = sarama.NewClient(c.Source, c.saramaConfig(m.dialer)); err != nil {
+		return fmt.Errorf("mirror: connect to source %s %v: %w", c.SourceName, c.Source, err)
+	}
+	if m.dst, err = sarama.NewClient(c.Target, c.saramaConfig(m.dialer)); err != nil {
+		return fmt.Errorf("mirror: connect to target %s %v: %w", c.TargetName, c.Target, err)
+	}
+	m.syncs = m.src
+	if c.OffsetSyncsOnTarget {
+		m.syncs = m.dst
+	}
+	for _, t := range c.Topics {
+		ids, err := m.src.Partitions(t)
+		if err != nil {
+			return fmt.Errorf("mirror: source topic %s on %s: %w", t, c.SourceName, err)
+		}
+		slices.Sort(ids)
+		r := c.RemoteTopic(t)
+		n, err := ensureTopic(m.dst, c.Version, r, int32(len(ids)), nil)
+		if err != nil {
+			return fmt.Errorf("mirror: target topic %s on %s: %w", r, c.TargetName, err)
+		}
+		if n < int32(len(ids)) {
+			return fmt.Errorf("mirror: target topic %s on %s has %d partitions, fewer than the %d of %s on %s", r, c.TargetName, n, len(ids), t, c.SourceName)
+		}
+		for _, id := range ids {
+			m.parts = append(m.parts, &partition{topic: t, remote: r, id: id, fetchSize: fetchPartitionBytes})
+		}
+	}
+	if c.OffsetSyncsTopic != "" {
+		compact := "compact" // as MirrorMaker 2 creates it
+		if _, err := ensureTopic(m.syncs, c.Version, c.OffsetSyncsTopic, 1, map[string]*string{"cleanup.policy": &compact}); err != nil {
+			return fmt.Errorf("mirror: offset-syncs topic %s on %s: %w", c.OffsetSyncsTopic, m.syncsName(), err)
+		}
+	}
+	for _, p := range m.parts {
+		if err := m.prefill(p); err != nil {
+			return err
+		}
+		if p.next, err = m.dst.GetOffset(p.remote, p.id, sarama.OffsetNewest); err != nil {
+			return fmt.Errorf("mirror: end of %s/%d on %s: %w", p.remote, p.id, c.TargetName, err)
+		}
+		if p.fetchAt, err = m.src.GetOffset(p.topic, p.id, sarama.OffsetOldest); err != nil {
+			return fmt.Errorf("mirror: start of %s/%d on %s: %w", p.topic, p.id, c.SourceName, err)
+		}
+		p.pos.Store(p.fetchAt)
+	}
+	return nil
+}
+
+// prefill writes cfg.TargetPrefill filler records to p's target partition.
+func (m *Mirror) prefill(p *partition) error {
+	if m.cfg.TargetPrefill == 0 {
+		return nil
+	}
+	now := time.Now().UnixMilli()
+	hdr := []*sarama.RecordHeader{{Key: []byte(FillerHeader), Value: []byte(m.cfg.TargetName)}}
+	recs := make([]record, m.cfg.TargetPrefill)
+	for i := range recs {
+		recs[i] = record{value: fmt.Appendf(nil, "kswitch filler %d", i), ts: now, headers: hdr}
+	}
+	for len(recs) > 0 {
+		n := chunk(recs)
+		if _, err := produce(m.dst, m.cfg.Version, p.remote, p.id, recs[:n]); err != nil {
+			return fmt.Errorf("mirror: prefill %s/%d on %s: %w", p.remote, p.id, m.cfg.TargetName, err)
+		}
+		recs = recs[n:]
+	}
+	return nil
+}
+
+// Stop stops copying, waits for the mirror's goroutine to return and closes
+// its clients. Records fetched but not yet written are dropped (a new
+// Mirror starts over from the source's oldest offsets). It returns promptly
+// even while a cluster hangs: the mirror's connections are cut. Stop is
+// idempotent.
+func (m *Mirror) Stop() {
+	m.stopOnce.Do(func() {
+		m.stopAfter()
+		m.cancel()
+		m.dialer.closeAll()
+	})
+	<-m.done
+}
+
+// Done is closed when the mirror has stopped, by Stop or because the
+// context given to Start ended.
+func (m *Mirror) Done() <-chan struct{} { return m.done }
+
+// Copied returns how many records have been written to the target so far
+// (filler records not counted).
+func (m *Mirror) Copied() int64 { return m.copied.Load() }
+
+// CaughtUp reads every source partition's high watermark now and blocks
+// until everything before it has been copied (with its offset-sync, when
+// configured). While the source is unreachable it keeps trying to read the
+// high watermarks. It returns ctx.Err() if ctx ends first and ErrStopped if
+// the mirror stops.
+func (m *Mirror) CaughtUp(ctx context.Context) error {
+	backoff := m.cfg.RetryBackoff
+	var hwms []int64
+	for {
+		var err error
+		if hwms, err = m.highWatermarks(); err == nil {
+			break
+		}
+		if errors.Is(err, ErrStopped) {
+			return err
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-m.done:
+			t.Stop()
+			return ErrStopped
+		case <-t.C:
+		}
+		backoff = min(2*backoff, m.cfg.RetryBackoffMax)
+	}
+	for {
+		m.progressMu.Lock()
+		progress := m.progress
+		m.progressMu.Unlock()
+		reached := true
+		for i, p := range m.parts {
+			if p.pos.Load() < hwms[i] {
+				reached = false
+				break
+			}
+		}
+		if reached {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-m.done:
+			return ErrStopped
+		case <-progress:
+		}
+	}
+}
+
+// Lag reads every source partition's high watermark now and returns how
+// many offsets, summed over partitions, lie between it and what has been
+// copied (with its offset-sync, when configured). It fails when the source
+// is unreachable.
+func (m *Mirror) Lag() (int64, error) {
+	hwms, err := m.highWatermarks()
+	if err != nil {
+		return 0, err
+	}
+	var lag int64
+	for i, p := range m.parts {
+		lag += max(0, hwms[i]-p.pos.Load())
+	}
+	return lag, nil
+}
+
+func (m *Mirror) highWatermarks() ([]int64, error) {
+	m.clientsMu.RLock()
+	defer m.clientsMu.RUnlock()
+	if m.clientsClosed {
+		return nil, ErrStopped
+	}
+	hwms := make([]int64, len(m.parts))
+	for i, p := range m.parts {
+		h, err := m.src.GetOffset(p.topic, p.id, sarama.OffsetNewest)
+		if err != nil {
+			return nil, fmt.Errorf("mirror: high watermark of %s/%d on %s: %w", p.topic, p.id, m.cfg.SourceName, err)
+		}
+		hwms[i] = h
+	}
+	return hwms, nil
+}
+
+func (m *Mirror) closeClients() {
+	m.dialer.closeAll()
+	m.clientsMu.Lock()
+	defer m.clientsMu.Unlock()
+	m.clientsClosed = true
+	for _, cl := range []sarama.Client{m.src, m.dst} {
+		if cl != nil {
+			_ = cl.Close() // all connections are cut already: nothing to flush
+		}
+	}
+}
+
+func (m *Mirror) syncsName() string {
+	if m.cfg.OffsetSyncsOnTarget {
+		return m.cfg.TargetName
+	}
+	return m.cfg.SourceName
+}
+
+// run is the mirror's loop, its only goroutine.
+func (m *Mirror) run(ctx context.Context) {
+	defer close(m.done)
+	defer func() {
+		m.closeClients()
+		m.log.Info("mirror: stopped", zap.Int64("copied", m.copied.Load()))
+	}()
+	backoff := m.cfg.RetryBackoff
+	for {
+		err := m.round(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			if m.stalled {
+				m.stalled = false
+				m.log.Info("mirror: copying resumed", zap.Duration("stalled_for", time.Since(m.stalledSince)))
+			}
+			backoff = m.cfg.RetryBackoff
+			continue
+		}
+		if !m.stalled {
+			m.stalled, m.stalledSince = true, time.Now()
+			m.log.Info("mirror: copying stalled, retrying", zap.Error(err))
+		} else if msg := err.Error(); msg != m.lastErr {
+			m.log.Debug("mirror: still stalled", zap.Error(err), zap.Duration("backoff", backoff))
+		}
+		m.lastErr = err.Error()
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		backoff = min(2*backoff, m.cfg.RetryBackoffMax)
+	}
+}
+
+// round writes what was fetched, then fetches more. It fetches only after
+// everything fetched before is on the target, so memory stays bounded by one
+// fetch.
+func (m *Mirror) round(ctx context.Context) error {
+	if err := m.write(ctx); err != nil {
+		return err
+	}
+	return m.fetch(ctx)
+}
+
+// write copies every partition's pending records to the target, batch by
+// batch, each followed by its offset-syncs.
+func (m *Mirror) write(ctx context.Context) error {
+	if err := m.flushSyncs(); err != nil {
+		return err
+	}
+	for _, p := range m.parts {
+		for len(p.pending) > 0 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if p.check {
+				if err := m.resolve(p); err != nil {
+					return fmt.Errorf("mirror: look at %s/%d on %s after a failed write: %w", p.remote, p.id, m.cfg.TargetName, err)
+				}
+			} else {
+				n := chunk(p.pending)
+				base, err := produce(m.dst, m.cfg.Version, p.remote, p.id, p.pending[:n])
+				if err != nil {
+					p.check = true
+					if isLeaderError(err) {
+						_ = m.dst.RefreshMetadata(p.remote) // best effort; the next try tells
+					}
+					return fmt.Errorf("mirror: write %d records of %s/%d to %s/%d on %s: %w", n, p.topic, p.id, p.remote, p.id, m.cfg.TargetName, err)
+				}
+				m.confirm(p, n, base)
+			}
+			if err := m.flushSyncs(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// confirm records that the first n pending records of p are on the target
+// from offset base on, and queues their offset-syncs.
+func (m *Mirror) confirm(p *partition, n int, base int64) {
+	if base != p.next {
+		m.log.Warn("mirror: target partition did not end where the mirror left it; another writer?",
+			zap.String("topic", p.remote), zap.Int32("partition", p.id),
+			zap.Int64("expected_offset", p.next), zap.Int64("target_offset", base))
+	}
+	recs := p.pending[:n]
+	p.pending = p.pending[n:]
+	if len(p.pending) == 0 {
+		p.pending = nil
+	}
+	p.next = base + int64(n)
+	pos := recs[n-1].offset + 1
+	if p.pending == nil {
+		pos = p.fetchAt // past trailing markers too
+	}
+	m.copied.Add(int64(n))
+	if ce := m.log.Check(zap.DebugLevel, "mirror: copied"); ce != nil {
+		ce.Write(zap.String("topic", p.topic), zap.Int32("partition", p.id), zap.Int("records", n),
+			zap.Int64("source_offset", recs[0].offset), zap.Int64("target_offset", base))
+	}
+	if m.cfg.OffsetSyncsTopic == "" {
+		m.publish(p, pos)
+		return
+	}
+	now := time.Now().UnixMilli()
+	for i, r := range recs {
+		k, v := encodeOffsetSync(p.topic, p.id, r.offset, base+int64(i))
+		e := syncEntry{rec: record{key: k, value: v, ts: now}, p: p, pos: r.offset + 1}
+		if i == n-1 {
+			e.pos = pos
+		}
+		m.pendingSyncs = append(m.pendingSyncs, e)
+	}
+}
+
+// flushSyncs writes the queued offset-syncs and publishes the positions
+// they complete.
+func (m *Mirror) flushSyncs() error {
+	for len(m.pendingSyncs) > 0 {
+		n := min(len(m.pendingSyncs), maxBatchRecords)
+		recs := make([]record, n)
+		for i, e := range m.pendingSyncs[:n] {
+			recs[i] = e.rec
+		}
+		if _, err := produce(m.syncs, m.cfg.Version, m.cfg.OffsetSyncsTopic, 0, recs); err != nil {
+			// A retry may write some syncs twice; readers keep the latest.
+			if isLeaderError(err) {
+				_ = m.syncs.RefreshMetadata(m.cfg.OffsetSyncsTopic)
+			}
+			return fmt.Errorf("mirror: write %d offset-syncs to %s on %s: %w", n, m.cfg.OffsetSyncsTopic, m.syncsName(), err)
+		}
+		for _, e := range m.pendingSyncs[:n] {
+			e.p.pos.Store(e.pos)
+		}
+		m.pendingSyncs = m.pendingSyncs[n:]
+		m.notify()
+	}
+	m.pendingSyncs = nil
+	return nil
+}
+
+func (m *Mirror) publish(p *partition, pos int64) {
+	p.pos.Store(pos)
+	m.notify()
+}
+
+func (m *Mirror) notify() {
+	m.progressMu.Lock()
+	defer m.progressMu.Unlock()
+	close(m.progress)
+	m.progress = make(chan struct{})
+}
+
+// resolve finds out what became of p's last write, whose outcome is
+// unknown, from the target partition's end: the records that landed count
+// as copied, and the rest of the pending records will be written.
+func (m *Mirror) resolve(p *partition) error {
+	hwm, err := m.dst.GetOffset(p.remote, p.id, sarama.OffsetNewest)
+	if err != nil {
+		return err
+	}
+	fields := []zap.Field{zap.String("topic", p.remote), zap.Int32("partition", p.id),
+		zap.Int64("expected_offset", p.next), zap.Int64("target_end", hwm)}
+	switch landed := hwm - p.next; {
+	case landed == 0:
+		m.log.Debug("mirror: failed write did not land; writing it again", fields...)
+	case landed < 0:
+		m.log.Warn("mirror: target partition is shorter than the mirror left it (restarted without its data?); "+
+			"what it lost is not copied again", fields...)
+		p.next = hwm
+	default:
+		want := int(min(landed, int64(len(p.pending))))
+		got, err := readRecords(m.dst, m.cfg.Version, p.remote, p.id, p.next, want)
+		if err != nil {
+			return err
+		}
+		k := 0
+		for k < want && sameRecord(got[k], p.pending[k]) {
+			k++
+		}
+		if k > 0 {
+			m.log.Info("mirror: a failed write had landed; not writing it again", append(fields, zap.Int("records", k))...)
+			m.confirm(p, k, p.next)
+		}
+		if int64(k) < landed {
+			m.log.Warn("mirror: target partition holds records the mirror did not write; continuing after them "+
+				"(the mirror's next records may end up there twice)", append(fields, zap.Int64("foreign", landed-int64(k)))...)
+		}
+		p.next = hwm
+	}
+	p.check = false
+	return nil
+}
+
+// fetch reads from every source partition (all pending records are written
+// when it is called) with one long-poll Fetch per leader.
+func (m *Mirror) fetch(ctx context.Context) error {
+	type leaderFetch struct {
+		b     *sarama.Broker
+		parts []*partition
+	}
+	var (
+		order    []*leaderFetch
+		byBroker = make(map[*sarama.Broker]*leaderFetch)
+		errs     []error
+		refresh  bool
+	)
+	for _, p := range m.parts {
+		if len(p.pending) > 0 {
+			continue
+		}
+		b, err := m.src.Leader(p.topic, p.id)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("leader of %s/%d: %w", p.topic, p.id, err))
+			refresh = true
+			continue
+		}
+		lf := byBroker[b]
+		if lf == nil {
+			lf = &leaderFetch{b: b}
+			byBroker[b] = lf
+			order = append(order, lf)
+		}
+		lf.parts = append(lf.parts, p)
+	}
+	for _, lf := range order {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		req := newFetchRequest(m.cfg.Version, m.cfg.FetchMaxWait)
+		for _, p := range lf.parts {
+			req.AddBlock(p.topic, p.id, p.fetchAt, p.fetchSize, -1)
+		}
+		resp, err := lf.b.Fetch(req)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("broker %s: %w", lf.b.Addr(), err))
+			refresh = true
+			continue
+		}
+		for _, p := range lf.parts {
+			if err := m.take(p, resp.GetBlock(p.topic, p.id)); err != nil {
+				errs = append(errs, fmt.Errorf("%s/%d at offset %d: %w", p.topic, p.id, p.fetchAt, err))
+				refresh = refresh || isLeaderError(err)
+			}
+		}
+	}
+	if refresh {
+		_ = m.src.RefreshMetadata(m.topics...) // best effort; the next try tells
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("mirror: fetch from %s: %w", m.cfg.SourceName, err)
+	}
+	return nil
+}
+
+// take makes the records of a fetched block p's pending records.
+func (m *Mirror) take(p *partition, block *sarama.FetchResponseBlock) error {
+	if block == nil {
+		return sarama.ErrIncompleteResponse
+	}
+	switch block.Err {
+	case sarama.ErrNoError:
+	case sarama.ErrOffsetOutOfRange:
+		return m.outOfRange(p)
+	default:
+		return block.Err
+	}
+	recs, next, partial, err := parseBlock(block, p.fetchAt)
+	if err != nil {
+		return err
+	}
+	if partial {
+		if p.fetchSize >= fetchPartitionBytesMax {
+			return fmt.Errorf("batch larger than %d bytes", p.fetchSize)
+		}
+		p.fetchSize *= 2 // and fetch again
+		return nil
+	}
+	p.fetchSize = fetchPartitionBytes
+	if next == p.fetchAt {
+		return nil
+	}
+	p.fetchAt = next
+	if len(recs) == 0 {
+		m.publish(p, next) // only markers or compacted-away offsets
+		return nil
+	}
+	p.pending = recs
+	return nil
+}
+
+// outOfRange moves p's fetch position to the source partition's start
+// after the source answered OFFSET_OUT_OF_RANGE, as MirrorMaker 2 does
+// with auto.offset.reset=earliest, and says what that means.
+func (m *Mirror) outOfRange(p *partition) error {
+	oldest, err := m.src.GetOffset(p.topic, p.id, sarama.OffsetOldest)
+	if err != nil {
+		return err
+	}
+	newest, err := m.src.GetOffset(p.topic, p.id, sarama.OffsetNewest)
+	if err != nil {
+		return err
+	}
+	fields := []zap.Field{zap.String("topic", p.topic), zap.Int32("partition", p.id),
+		zap.Int64("position", p.fetchAt), zap.Int64("source_start", oldest), zap.Int64("source_end", newest)}
+	switch {
+	case p.fetchAt < oldest:
+		m.log.Warn("mirror: source records were deleted before they were copied; skipping them", fields...)
+	case p.fetchAt > newest:
+		m.log.Warn("mirror: source partition ends before the mirror's position (restarted without its data?); "+
+			"copying from its start", fields...)
+	default:
+		return nil // in range again: fetch again
+	}
+	p.fetchAt = oldest
+	m.publish(p, oldest)
+	return nil
+}

@@ -1,0 +1,879 @@
+package offsets
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/kswitch/kswitch/internal/config"
+)
+
+// Method is how a Translation was found.
+type Method string
+
+// The translation methods, best first.
+const (
+	// MethodFingerprint found the committed records on the target by their
+	// fingerprints: exact when the replica preserves key, value and
+	// timestamp.
+	MethodFingerprint Method = "fingerprint"
+	// MethodMM2 used MirrorMaker 2's offset-syncs or checkpoints: may
+	// rewind, never skips.
+	MethodMM2 Method = "mm2"
+	// MethodTimestamp looked the position's timestamp (minus a margin) up on
+	// the target: rewinds by an unknown amount, may skip records whose
+	// timestamps are out of order by more than the margin.
+	MethodTimestamp Method = "timestamp"
+)
+
+// Direction says how the target cluster relates to the source cluster of a
+// TranslateRequest. The zero value is invalid, so that a request cannot
+// silently read MirrorMaker 2 data the wrong way round.
+type Direction int
+
+const (
+	// Forward translates from the primary to its replica (source →
+	// replica): MirrorMaker 2's offset-syncs and checkpoints apply as they
+	// are.
+	Forward Direction = iota + 1
+	// Backward translates from the replica back to the primary (failback):
+	// offset-syncs are inverted; checkpoints are not used.
+	Backward
+)
+
+func (d Direction) String() string {
+	switch d {
+	case Forward:
+		return "forward"
+	case Backward:
+		return "backward"
+	default:
+		return fmt.Sprintf("Direction(%d)", int(d))
+	}
+}
+
+// TranslateRequest is one partition's position to translate.
+type TranslateRequest struct {
+	// From and To name the source and target clusters (for messages).
+	From, To string
+	// Topic is the topic's name on the target cluster (already mapped by
+	// the caller, e.g. with config.Replication.RemoteTopic).
+	Topic string
+	// SourceTopic is the topic's name on the source cluster. Forward, it is
+	// the upstream name that keys MirrorMaker 2's offset-syncs; Backward,
+	// Topic is (the target is the upstream cluster).
+	SourceTopic string
+	// Partition is the partition number, the same on both clusters.
+	Partition int32
+	// Position is the committed position on the source cluster. Only
+	// Offset, Timestamp and Fingerprints are used.
+	Position Commit
+	// Group is the consumer group whose MirrorMaker 2 checkpoints may be
+	// used (Forward only); empty: none.
+	Group string
+	// Direction is Forward or Backward.
+	Direction Direction
+}
+
+// Translation is where to continue on the target.
+type Translation struct {
+	// Offset is the next offset to consume on the target. It is never
+	// past the target partition's end (high watermark) at translation
+	// time, nor before its oldest offset.
+	Offset int64
+	// Method is the method that gave Offset.
+	Method Method
+	// Rewound is how many records before the exact continuation point will
+	// be delivered again: 0 for a fingerprint match; for MirrorMaker 2 an
+	// upper bound (the source records between the offset-sync and the
+	// position, of which some may not have been replicated); -1 when
+	// unknown (timestamp, checkpoints).
+	Rewound int64
+	// Detail says in one line why this method, and what fell back and why.
+	Detail string
+}
+
+// MethodError is why one method did not give a translation.
+type MethodError struct {
+	Method Method
+	Err    error
+}
+
+func (e MethodError) Error() string { return string(e.Method) + ": " + e.Err.Error() }
+
+// TranslateError is returned when no method gave a translation. It names
+// the partition and the clusters, and unwraps to each method's error (so
+// errors.Is(err, context.DeadlineExceeded) holds when the Translator's
+// Timeout cut them short).
+type TranslateError struct {
+	From, To  string
+	Topic     string
+	Partition int32
+	Methods   []MethodError
+}
+
+func (e *TranslateError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "offsets: translate %s/%d from %s to %s: no method worked", e.Topic, e.Partition, e.From, e.To)
+	for _, m := range e.Methods {
+		b.WriteString("; ")
+		b.WriteString(m.Error())
+	}
+	return b.String()
+}
+
+// Unwrap returns the methods' errors.
+func (e *TranslateError) Unwrap() []error {
+	errs := make([]error, len(e.Methods))
+	for i, m := range e.Methods {
+		errs[i] = m.Err
+	}
+	return errs
+}
+
+// Defaults of Translator's fields.
+const (
+	DefaultScanLimit        = 10000
+	DefaultTranslateTimeout = 10 * time.Second
+)
+
+// Translator translates committed positions between a primary cluster and
+// its MirrorMaker 2 (or kswitch mirror) replica. Its fields are read, never
+// written, by Translate, which is safe for concurrent use; set them before
+// the first call. Translate starts no goroutine that outlives it except
+// abandoned sarama calls (see Translate on Timeout).
+type Translator struct {
+	// Target is a client of the target cluster. Required.
+	//
+	// The clients should have Metadata.AllowAutoTopicCreation off (as
+	// internal/kafka's have): looking up a missing topic, such as an
+	// absent checkpoints topic, would otherwise create it on a broker
+	// with auto.create.topics.enable.
+	Target sarama.Client
+	// Syncs is a client of the cluster holding the MirrorMaker 2
+	// offset-syncs topic (Replication.OffsetSyncsCluster); nil if unknown
+	// or unreachable, which disables offset-syncs.
+	Syncs sarama.Client
+	// Replication names MirrorMaker 2's topics: OffsetSyncsTopic (on
+	// Syncs) and CheckpointsTopic (on the replica, so read through Target
+	// in Forward requests). An empty name disables that source.
+	Replication config.Replication
+	// TimestampMargin is subtracted from the position's timestamp before
+	// looking it up (timestamp method and fingerprint scan start), to
+	// tolerate records whose timestamps are slightly out of order. Zero: no
+	// margin.
+	TimestampMargin time.Duration
+	// ScanLimit bounds the records each fingerprint scan reads; there are
+	// at most two per call. Default (<= 0): DefaultScanLimit.
+	ScanLimit int
+	// Timeout bounds each Translate call. Default (<= 0):
+	// DefaultTranslateTimeout.
+	Timeout time.Duration
+}
+
+func (t *Translator) scanLimit() int {
+	if t.ScanLimit <= 0 {
+		return DefaultScanLimit
+	}
+	return t.ScanLimit
+}
+
+func (t *Translator) timeout() time.Duration {
+	if t.Timeout <= 0 {
+		return DefaultTranslateTimeout
+	}
+	return t.Timeout
+}
+
+// Translate returns where a consumer of req.Topic/req.Partition on the
+// target should continue to resume from req.Position on the source. It
+// tries, best first, and falls back on failure:
+//
+//  1. fingerprint: needs Position.Fingerprints. It scans the target
+//     partition from an estimate (MirrorMaker 2's translation of the first
+//     fingerprinted record if offset-syncs are available, else the first
+//     offset at Position.Timestamp minus TimestampMargin, else the oldest)
+//     for the longest run of consecutive records whose fingerprints are a
+//     suffix of Position.Fingerprints ending with the last one; of equally
+//     long runs the earliest wins, so that duplicated copies rewind rather
+//     than skip. If the estimate was too late (no full match), it scans
+//     once more from further back: a few records if a run was cut short
+//     by the scan's start, else up to ScanLimit records. Records are read
+//     as a read_committed consumer sees them: aborted ones and transaction
+//     markers are skipped.
+//  2. mm2: MirrorMaker 2's rule on the offset-syncs (Forward: the latest
+//     sync with upstream <= Offset gives downstream, +1 unless equal;
+//     Backward: the same with the sides swapped) and, Forward, the group's
+//     checkpoint; the later of the safe answers wins. The topics are read
+//     in full on every call.
+//  3. timestamp: the first offset with a timestamp at or after
+//     Position.Timestamp - TimestampMargin; the oldest offset if the
+//     position has no timestamp; the end if no record is that recent.
+//
+// Every answer is clamped to the target partition's [oldest, end] range,
+// read first: if the target cannot be reached, Translate fails with every
+// method's error, as a *TranslateError.
+//
+// Timeout: the whole call is bounded by Timeout and ctx. The stages get
+// shares of the remaining time (offset-syncs a third, the fingerprint scan
+// half of what is left…), so that a slow or hung stage leaves time for the
+// next. If ctx ends, Translate returns ctx.Err() unchanged. sarama calls
+// take no ctx: one cut short goes on in the background until the client's
+// Net.ReadTimeout ends it, as with KafkaMirror.Commit.
+func (t *Translator) Translate(ctx context.Context, req TranslateRequest) (Translation, error) {
+	if err := t.check(req); err != nil {
+		return Translation{}, err
+	}
+	callCtx, cancel := context.WithTimeout(ctx, t.timeout())
+	defer cancel()
+	c := &translateCall{t: t, req: req}
+	tr, err := c.run(callCtx)
+	if err != nil && ctx.Err() != nil {
+		return Translation{}, ctx.Err()
+	}
+	return tr, err
+}
+
+func (t *Translator) check(req TranslateRequest) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("offsets: translate %s/%d from %s to %s: %s", req.Topic, req.Partition, req.From, req.To, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case t.Target == nil:
+		return bad("no target client")
+	case req.Topic == "":
+		return bad("no topic")
+	case req.Partition < 0:
+		return bad("negative partition")
+	case req.Position.Offset < 0:
+		return bad("negative offset %d", req.Position.Offset)
+	case req.Direction != Forward && req.Direction != Backward:
+		return bad("direction %v is neither Forward nor Backward", req.Direction)
+	}
+	return nil
+}
+
+// translateCall is the state of one Translate call, owned by its goroutine.
+type translateCall struct {
+	t   *Translator
+	req TranslateRequest
+
+	oldest, end int64 // the target partition's range
+
+	mm2       mm2Data
+	syncsRead bool
+}
+
+// stage returns a ctx for a stage that may use frac of the time left.
+func stage(ctx context.Context, frac float64) (context.Context, context.CancelFunc) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, time.Duration(float64(time.Until(dl))*frac))
+}
+
+func (c *translateCall) run(ctx context.Context) (Translation, error) {
+	req := c.req
+	fail := &TranslateError{From: req.From, To: req.To, Topic: req.Topic, Partition: req.Partition}
+	failed := func(m Method, err error) { fail.Methods = append(fail.Methods, MethodError{m, err}) }
+
+	if err := c.bounds(ctx); err != nil {
+		err = fmt.Errorf("target partition %s/%d on %s: %w", req.Topic, req.Partition, req.To, err)
+		for _, m := range []Method{MethodFingerprint, MethodMM2, MethodTimestamp} {
+			failed(m, err)
+		}
+		return Translation{}, fail
+	}
+	done := func(tr Translation) (Translation, error) {
+		for _, m := range fail.Methods {
+			tr.Detail += "; " + string(m.Method) + " failed: " + m.Err.Error()
+		}
+		return tr, nil
+	}
+
+	if len(req.Position.Fingerprints) > 0 {
+		if tr, err := c.fingerprint(ctx); err == nil {
+			return done(tr)
+		} else {
+			failed(MethodFingerprint, err)
+		}
+	} else {
+		failed(MethodFingerprint, errors.New("the position has no fingerprints"))
+	}
+
+	if tr, err := c.viaMM2(ctx); err == nil {
+		return done(tr)
+	} else {
+		failed(MethodMM2, err)
+	}
+
+	if tr, err := c.timestamp(ctx); err == nil {
+		return done(tr)
+	} else {
+		failed(MethodTimestamp, err)
+	}
+	return Translation{}, fail
+}
+
+// bounds reads the target partition's oldest offset and end.
+func (c *translateCall) bounds(ctx context.Context) error {
+	sctx, cancel := stage(ctx, 0.25)
+	defer cancel()
+	var err error
+	if c.oldest, err = listOffset(sctx, c.t.Target, c.req.Topic, c.req.Partition, sarama.OffsetOldest); err != nil {
+		return err
+	}
+	c.end, err = listOffset(sctx, c.t.Target, c.req.Topic, c.req.Partition, sarama.OffsetNewest)
+	return err
+}
+
+func (c *translateCall) clamp(off int64) int64 { return min(max(off, c.oldest), c.end) }
+
+// loadSyncs reads the offset-syncs once per call.
+func (c *translateCall) loadSyncs(ctx context.Context) {
+	if c.syncsRead {
+		return
+	}
+	c.syncsRead = true
+	switch {
+	case c.t.Syncs == nil:
+		c.mm2.syncsErr = errors.New("no client for the offset-syncs cluster")
+		return
+	case c.t.Replication.OffsetSyncsTopic == "":
+		c.mm2.syncsErr = errors.New("no offset-syncs topic configured")
+		return
+	}
+	upstream := c.req.SourceTopic
+	if c.req.Direction == Backward {
+		upstream = c.req.Topic
+	}
+	if upstream == "" {
+		c.mm2.syncsErr = errors.New("no source topic name to look offset-syncs up by")
+		return
+	}
+	sctx, cancel := stage(ctx, 1.0/3)
+	defer cancel()
+	topic := c.t.Replication.OffsetSyncsTopic
+	if err := readSyncs(sctx, c.t.Syncs, topic, upstream, c.req.Partition, &c.mm2); err != nil {
+		c.mm2.syncsErr = fmt.Errorf("read %s: %w", topic, err)
+		c.mm2.syncs = nil
+	}
+}
+
+// fingerprint is method 1.
+func (c *translateCall) fingerprint(ctx context.Context) (Translation, error) {
+	req := c.req
+	fps := req.Position.Fingerprints
+	n := int64(len(fps))
+	first := req.Position.Offset - n // source offset of the first fingerprinted record
+
+	c.loadSyncs(ctx)
+	var start int64
+	var from string
+	if r, err := c.syncEstimate(first); err == nil {
+		start, from = c.clamp(r.offset), "the offset-syncs' translation of offset "+fmt.Sprint(first)
+	} else if !req.Position.Timestamp.IsZero() {
+		sctx, cancel := stage(ctx, 0.25)
+		off, err := c.atTimestamp(sctx)
+		cancel()
+		if err != nil {
+			return Translation{}, err
+		}
+		start, from = off, "the position's timestamp"
+	} else {
+		start, from = c.oldest, "the oldest offset"
+	}
+
+	sctx, cancel := stage(ctx, 0.5)
+	defer cancel()
+	limit := c.t.scanLimit()
+	s1, err := scanFingerprints(sctx, c.t.Target, req.Topic, req.Partition, start, c.end, limit, fps, start > c.oldest)
+	if err != nil {
+		return Translation{}, fmt.Errorf("scan from %d: %w", start, err)
+	}
+	best, how := s1.best, fmt.Sprintf("scanned %d records from %d (%s)", s1.read, start, from)
+	if best.matched < len(fps) && start > c.oldest {
+		// The estimate may be past the run's beginning (or past its end:
+		// a first record newer than the position says so).
+		if s1.read > 0 && !req.Position.Timestamp.IsZero() && s1.firstTS.After(req.Position.Timestamp) {
+			how += fmt.Sprintf(", overshot (first record at %s is after the position's %s)",
+				s1.firstTS.UTC().Format(time.RFC3339Nano), req.Position.Timestamp.UTC().Format(time.RFC3339Nano))
+		}
+		// A run cut short by the scan's start lacks only its first
+		// records, just before start (a few offsets per record allow for
+		// transaction markers). Without any match, go back as far as the
+		// limit allows while still reaching past start by a full run.
+		back := max(int64(limit)-2*n, 1)
+		if s1.best.truncated {
+			back = 4 * n
+		}
+		retry := max(c.oldest, start-back)
+		s2, err := scanFingerprints(sctx, c.t.Target, req.Topic, req.Partition, retry, max(s1.next, start), limit, fps, false)
+		if err != nil {
+			return Translation{}, fmt.Errorf("%s; rescan from %d: %w", how, retry, err)
+		}
+		how += fmt.Sprintf(", then %d from %d", s2.read, retry)
+		if s2.best.matched > best.matched || (s2.best.matched == best.matched && s2.best.matched > 0 && s2.best.next < best.next) {
+			best = s2.best
+		}
+	}
+	if best.matched == 0 {
+		reason := "the last consumed record is not on the target"
+		if c.end <= start {
+			reason += " (the target may lag behind)"
+		}
+		return Translation{}, fmt.Errorf("%s: %s", how, reason)
+	}
+	return Translation{
+		Offset:  best.next,
+		Method:  MethodFingerprint,
+		Rewound: 0,
+		Detail: fmt.Sprintf("fingerprint: matched the last %d of %d fingerprints, last at offset %d; %s",
+			best.matched, len(fps), best.next-1, how),
+	}, nil
+}
+
+// syncEstimate translates a source offset with the offset-syncs alone, to
+// start the fingerprint scan: a lower bound of where its copy is.
+func (c *translateCall) syncEstimate(pos int64) (mm2Result, error) {
+	d := mm2Data{syncs: c.mm2.syncs, syncsErr: c.mm2.syncsErr}
+	if c.req.Direction == Backward {
+		return d.translateBackward(pos)
+	}
+	d.cpErr = errors.New("not used")
+	return d.translateForward(pos)
+}
+
+// viaMM2 is method 2.
+func (c *translateCall) viaMM2(ctx context.Context) (Translation, error) {
+	req := c.req
+	c.loadSyncs(ctx)
+	var r mm2Result
+	var err error
+	if req.Direction == Backward {
+		r, err = c.mm2.translateBackward(req.Position.Offset)
+	} else {
+		switch {
+		case req.Group == "":
+			c.mm2.cpErr = errors.New("no group")
+		case c.t.Replication.CheckpointsTopic == "":
+			c.mm2.cpErr = errors.New("no checkpoints topic configured")
+		default:
+			sctx, cancel := stage(ctx, 0.5)
+			topic := c.t.Replication.CheckpointsTopic
+			if err := readCheckpoint(sctx, c.t.Target, topic, req.Group, req.Topic, req.Partition, &c.mm2); err != nil {
+				c.mm2.cpErr = fmt.Errorf("read %s: %w", topic, err)
+				c.mm2.checkpoint = nil
+			}
+			cancel()
+		}
+		r, err = c.mm2.translateForward(req.Position.Offset)
+	}
+	if err != nil {
+		if c.mm2.skipped > 0 {
+			err = fmt.Errorf("%w (%d undecodable records skipped)", err, c.mm2.skipped)
+		}
+		return Translation{}, err
+	}
+	detail := "mm2: " + r.detail
+	off := c.clamp(r.offset)
+	switch {
+	case off < r.offset:
+		detail += fmt.Sprintf(", lowered to the target's end %d", off)
+	case off > r.offset:
+		detail += fmt.Sprintf(", raised to the target's oldest offset %d", off)
+	}
+	return Translation{Offset: off, Method: MethodMM2, Rewound: r.rewound, Detail: detail}, nil
+}
+
+// timestamp is method 3.
+func (c *translateCall) timestamp(ctx context.Context) (Translation, error) {
+	ts := c.req.Position.Timestamp
+	if ts.IsZero() {
+		return Translation{Offset: c.oldest, Method: MethodTimestamp, Rewound: -1,
+			Detail: "timestamp: the position has no timestamp: the oldest offset"}, nil
+	}
+	off, err := c.atTimestamp(ctx)
+	if err != nil {
+		return Translation{}, err
+	}
+	return Translation{Offset: off, Method: MethodTimestamp, Rewound: -1,
+		Detail: fmt.Sprintf("timestamp: first offset at or after %s minus %v",
+			ts.UTC().Format(time.RFC3339Nano), c.t.TimestampMargin)}, nil
+}
+
+// atTimestamp returns the first target offset whose record's timestamp is
+// at or after the position's timestamp minus the margin, or the end if
+// there is none.
+func (c *translateCall) atTimestamp(ctx context.Context) (int64, error) {
+	// A negative timestamp would mean "latest" (-1) or "earliest" (-2).
+	ms := max(c.req.Position.Timestamp.Add(-c.t.TimestampMargin).UnixMilli(), 0)
+	off, err := listOffset(ctx, c.t.Target, c.req.Topic, c.req.Partition, ms)
+	if err != nil {
+		return 0, fmt.Errorf("list offset at timestamp %d: %w", ms, err)
+	}
+	if off < 0 {
+		return c.end, nil
+	}
+	return c.clamp(off), nil
+}
+
+// listOffset is sarama's GetOffset bounded by ctx.
+func listOffset(ctx context.Context, client sarama.Client, topic string, partition int32, at int64) (int64, error) {
+	var off int64
+	err := call(ctx, func() error {
+		var err error
+		off, err = client.GetOffset(topic, partition, at)
+		return err
+	})
+	return off, err
+}
+
+// scan is the outcome of one fingerprint scan.
+type scan struct {
+	best    fpMatch
+	read    int       // records read
+	next    int64     // the offset after the last record read
+	firstTS time.Time // the first record's timestamp
+}
+
+// fpMatch is a run of records matching a suffix of the fingerprints.
+type fpMatch struct {
+	matched int   // its length, 0 if none
+	next    int64 // the offset after its last record
+	// truncated: the run began at the scan's first record and is shorter
+	// than the fingerprints: it may go on before the scan's start.
+	truncated bool
+}
+
+// scanFingerprints reads topic/partition from offset from until offset
+// stop or limit records, and returns the longest (then earliest) run of
+// consecutive records matching a suffix of fps. It stops early at a full
+// match and, if stopTruncated, at a truncated one (which a scan from
+// further back is to complete).
+func scanFingerprints(ctx context.Context, client sarama.Client, topic string, partition int32, from, stop int64, limit int, fps []Fingerprint, stopTruncated bool) (scan, error) {
+	s := scan{next: from}
+	n := len(fps)
+	window := make([]Fingerprint, 0, n) // the last n records' fingerprints
+	if from >= stop {
+		return s, nil
+	}
+	_, err := readPartition(ctx, client, topic, partition, from, func(r fetchedRecord) bool {
+		if r.Offset >= stop {
+			return false
+		}
+		if s.read == 0 {
+			s.firstTS = r.Timestamp
+		}
+		s.read++
+		s.next = r.Offset + 1
+		fp := FingerprintOf(r.Key, r.Value, r.Timestamp)
+		if len(window) == n {
+			copy(window, window[1:])
+			window = window[:n-1]
+		}
+		window = append(window, fp)
+		if fp == fps[n-1] {
+			k := 1
+			for k < n && k < len(window) && window[len(window)-1-k] == fps[n-1-k] {
+				k++
+			}
+			if k > s.best.matched {
+				s.best = fpMatch{matched: k, next: r.Offset + 1, truncated: k < n && k == s.read}
+				if s.best.truncated && stopTruncated {
+					return false
+				}
+			}
+		}
+		return s.best.matched < n && s.read < limit
+	})
+	return s, err
+}
+
+// fetchedRecord is one record read by readPartition.
+type fetchedRecord struct {
+	Offset     int64
+	Key, Value []byte
+	Timestamp  time.Time
+}
+
+// Fetch sizes and retries of readPartition.
+const (
+	fetchMaxBytes    = 1 << 20
+	fetchMaxBytesCap = 64 << 20
+	fetchRetries     = 3
+	fetchBackoff     = 100 * time.Millisecond
+)
+
+// readAll reads topic/partition from its oldest offset to its end.
+func readAll(ctx context.Context, client sarama.Client, topic string, partition int32, fn func(fetchedRecord) bool) error {
+	oldest, err := listOffset(ctx, client, topic, partition, sarama.OffsetOldest)
+	if err != nil {
+		return err
+	}
+	_, err = readPartition(ctx, client, topic, partition, oldest, fn)
+	return err
+}
+
+// readPartition calls fn with each record of topic/partition from offset
+// from on, in order, as a read_committed consumer sees them (no aborted
+// records, no transaction markers), until the end that the first fetch
+// reports (the last stable offset, at most the high watermark) or until fn
+// returns false. It returns the offset after the last one read. Offsets
+// missing from the log (compaction, markers, aborted records) are skipped.
+//
+// It fetches directly from the partition leader rather than through a
+// sarama consumer, so that it knows where the end is even when the last
+// offsets hold no record it can see.
+func readPartition(ctx context.Context, client sarama.Client, topic string, partition int32, from int64, fn func(fetchedRecord) bool) (int64, error) {
+	next, end := from, int64(-1)
+	maxBytes := int32(fetchMaxBytes)
+	retries := 0
+	for end < 0 || next < end {
+		block, version, err := fetchOnce(ctx, client, topic, partition, next, maxBytes)
+		if err == nil {
+			err = block.Err
+			if errors.Is(err, sarama.ErrNoError) {
+				err = nil
+			}
+		}
+		if errors.Is(err, sarama.ErrOffsetOutOfRange) {
+			// Retention or a deletion moved the log start past next.
+			oldest, lerr := listOffset(ctx, client, topic, partition, sarama.OffsetOldest)
+			if lerr == nil && oldest > next {
+				next = oldest
+				continue
+			}
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return next, ctx.Err()
+			}
+			if retries < fetchRetries && retriableFetchError(err) {
+				retries++
+				_ = call(ctx, func() error { return client.RefreshMetadata(topic) })
+				if serr := sleepCtx(ctx, time.Duration(retries)*fetchBackoff); serr != nil {
+					return next, serr
+				}
+				continue
+			}
+			return next, fmt.Errorf("fetch %s/%d at %d: %w", topic, partition, next, err)
+		}
+		retries = 0
+		if end < 0 {
+			end = block.HighWaterMarkOffset
+			if version >= 4 && block.LastStableOffset >= 0 && block.LastStableOffset < end {
+				end = block.LastStableOffset
+			}
+			if next >= end {
+				break
+			}
+		}
+		before := next
+		var stop bool
+		next, stop = deliver(block, next, end, fn)
+		if stop {
+			return next, nil
+		}
+		if next == before {
+			switch {
+			case partialBlock(block) && maxBytes < fetchMaxBytesCap:
+				maxBytes *= 2
+			case partialBlock(block):
+				return next, fmt.Errorf("fetch %s/%d at %d: record batch larger than %d bytes", topic, partition, next, maxBytes)
+			default:
+				// The response held no batch at all below the end:
+				// empty batches left by compaction decode to nothing.
+				// Step over the offset.
+				next++
+			}
+		}
+	}
+	return next, nil
+}
+
+// deliver passes the visible records of block at or after next and below
+// end to fn, and returns the offset after the last batch seen and whether
+// fn asked to stop.
+func deliver(block *sarama.FetchResponseBlock, next, end int64, fn func(fetchedRecord) bool) (int64, bool) {
+	// Aborted transactions, by first offset; a producer id enters the set
+	// at its aborted transaction's first offset and leaves it at the abort
+	// marker (what sarama's consumer and Kafka's do).
+	aborted := make(map[int64]bool)
+	pending := append([]*sarama.AbortedTransaction(nil), block.AbortedTransactions...)
+	sortAborted(pending)
+	emit := func(r fetchedRecord) bool {
+		if r.Offset < next || r.Offset >= end {
+			return true
+		}
+		next = r.Offset + 1
+		return fn(r)
+	}
+	for _, recs := range block.RecordsSet {
+		switch {
+		case recs.RecordBatch != nil:
+			b := recs.RecordBatch
+			if b.PartialTrailingRecord {
+				return next, false
+			}
+			last := b.LastOffset()
+			for len(pending) > 0 && pending[0].FirstOffset <= last {
+				aborted[pending[0].ProducerID] = true
+				pending = pending[1:]
+			}
+			skip := b.Control || (b.IsTransactional && aborted[b.ProducerID])
+			if b.Control && isAbortMarker(b) {
+				delete(aborted, b.ProducerID)
+			}
+			if !skip {
+				for _, rec := range b.Records {
+					ts := b.FirstTimestamp.Add(rec.TimestampDelta)
+					if b.LogAppendTime {
+						ts = b.MaxTimestamp
+					}
+					if !emit(fetchedRecord{Offset: b.FirstOffset + rec.OffsetDelta, Key: rec.Key, Value: rec.Value, Timestamp: ts}) {
+						return next, true
+					}
+				}
+			}
+			// Everything of the batch below end has been seen.
+			next = max(next, min(last+1, end))
+		case recs.MsgSet != nil:
+			// Legacy (pre-0.11) message sets, offsets as sarama computes them.
+			for _, mb := range recs.MsgSet.Messages {
+				msgs := mb.Messages()
+				for _, m := range msgs {
+					off, ts := m.Offset, m.Msg.Timestamp
+					if m.Msg.Version >= 1 {
+						off += mb.Offset - msgs[len(msgs)-1].Offset
+						if m.Msg.LogAppendTime {
+							ts = mb.Msg.Timestamp
+						}
+					}
+					if !emit(fetchedRecord{Offset: off, Key: m.Msg.Key, Value: m.Msg.Value, Timestamp: ts}) {
+						return next, true
+					}
+				}
+			}
+		}
+	}
+	return next, false
+}
+
+// isAbortMarker reports whether control batch b holds an ABORT marker: the
+// control record's key is version INT16, type INT16 (0 abort, 1 commit).
+func isAbortMarker(b *sarama.RecordBatch) bool {
+	if len(b.Records) == 0 || len(b.Records[0].Key) < 4 {
+		return false
+	}
+	k := b.Records[0].Key
+	return k[2] == 0 && k[3] == 0
+}
+
+func sortAborted(a []*sarama.AbortedTransaction) {
+	for i := 1; i < len(a); i++ { // insertion sort: a handful at most
+		for j := i; j > 0 && a[j].FirstOffset < a[j-1].FirstOffset; j-- {
+			a[j], a[j-1] = a[j-1], a[j]
+		}
+	}
+}
+
+// partialBlock reports whether block holds only an incomplete batch, which
+// a larger fetch size would complete.
+func partialBlock(block *sarama.FetchResponseBlock) bool {
+	if block.Partial {
+		return true
+	}
+	if len(block.RecordsSet) != 1 {
+		return false
+	}
+	r := block.RecordsSet[0]
+	return (r.RecordBatch != nil && r.RecordBatch.PartialTrailingRecord) ||
+		(r.MsgSet != nil && r.MsgSet.PartialTrailingMessage)
+}
+
+// fetchOnce sends one Fetch for topic/partition at offset to its leader.
+func fetchOnce(ctx context.Context, client sarama.Client, topic string, partition int32, offset int64, maxBytes int32) (*sarama.FetchResponseBlock, int16, error) {
+	req := &sarama.FetchRequest{
+		Version:     fetchVersion(client.Config().Version),
+		MaxWaitTime: 100,
+		MinBytes:    1,
+	}
+	if req.Version >= 3 {
+		req.MaxBytes = maxBytes
+	}
+	if req.Version >= 4 {
+		req.Isolation = sarama.ReadCommitted
+	}
+	if req.Version >= 7 {
+		req.SessionID, req.SessionEpoch = 0, -1 // no fetch session
+	}
+	req.AddBlock(topic, partition, offset, maxBytes, -1)
+	var block *sarama.FetchResponseBlock
+	err := call(ctx, func() error {
+		b, err := client.Leader(topic, partition)
+		if err != nil {
+			return err
+		}
+		resp, err := b.Fetch(req)
+		closeOnTransportError(b, err)
+		if err != nil {
+			return err
+		}
+		if block = resp.GetBlock(topic, partition); block == nil {
+			return sarama.ErrIncompleteResponse
+		}
+		return nil
+	})
+	return block, req.Version, err
+}
+
+// fetchVersion picks the Fetch version for the client's Kafka version, as
+// sarama's consumer does.
+func fetchVersion(v sarama.KafkaVersion) int16 {
+	switch {
+	case v.IsAtLeast(sarama.V2_7_0_0):
+		return 12
+	case v.IsAtLeast(sarama.V2_3_0_0):
+		return 11
+	case v.IsAtLeast(sarama.V2_1_0_0):
+		return 10
+	case v.IsAtLeast(sarama.V1_1_0_0):
+		return 7
+	case v.IsAtLeast(sarama.V0_11_0_0):
+		return 5
+	case v.IsAtLeast(sarama.V0_10_1_0):
+		return 3
+	default:
+		return 2
+	}
+}
+
+// retriableFetchError reports whether a fetch failed for a reason that a
+// metadata refresh and another try may cure.
+func retriableFetchError(err error) bool {
+	return errors.Is(err, sarama.ErrNotLeaderForPartition) ||
+		errors.Is(err, sarama.ErrLeaderNotAvailable) ||
+		errors.Is(err, sarama.ErrReplicaNotAvailable) ||
+		errors.Is(err, sarama.ErrFencedLeaderEpoch) ||
+		errors.Is(err, sarama.ErrUnknownLeaderEpoch) ||
+		errors.Is(err, sarama.ErrOffsetNotAvailable) ||
+		errors.Is(err, sarama.ErrIncompleteResponse) ||
+		retriableCoordinatorError(err)
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
