@@ -34,6 +34,7 @@ import (
 	"github.com/kswitch/kswitch/internal/keys"
 	"github.com/kswitch/kswitch/internal/version"
 	"github.com/kswitch/kswitch/offsets"
+	"github.com/kswitch/kswitch/signals"
 )
 
 // Options are the parts of an agent that are not configuration.
@@ -78,17 +79,20 @@ type Agent struct {
 	observer *election.Observer
 	registry *registry
 	store    *offsets.Store
+	signals  *signals.Watcher
 	leader   *coordinator.Leader
 	ml       *memberlist.Memberlist
 	mlog     *memberlistLog
-	deaths   *deathWatch
-	prober   *prober
-	httpLn   net.Listener
-	httpSrv  *http.Server
-	cancel   context.CancelFunc
-	wg       sync.WaitGroup
-	aborted  atomic.Bool
-	stopOnce sync.Once
+	// gossipAddr is set once by Start.
+	gossipAddr string
+	deaths     *deathWatch
+	prober     *prober
+	httpLn     net.Listener
+	httpSrv    *http.Server
+	cancel     context.CancelFunc
+	wg         sync.WaitGroup
+	aborted    atomic.Bool
+	stopOnce   sync.Once
 	// sessionDone closes when the session loop has returned: on a clean
 	// stop, partitions are committed and the lease released by then.
 	sessionDone chan struct{}
@@ -194,9 +198,14 @@ func (a *Agent) Start(ctx context.Context) error {
 		return err
 	}
 	a.client, a.ml, a.httpLn, a.cand = client, ml, ln, cand
+	// memberlist rewrites its local node on every metadata update, so
+	// the address is read once, before anything runs concurrently.
+	n := ml.LocalNode()
+	a.gossipAddr = net.JoinHostPort(n.Addr.String(), fmt.Sprint(n.Port))
 	a.observer = election.NewObserver(client, a.keys.Election(), a.cfg.Etcd.RequestTimeout, a.log)
 	a.registry = newRegistry(client, a.keys, a.cfg.Etcd.RequestTimeout, a.log, func() { a.metrics.badValues.WithLabelValues("registration").Inc() })
 	a.store = offsets.NewStore(client, a.keys)
+	a.signals = signals.NewWatcher(client, a.keys, a.cfg.Etcd.RequestTimeout, a.log)
 	if a.leader, err = coordinator.NewLeader(a.cfg, client, fleetView{a}, &a.wg, a.log); err != nil {
 		ml.Shutdown()
 		client.Close()
@@ -225,6 +234,7 @@ func (a *Agent) Start(ctx context.Context) error {
 	a.goRun(func() { a.probeEtcdLoop(runCtx) })
 	a.goRun(func() { a.leaderChangeLoop(runCtx) })
 	a.goRun(func() { a.prober.run(runCtx) })
+	a.goRun(func() { _ = a.signals.Run(runCtx) })
 	a.goRun(func() { a.gossipHealthLoop(runCtx, healthChanged, 5*time.Second) })
 	a.log.Info("agent started", zap.String("http", a.HTTPAddr()), zap.String("gossip", a.GossipAddr()),
 		zap.Strings("etcd", a.cfg.Etcd.Endpoints), zap.String("version", version.Version))
@@ -323,10 +333,7 @@ func (a *Agent) HTTPAddr() string { return a.httpLn.Addr().String() }
 
 // GossipAddr returns the host:port other agents use to reach this agent's
 // gossip. Valid after Start.
-func (a *Agent) GossipAddr() string {
-	n := a.ml.LocalNode()
-	return net.JoinHostPort(n.Addr.String(), fmt.Sprint(n.Port))
-}
+func (a *Agent) GossipAddr() string { return a.gossipAddr }
 
 // Ready reports whether the agent is connected to etcd and registered, and
 // why not otherwise.
@@ -373,6 +380,7 @@ func (a *Agent) Status() Status {
 			LastError: *a.etcdErr.Load(), LeaseID: int64(s.lease),
 		},
 		Clusters: a.deaths.views(),
+		Signals:  a.signals.State(),
 		Owned:    a.Owned(),
 		Active:   deref(a.active.Load()),
 	}
@@ -582,6 +590,7 @@ func (a *Agent) newWorker(s *concurrency.Session) *worker {
 		owned:        &a.owned,
 		dialer:       a.opts.KafkaDialer,
 		naming:       coordinator.NewNaming(a.cfg),
+		signals:      a.signals,
 		active:       &a.active,
 	}
 }

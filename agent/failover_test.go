@@ -41,6 +41,10 @@ func startDC(t *testing.T) *dc {
 		Topics: []string{"orders"}, RemoteTopic: func(t string) string { return "A." + t },
 		// Offsets on B differ from A's: translation must find them.
 		TargetPrefill: 17,
+		// Like MirrorMaker 2 with offset-syncs.topic.location=target: the
+		// syncs stay readable when A is down, for partitions whose last
+		// consumed record had not reached B yet.
+		OffsetSyncsTopic: "mm2-offset-syncs.B.internal", OffsetSyncsOnTarget: true,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -54,7 +58,7 @@ func (d *dc) config(id string) config.Config {
 	cfg := testConfig(d.etcd, id)
 	cfg.Clusters = map[string]config.Cluster{
 		"A": {Brokers: d.a.Brokers(), Role: config.RolePrimary},
-		"B": {Brokers: d.b.Brokers(), Role: config.RoleStandby},
+		"B": {Brokers: d.b.Brokers(), Role: config.RoleStandby, OffsetSyncsOn: "target"},
 	}
 	cfg.Source.Topics = []string{"orders"}
 	cfg.Source.CommitInterval = 100 * time.Millisecond

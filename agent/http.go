@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kswitch/kswitch/coordinator"
+	"github.com/kswitch/kswitch/signals"
 )
 
 // LeaderView is the body of GET /leader.
@@ -40,6 +41,8 @@ type Status struct {
 	Active string `json:"active_cluster,omitempty"`
 	// Owned are the partitions this agent consumes.
 	Owned []coordinator.TopicPartition `json:"owned"`
+	// Signals are the pause/start signals in force and the refused ones.
+	Signals signals.State `json:"signals"`
 	// Coordinator is the leader's last verdict (only on the leader).
 	Coordinator *coordinator.LeaderStatus `json:"coordinator,omitempty"`
 }

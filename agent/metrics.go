@@ -2,6 +2,8 @@ package agent
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kswitch/kswitch/signals"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/kswitch/kswitch/internal/version"
@@ -26,6 +28,18 @@ type metrics struct {
 	ownedPartitions prometheus.Gauge
 	generation      prometheus.Gauge
 	gossipDropped   prometheus.Counter
+	paused          *prometheus.GaugeVec
+	signalApply     prometheus.Histogram
+}
+
+// setPaused shows which signal scopes pause now.
+func (m *metrics) setPaused(state signals.State) {
+	m.paused.Reset()
+	for _, s := range state.Signals() {
+		if s.Paused {
+			m.paused.WithLabelValues(s.Scope.String()).Set(1)
+		}
+	}
 }
 
 func newMetrics(reg *prometheus.Registry) *metrics {
@@ -72,6 +86,14 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		generation: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kswitch_assignment_generation", Help: "The assignment generation this agent has applied.",
 		}),
+		paused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kswitch_paused", Help: "1 for each signal scope (fleet, topic/<t>, agent/<id>, channel/<c>) that pauses now.",
+		}, []string{"scope"}),
+		signalApply: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kswitch_signal_apply_seconds",
+			Help:    "Time from this agent seeing a pause signal in etcd to every affected partition having stopped delivering.",
+			Buckets: []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5},
+		}),
 		gossipDropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kswitch_gossip_events_dropped_total", Help: "Gossip death notices dropped because the leader's queue was full.",
 		}),
@@ -82,7 +104,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	})
 	info.Set(1)
 	reg.MustRegister(m.isLeader, m.leaderChanges, m.ready, m.agents, m.gossipMembers, m.etcdErrors, m.badValues, info,
-		m.records, m.consumeErrors, m.handlerErrors, m.commits, m.commitErrors, m.ownedPartitions, m.generation, m.gossipDropped,
+		m.records, m.consumeErrors, m.handlerErrors, m.commits, m.commitErrors, m.ownedPartitions, m.generation, m.gossipDropped, m.paused, m.signalApply,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -22,6 +23,84 @@ type partitionRun struct {
 	t          *tracker
 	cancel     context.CancelFunc
 	done       chan struct{}
+	gate       *gate
+}
+
+// gate holds a partition's delivery while it is paused. The worker sets
+// it; the partition loop waits at it before handing each record on. Its
+// methods are safe for concurrent use.
+type gate struct {
+	mu     sync.Mutex
+	paused bool
+	open   chan struct{} // closed while not paused
+	// parked is closed once the loop waits at the gate after a pause: no
+	// record is being handed to the handler any more.
+	parked chan struct{}
+	// kick wakes a loop that waits for records, so that it parks at once.
+	kick chan struct{}
+}
+
+func newGate(paused bool) *gate {
+	g := &gate{open: make(chan struct{}), parked: make(chan struct{}), kick: make(chan struct{}, 1)}
+	if paused {
+		g.paused = true
+	} else {
+		close(g.open)
+	}
+	return g
+}
+
+// set pauses or resumes; it returns a channel closed once the loop has
+// stopped delivering (at once when resuming or unchanged).
+func (g *gate) set(paused bool) <-chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if paused == g.paused {
+		return g.parked
+	}
+	g.paused = paused
+	if paused {
+		g.open = make(chan struct{})
+		g.parked = make(chan struct{})
+		select {
+		case g.kick <- struct{}{}:
+		default:
+		}
+		return g.parked
+	}
+	close(g.open)
+	return closedChan
+}
+
+func (g *gate) isPaused() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.paused
+}
+
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// wait returns at once when not paused; otherwise it reports being parked
+// and waits for a resume or ctx.
+func (g *gate) wait(ctx context.Context) error {
+	g.mu.Lock()
+	if !g.paused {
+		g.mu.Unlock()
+		return nil
+	}
+	open, parked := g.open, g.parked
+	select {
+	case <-parked:
+	default:
+		close(parked)
+	}
+	g.mu.Unlock()
+	select {
+	case <-open:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // maxInFlight bounds the records of one partition handed to the handler
@@ -31,7 +110,7 @@ const maxInFlight = 4096
 
 // startPartition starts consuming tp at start (an offset >= 0, resolved by
 // the caller) and returns the running partition.
-func (w *worker) startPartition(ctx context.Context, k *kafkaConn, gen int64, tp coordinator.TopicPartition, start int64) (*partitionRun, error) {
+func (w *worker) startPartition(ctx context.Context, k *kafkaConn, gen int64, tp coordinator.TopicPartition, start int64, paused bool) (*partitionRun, error) {
 	pc, err := k.consumer.ConsumePartition(tp.Topic, tp.Partition, start)
 	if errors.Is(err, sarama.ErrOffsetOutOfRange) {
 		// The committed position is gone (retention) or ahead of the log
@@ -52,7 +131,12 @@ func (w *worker) startPartition(ctx context.Context, k *kafkaConn, gen int64, tp
 	}
 	pctx, cancel := context.WithCancel(ctx)
 	logical, _ := w.naming.Logical(k.name, tp.Topic)
-	r := &partitionRun{tp: tp, cluster: k.name, logical: logical, generation: gen, pc: pc, t: newTracker(start, maxInFlight), cancel: cancel, done: make(chan struct{})}
+	r := &partitionRun{tp: tp, cluster: k.name, logical: logical, generation: gen, pc: pc, t: newTracker(start, maxInFlight),
+		cancel: cancel, done: make(chan struct{}), gate: newGate(paused)}
+	if paused {
+		// Stop fetching too, so a long pause holds no records in memory.
+		pc.Pause()
+	}
 	go func() {
 		defer close(r.done)
 		w.consume(pctx, r)
@@ -65,9 +149,17 @@ func (w *worker) startPartition(ctx context.Context, k *kafkaConn, gen int64, tp
 func (w *worker) consume(ctx context.Context, r *partitionRun) {
 	log := w.log.With(zap.Stringer("partition", r.tp), zap.Int64("generation", r.generation))
 	for {
+		// A paused partition hands nothing on: records sarama already
+		// fetched wait here, unacknowledged, so nothing is committed past
+		// them.
+		if r.gate.wait(ctx) != nil {
+			return
+		}
 		select {
 		case <-ctx.Done():
 			return
+		case <-r.gate.kick:
+			continue // to the gate
 		case err, ok := <-r.pc.Errors():
 			if ok {
 				log.Warn("partition consumer error", zap.Error(err))
@@ -89,6 +181,10 @@ func (w *worker) consume(ctx context.Context, r *partitionRun) {
 			select {
 			case r.t.slots <- struct{}{}:
 			case <-ctx.Done():
+				return
+			}
+			// A pause that came while this record was read holds it too.
+			if r.gate.wait(ctx) != nil {
 				return
 			}
 			r.t.deliver(rec)

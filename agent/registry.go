@@ -20,6 +20,7 @@ import (
 	"github.com/kswitch/kswitch/internal/etcdwatch"
 	"github.com/kswitch/kswitch/internal/keys"
 	"github.com/kswitch/kswitch/offsets"
+	"github.com/kswitch/kswitch/signals"
 )
 
 // Registration is what an agent writes under agents/<id> on its session
@@ -207,6 +208,8 @@ type FleetView struct {
 	// Partitions are the assigned partitions with their committed
 	// positions on the assignment's cluster.
 	Partitions []PartitionView `json:"partitions,omitempty"`
+	// Signals are the pause/start signals in force, and refused values.
+	Signals signals.State `json:"signals"`
 	// Refused lists values that could not be parsed.
 	Refused []string `json:"refused,omitempty"`
 }
@@ -241,6 +244,9 @@ func ReadFleet(ctx context.Context, c *clientv3.Client, fleet string) (FleetView
 		v.Leader, v.Token = l.ID, l.Token
 	}
 	if v.Agents, v.Refused, err = ReadRegistrations(ctx, c, k); err != nil {
+		return v, err
+	}
+	if v.Signals, err = signals.Read(ctx, c, k); err != nil {
 		return v, err
 	}
 	if resp, err := c.Get(ctx, k.Active()); err != nil {

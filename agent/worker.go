@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/internal/keys"
 	"github.com/kswitch/kswitch/offsets"
+	"github.com/kswitch/kswitch/signals"
 )
 
 // kafkaConn is the worker's connection to the cluster it consumes.
@@ -84,6 +86,11 @@ type worker struct {
 	// active publishes the cluster of the applied assignment, for
 	// readiness.
 	active *atomic.Pointer[string]
+	// bg owns the worker's short-lived helper goroutines; run waits for
+	// them.
+	bg sync.WaitGroup
+	// signals are the pause/start signals in force.
+	signals *signals.Watcher
 	// dialer, when set, opens this agent's connections to a cluster.
 	dialer func(cluster string) kafka.Dialer
 	// mirrorq hands committed positions to the goroutine that mirrors
@@ -128,15 +135,24 @@ func (w *worker) run(ctx context.Context) error {
 		// closed.
 		mcancel()
 		<-mdone
+		w.bg.Wait()
 		if w.kafka != nil {
 			w.kafka.close()
 		}
 		w.publishOwned()
 	}()
+	// Signals are read before anything is consumed: an agent that
+	// restarts during a pause must not deliver a record.
+	select {
+	case <-w.signals.Ready():
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	sig := w.signals.Subscribe(ctx)
 	tick := time.NewTicker(w.cfg.Source.CommitInterval)
 	defer tick.Stop()
 	for {
-		err := w.follow(ctx, tick.C)
+		err := w.follow(ctx, tick.C, sig)
 		if errors.Is(err, errLeaseLost) || !w.sessionAlive() {
 			w.stopAll(false)
 			return errLeaseLost
@@ -155,7 +171,7 @@ func (w *worker) run(ctx context.Context) error {
 
 // follow reads state/assignment, applies it, then applies every change
 // until the watch breaks, committing on every tick.
-func (w *worker) follow(ctx context.Context, tick <-chan time.Time) error {
+func (w *worker) follow(ctx context.Context, tick <-chan time.Time, sig <-chan struct{}) error {
 	rctx, cancel := context.WithTimeout(ctx, w.cfg.Etcd.RequestTimeout)
 	resp, err := w.etcd.Get(rctx, w.keys.Assignment())
 	cancel()
@@ -172,6 +188,8 @@ func (w *worker) follow(ctx context.Context, tick <-chan time.Time) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-sig:
+			w.applySignals(ctx)
 		case <-tick:
 			if err := w.commit(ctx, slices.Collect(maps.Keys(w.parts))); errors.Is(err, errLeaseLost) {
 				return err
@@ -341,6 +359,14 @@ func (w *worker) startPending(ctx context.Context) {
 		err error
 	}
 	results := make(chan started, len(w.pending))
+	// Signals hold across rebalances and switches: a partition starts
+	// paused when a signal in force pauses it.
+	state := w.signals.State()
+	paused := map[coordinator.TopicPartition]bool{}
+	for _, tp := range w.pending {
+		logical, _ := w.naming.Logical(w.kafka.name, tp.Topic)
+		paused[tp], _ = state.Paused(logical, w.id)
+	}
 	for _, tp := range w.pending {
 		p, ok := positions[tp]
 		if ok {
@@ -355,7 +381,7 @@ func (w *worker) startPending(ctx context.Context) {
 					return
 				}
 			}
-			r, err := w.startPartition(ctx, w.kafka, w.applied.Generation, tp, start)
+			r, err := w.startPartition(ctx, w.kafka, w.applied.Generation, tp, start, paused[tp])
 			results <- started{tp, r, err}
 		}()
 	}
@@ -504,6 +530,53 @@ func (w *worker) stopAll(commit bool) {
 		delete(w.parts, tp)
 	}
 	w.publishOwned()
+}
+
+// applySignals pauses and resumes the running partitions to match the
+// signals in force, and measures how long after the watcher saw a pause
+// every affected partition had stopped delivering.
+func (w *worker) applySignals(ctx context.Context) {
+	state := w.signals.State()
+	seen := time.Time{}
+	for _, s := range state.Signals() {
+		if s.Seen.After(seen) {
+			seen = s.Seen
+		}
+	}
+	var parked []<-chan struct{}
+	for tp, r := range w.parts {
+		paused, scope := state.Paused(r.logical, w.id)
+		if paused == r.gate.isPaused() {
+			continue
+		}
+		parked = append(parked, r.gate.set(paused))
+		if paused {
+			r.pc.Pause()
+			w.log.Info("partition paused", zap.Stringer("partition", tp), zap.Stringer("scope", scope))
+		} else {
+			r.pc.Resume()
+			w.log.Info("partition resumed", zap.Stringer("partition", tp))
+		}
+	}
+	w.metrics.setPaused(state)
+	if len(parked) == 0 || seen.IsZero() {
+		return
+	}
+	// The partitions park when their loops next reach the gate: at once,
+	// or after the record being handed to the handler. Measure it without
+	// holding up the worker.
+	w.bg.Add(1)
+	go func() {
+		defer w.bg.Done()
+		for _, ch := range parked {
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				return
+			}
+		}
+		w.metrics.signalApply.Observe(time.Since(seen).Seconds())
+	}()
 }
 
 // ack tells the leader this agent has applied gen.

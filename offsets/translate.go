@@ -423,6 +423,18 @@ func (c *translateCall) fingerprint(ctx context.Context) (Translation, error) {
 		}
 	}
 	if best.matched == 0 {
+		// A replica that lags behind the consumer holds a prefix of what
+		// was consumed: its last record is one of the earlier
+		// fingerprinted ones. Everything on the target was then consumed,
+		// and the continuation is its end; the newer consumed records
+		// never reached it (they are not lost: they were delivered).
+		if j, err := c.lagMatch(sctx, fps); err == nil && j >= 0 {
+			return Translation{
+				Offset: c.end, Method: MethodFingerprint, Rewound: 0,
+				Detail: fmt.Sprintf("fingerprint: the target lags: its last record (offset %d) is the record consumed %d before the committed position; continuing at its end; %s",
+					c.end-1, n-int64(j), how),
+			}, nil
+		}
 		reason := "the last consumed record is not on the target"
 		if c.end <= start {
 			reason += " (the target may lag behind)"
@@ -436,6 +448,45 @@ func (c *translateCall) fingerprint(ctx context.Context) (Translation, error) {
 		Detail: fmt.Sprintf("fingerprint: matched the last %d of %d fingerprints, last at offset %d; %s",
 			best.matched, len(fps), best.next-1, how),
 	}, nil
+}
+
+// lagMatch reports which fingerprint (index into fps, not the last) the
+// target's last records match as a run ending at the target's end, or -1.
+func (c *translateCall) lagMatch(ctx context.Context, fps []Fingerprint) (int, error) {
+	n := len(fps)
+	if c.end <= c.oldest || n < 2 {
+		return -1, nil
+	}
+	from := max(c.oldest, c.end-int64(n))
+	var tail []Fingerprint
+	_, err := readPartition(ctx, c.t.Target, c.req.Topic, c.req.Partition, from, func(r fetchedRecord) bool {
+		if r.Offset >= c.end {
+			return false
+		}
+		tail = append(tail, FingerprintOf(r.Key, r.Value, r.Timestamp))
+		return true
+	})
+	if err != nil || len(tail) == 0 {
+		return -1, err
+	}
+	last := tail[len(tail)-1]
+	for j := n - 2; j >= 0; j-- {
+		if fps[j] != last {
+			continue
+		}
+		// The records before it must match too, as far as both go.
+		ok := true
+		for k := 1; k <= j && k < len(tail); k++ {
+			if tail[len(tail)-1-k] != fps[j-k] {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return j, nil
+		}
+	}
+	return -1, nil
 }
 
 // syncEstimate translates a source offset with the offset-syncs alone, to

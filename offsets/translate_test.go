@@ -588,3 +588,59 @@ func TestTranslateRequestChecks(t *testing.T) {
 		t.Fatalf("unknown topic: %v", err)
 	}
 }
+
+// A replica that lags a few records behind the consumer: the continuation
+// is its end, exactly, not a timestamp rewind.
+func TestTranslateFingerprintTargetLagsWithinTheWindow(t *testing.T) {
+	a := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 1}})
+	b := testenv.StartKafkaT(t, "B", testenv.KafkaOptions{Topics: map[string]int32{"A.orders": 1}})
+	base := time.Now().Add(-time.Minute).Truncate(time.Millisecond)
+	var recs []lagRec
+	for i := range 40 {
+		recs = append(recs, lagRec{key: fmt.Sprint("k", i), value: fmt.Sprint("v", i), ts: base.Add(time.Duration(i) * time.Millisecond)})
+	}
+	produceLag(t, a, "orders", recs)
+	produceLag(t, b, "A.orders", recs[:37]) // B lacks the last 3 consumed records
+	var fps []Fingerprint
+	for _, r := range recs[32:40] {
+		fps = append(fps, FingerprintOf([]byte(r.key), []byte(r.value), r.ts))
+	}
+	sc := sarama.NewConfig()
+	sc.Version = sarama.V3_6_0_0
+	target, err := sarama.NewClient(b.Brokers(), sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer target.Close()
+	tr := &Translator{Target: target, Replication: config.Replication{Policy: "prefix", SourceAlias: "A"}, TimestampMargin: 5 * time.Second}
+	res, err := tr.Translate(context.Background(), TranslateRequest{From: "A", To: "B", Topic: "A.orders", SourceTopic: "orders",
+		Position: Commit{Cluster: "A", Topic: "orders", Offset: 40, Timestamp: recs[39].ts, Fingerprints: fps}, Direction: Forward})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Method != MethodFingerprint || res.Offset != 37 || res.Rewound != 0 {
+		t.Fatalf("got %+v, want fingerprint at B's end 37, nothing rewound", res)
+	}
+}
+
+type lagRec struct {
+	key, value string
+	ts         time.Time
+}
+
+func produceLag(t *testing.T, k *testenv.Kafka, topic string, recs []lagRec) {
+	t.Helper()
+	sc := sarama.NewConfig()
+	sc.Version = sarama.V3_6_0_0
+	sc.Producer.Return.Successes = true
+	p, err := sarama.NewSyncProducer(k.Brokers(), sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for _, r := range recs {
+		if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(r.key), Value: sarama.StringEncoder(r.value), Timestamp: r.ts}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -135,6 +135,13 @@ shows the lag; otherwise the lag column shows '-'.`,
 	return cmd
 }
 
+func noteOf(note string) string {
+	if note == "" {
+		return ""
+	}
+	return ": " + note
+}
+
 func orDash(n int64) string {
 	if n < 0 {
 		return "-"
@@ -198,6 +205,18 @@ func printFleet(w io.Writer, v agent.FleetView, now time.Time) {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.TopicPartition, owner, orDash(p.Committed), orDash(p.End), orDash(p.Lag))
 		}
 		tw.Flush()
+	}
+	var paused []string
+	for _, s := range v.Signals.Signals() {
+		if s.Paused {
+			paused = append(paused, fmt.Sprintf("%s (revision %d%s)", s.Scope, s.Revision, noteOf(s.Note)))
+		}
+	}
+	if len(paused) > 0 {
+		fmt.Fprintf(w, "\npaused:  %s\n", strings.Join(paused, "\n         "))
+	}
+	for _, r := range v.Signals.Refusals() {
+		fmt.Fprintf(w, "warning: refused %s = %q: %s\n", r.Key, r.Value, r.Reason)
 	}
 	for _, r := range v.Refused {
 		fmt.Fprintf(w, "warning: %s\n", strings.TrimSpace(r))

@@ -59,13 +59,14 @@
 // # Offset-syncs
 //
 // With OffsetSyncsTopic set, every copied record gets an offset-sync record
-// (as MirrorMaker 2 with offset.lag.max=0) on partition 0 of that topic,
-// written after the record was acknowledged by the target and before the
-// record counts as caught up (CaughtUp, Lag). The topic is created, with one
-// partition and cleanup.policy=compact, if it is missing. A failure to
-// write syncs stalls copying until they can be written, as a failure to
-// write records does; a retried sync write may leave duplicate syncs, which
-// are harmless.
+// (as MirrorMaker 2 with offset.lag.max=0), encoded by
+// offsets.EncodeOffsetSync, the format kswitch's translator reads, on
+// partition 0 of that topic. A record's sync is written after the target
+// acknowledged the record and before the record counts as caught up
+// (CaughtUp, Lag). The topic is created, with one partition and
+// cleanup.policy=compact, if it is missing. A failure to write syncs stalls
+// copying until they can be written, as a failure to write records does; a
+// retried sync write may leave duplicate syncs, which are harmless.
 //
 // # Shutdown
 //

@@ -194,7 +194,7 @@ func checkCopy(t *testing.T, src, dst sarama.Client, topic, remote string, parti
 func startMirror(t *testing.T, cfg Config) *Mirror {
 	t.Helper()
 	if cfg.Logger == nil {
-		cfg.Logger = zaptest.NewLogger(t, zaptest.Level(zap.DebugLevel))
+		cfg.Logger = zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))
 	}
 	// The mirror lives as long as Start's context: the test's.
 	m, err := Start(t.Context(), cfg)
@@ -303,7 +303,7 @@ func (pl *producerLoop) waitAcked(t *testing.T, n int) {
 	})
 }
 
-// decodeSync parses an offset-sync record independently of the encoder.
+// decodeSync parses an offset-sync record, independently of package offsets.
 func decodeSync(key, value []byte) (topic string, partition int32, upstream, downstream int64, err error) {
 	if len(key) < 2 {
 		return "", 0, 0, 0, errors.New("short key")

@@ -189,6 +189,15 @@ func newFetchRequest(v sarama.KafkaVersion, maxWait time.Duration) *sarama.Fetch
 	return req
 }
 
+// closeBroker closes b's connection after a failed request, as sarama's
+// own producer and consumer do: sarama closes it by itself after EOF or a
+// reset, but after a read timeout it leaves it open, and every later
+// request on it fails with that timeout. The client's next Leader call
+// reopens it.
+func closeBroker(b *sarama.Broker) {
+	_ = b.Close() // ErrNotConnected when sarama closed it already
+}
+
 // isLeaderError reports errors after which the client's metadata should be
 // refreshed before the next try.
 func isLeaderError(err error) bool {
@@ -251,6 +260,7 @@ func produce(cl sarama.Client, v sarama.KafkaVersion, topic string, partition in
 	req.AddBatch(topic, partition, batch)
 	resp, err := b.Produce(req)
 	if err != nil {
+		closeBroker(b)
 		return -1, err
 	}
 	block := resp.GetBlock(topic, partition)
@@ -277,6 +287,7 @@ func readRecords(cl sarama.Client, v sarama.KafkaVersion, topic string, partitio
 		req.AddBlock(topic, partition, from, size, -1)
 		resp, err := b.Fetch(req)
 		if err != nil {
+			closeBroker(b)
 			return out, err
 		}
 		block := resp.GetBlock(topic, partition)

@@ -11,6 +11,8 @@ import (
 
 	"github.com/IBM/sarama"
 	"go.uber.org/zap"
+
+	"github.com/kswitch/kswitch/offsets"
 )
 
 // ErrStopped is returned by the methods of a Mirror that has stopped (Stop
@@ -428,7 +430,7 @@ func (m *Mirror) confirm(p *partition, n int, base int64) {
 	}
 	now := time.Now().UnixMilli()
 	for i, r := range recs {
-		k, v := encodeOffsetSync(p.topic, p.id, r.offset, base+int64(i))
+		k, v := offsets.EncodeOffsetSync(p.topic, p.id, r.offset, base+int64(i))
 		e := syncEntry{rec: record{key: k, value: v, ts: now}, p: p, pos: r.offset + 1}
 		if i == n-1 {
 			e.pos = pos
@@ -557,6 +559,7 @@ func (m *Mirror) fetch(ctx context.Context) error {
 		}
 		resp, err := lf.b.Fetch(req)
 		if err != nil {
+			closeBroker(lf.b)
 			errs = append(errs, fmt.Errorf("broker %s: %w", lf.b.Addr(), err))
 			refresh = true
 			continue
