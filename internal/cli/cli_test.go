@@ -161,11 +161,12 @@ func TestEveryCommandHelpHasAnExample(t *testing.T) {
 }
 
 func TestDemoRunsItsStory(t *testing.T) {
-	code, out, stderr := run(t, nil, "demo", "--agents", "3")
+	code, out, stderr := run(t, nil, "demo", "--agents", "3", "--duration", "1s", "--rate", "100")
 	if code != 0 {
 		t.Fatalf("demo: exit %d\n%s\n%s", code, out, stderr)
 	}
-	for _, want := range []string{"leads (fencing token", "crash:", "new leader after a crash", "new leader after a clean stop"} {
+	for _, want := range []string{"paused in", "failover: the fleet consumes B", "by fingerprint", "is killed",
+		"failback: the fleet consumes A again", "lost                                  0\n"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
 		}

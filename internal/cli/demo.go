@@ -12,16 +12,22 @@ func newDemoCmd(g *globals) *cobra.Command {
 	var verbose bool
 	cmd := &cobra.Command{
 		Use:   "demo",
-		Short: "Run a live demonstration in one process (embedded etcd, a fleet of agents)",
-		Long: `Run a live demonstration in one process: an embedded etcd and a fleet of
-agents on free local ports, and a scripted story narrated as a timeline —
-leader election, a leader crash (the successor waits for the lease TTL) and
-a clean hand-over (the successor leads at once). Nothing to install.
+		Short: "Run a live failover and failback in one process (embedded etcd and Kafka)",
+		Long: `Run a live demonstration in one process, with nothing to install: an embedded
+etcd, two Kafka clusters A and B (in process) with a mirror keeping B a
+replica of A (like MirrorMaker 2), a producer writing numbered records to A,
+and a fleet of agents consuming them. The story, narrated as a timeline:
 
-Exit status is non-zero when the fleet broke a promise (two leaders, no
-leader, a hand-over past its bound).`,
+  1. steady state: the leader, the assignment, the rate;
+  2. a pause and a start through the etcd signal key (the etcdctl line shown);
+  3. cluster A fails: detection, verdict, switch, translation per partition;
+  4. an agent is killed: its partitions move;
+  5. A recovers: caught-up check, failback;
+  6. a summary: produced, handled, lost (must be 0), duplicated, timings.
+
+Exit status is non-zero when a record was lost or a step missed its bound.`,
 		Example: `  kswitch demo
-  kswitch demo --agents 5 --keep-running`,
+  kswitch demo --agents 5 --rate 500 --keep-running`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Out = cmd.OutOrStdout()
@@ -32,11 +38,13 @@ leader, a hand-over past its bound).`,
 				}
 				o.Logger = log
 			}
-			return demo.Run(cmd.Context(), o)
+			_, err := demo.Run(cmd.Context(), o)
+			return err
 		},
 	}
 	cmd.Flags().IntVar(&o.Agents, "agents", 3, "number of agents in the fleet (at least 2)")
-	cmd.Flags().DurationVar(&o.SessionTTL, "session-ttl", 2e9, "etcd session TTL of the agents (whole seconds, at least 2s)")
+	cmd.Flags().IntVar(&o.Rate, "rate", 200, "records per second the producer writes to A")
+	cmd.Flags().DurationVar(&o.Phase, "duration", 3e9, "length of each calm phase of the story (the whole demo takes about 10 of them plus the switches)")
 	cmd.Flags().BoolVar(&o.KeepRunning, "keep-running", false, "leave the fleet up after the story, print URLs and commands to try")
 	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "also print the agents' logs (console format) on stderr")
 	return cmd
