@@ -136,7 +136,7 @@ func (m *Mirror) setup() error {
 		if err != nil {
 			return fmt.Errorf("mirror: source topic %s on %s: %w", t, c.SourceName, err)
 		}
-		slices.Sort(ids)
+		ids = slices.Sorted(slices.Values(ids)) // a copy: ids is sarama's cache
 		r := c.RemoteTopic(t)
 		n, err := ensureTopic(m.dst, c.Version, r, int32(len(ids)), nil)
 		if err != nil {
