@@ -242,8 +242,6 @@ func (d *demo) await(ctx context.Context, timeout time.Duration, what string, co
 	return nil
 }
 
-func (d *demo) live() []*agent.Agent { return d.agents }
-
 func (d *demo) leader() *agent.Agent {
 	for _, a := range d.agents {
 		if a.Leading() {
