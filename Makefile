@@ -13,7 +13,7 @@ ETCD_DIR     = $(CACHE)/etcd-$(ETCD_VERSION)
 VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -X github.com/kswitch/kswitch/internal/version.Version=$(VERSION)
 
-.PHONY: all build test unit lint vet staticcheck fmt-check tools demo integration etcd-bin clean
+.PHONY: all build test unit lint vet staticcheck fmt-check tools bench demo integration etcd-bin clean
 
 all: build
 
@@ -44,6 +44,10 @@ tools: $(STATICCHECK)
 
 $(STATICCHECK):
 	GOBIN=$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+
+## bench: benchmarks, each against a baseline measured in the same run
+bench:
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 ./... | tee $(BIN)/bench.txt | grep -E '^(Benchmark|pause|ok|FAIL|PASS)'
 
 ## demo: an embedded fleet: election, a leader crash, a clean hand-over
 demo: build

@@ -104,6 +104,9 @@ type Agent struct {
 	owned      atomic.Pointer[[]coordinator.TopicPartition] // set by the worker
 	current    atomic.Pointer[concurrency.Session]          // while registered
 	active     atomic.Pointer[string]                       // cluster of the applied assignment
+	// signalsApplied is the etcd revision of the signals every running
+	// partition of this agent obeys.
+	signalsApplied atomic.Int64
 }
 
 // sessionState is the agent's standing in etcd.
@@ -403,6 +406,12 @@ func (a *Agent) GossipMembers() []GossipMember { return a.deaths.members() }
 // Registered returns the agents registered in etcd, as this agent sees them.
 func (a *Agent) Registered() []Registration { return a.registry.list() }
 
+// SignalsApplied returns the etcd revision of the pause/start signals that
+// every partition this agent runs obeys: once it is at least the revision
+// of a pause's write, no record of the paused scope is handed to the
+// handler any more.
+func (a *Agent) SignalsApplied() int64 { return a.signalsApplied.Load() }
+
 // Owned returns the partitions this agent consumes now, sorted.
 func (a *Agent) Owned() []coordinator.TopicPartition {
 	if p := a.owned.Load(); p != nil {
@@ -584,14 +593,15 @@ func (a *Agent) newWorker(s *concurrency.Session) *worker {
 	return &worker{
 		cfg: a.cfg, id: a.id, keys: a.keys, log: a.log, etcd: a.client, store: a.store,
 		handler: a.opts.Handler, metrics: a.metrics, drain: a.opts.DrainTimeout,
-		lease:        s.Lease(),
-		sessionAlive: func() bool { return s.Ctx().Err() == nil },
-		onApplied:    a.opts.OnApplied,
-		owned:        &a.owned,
-		dialer:       a.opts.KafkaDialer,
-		naming:       coordinator.NewNaming(a.cfg),
-		signals:      a.signals,
-		active:       &a.active,
+		lease:          s.Lease(),
+		sessionAlive:   func() bool { return s.Ctx().Err() == nil },
+		onApplied:      a.opts.OnApplied,
+		owned:          &a.owned,
+		dialer:         a.opts.KafkaDialer,
+		naming:         coordinator.NewNaming(a.cfg),
+		signals:        a.signals,
+		signalsApplied: &a.signalsApplied,
+		active:         &a.active,
 	}
 }
 

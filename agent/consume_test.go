@@ -130,7 +130,7 @@ func consumeConfig(e *testenv.Etcd, k *testenv.Kafka, id string) config.Config {
 	return cfg
 }
 
-func startConsumer(t *testing.T, cfg config.Config, h agent.Handler) *agent.Agent {
+func startConsumer(t testing.TB, cfg config.Config, h agent.Handler) *agent.Agent {
 	t.Helper()
 	a, err := agent.New(cfg, agent.Options{Logger: zaptest.NewLogger(t).Named(cfg.Agent.ID), Handler: h})
 	if err != nil {
@@ -199,7 +199,7 @@ func owned(agents ...*agent.Agent) map[string]int {
 
 // waitBalanced waits until the agents own total partitions between them,
 // balanced to within one.
-func waitBalanced(t *testing.T, total int, agents ...*agent.Agent) {
+func waitBalanced(t testing.TB, total int, agents ...*agent.Agent) {
 	t.Helper()
 	wait.For(t, 20*time.Second, "a balanced assignment", func() error {
 		o := owned(agents...)

@@ -91,6 +91,9 @@ type worker struct {
 	bg sync.WaitGroup
 	// signals are the pause/start signals in force.
 	signals *signals.Watcher
+	// signalsApplied is the signals revision every running partition obeys
+	// (paused ones parked): Agent.SignalsApplied.
+	signalsApplied *atomic.Int64
 	// dialer, when set, opens this agent's connections to a cluster.
 	dialer func(cluster string) kafka.Dialer
 	// mirrorq hands committed positions to the goroutine that mirrors
@@ -149,6 +152,7 @@ func (w *worker) run(ctx context.Context) error {
 		return ctx.Err()
 	}
 	sig := w.signals.Subscribe(ctx)
+	w.applySignals(ctx)
 	tick := time.NewTicker(w.cfg.Source.CommitInterval)
 	defer tick.Stop()
 	for {
@@ -559,7 +563,9 @@ func (w *worker) applySignals(ctx context.Context) {
 		}
 	}
 	w.metrics.setPaused(state)
+	rev := state.Revision()
 	if len(parked) == 0 || seen.IsZero() {
+		w.signalsApplied.Store(rev)
 		return
 	}
 	// The partitions park when their loops next reach the gate: at once,
@@ -576,6 +582,13 @@ func (w *worker) applySignals(ctx context.Context) {
 			}
 		}
 		w.metrics.signalApply.Observe(time.Since(seen).Seconds())
+		// Later revisions may have been applied meanwhile: never go back.
+		for {
+			cur := w.signalsApplied.Load()
+			if cur >= rev || w.signalsApplied.CompareAndSwap(cur, rev) {
+				break
+			}
+		}
 	}()
 }
 
