@@ -85,7 +85,7 @@ type Agent struct {
 	mlog     *memberlistLog
 	// gossipAddr is set once by Start.
 	gossipAddr string
-	deaths     *deathWatch
+	gossip     *gossipState
 	prober     *prober
 	httpLn     net.Listener
 	httpSrv    *http.Server
@@ -178,7 +178,7 @@ func (a *Agent) Start(ctx context.Context) error {
 		return fmt.Errorf("agent: etcd client for %v: %w", a.cfg.Etcd.Endpoints, err)
 	}
 	a.mlog = &memberlistLog{log: a.log.Named("gossip")}
-	a.deaths = &deathWatch{dead: make(chan string, 64), dropped: func() { a.metrics.gossipDropped.Inc() }}
+	a.gossip = &gossipState{dead: make(chan string, 64), dropped: func() { a.metrics.gossipDropped.Inc() }}
 	healthChanged := make(chan struct{}, 1)
 	a.prober = &prober{cfg: a.cfg, log: a.log, dialer: a.opts.KafkaDialer, views: map[string]coordinator.ClusterView{},
 		changed: func() {
@@ -187,7 +187,7 @@ func (a *Agent) Start(ctx context.Context) error {
 			default:
 			}
 		}}
-	ml, err := newMemberlist(a.id, a.cfg.Agent.Gossip, a.cfg.Agent.GossipAdvertise, a.mlog, a.deaths, &healthMeta{views: a.prober.view})
+	ml, err := newMemberlist(a.id, a.cfg.Agent.Gossip, a.cfg.Agent.GossipAdvertise, a.mlog, a.gossip, &healthMeta{views: a.prober.view})
 	if err != nil {
 		client.Close()
 		ln.Close()
@@ -377,12 +377,12 @@ func (a *Agent) Status() Status {
 		Ready: ok, ReadyReason: reason,
 		Leader: a.LeaderView(),
 		Agents: a.registry.list(),
-		Gossip: a.deaths.members(),
+		Gossip: a.gossip.members(),
 		Etcd: EtcdStatus{
 			Endpoints: a.cfg.Etcd.Endpoints, Reachable: *a.etcdErr.Load() == "",
 			LastError: *a.etcdErr.Load(), LeaseID: int64(s.lease),
 		},
-		Clusters: a.deaths.views(),
+		Clusters: a.gossip.views(),
 		Signals:  a.signals.State(),
 		Owned:    a.Owned(),
 		Active:   deref(a.active.Load()),
@@ -401,7 +401,7 @@ func deref(p *string) string {
 }
 
 // GossipMembers returns the live and suspect gossip members.
-func (a *Agent) GossipMembers() []GossipMember { return a.deaths.members() }
+func (a *Agent) GossipMembers() []GossipMember { return a.gossip.members() }
 
 // Registered returns the agents registered in etcd, as this agent sees them.
 func (a *Agent) Registered() []Registration { return a.registry.list() }
@@ -585,9 +585,9 @@ type fleetView struct{ a *Agent }
 
 func (f fleetView) Live() []string                                { return f.a.registry.Live() }
 func (f fleetView) Subscribe(ctx context.Context) <-chan struct{} { return f.a.registry.Subscribe(ctx) }
-func (f fleetView) Dead() <-chan string                           { return f.a.deaths.dead }
-func (f fleetView) GossipAlive(id string) bool                    { return f.a.deaths.alive(id) }
-func (f fleetView) Views() coordinator.AgentViews                 { return f.a.deaths.views() }
+func (f fleetView) Dead() <-chan string                           { return f.a.gossip.dead }
+func (f fleetView) GossipAlive(id string) bool                    { return f.a.gossip.alive(id) }
+func (f fleetView) Views() coordinator.AgentViews                 { return f.a.gossip.views() }
 
 func (a *Agent) newWorker(s *concurrency.Session) *worker {
 	return &worker{

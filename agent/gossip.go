@@ -26,7 +26,7 @@ type GossipMember struct {
 	Addr string `json:"addr"`
 }
 
-// deathWatch is the memberlist event delegate: it passes the names of
+// gossipState is the memberlist event delegate: it passes the names of
 // members that left gossip to the leader through a bounded queue.
 // memberlist calls it with its node lock held (so it must not call back
 // into memberlist) and must not be blocked, so what does not fit is
@@ -42,7 +42,7 @@ type GossipMember struct {
 // clusters): memberlist's Members() hands out pointers to nodes whose
 // metadata it later rewrites without a lock that readers could take, so
 // metadata is only read here, in the callbacks, and copied.
-type deathWatch struct {
+type gossipState struct {
 	dead    chan string
 	dropped func()
 
@@ -51,7 +51,7 @@ type deathWatch struct {
 	addrs map[string]string
 }
 
-func (d *deathWatch) keepMeta(n *memberlist.Node) {
+func (d *gossipState) keepMeta(n *memberlist.Node) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.metas == nil {
@@ -62,7 +62,7 @@ func (d *deathWatch) keepMeta(n *memberlist.Node) {
 }
 
 // members returns the live (and suspect) gossip members, sorted by name.
-func (d *deathWatch) members() []GossipMember {
+func (d *gossipState) members() []GossipMember {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := make([]GossipMember, 0, len(d.addrs))
@@ -74,7 +74,7 @@ func (d *deathWatch) members() []GossipMember {
 }
 
 // alive reports whether gossip counts member id in now.
-func (d *deathWatch) alive(id string) bool {
+func (d *gossipState) alive(id string) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	_, ok := d.addrs[id]
@@ -83,7 +83,7 @@ func (d *deathWatch) alive(id string) bool {
 
 // views returns the members' views of the clusters; members whose
 // metadata does not parse are left out.
-func (d *deathWatch) views() coordinator.AgentViews {
+func (d *gossipState) views() coordinator.AgentViews {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := coordinator.AgentViews{}
@@ -97,9 +97,9 @@ func (d *deathWatch) views() coordinator.AgentViews {
 	return out
 }
 
-func (d *deathWatch) NotifyJoin(n *memberlist.Node)   { d.keepMeta(n) }
-func (d *deathWatch) NotifyUpdate(n *memberlist.Node) { d.keepMeta(n) }
-func (d *deathWatch) NotifyLeave(n *memberlist.Node) {
+func (d *gossipState) NotifyJoin(n *memberlist.Node)   { d.keepMeta(n) }
+func (d *gossipState) NotifyUpdate(n *memberlist.Node) { d.keepMeta(n) }
+func (d *gossipState) NotifyLeave(n *memberlist.Node) {
 	d.mu.Lock()
 	delete(d.metas, n.Name)
 	delete(d.addrs, n.Name)
@@ -208,7 +208,7 @@ func (a *Agent) gossipJoinLoop(ctx context.Context, interval time.Duration) {
 		}
 		var seeds []string
 		for _, r := range a.registry.list() {
-			if r.ID != a.id && !a.deaths.alive(r.ID) && r.Gossip != "" {
+			if r.ID != a.id && !a.gossip.alive(r.ID) && r.Gossip != "" {
 				seeds = append(seeds, r.Gossip)
 			}
 		}
