@@ -63,6 +63,7 @@ type Config struct {
 	Clusters map[string]Cluster `yaml:"clusters"`
 	Source   Source             `yaml:"source"`
 	Failover Failover           `yaml:"failover"`
+	Routing  Routing            `yaml:"routing"`
 }
 
 // Log configures the agent's logger.
@@ -194,6 +195,78 @@ type Failover struct {
 	BreakerCooldown time.Duration `yaml:"breaker_cooldown" help:"how long automatic switching stays off once the breaker trips"`
 }
 
+// Routing is the static layer of the routing sink: the rules that choose,
+// for each consumed record, the channels it is produced to, and the
+// channels. At run time etcd's dynamic layer (keys.Fleet.Routes() and
+// keys.Fleet.Channel(name), written by 'kswitch routes apply') overrides it:
+// the routes key, when present, replaces mode, rules, default and
+// dead_letter as a whole; each channels/<name> key adds a channel or
+// replaces the one of the same name.
+//
+// Rules and Channels are lists and maps of structures, which have no
+// environment or flag syntax: they come from the file or from etcd only
+// (their fields are tagged leaf:"-"). Mode, Default and DeadLetter are
+// ordinary leaves.
+type Routing struct {
+	// Mode is how rules are evaluated: "first" (the first matching rule
+	// decides) or "all" (every matching rule adds its channels).
+	Mode string `yaml:"mode" help:"rule evaluation: first (the first matching rule decides) or all (every matching rule adds its channels)"`
+	// Default are the channels of the records no rule matches. Empty: such
+	// records are dropped (acknowledged without a produce, and counted).
+	Default []string `yaml:"default" help:"channels of the records no rule matches; empty drops them (counted)"`
+	// DeadLetter is the channel of the records whose rules or key
+	// expression fail to evaluate, or whose produce is refused for good
+	// (too large, invalid). Empty: such a record is not acknowledged and
+	// its partition stops and reports instead of skipping it.
+	DeadLetter string `yaml:"dead_letter" help:"channel of records that fail evaluation or are refused by the destination; empty stops the partition instead"`
+	// Rules are evaluated in order. File or etcd only.
+	Rules []RoutingRule `yaml:"rules" leaf:"-"`
+	// Channels are the destinations, by name. File or etcd only.
+	Channels map[string]RoutingChannel `yaml:"channels" leaf:"-"`
+}
+
+// Configured reports whether the routing section names any rule, channel
+// or default route.
+func (r Routing) Configured() bool {
+	return len(r.Rules) > 0 || len(r.Channels) > 0 || len(r.Default) > 0 || r.DeadLetter != ""
+}
+
+// RoutingRule is one routing rule: records its Match expression accepts
+// go to Channels, or nowhere when Drop is set.
+type RoutingRule struct {
+	// Name identifies the rule in metrics, logs and dead-letter headers.
+	Name string `yaml:"name"`
+	// Match is an expression (github.com/expr-lang/expr) over the record
+	// that yields a bool; empty matches every record.
+	Match string `yaml:"match"`
+	// Channels receive the matching records.
+	Channels []string `yaml:"channels"`
+	// Drop sends the matching records nowhere (they are acknowledged).
+	Drop bool `yaml:"drop"`
+}
+
+// RoutingChannel is one destination: a topic on a cluster of Clusters.
+type RoutingChannel struct {
+	// Name is the channel's name: its key in Routing.Channels, or the last
+	// element of its etcd key. It is not part of the YAML.
+	Name string `yaml:"-"`
+	// Cluster names a cluster of Config.Clusters (any role).
+	Cluster string `yaml:"cluster"`
+	// Topic is the destination topic on Cluster.
+	Topic string `yaml:"topic"`
+	// Key is "keep" (the record's own key; the default when empty) or an
+	// expression whose value becomes the key (nil: no key).
+	Key string `yaml:"key"`
+	// Partitioner is hash (murmur2 of the key, as the Java client; the
+	// default), random, roundrobin or manual-same-partition (the source
+	// partition number).
+	Partitioner string `yaml:"partitioner"`
+	// Compression is none (the default), gzip, snappy, lz4 or zstd.
+	Compression string `yaml:"compression"`
+	// Acks is all (the default: idempotent producer), leader or none.
+	Acks string `yaml:"acks"`
+}
+
 // Default returns a configuration with every default filled in. It has no
 // fleet, etcd endpoints, clusters, topics or group, which have no sensible
 // default, and no agent id, which Validate derives from the host.
@@ -226,6 +299,7 @@ func Default() Config {
 			BreakerWindow:     5 * time.Minute,
 			BreakerCooldown:   10 * time.Minute,
 		},
+		Routing: Routing{Mode: "first"},
 	}
 }
 
@@ -263,7 +337,37 @@ func (c Config) Clone() Config {
 			c.Clusters[name] = cl
 		}
 	}
+	c.Routing = c.Routing.Clone()
 	return c
+}
+
+// Clone returns a deep copy of r.
+func (r Routing) Clone() Routing {
+	r.Default = slices.Clone(r.Default)
+	if r.Rules != nil {
+		r.Rules = slices.Clone(r.Rules)
+		for i := range r.Rules {
+			r.Rules[i].Channels = slices.Clone(r.Rules[i].Channels)
+		}
+	}
+	r.Channels = maps.Clone(r.Channels)
+	return r
+}
+
+// normalize sets each channel's Name to its key in the channels map, and
+// makes empty rules and channels nil, so that "rules: []" and no rules are
+// the same configuration.
+func (r *Routing) normalize() {
+	if len(r.Rules) == 0 {
+		r.Rules = nil
+	}
+	if len(r.Channels) == 0 {
+		r.Channels = nil
+	}
+	for name, ch := range r.Channels {
+		ch.Name = name
+		r.Channels[name] = ch
+	}
 }
 
 // Primary returns the cluster with role primary. On a validated Config there

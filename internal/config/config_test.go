@@ -203,7 +203,7 @@ clusters:
 		{
 			name: "unknown top-level field",
 			src:  "fleet: x\nfailure_window: 3s\n",
-			want: []string{`line 2: unknown field "failure_window" at the top level (known: fleet, log, agent, etcd, clusters, source, failover)`},
+			want: []string{`line 2: unknown field "failure_window" at the top level (known: fleet, log, agent, etcd, clusters, source, failover, routing)`},
 		},
 		{
 			name: "unknown nested field",

@@ -29,18 +29,28 @@ var (
 	configLeaves = leavesOf(reflect.ValueOf(Default()), "", nil)
 	// clusterLeaves are the leaves of one cluster, paths relative to it.
 	clusterLeaves = leavesOf(reflect.ValueOf(defaultCluster()), "", nil)
+	// fileOnlyPaths are the dotted paths of the fields tagged leaf:"-".
+	fileOnlyPaths = fileOnlyOf(reflect.TypeFor[Config](), "")
 )
+
+// fileOnly reports whether a struct field is tagged leaf:"-": part of the
+// file's schema, but with no environment variable or flag. Lists and maps
+// of structures (routing.rules, routing.channels) are: they have no
+// one-line syntax, and come from the file or etcd only.
+func fileOnly(f reflect.StructField) bool { return f.Tag.Get("leaf") == "-" }
 
 // leavesOf lists the leaves of the struct def (a default value, which
 // supplies each leaf's default), skipping maps, which hold named entries
-// and are handled by their own overrides.
+// and are handled by their own overrides, and fields tagged leaf:"-". Any
+// other field whose type has no env/flag syntax is a programming error and
+// panics, so that a new field cannot silently lack its variable and flag.
 func leavesOf(def reflect.Value, prefix string, index []int) []leaf {
 	var out []leaf
 	t := def.Type()
 	for i := range t.NumField() {
 		f := t.Field(i)
 		name := yamlName(f)
-		if name == "" {
+		if name == "" || fileOnly(f) {
 			continue
 		}
 		path := prefix + name
@@ -60,6 +70,24 @@ func leavesOf(def reflect.Value, prefix string, index []int) []leaf {
 			})
 		default:
 			panic(fmt.Sprintf("config: field %s has type %s, which has no env/flag syntax", path, f.Type))
+		}
+	}
+	return out
+}
+
+// fileOnlyOf lists the paths of the fields of struct type t tagged
+// leaf:"-", at any depth outside maps.
+func fileOnlyOf(t reflect.Type, prefix string) []string {
+	var out []string
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name := yamlName(f)
+		switch {
+		case name == "":
+		case fileOnly(f):
+			out = append(out, prefix+name)
+		case f.Type.Kind() == reflect.Struct && f.Type != durationType:
+			out = append(out, fileOnlyOf(f.Type, prefix+name+".")...)
 		}
 	}
 	return out

@@ -35,32 +35,12 @@ func Load(path string) (Config, error) {
 func Parse(data []byte, name string) (Config, error) {
 	c := Default()
 	d := decoder{name: name}
-
-	var doc yaml.Node
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	switch err := dec.Decode(&doc); {
-	case errors.Is(err, io.EOF): // empty file: all defaults
+	root, err := d.document(data)
+	if err != nil {
+		return Config{}, err
+	}
+	if root == nil { // empty file: all defaults
 		return c, nil
-	case err != nil:
-		return Config{}, fmt.Errorf("config: %s: %w", d.file(), err)
-	}
-	for { // a trailing "---" is harmless; a second document is not
-		var extra yaml.Node
-		err := dec.Decode(&extra)
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return Config{}, fmt.Errorf("config: %s: %w", d.file(), err)
-		}
-		if !emptyDocument(&extra) {
-			return Config{}, fmt.Errorf("config: %s line %d: a second YAML document; the configuration is one document", d.file(), extra.Line)
-		}
-	}
-
-	root := &doc
-	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
-		root = root.Content[0]
 	}
 	d.value(root, reflect.ValueOf(&c).Elem(), "")
 	if len(d.errs) > 0 {
@@ -70,7 +50,76 @@ func Parse(data []byte, name string) (Config, error) {
 		c.Clusters = map[string]Cluster{}
 	}
 	c.fillClusterDefaults()
+	c.Routing.normalize()
 	return c, nil
+}
+
+// ParseRouting decodes a routing section on its own (a rules file, or the
+// value of etcd's routes key) over the zero Routing, as strictly as Parse:
+// unknown fields and wrong shapes are errors naming the line and the path.
+// Empty fields stay empty (the router's defaults apply). Channel names are
+// filled from the keys of channels. name is quoted in errors.
+func ParseRouting(data []byte, name string) (Routing, error) {
+	var r Routing
+	if err := decodeStrict(data, name, &r); err != nil {
+		return Routing{}, err
+	}
+	r.normalize()
+	return r, nil
+}
+
+// ParseChannel decodes one channel definition (the value of etcd's
+// channels/<name> key) as strictly as Parse. Name is left empty.
+func ParseChannel(data []byte, name string) (RoutingChannel, error) {
+	var ch RoutingChannel
+	if err := decodeStrict(data, name, &ch); err != nil {
+		return RoutingChannel{}, err
+	}
+	return ch, nil
+}
+
+// decodeStrict decodes one YAML document into v, a pointer to a struct of
+// the configuration's types, with Parse's decoder.
+func decodeStrict(data []byte, name string, v any) error {
+	d := decoder{name: name}
+	root, err := d.document(data)
+	if err != nil || root == nil {
+		return err
+	}
+	d.value(root, reflect.ValueOf(v).Elem(), "")
+	return errors.Join(d.errs...)
+}
+
+// document reads the one YAML document of data and returns its root node,
+// or nil when data holds none. A trailing "---" is harmless; a second
+// document is an error.
+func (d *decoder) document(data []byte) (*yaml.Node, error) {
+	var doc yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	switch err := dec.Decode(&doc); {
+	case errors.Is(err, io.EOF):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("config: %s: %w", d.file(), err)
+	}
+	for {
+		var extra yaml.Node
+		err := dec.Decode(&extra)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("config: %s: %w", d.file(), err)
+		}
+		if !emptyDocument(&extra) {
+			return nil, fmt.Errorf("config: %s line %d: a second YAML document; the configuration is one document", d.file(), extra.Line)
+		}
+	}
+	root := &doc
+	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
+		root = root.Content[0]
+	}
+	return root, nil
 }
 
 // decoder decodes a yaml.Node tree into the config structs by their yaml
@@ -142,6 +191,20 @@ func (d *decoder) value(n *yaml.Node, v reflect.Value, path string) {
 			list = append(list, item.Value)
 		}
 		v.Set(reflect.ValueOf(list))
+	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.Struct:
+		d.list(n, v, path)
+	case t.Kind() == reflect.Bool:
+		// true or false only: yes/no/on/off are YAML 1.1 and a quoted
+		// "true" is a string, as elsewhere in the file.
+		if !d.want(n, yaml.ScalarNode, path) {
+			return
+		}
+		var b bool
+		if n.ShortTag() != "!!bool" || n.Decode(&b) != nil {
+			d.errorf(n, path, "%q is not true or false", n.Value)
+			return
+		}
+		v.SetBool(b)
 	case t.Kind() == reflect.String:
 		if d.want(n, yaml.ScalarNode, path) {
 			v.SetString(n.Value)
@@ -218,6 +281,27 @@ func (d *decoder) mapping(n *yaml.Node, v reflect.Value, path string) {
 		d.value(p.value, elem, join(path, p.key.Value))
 		v.SetMapIndex(key, elem)
 	}
+}
+
+// list decodes a list of structures (routing.rules): each item over the
+// zero value, paths named by index.
+func (d *decoder) list(n *yaml.Node, v reflect.Value, path string) {
+	if !d.want(n, yaml.SequenceNode, path) {
+		return
+	}
+	out := reflect.MakeSlice(v.Type(), 0, len(n.Content))
+	for i, item := range n.Content {
+		ipath := fmt.Sprintf("%s[%d]", path, i)
+		item = resolve(item)
+		if item.Kind == yaml.ScalarNode && item.ShortTag() == "!!null" {
+			d.errorf(item, ipath, "empty list item")
+			continue
+		}
+		elem := reflect.New(v.Type().Elem()).Elem()
+		d.value(item, elem, ipath)
+		out = reflect.Append(out, elem)
+	}
+	v.Set(out)
 }
 
 type pair struct{ key, value *yaml.Node }

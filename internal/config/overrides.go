@@ -148,6 +148,10 @@ func applyEnv(c *Config, environ []string) []error {
 			}
 			continue
 		}
+		if path, ok := fileOnlyEnv(k); ok {
+			errs = append(errs, fmt.Errorf("config: %s: %s has no environment variable; set it in the configuration file, or in etcd with 'kswitch routes apply'", k, path))
+			continue
+		}
 		for section := range sections {
 			if strings.HasPrefix(k, section) {
 				errs = append(errs, fmt.Errorf("config: %s: unknown variable (known: %s)", k, sectionEnvs(section)))
@@ -171,6 +175,17 @@ func clusterEnvField(rest string) (string, leaf, bool) {
 		}
 	}
 	return name, best, name != ""
+}
+
+// fileOnlyEnv reports whether k is the variable a file-only field would
+// have (or one below it), and that field's path.
+func fileOnlyEnv(k string) (string, bool) {
+	for _, path := range fileOnlyPaths {
+		if env := envName(path); k == env || strings.HasPrefix(k, env+"_") {
+			return path, true
+		}
+	}
+	return "", false
 }
 
 func clusterFields() string {

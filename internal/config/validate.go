@@ -66,6 +66,7 @@ func (c *Config) Validate() error {
 	c.validateSource(&p)
 
 	c.validateFailover(&p)
+	c.validateRouting(&p)
 	return p.err()
 }
 

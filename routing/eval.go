@@ -1,0 +1,241 @@
+package routing
+
+import (
+	"cmp"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/expr-lang/expr/vm"
+
+	"github.com/kswitch/kswitch/agent"
+)
+
+// Env is what routing expressions see of a record, by the names in the
+// expr tags.
+type Env struct {
+	// Topic is the source topic's logical name (agent.Record.SourceTopic,
+	// else Topic): the same on the primary and on a standby replica.
+	Topic     string `expr:"topic"`
+	Partition int    `expr:"partition"`
+	Offset    int    `expr:"offset"`
+	// Key and Value are the record's bytes as strings; a missing key is "".
+	Key   string `expr:"key"`
+	Value string `expr:"value"`
+	// JSON is the value parsed as JSON, or nil when it is not JSON.
+	JSON any `expr:"json"`
+	// Headers maps each header name to its value (the last one when a name
+	// repeats).
+	Headers   map[string]string `expr:"headers"`
+	Timestamp time.Time         `expr:"timestamp"`
+	// Cluster is the cluster the record was consumed from.
+	Cluster string `expr:"cluster"`
+}
+
+// env builds the environment of r, with only the parts the version's
+// expressions read: a rule that looks at the topic alone parses no JSON.
+func (v *Version) env(r *agent.Record) *Env {
+	e := &Env{
+		Topic: cmp.Or(r.SourceTopic, r.Topic), Partition: int(r.Partition), Offset: int(r.Offset),
+		Timestamp: r.Timestamp, Cluster: r.Cluster,
+	}
+	if v.needs.key {
+		e.Key = string(r.Key)
+	}
+	if v.needs.value {
+		e.Value = string(r.Value)
+	}
+	if v.needs.json {
+		var j any
+		if json.Unmarshal(r.Value, &j) == nil {
+			e.JSON = j
+		}
+	}
+	if v.needs.headers {
+		e.Headers = make(map[string]string, len(r.Headers))
+		for _, h := range r.Headers {
+			e.Headers[string(h.Key)] = string(h.Value)
+		}
+	}
+	return e
+}
+
+// EvalError is a rule's match or a channel's key expression that failed
+// on a record.
+type EvalError struct {
+	// Rule is the rule being evaluated, or that routed the record to
+	// Channel.
+	Rule string
+	// Channel is set when the channel's key expression failed.
+	Channel string
+	Err     error
+}
+
+func (e *EvalError) Error() string {
+	if e.Channel != "" {
+		return fmt.Sprintf("routing: channel %s key (record routed by rule %s): %v", e.Channel, e.Rule, e.Err)
+	}
+	return fmt.Sprintf("routing: rule %s: %v", e.Rule, e.Err)
+}
+
+func (e *EvalError) Unwrap() error { return e.Err }
+
+// target is one channel a record goes to, and the rule that sent it there
+// ("" for the default route).
+type target struct {
+	ch   *channel
+	rule string
+}
+
+// Drop reasons, the values of the reason label of the dropped metric.
+const (
+	DropRule    = "rule"     // a drop rule matched
+	DropNoMatch = "no_match" // no rule matched and there is no default route
+)
+
+// decision is where the rules send one record.
+type decision struct {
+	targets  []target
+	matched  []string // the rules that matched, in order
+	drop     string   // DropRule, DropNoMatch or ""
+	dropRule string
+}
+
+// route evaluates the rules against e.
+func (v *Version) route(e *Env) (decision, error) {
+	var d decision
+	add := func(ch *channel, rule string) {
+		for _, t := range d.targets {
+			if t.ch == ch {
+				return
+			}
+		}
+		d.targets = append(d.targets, target{ch, rule})
+	}
+	for _, r := range v.rules {
+		if r.match != nil {
+			out, err := run(r.match, e)
+			if err != nil {
+				return decision{}, &EvalError{Rule: r.name, Err: err}
+			}
+			if ok, _ := out.(bool); !ok {
+				continue
+			}
+		}
+		d.matched = append(d.matched, r.name)
+		if r.drop {
+			if len(d.targets) == 0 {
+				d.drop, d.dropRule = DropRule, r.name
+			}
+			return d, nil
+		}
+		for _, ch := range r.channels {
+			add(ch, r.name)
+		}
+		if v.spec.Mode == ModeFirst {
+			return d, nil
+		}
+	}
+	if len(d.matched) == 0 {
+		for _, ch := range v.defaults {
+			add(ch, "")
+		}
+		if len(d.targets) == 0 {
+			d.drop = DropNoMatch
+		}
+	}
+	return d, nil
+}
+
+// keyOf returns the key of r on channel c.
+func (c *channel) keyOf(e *Env, r *agent.Record) ([]byte, error) {
+	if c.key == nil {
+		return r.Key, nil
+	}
+	out, err := run(c.key, e)
+	if err != nil {
+		return nil, err
+	}
+	return toBytes(out)
+}
+
+// vms are reusable expression machines: a VM allocates its stack once.
+var vms = sync.Pool{New: func() any { return new(vm.VM) }}
+
+// run evaluates p over e; its error is on one line.
+func run(p *vm.Program, e *Env) (any, error) {
+	m := vms.Get().(*vm.VM)
+	out, err := m.Run(p, e)
+	vms.Put(m)
+	if err != nil {
+		return nil, errors.New(exprError(err))
+	}
+	return out, nil
+}
+
+// toBytes converts an expression's value to a record key: strings and
+// bytes as they are, nil as no key, numbers and booleans in their usual
+// text, anything else as JSON.
+func toBytes(v any) ([]byte, error) {
+	switch x := v.(type) {
+	case nil:
+		return nil, nil
+	case string:
+		return []byte(x), nil
+	case []byte:
+		return x, nil
+	case bool:
+		return strconv.AppendBool(nil, x), nil
+	case int:
+		return strconv.AppendInt(nil, int64(x), 10), nil
+	case int64:
+		return strconv.AppendInt(nil, x, 10), nil
+	case float64:
+		return strconv.AppendFloat(nil, x, 'g', -1, 64), nil
+	default:
+		b, err := json.Marshal(x)
+		if err != nil {
+			return nil, fmt.Errorf("the key expression's value %T cannot be a key: %w", v, err)
+		}
+		return b, nil
+	}
+}
+
+// Decision says where Route sends a record.
+type Decision struct {
+	// Channels receive the record, in the order the rules chose them.
+	Channels []string `json:"channels"`
+	// Keys are the keys the record gets on each of Channels (nil: no key).
+	Keys [][]byte `json:"-"`
+	// Rules are the rules that matched, in order of evaluation.
+	Rules []string `json:"rules"`
+	// Dropped is DropRule, DropNoMatch, or "" when the record goes
+	// somewhere.
+	Dropped string `json:"dropped,omitempty"`
+	// DropRule is the drop rule that matched.
+	DropRule string `json:"drop_rule,omitempty"`
+}
+
+// Route evaluates the rules and the channels' key expressions for r
+// without producing anything (for 'kswitch routes check'). The error is an
+// *EvalError: the record would go to the dead-letter channel.
+func (v *Version) Route(r *agent.Record) (Decision, error) {
+	e := v.env(r)
+	d, err := v.route(e)
+	if err != nil {
+		return Decision{}, err
+	}
+	out := Decision{Rules: d.matched, Dropped: d.drop, DropRule: d.dropRule}
+	for _, t := range d.targets {
+		k, err := t.ch.keyOf(e, r)
+		if err != nil {
+			return Decision{}, &EvalError{Rule: cmp.Or(t.rule, "default"), Channel: t.ch.Name, Err: err}
+		}
+		out.Channels = append(out.Channels, t.ch.Name)
+		out.Keys = append(out.Keys, k)
+	}
+	return out, nil
+}

@@ -1,0 +1,88 @@
+package routing
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the router's Prometheus metrics.
+type metrics struct {
+	version   prometheus.Gauge
+	refused   prometheus.Counter
+	routed    *prometheus.CounterVec // channel
+	rules     *prometheus.CounterVec // rule
+	dropped   *prometheus.CounterVec // reason
+	dead      *prometheus.CounterVec // reason
+	latency   *prometheus.HistogramVec
+	inFlight  *prometheus.GaugeVec   // channel
+	failures  *prometheus.CounterVec // channel
+	waits     *prometheus.CounterVec // reason
+	producers prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		version: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kswitch_config_version",
+			Help: "Routing version in force: the etcd revision of the last change of routes or channels it includes (0: the configuration file alone).",
+		}),
+		refused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kswitch_routing_versions_refused_total",
+			Help: "Routing versions (routes and channels in etcd merged with the file) refused as invalid; the last good version stayed in force.",
+		}),
+		routed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kswitch_routing_routed_total",
+			Help: "Records produced to a channel and acknowledged by its cluster, by channel (the dead-letter channel included).",
+		}, []string{"channel"}),
+		rules: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kswitch_routing_rule_matches_total",
+			Help: "Records a rule matched and that were handed on (produced, dropped or dead-lettered), by rule.",
+		}, []string{"rule"}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kswitch_routing_dropped_total",
+			Help: "Records acknowledged without a produce: reason rule (a drop rule matched) or no_match (no rule matched and there is no default route).",
+		}, []string{"reason"}),
+		dead: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kswitch_routing_dead_lettered_total",
+			Help: "Records sent to the dead-letter channel: reason evaluation (a rule or key expression failed) or produce (the destination refused the record for good).",
+		}, []string{"reason"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kswitch_routing_produce_seconds",
+			Help:    "Time from handing a record to a channel's producer to its acknowledgement, retries included, by channel.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}, []string{"channel"}),
+		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kswitch_routing_in_flight",
+			Help: "Records handed to a channel's producer and not yet acknowledged, by channel.",
+		}, []string{"channel"}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kswitch_routing_produce_failures_total",
+			Help: "Produces that failed past the producer's own retries (each is sent again, or dead-lettered), by channel.",
+		}, []string{"channel"}),
+		waits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kswitch_routing_waits_total",
+			Help: "Records the router asked the agent to offer again later: reason paused (a channel signal), failing (a destination is failing), blocked (an earlier record of the partition is refused and there is no dead-letter channel), opening (a producer is connecting), evaluation (no dead-letter channel for an expression error), not_ready (etcd's routes not read yet).",
+		}, []string{"reason"}),
+		producers: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kswitch_routing_producers",
+			Help: "Producers open (one per destination cluster and compression/acks combination in use).",
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.version, m.refused, m.routed, m.rules, m.dropped, m.dead, m.latency, m.inFlight, m.failures, m.waits, m.producers} {
+		if err := reg.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if errors.As(err, &are) {
+				return nil, errors.New("routing: metrics already registered: one router per registry")
+			}
+			return nil, err
+		}
+	}
+	for _, r := range []string{DropRule, DropNoMatch} {
+		m.dropped.WithLabelValues(r)
+	}
+	for _, r := range []string{"evaluation", "produce"} {
+		m.dead.WithLabelValues(r)
+	}
+	return m, nil
+}

@@ -1,0 +1,318 @@
+package routing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	"go.uber.org/zap"
+
+	"github.com/kswitch/kswitch/internal/config"
+)
+
+// producerKey identifies a producer: the cluster, and the settings that
+// sarama applies per producer rather than per message.
+type producerKey struct {
+	cluster, compression, acks string
+}
+
+func (k producerKey) String() string {
+	if k.compression == "none" && k.acks == "all" {
+		return k.cluster
+	}
+	return fmt.Sprintf("%s (compression %s, acks %s)", k.cluster, k.compression, k.acks)
+}
+
+// errClosed is returned once the router is closing.
+var errClosed = errors.New("routing: router closed")
+
+// producer is one sarama AsyncProducer and the count of the messages it
+// holds. A producer is closed only when its count is 0, and the count is
+// raised under the pool's read lock, so nothing is sent to a closed
+// producer.
+type producer struct {
+	key producerKey
+	p   sarama.AsyncProducer
+	// users counts the messages given to p (or about to be) whose fate is
+	// not settled: not yet acknowledged, or failed and waiting to be sent
+	// again to p.
+	users atomic.Int64
+	// sendMu is held (read) while sending to p's input, and (write) to
+	// close it: a belt and braces for Close after a drain timeout.
+	sendMu sync.RWMutex
+	closed bool          // under sendMu
+	done   chan struct{} // closed when the results loop returned
+}
+
+// send hands m to the producer. It blocks while sarama's input is full,
+// until ctx or stop ends.
+func (p *producer) send(ctx context.Context, stop <-chan struct{}, m *sarama.ProducerMessage) error {
+	p.sendMu.RLock()
+	defer p.sendMu.RUnlock()
+	if p.closed {
+		return errClosed
+	}
+	select {
+	case p.p.Input() <- m:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-stop:
+		return errClosed
+	}
+}
+
+// opening is a producer being opened in the background, or the failure
+// of the last attempt.
+type opening struct {
+	done chan struct{} // closed when the attempt ended
+	err  error         // set before done is closed
+	at   time.Time     // when it ended
+}
+
+// openRetry is how long after a failed attempt to open a producer the next
+// attempt may start; meanwhile acquire fails at once with the same error.
+const openRetry = time.Second
+
+// pool holds the producers of a router. Its methods are safe for
+// concurrent use.
+type pool struct {
+	clusters map[string]config.Cluster
+	log      *zap.Logger
+	// onResult receives every outcome of every producer, from that
+	// producer's results goroutine. It must not block for long: sarama
+	// waits for it.
+	onResult func(p *producer, m *sarama.ProducerMessage, err error)
+	// opened is told about each producer opened and closed.
+	opened func(k producerKey, open bool)
+
+	mu      sync.RWMutex
+	live    map[producerKey]*producer
+	opening map[producerKey]*opening
+	closed  bool
+	wg      sync.WaitGroup // the opening and results goroutines
+}
+
+func newPool(clusters map[string]config.Cluster, log *zap.Logger) *pool {
+	return &pool{clusters: clusters, log: log, live: map[producerKey]*producer{}, opening: map[producerKey]*opening{},
+		onResult: func(*producer, *sarama.ProducerMessage, error) {}, opened: func(producerKey, bool) {}}
+}
+
+// acquire returns the producer of k with its user count raised by n,
+// opening it in the background if needed: it waits at most wait (or until
+// ctx ends) for an opening, then fails, and an attempt that failed less
+// than openRetry ago fails at once with that attempt's error.
+func (p *pool) acquire(ctx context.Context, k producerKey, n int64, wait time.Duration) (*producer, error) {
+	var timeout <-chan time.Time
+	for {
+		p.mu.RLock()
+		if pr := p.live[k]; pr != nil {
+			pr.users.Add(n)
+			p.mu.RUnlock()
+			return pr, nil
+		}
+		p.mu.RUnlock()
+
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			return nil, errClosed
+		}
+		if pr := p.live[k]; pr != nil {
+			pr.users.Add(n)
+			p.mu.Unlock()
+			return pr, nil
+		}
+		o := p.opening[k]
+		if o != nil && o.err != nil && time.Since(o.at) >= openRetry {
+			o = nil
+		}
+		if o == nil {
+			o = &opening{done: make(chan struct{})}
+			p.opening[k] = o
+			p.wg.Add(1)
+			go p.open(k, o)
+		}
+		p.mu.Unlock()
+
+		if timeout == nil {
+			t := time.NewTimer(wait)
+			defer t.Stop()
+			timeout = t.C
+		}
+		select {
+		case <-o.done:
+			if o.err != nil {
+				return nil, o.err
+			}
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-timeout:
+			return nil, fmt.Errorf("routing: the producer for cluster %s is still connecting", k)
+		}
+	}
+}
+
+// release lowers pr's user count by n.
+func (p *pool) release(pr *producer, n int64) { pr.users.Add(-n) }
+
+// open opens the producer of k; its outcome is in o and, on success, in
+// p.live.
+func (p *pool) open(k producerKey, o *opening) {
+	defer p.wg.Done()
+	ap, err := p.newProducer(k)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	defer close(o.done)
+	o.at = time.Now()
+	if err != nil {
+		o.err = fmt.Errorf("routing: open a producer for cluster %s: %w", k, err)
+		p.log.Warn("cannot open producer; records for its channels wait", zap.Stringer("producer", k), zap.Error(err))
+		return
+	}
+	if p.closed {
+		o.err = errClosed
+		ap.AsyncClose()
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			drainProducer(ap)
+		}()
+		return
+	}
+	pr := &producer{key: k, p: ap, done: make(chan struct{})}
+	p.live[k] = pr
+	delete(p.opening, k)
+	p.wg.Add(1)
+	go p.results(pr)
+	p.opened(k, true)
+	p.log.Info("producer opened", zap.Stringer("producer", k))
+}
+
+func (p *pool) newProducer(k producerKey) (sarama.AsyncProducer, error) {
+	cl, ok := p.clusters[k.cluster]
+	if !ok {
+		return nil, fmt.Errorf("cluster %q is not configured", k.cluster)
+	}
+	sc, err := ProducerConfig(cl, k.compression, k.acks)
+	if err != nil {
+		return nil, err
+	}
+	return sarama.NewAsyncProducer(cl.Brokers, sc)
+}
+
+// results hands each outcome of pr to onResult until sarama closes its
+// channels (after AsyncClose).
+func (p *pool) results(pr *producer) {
+	defer p.wg.Done()
+	defer close(pr.done)
+	succ, errs := pr.p.Successes(), pr.p.Errors()
+	for succ != nil || errs != nil {
+		select {
+		case m, ok := <-succ:
+			if !ok {
+				succ = nil
+				continue
+			}
+			p.onResult(pr, m, nil)
+		case e, ok := <-errs:
+			if !ok {
+				errs = nil
+				continue
+			}
+			p.onResult(pr, e.Msg, e.Err)
+		}
+	}
+}
+
+// sweep closes, and waits for, the producers that used does not name and
+// that hold no message, and forgets failed openings of unused producers.
+func (p *pool) sweep(used map[producerKey]bool) {
+	var idle []*producer
+	p.mu.Lock()
+	for k, pr := range p.live {
+		if !used[k] && pr.users.Load() == 0 {
+			delete(p.live, k)
+			idle = append(idle, pr)
+		}
+	}
+	for k, o := range p.opening {
+		if !used[k] && o.err != nil {
+			delete(p.opening, k)
+		}
+	}
+	p.mu.Unlock()
+	for _, pr := range idle {
+		p.shut(pr)
+		<-pr.done
+		p.opened(pr.key, false)
+		p.log.Info("producer closed: no channel uses it any more", zap.Stringer("producer", pr.key))
+	}
+}
+
+// shut starts closing pr; its results loop ends once sarama has finished.
+func (p *pool) shut(pr *producer) {
+	pr.sendMu.Lock()
+	defer pr.sendMu.Unlock()
+	if !pr.closed {
+		pr.closed = true
+		pr.p.AsyncClose()
+	}
+}
+
+// keys returns the producers open now.
+func (p *pool) keys() []producerKey {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	out := make([]producerKey, 0, len(p.live))
+	for k := range p.live {
+		out = append(out, k)
+	}
+	return out
+}
+
+// close closes every producer and waits for the pool's goroutines, or
+// until ctx ends.
+func (p *pool) close(ctx context.Context) error {
+	p.mu.Lock()
+	p.closed = true
+	live := p.live
+	p.live = map[producerKey]*producer{}
+	p.mu.Unlock()
+	for _, pr := range live {
+		p.shut(pr)
+	}
+	done := make(chan struct{})
+	go func() {
+		p.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("routing: close producers: %w", ctx.Err())
+	}
+}
+
+// drainProducer reads a closing producer's channels until sarama closes
+// them.
+func drainProducer(ap sarama.AsyncProducer) {
+	succ, errs := ap.Successes(), ap.Errors()
+	for succ != nil || errs != nil {
+		select {
+		case _, ok := <-succ:
+			if !ok {
+				succ = nil
+			}
+		case _, ok := <-errs:
+			if !ok {
+				errs = nil
+			}
+		}
+	}
+}

@@ -1,0 +1,226 @@
+package routing
+
+import (
+	"cmp"
+	"errors"
+	"time"
+
+	"github.com/IBM/sarama"
+	"go.uber.org/zap"
+)
+
+// permanent reports whether a produce error is about the record itself,
+// so that sending it again cannot help: it goes to the dead-letter
+// channel. Every other error (the cluster unreachable, no leader, the
+// topic missing, timeouts) is about the destination, whose records wait
+// for it.
+func permanent(err error) bool {
+	var ce sarama.ConfigurationError
+	if errors.As(err, &ce) {
+		return true // larger than Producer.MaxMessageBytes
+	}
+	for _, p := range []error{
+		sarama.ErrInvalidPartition, // manual-same-partition beyond the topic's partitions
+		sarama.ErrMessageSizeTooLarge, sarama.ErrMessageSetSizeTooLarge, sarama.ErrInvalidRecord,
+		sarama.ErrInvalidTimestamp, sarama.ErrInvalidTopic, sarama.ErrTopicAuthorizationFailed,
+		sarama.ErrPolicyViolation, sarama.ErrUnsupportedForMessageFormat,
+	} {
+		if errors.Is(err, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// onResult settles one produce outcome. It runs on the producer's results
+// goroutine and does not block: a failure is queued for the loop.
+func (r *Router) onResult(pr *producer, msg *sarama.ProducerMessage, err error) {
+	om, ok := msg.Metadata.(*outMsg)
+	if !ok {
+		return
+	}
+	if err == nil {
+		r.settle(om)
+		om.ds.routed.Inc()
+		om.ds.latency.Observe(time.Since(om.sent).Seconds())
+		if f := om.ds.failing.Load(); f != nil && om.ds.failing.CompareAndSwap(f, nil) {
+			r.log.Info("destination recovered; its records flow again", zap.Stringer("destination", om.ds.dest),
+				zap.Duration("failed_for", time.Since(f.since)))
+		}
+		if om.blocks != nil {
+			r.unblock(om)
+		}
+		if om.d.pending.Add(-1) == 0 {
+			r.ack(om.d.rec)
+		}
+		return
+	}
+	if r.loopCtx.Err() != nil {
+		r.settle(om) // closing: not acknowledged, consumed again by the next owner
+		return
+	}
+	om.failures++
+	om.lastErr = err
+	om.ds.failures.Inc()
+	if r.log.Core().Enabled(zap.DebugLevel) {
+		r.log.Debug("produce failed", zap.Stringer("destination", om.ds.dest), zap.String("source", sourceOf(om.d.rec)),
+			zap.Int("failures", om.failures), zap.Error(err))
+	}
+	switch {
+	case permanent(err) && !om.dead && r.cur.Load().deadLetter != nil:
+		r.enqueue(om, 0) // the loop sends it to the dead-letter channel
+		return
+	case permanent(err) && !om.dead:
+		if om.blocks == nil {
+			r.block(om, err)
+			r.log.Error("destination refused a record and there is no dead-letter channel; its partition stops",
+				zap.Stringer("destination", om.ds.dest), zap.String("source", sourceOf(om.d.rec)), zap.Error(err))
+		}
+	default:
+		if om.ds.failing.Load() == nil && om.ds.failing.CompareAndSwap(nil, &failure{err: err, since: time.Now()}) {
+			r.log.Warn("produce failing; the destination's records wait and are sent again", zap.Stringer("destination", om.ds.dest), zap.Error(err))
+		}
+	}
+	r.enqueue(om, r.backoff(om.failures))
+}
+
+// backoff is the wait before the n-th retry of a record (n >= 1).
+func (r *Router) backoff(n int) time.Duration {
+	d := r.opts.RetryBackoff
+	for i := 1; i < n && d < r.opts.RetryBackoffMax; i++ {
+		d *= 2
+	}
+	return min(d, r.opts.RetryBackoffMax)
+}
+
+func (r *Router) enqueue(om *outMsg, after time.Duration) {
+	om.due = time.Now().Add(after)
+	r.mu.Lock()
+	r.retries = append(r.retries, om)
+	r.mu.Unlock()
+	select {
+	case r.retryKick <- struct{}{}:
+	default:
+	}
+}
+
+func (r *Router) block(om *outMsg, err error) {
+	src := source{om.d.rec.Cluster, om.d.rec.Topic, om.d.rec.Partition}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b := r.blocked[src]
+	if b == nil {
+		b = &blockedSource{}
+		r.blocked[src] = b
+	}
+	b.n++
+	b.err = err
+	om.blocks = &src
+	r.nblock.Store(int32(len(r.blocked)))
+}
+
+func (r *Router) unblock(om *outMsg) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if b := r.blocked[*om.blocks]; b != nil {
+		if b.n--; b.n <= 0 {
+			delete(r.blocked, *om.blocks)
+		}
+	}
+	om.blocks = nil
+	r.nblock.Store(int32(len(r.blocked)))
+}
+
+// loop is the router's background goroutine: it sends failed produces
+// again when they are due, and closes producers no channel uses.
+func (r *Router) loop() {
+	defer close(r.loopDone)
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		now := time.Now()
+		wait := time.Hour
+		var due []*outMsg
+		r.mu.Lock()
+		rest := r.retries[:0]
+		for _, om := range r.retries {
+			if !om.due.After(now) {
+				due = append(due, om)
+			} else {
+				wait = min(wait, om.due.Sub(now))
+				rest = append(rest, om)
+			}
+		}
+		clear(r.retries[len(rest):])
+		r.retries = rest
+		r.mu.Unlock()
+		for _, om := range due {
+			r.resend(om)
+		}
+		if len(due) > 0 {
+			continue // resends took time, and may have queued more
+		}
+		timer.Reset(wait)
+		select {
+		case <-r.loopCtx.Done():
+			r.mu.Lock()
+			pending := r.retries
+			r.retries = nil
+			r.mu.Unlock()
+			for _, om := range pending {
+				r.settle(om)
+			}
+			return
+		case <-r.retryKick:
+		case <-timer.C:
+		case <-r.sweepKick:
+			r.pool.sweep(r.cur.Load().producers())
+		case <-tick.C:
+			r.pool.sweep(r.cur.Load().producers())
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+	}
+}
+
+// resend sends a failed produce again, or to the dead-letter channel when
+// the destination refused it for good and the version in force has one.
+func (r *Router) resend(om *outMsg) {
+	ctx := r.loopCtx
+	if v := r.cur.Load(); !om.dead && permanent(om.lastErr) && v.deadLetter != nil {
+		dl := v.deadLetter
+		pr, err := r.pool.acquire(ctx, dl.pkey, 1, r.opts.OpenWait)
+		if err != nil {
+			if ctx.Err() == nil {
+				r.enqueue(om, r.backoff(om.failures))
+			} else {
+				r.settle(om)
+			}
+			return
+		}
+		rec := om.d.rec
+		r.log.Warn("destination refused a record for good; sending it to the dead-letter channel",
+			zap.Stringer("destination", om.ds.dest), zap.String("source", sourceOf(rec)), zap.String("dead_letter", dl.Name), zap.Error(om.lastErr))
+		rule := cmp.Or(om.rule, "default")
+		dm := r.newMsg(rec, dl, rule, rec.Key, deadHeaders(rec, rule, om.lastErr))
+		r.settle(om)
+		r.inFlight.Add(1)
+		if om.blocks != nil {
+			r.unblock(om)
+		}
+		om.ch, om.ds, om.pr, om.msg, om.dead, om.failures = dl, dm.ds, pr, dm.msg, true, 0
+		om.msg.Metadata = om
+		om.ds.inFlight.Add(1)
+		om.ds.gauge.Inc()
+		r.m.dead.WithLabelValues("produce").Inc()
+	}
+	if err := om.pr.send(ctx, ctx.Done(), om.msg); err != nil {
+		r.settle(om)
+	}
+}

@@ -1,0 +1,473 @@
+package routing
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/kswitch/kswitch/agent"
+	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/signals"
+)
+
+// The headers of a dead-lettered record, added to its own.
+const (
+	HeaderError  = "kswitch-error"  // why: the evaluation or produce error
+	HeaderRule   = "kswitch-rule"   // the rule evaluated, or that routed it ("default" for the default route)
+	HeaderSource = "kswitch-source" // topic/partition@offset where it was consumed
+	// HeaderSourceCluster is the cluster it was consumed from.
+	HeaderSourceCluster = "kswitch-source-cluster"
+)
+
+// Options are the parts of a router that are not configuration. The zero
+// value is usable: static routing only, nothing paused, no metrics
+// exported, no logs.
+type Options struct {
+	// Etcd, when set, is the client Run follows the dynamic layer with
+	// (routes and channels/ of the configuration's fleet). Nil: the
+	// configuration file's routing only, ready at once.
+	Etcd *clientv3.Client
+	// Registerer receives the router's metrics. Default: a registry of
+	// its own, not exported.
+	Registerer prometheus.Registerer
+	// Logger receives the router's logs. Default: none.
+	Logger *zap.Logger
+	// OpenWait bounds how long Handle waits for a producer that is being
+	// opened before it returns an error (the agent offers the record
+	// again). Default 2s.
+	OpenWait time.Duration
+	// RetryBackoff is the wait before a failed produce is sent again; it
+	// doubles with each failure of the same record up to RetryBackoffMax.
+	// Defaults 100ms and 5s.
+	RetryBackoff, RetryBackoffMax time.Duration
+	// OnAck, when set, is called after each record is acknowledged, from
+	// the goroutine that acknowledged it. It must not block. For tests.
+	OnAck func(*agent.Record)
+}
+
+// Router is the routing sink, an agent.Handler. New starts its one
+// background goroutine (retries and closing idle producers); Run follows
+// etcd; Close drains and ends everything. Handle, Status and Version may
+// be called from any goroutine, before, during and after Run.
+type Router struct {
+	clusters map[string]config.Cluster
+	static   Config
+	keys     keys.Fleet
+	timeout  time.Duration
+	opts     Options
+	signals  func() signals.State
+	log      *zap.Logger
+	m        *metrics
+	pool     *pool
+
+	cur      atomic.Pointer[Version]
+	ready    chan struct{}
+	started  atomic.Bool
+	closed   atomic.Bool
+	inFlight atomic.Int64 // messages not settled, across producers
+
+	loopCtx    context.Context // cancelled by Close to end the loop
+	loopCancel context.CancelFunc
+	loopDone   chan struct{}
+	closeOnce  sync.Once
+	closeErr   error
+	sweepKick  chan struct{}
+	retryKick  chan struct{}
+
+	// mu guards the fields below it.
+	mu      sync.Mutex
+	dests   map[dest]*destState
+	retries []*outMsg
+	blocked map[source]*blockedSource // partitions held by a record refused for good
+	nblock  atomic.Int32              // len(blocked), read without mu
+	refusal *Refusal
+	layer   layer
+}
+
+// source is a consumed partition.
+type source struct {
+	cluster, topic string
+	partition      int32
+}
+
+type blockedSource struct {
+	n   int // messages held
+	err error
+}
+
+// destState is the delivery state of one destination, shared by the
+// versions that route to it.
+type destState struct {
+	dest     dest
+	inFlight atomic.Int64
+	failing  atomic.Pointer[failure] // nil while it works
+
+	routed   prometheus.Counter
+	gauge    prometheus.Gauge
+	latency  prometheus.Observer
+	failures prometheus.Counter
+}
+
+type failure struct {
+	err   error
+	since time.Time
+}
+
+// delivery is one record on its way to its channels.
+type delivery struct {
+	rec     *agent.Record
+	pending atomic.Int32 // produces not yet acknowledged
+}
+
+// outMsg is one produce of a record to one channel.
+type outMsg struct {
+	d            *delivery
+	ch           *channel
+	rule         string // "" for the default route
+	dead         bool   // a dead-letter produce
+	ds           *destState
+	pr           *producer
+	msg          *sarama.ProducerMessage
+	srcPartition int32
+	sent         time.Time // first handed to a producer
+	failures     int
+	lastErr      error
+	blocks       *source // set while it holds its partition
+	due          time.Time
+}
+
+// New checks cfg.Routing (the static layer), compiling its expressions,
+// and returns a router in force with it. sig returns the signals in force,
+// for channel pauses; nil means nothing is paused. cfg is copied; it must
+// be valid (config.Validate).
+func New(cfg config.Config, sig func() signals.State, opts Options) (*Router, error) {
+	cfg = cfg.Clone()
+	v, err := Compile(cfg.Routing, cfg.Clusters)
+	if err != nil {
+		return nil, fmt.Errorf("routing: the configuration file's routing section is invalid:\n%w", err)
+	}
+	if opts.OpenWait <= 0 {
+		opts.OpenWait = 2 * time.Second
+	}
+	if opts.RetryBackoff <= 0 {
+		opts.RetryBackoff = 100 * time.Millisecond
+	}
+	if opts.RetryBackoffMax <= 0 {
+		opts.RetryBackoffMax = 5 * time.Second
+	}
+	opts.RetryBackoffMax = max(opts.RetryBackoffMax, opts.RetryBackoff)
+	if opts.Registerer == nil {
+		opts.Registerer = prometheus.NewRegistry()
+	}
+	if sig == nil {
+		sig = func() signals.State { return signals.State{} }
+	}
+	log := opts.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	log = log.Named("routing")
+	m, err := newMetrics(opts.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	r := &Router{
+		clusters: cfg.Clusters, static: cfg.Routing, timeout: cfg.Etcd.RequestTimeout, opts: opts, signals: sig, log: log, m: m,
+		ready: make(chan struct{}), loopDone: make(chan struct{}),
+		sweepKick: make(chan struct{}, 1), retryKick: make(chan struct{}, 1),
+		dests: map[dest]*destState{}, blocked: map[source]*blockedSource{},
+	}
+	if cfg.Fleet != "" {
+		r.keys = keys.New(cfg.Fleet)
+	} else if opts.Etcd != nil {
+		return nil, errors.New("routing: the configuration has no fleet, whose etcd keys to follow")
+	}
+	r.pool = newPool(cfg.Clusters, log)
+	r.pool.onResult = r.onResult
+	r.pool.opened = func(_ producerKey, open bool) {
+		if open {
+			m.producers.Inc()
+		} else {
+			m.producers.Dec()
+		}
+	}
+	r.loopCtx, r.loopCancel = context.WithCancel(context.Background())
+	r.install(v, 0, "file")
+	if opts.Etcd == nil {
+		close(r.ready)
+	}
+	go r.loop()
+	return r, nil
+}
+
+// Ready is closed once the router routes: at once without etcd, else once
+// Run has read the dynamic layer for the first time. Until then Handle
+// returns ErrNotReady, so that an agent restarting does not route a record
+// by the file's rules when etcd's say otherwise.
+func (r *Router) Ready() <-chan struct{} { return r.ready }
+
+// Version returns the version in force.
+func (r *Router) Version() *Version { return r.cur.Load() }
+
+// ErrNotReady is returned by Handle before the first read of etcd.
+var ErrNotReady = errors.New("routing: waiting for the first read of the routes and channels in etcd")
+
+// WaitError is returned by Handle for a record that must wait: the agent
+// offers it again after a backoff.
+type WaitError struct {
+	// Channel is the channel the record waits for ("" when it is the
+	// partition that waits).
+	Channel string
+	// Reason is "paused", "failing", "opening" or "blocked".
+	Reason string
+	Err    error
+}
+
+func (e *WaitError) Error() string {
+	switch {
+	case e.Reason == "paused":
+		return fmt.Sprintf("routing: channel %s paused", e.Channel)
+	case e.Channel == "":
+		return fmt.Sprintf("routing: %s: %v", e.Reason, e.Err)
+	default:
+		return fmt.Sprintf("routing: channel %s %s: %v", e.Channel, e.Reason, e.Err)
+	}
+}
+
+func (e *WaitError) Unwrap() error { return e.Err }
+
+// Handle routes r: it evaluates the rules of the version in force and
+// hands r to the producers of its channels, or drops it. It acknowledges r
+// once every produce is acknowledged. It returns an error when r must be
+// offered again: see WaitError, ErrNotReady, and EvalError when there is
+// no dead-letter channel. It blocks at most Options.OpenWait, or while a
+// producer's input is full, and never past ctx.
+func (r *Router) Handle(ctx context.Context, rec *agent.Record) error {
+	if r.closed.Load() {
+		return errClosed
+	}
+	select {
+	case <-r.ready:
+	default:
+		r.m.waits.WithLabelValues("not_ready").Inc()
+		return ErrNotReady
+	}
+	if r.nblock.Load() > 0 {
+		if err := r.blockedBy(rec); err != nil {
+			r.m.waits.WithLabelValues("blocked").Inc()
+			return err
+		}
+	}
+	v := r.cur.Load()
+	e := v.env(rec)
+	d, err := v.route(e)
+	if err != nil {
+		return r.deadLetter(ctx, v, rec, err)
+	}
+	if len(d.targets) == 0 {
+		r.countRules(d.matched)
+		r.m.dropped.WithLabelValues(d.drop).Inc()
+		r.ack(rec)
+		return nil
+	}
+	out := make([]*outMsg, len(d.targets))
+	for i, t := range d.targets {
+		key, err := t.ch.keyOf(e, rec)
+		if err != nil {
+			return r.deadLetter(ctx, v, rec, &EvalError{Rule: cmp.Or(t.rule, "default"), Channel: t.ch.Name, Err: err})
+		}
+		out[i] = r.newMsg(rec, t.ch, t.rule, key, nil)
+	}
+	if err := r.submit(ctx, rec, out); err != nil {
+		return err
+	}
+	r.countRules(d.matched)
+	return nil
+}
+
+func (r *Router) countRules(names []string) {
+	for _, n := range names {
+		r.m.rules.WithLabelValues(n).Inc()
+	}
+}
+
+// deadLetter sends rec to the dead-letter channel of v because of the
+// evaluation error err, or returns err when v has none.
+func (r *Router) deadLetter(ctx context.Context, v *Version, rec *agent.Record, err error) error {
+	var ee *EvalError
+	rule := "?"
+	if errors.As(err, &ee) {
+		rule = ee.Rule
+	}
+	if v.deadLetter == nil {
+		r.m.waits.WithLabelValues("evaluation").Inc()
+		return fmt.Errorf("%w (no dead-letter channel: the partition waits for a version that routes this record)", err)
+	}
+	m := r.newMsg(rec, v.deadLetter, rule, rec.Key, deadHeaders(rec, rule, err))
+	m.dead = true
+	if err := r.submit(ctx, rec, []*outMsg{m}); err != nil {
+		return err
+	}
+	r.m.dead.WithLabelValues("evaluation").Inc()
+	r.log.Debug("record dead-lettered", zap.String("source", sourceOf(rec)), zap.String("rule", rule), zap.Error(err))
+	return nil
+}
+
+func sourceOf(rec *agent.Record) string {
+	return rec.Topic + "/" + strconv.Itoa(int(rec.Partition)) + "@" + strconv.FormatInt(rec.Offset, 10)
+}
+
+func deadHeaders(rec *agent.Record, rule string, err error) []sarama.RecordHeader {
+	return []sarama.RecordHeader{
+		{Key: []byte(HeaderError), Value: []byte(err.Error())},
+		{Key: []byte(HeaderRule), Value: []byte(rule)},
+		{Key: []byte(HeaderSource), Value: []byte(sourceOf(rec))},
+		{Key: []byte(HeaderSourceCluster), Value: []byte(rec.Cluster)},
+	}
+}
+
+// newMsg builds the produce of rec to ch.
+func (r *Router) newMsg(rec *agent.Record, ch *channel, rule string, key []byte, extra []sarama.RecordHeader) *outMsg {
+	ds := ch.ds
+	if ds == nil { // a channel of a version not installed by this router
+		ds = r.destState(ch.dest)
+	}
+	om := &outMsg{ch: ch, rule: rule, ds: ds, srcPartition: rec.Partition}
+	m := &sarama.ProducerMessage{Topic: ch.Topic, Timestamp: rec.Timestamp, Metadata: om}
+	if key != nil {
+		m.Key = sarama.ByteEncoder(key)
+	}
+	if rec.Value != nil {
+		m.Value = sarama.ByteEncoder(rec.Value)
+	}
+	if n := len(rec.Headers) + len(extra); n > 0 {
+		m.Headers = make([]sarama.RecordHeader, 0, n)
+		for _, h := range rec.Headers {
+			m.Headers = append(m.Headers, sarama.RecordHeader{Key: h.Key, Value: h.Value})
+		}
+		m.Headers = append(m.Headers, extra...)
+	}
+	om.msg = m
+	return om
+}
+
+// submit hands the produces of one record to their producers: all of them
+// or, when one must wait, none.
+func (r *Router) submit(ctx context.Context, rec *agent.Record, msgs []*outMsg) error {
+	st := r.signals()
+	for _, m := range msgs {
+		if st.ChannelPaused(m.ch.Name) {
+			r.m.waits.WithLabelValues("paused").Inc()
+			return &WaitError{Channel: m.ch.Name, Reason: "paused"}
+		}
+		if f := m.ds.failing.Load(); f != nil {
+			r.m.waits.WithLabelValues("failing").Inc()
+			return &WaitError{Channel: m.ch.Name, Reason: "failing",
+				Err: fmt.Errorf("cluster %s topic %s failing since %s: %w", m.ch.Cluster, m.ch.Topic, f.since.Format(time.RFC3339), f.err)}
+		}
+	}
+	for i, m := range msgs {
+		pr, err := r.pool.acquire(ctx, m.ch.pkey, 1, r.opts.OpenWait)
+		if err != nil {
+			for _, done := range msgs[:i] {
+				r.pool.release(done.pr, 1)
+			}
+			if errors.Is(err, ctx.Err()) || errors.Is(err, errClosed) {
+				return err
+			}
+			r.m.waits.WithLabelValues("opening").Inc()
+			return &WaitError{Channel: m.ch.Name, Reason: "opening", Err: err}
+		}
+		m.pr = pr
+	}
+	d := &delivery{rec: rec}
+	d.pending.Store(int32(len(msgs)))
+	now := time.Now()
+	for i, m := range msgs {
+		m.d, m.sent = d, now
+		r.inFlight.Add(1)
+		m.ds.inFlight.Add(1)
+		m.ds.gauge.Inc()
+		if err := m.pr.send(ctx, r.loopCtx.Done(), m.msg); err != nil {
+			// The record will not be acknowledged: ctx ended (the
+			// partition is revoked) or the router is closing.
+			for _, rest := range msgs[i:] {
+				r.settle(rest)
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// settle forgets m, which will not be acknowledged: it no longer counts as
+// in flight on its producer and destination.
+func (r *Router) settle(m *outMsg) {
+	r.pool.release(m.pr, 1)
+	m.ds.inFlight.Add(-1)
+	m.ds.gauge.Dec()
+	r.inFlight.Add(-1)
+}
+
+// ack acknowledges rec.
+func (r *Router) ack(rec *agent.Record) {
+	rec.Ack()
+	if r.opts.OnAck != nil {
+		r.opts.OnAck(rec)
+	}
+}
+
+// destState returns the state of d, creating it on first use.
+func (r *Router) destState(d dest) *destState {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ds := r.dests[d]
+	if ds == nil {
+		ds = &destState{dest: d,
+			routed:   r.m.routed.WithLabelValues(d.channel),
+			gauge:    r.m.inFlight.WithLabelValues(d.channel),
+			latency:  r.m.latency.WithLabelValues(d.channel),
+			failures: r.m.failures.WithLabelValues(d.channel),
+		}
+		r.dests[d] = ds
+	}
+	return ds
+}
+
+// blockedBy returns an error when rec's partition is held by an earlier
+// record refused for good with no dead-letter channel to take it.
+func (r *Router) blockedBy(rec *agent.Record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b := r.blocked[source{rec.Cluster, rec.Topic, rec.Partition}]
+	if b == nil {
+		return nil
+	}
+	return &WaitError{Reason: "blocked", Err: fmt.Errorf("partition %s/%d holds %d earlier record(s) that the destination refused and no dead-letter channel takes (configure routing.dead_letter): %w",
+		rec.Topic, rec.Partition, b.n, b.err)}
+}
+
+// install puts v in force.
+func (r *Router) install(v *Version, number int64, src string) {
+	v.Number, v.Since, v.Source = number, time.Now(), src
+	for _, ch := range v.channels {
+		ch.ds = r.destState(ch.dest)
+	}
+	r.cur.Store(v)
+	r.m.version.Set(float64(number))
+	select {
+	case r.sweepKick <- struct{}{}:
+	default:
+	}
+}

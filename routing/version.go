@@ -1,0 +1,317 @@
+package routing
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/expr-lang/expr"
+	"github.com/expr-lang/expr/ast"
+	"github.com/expr-lang/expr/file"
+	"github.com/expr-lang/expr/vm"
+
+	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/internal/kafka"
+)
+
+// Rule is one routing rule; see config.RoutingRule.
+type Rule = config.RoutingRule
+
+// Channel is one destination; see config.RoutingChannel.
+type Channel = config.RoutingChannel
+
+// Config is a routing layer: mode, rules, default route, dead-letter
+// channel and channels; see config.Routing.
+type Config = config.Routing
+
+// The modes of rule evaluation.
+const (
+	ModeFirst = "first"
+	ModeAll   = "all"
+)
+
+// The partitioners of a channel.
+const (
+	PartitionerHash       = "hash"
+	PartitionerRandom     = "random"
+	PartitionerRoundRobin = "roundrobin"
+	PartitionerManual     = "manual-same-partition"
+)
+
+// Version is a compiled, validated routing configuration. It is immutable
+// and safe for concurrent use.
+type Version struct {
+	// Number is the etcd revision of the last change of the dynamic layer
+	// this version includes; 0 for the configuration file alone.
+	Number int64
+	// Since is when the version came into force (zero until then).
+	Since time.Time
+	// Source says where it came from: "file", or "file+etcd" when etcd's
+	// routes key or a channel key contributed.
+	Source string
+
+	spec       Config // the merged layers, defaults filled in
+	rules      []*rule
+	channels   map[string]*channel
+	defaults   []*channel
+	deadLetter *channel
+	needs      needs
+}
+
+type rule struct {
+	name     string
+	match    *vm.Program // nil: every record
+	channels []*channel
+	drop     bool
+}
+
+// channel is a compiled channel.
+type channel struct {
+	Channel             // defaults filled in
+	key     *vm.Program // nil: keep the record's key
+	dest    dest
+	pkey    producerKey
+	ds      *destState // set by the Router that installs the version
+}
+
+// dest identifies where a channel's records go. Failures are tracked per
+// dest, so a channel redefined to another cluster or topic does not wait
+// for the records still bound for its old destination.
+type dest struct {
+	channel, cluster, topic string
+}
+
+func (d dest) String() string { return fmt.Sprintf("%s (%s/%s)", d.channel, d.cluster, d.topic) }
+
+// Spec returns the merged configuration of the version, with every default
+// filled in (a copy).
+func (v *Version) Spec() Config { return v.spec.Clone() }
+
+// Mode returns "first" or "all".
+func (v *Version) Mode() string { return v.spec.Mode }
+
+// RuleNames returns the rules' names in order.
+func (v *Version) RuleNames() []string {
+	out := make([]string, len(v.rules))
+	for i, r := range v.rules {
+		out[i] = r.name
+	}
+	return out
+}
+
+// ChannelNames returns the channels' names, sorted.
+func (v *Version) ChannelNames() []string { return slices.Sorted(maps.Keys(v.channels)) }
+
+// DeadLetter returns the dead-letter channel's name, or "".
+func (v *Version) DeadLetter() string {
+	if v.deadLetter == nil {
+		return ""
+	}
+	return v.deadLetter.Name
+}
+
+// producers returns the producers of the channels the version can route
+// to: those its rules, default route and dead-letter name. A channel
+// defined but not named keeps no producer open.
+func (v *Version) producers() map[producerKey]bool {
+	out := map[producerKey]bool{}
+	for _, r := range v.rules {
+		for _, ch := range r.channels {
+			out[ch.pkey] = true
+		}
+	}
+	for _, ch := range v.defaults {
+		out[ch.pkey] = true
+	}
+	if v.deadLetter != nil {
+		out[v.deadLetter.pkey] = true
+	}
+	return out
+}
+
+// Compile validates spec against clusters and compiles it. The error lists
+// every problem, one per line, each naming its path ("rules[1].match: ...").
+// The returned version has Number 0 and a zero Since; the Router sets them.
+func Compile(spec Config, clusters map[string]config.Cluster) (*Version, error) {
+	spec = spec.Clone()
+	for name, ch := range spec.Channels {
+		ch.Name = name
+		spec.Channels[name] = ch
+	}
+	var errs []error
+	errs = append(errs, spec.Check(clusters)...)
+	spec.Mode = cmp.Or(spec.Mode, ModeFirst)
+
+	v := &Version{Source: "file", channels: map[string]*channel{}}
+	var w usage
+	for _, name := range slices.Sorted(maps.Keys(spec.Channels)) {
+		ch := spec.Channels[name]
+		ch.Key = cmp.Or(strings.TrimSpace(ch.Key), config.KeepKey)
+		ch.Partitioner = cmp.Or(ch.Partitioner, PartitionerHash)
+		ch.Compression = cmp.Or(ch.Compression, "none")
+		ch.Acks = cmp.Or(ch.Acks, "all")
+		spec.Channels[name] = ch
+		c := &channel{Channel: ch, dest: dest{name, ch.Cluster, ch.Topic}, pkey: producerKey{ch.Cluster, ch.Compression, ch.Acks}}
+		if ch.Key != config.KeepKey {
+			p, err := expr.Compile(ch.Key, expr.Env(Env{}))
+			if err != nil {
+				errs = append(errs, fmt.Errorf("channels.%s.key: %s", name, exprError(err)))
+			} else {
+				c.key = p
+				w.walk(p)
+			}
+		}
+		if cl, ok := clusters[ch.Cluster]; ok {
+			if _, err := ProducerConfig(cl, ch.Compression, ch.Acks); err != nil {
+				errs = append(errs, fmt.Errorf("channels.%s: %v", name, err))
+			}
+		}
+		v.channels[name] = c
+	}
+	for i, r := range spec.Rules {
+		cr := &rule{name: r.Name, drop: r.Drop}
+		if strings.TrimSpace(r.Match) != "" {
+			p, err := expr.Compile(r.Match, expr.Env(Env{}), expr.AsBool())
+			if err != nil {
+				errs = append(errs, fmt.Errorf("rules[%d].match: %s", i, exprError(err)))
+			} else {
+				cr.match = p
+				w.walk(p)
+			}
+		}
+		for _, name := range r.Channels {
+			if c := v.channels[name]; c != nil && !slices.Contains(cr.channels, c) {
+				cr.channels = append(cr.channels, c)
+			}
+		}
+		v.rules = append(v.rules, cr)
+	}
+	for _, name := range spec.Default {
+		if c := v.channels[name]; c != nil && !slices.Contains(v.defaults, c) {
+			v.defaults = append(v.defaults, c)
+		}
+	}
+	v.deadLetter = v.channels[spec.DeadLetter]
+	if len(errs) > 0 {
+		return nil, &InvalidError{Problems: errs}
+	}
+	v.spec = spec
+	v.needs = w.needs
+	return v, nil
+}
+
+// InvalidError is the error of a version that does not validate.
+type InvalidError struct {
+	// Problems are the reasons, each naming its path.
+	Problems []error
+}
+
+func (e *InvalidError) Error() string {
+	lines := make([]string, len(e.Problems))
+	for i, p := range e.Problems {
+		lines[i] = p.Error()
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Unwrap returns the problems.
+func (e *InvalidError) Unwrap() []error { return e.Problems }
+
+// exprError renders an expression's compile error on one line.
+func exprError(err error) string {
+	var fe *file.Error
+	if errors.As(err, &fe) {
+		return fmt.Sprintf("%s (column %d)", fe.Message, fe.Column+1)
+	}
+	return err.Error()
+}
+
+// usage finds which parts of the environment the expressions read, so
+// that a record's environment is built with only those.
+type usage struct{ needs }
+
+type needs struct {
+	key, value, json, headers bool
+}
+
+func (u *usage) walk(p *vm.Program) {
+	n := p.Node()
+	ast.Walk(&n, u)
+}
+
+// Visit implements ast.Visitor.
+func (u *usage) Visit(n *ast.Node) {
+	id, ok := (*n).(*ast.IdentifierNode)
+	if !ok {
+		return
+	}
+	switch id.Value {
+	case "key", "Key":
+		u.key = true
+	case "value", "Value":
+		u.value = true
+	case "json", "JSON":
+		u.json = true
+	case "headers", "Headers":
+		u.headers = true
+	}
+}
+
+// ProducerConfig returns the sarama configuration of the producer of a
+// cluster for channels with the given compression and acks (empty means
+// the defaults, none and all): internal/kafka's client settings and
+// timeouts, successes and errors returned, and with acks all the
+// idempotent producer (RequiredAcks WaitForAll, one open request per
+// broker). The partitioner is the router's, which reads the channel of each
+// message from its Metadata; a caller producing its own messages (a
+// benchmark's baseline) replaces it.
+func ProducerConfig(c config.Cluster, compression, acks string) (*sarama.Config, error) {
+	sc, err := kafka.Config(c)
+	if err != nil {
+		return nil, err
+	}
+	sc.Producer.Return.Successes = true
+	sc.Producer.Return.Errors = true
+	sc.Producer.Retry.Max = 3
+	sc.Producer.Retry.Backoff = 100 * time.Millisecond
+	sc.Producer.Timeout = 10 * time.Second
+	sc.Producer.Partitioner = newPartitioner
+	switch cmp.Or(acks, "all") {
+	case "all":
+		sc.Producer.RequiredAcks = sarama.WaitForAll
+		sc.Producer.Idempotent = true
+		sc.Net.MaxOpenRequests = 1
+		if !sc.Version.IsAtLeast(sarama.V0_11_0_0) {
+			return nil, fmt.Errorf("acks all uses the idempotent producer, which needs Kafka 0.11 or later (the cluster's version is %s); use acks leader", sc.Version)
+		}
+	case "leader":
+		sc.Producer.RequiredAcks = sarama.WaitForLocal
+	case "none":
+		sc.Producer.RequiredAcks = sarama.NoResponse
+	default:
+		return nil, fmt.Errorf("acks %q is not one of %s", acks, strings.Join(config.RoutingAcks, ", "))
+	}
+	switch cmp.Or(compression, "none") {
+	case "none":
+		sc.Producer.Compression = sarama.CompressionNone
+	case "gzip":
+		sc.Producer.Compression = sarama.CompressionGZIP
+	case "snappy":
+		sc.Producer.Compression = sarama.CompressionSnappy
+	case "lz4":
+		sc.Producer.Compression = sarama.CompressionLZ4
+	case "zstd":
+		sc.Producer.Compression = sarama.CompressionZSTD
+	default:
+		return nil, fmt.Errorf("compression %q is not one of %s", compression, strings.Join(config.RoutingCompressions, ", "))
+	}
+	if err := sc.Validate(); err != nil {
+		return nil, fmt.Errorf("producer configuration: %w", err)
+	}
+	return sc, nil
+}
