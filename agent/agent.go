@@ -52,6 +52,10 @@ type Options struct {
 	// OnApplied, when set, is called each time this agent has applied an
 	// assignment generation. It must not block. For tests and tools.
 	OnApplied func(coordinator.Assignment)
+	// HandlerStatus, when set, is shown as "handler" in /status: the
+	// routing sink reports its rules version and channels through it. It
+	// must be safe to call from any goroutine and must not block.
+	HandlerStatus func() any
 	// KafkaDialer, when set, returns the dialer for the connections of
 	// this agent to a cluster (probes, consumers, discovery). Tests use it
 	// to cut one agent off one cluster.
@@ -389,6 +393,9 @@ func (a *Agent) Status() Status {
 	}
 	if a.Leading() {
 		st.Coordinator = a.leader.Status()
+	}
+	if a.opts.HandlerStatus != nil {
+		st.Handler = a.opts.HandlerStatus()
 	}
 	return st
 }

@@ -43,6 +43,9 @@ type Status struct {
 	Owned []coordinator.TopicPartition `json:"owned"`
 	// Signals are the pause/start signals in force and the refused ones.
 	Signals signals.State `json:"signals"`
+	// Handler is what the handler reports (the routing sink: rules
+	// version, channels, the last refused version).
+	Handler any `json:"handler,omitempty"`
 	// Coordinator is the leader's last verdict (only on the leader).
 	Coordinator *coordinator.LeaderStatus `json:"coordinator,omitempty"`
 }

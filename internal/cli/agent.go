@@ -121,9 +121,11 @@ func runAgent(ctx context.Context, cfg config.Config, log *zap.Logger, stopTimeo
 	// agent is made first, with a handler that calls the router: it is
 	// set below, before the agent starts and hands anything on.
 	var router *routing.Router
-	a, err := agent.New(cfg, agent.Options{Logger: log, Handler: agent.HandlerFunc(func(ctx context.Context, r *agent.Record) error {
-		return router.Handle(ctx, r)
-	})})
+	a, err := agent.New(cfg, agent.Options{
+		Logger:        log,
+		Handler:       router,
+		HandlerStatus: func() any { return router.Status() },
+	})
 	if err != nil {
 		return err
 	}
