@@ -122,8 +122,10 @@ func runAgent(ctx context.Context, cfg config.Config, log *zap.Logger, stopTimeo
 	// set below, before the agent starts and hands anything on.
 	var router *routing.Router
 	a, err := agent.New(cfg, agent.Options{
-		Logger:        log,
-		Handler:       router,
+		Logger: log,
+		Handler: agent.HandlerFunc(func(ctx context.Context, r *agent.Record) error {
+			return router.Handle(ctx, r)
+		}),
 		HandlerStatus: func() any { return router.Status() },
 	})
 	if err != nil {
