@@ -27,20 +27,24 @@ import (
 // ownership invariants as records arrive (not by sampling at the end).
 type ledger struct {
 	mu         sync.Mutex
-	seen       map[string]int                          // record id -> times handled
-	first      map[string]string                       // record id -> agent that handled it first
-	holders    map[coordinator.TopicPartition]string   // partition -> agent that handled its last record
-	handedOver map[coordinator.TopicPartition][]string // partition -> agents that held it, in order
-	genHolder  map[string]string                       // "topic/partition@generation" -> agent
-	lastOffset map[string]int64                        // "agent topic/partition@generation" -> last offset
-	gen        map[string]int64                        // record id -> generation it was first handled under
+	seen       map[string]int                        // record id -> times handled
+	first      map[string]string                     // record id -> agent that handled it first
+	lastGen    map[coordinator.TopicPartition]holder // partition -> newest generation delivered, and by whom
+	genHolder  map[string]string                     // "topic/partition@generation" -> agent
+	lastOffset map[string]int64                      // "agent topic/partition@generation" -> last offset
+	gen        map[string]int64                      // record id -> generation it was first handled under
 	violations []string
+}
+
+type holder struct {
+	agent string
+	gen   int64
 }
 
 func newLedger() *ledger {
 	return &ledger{
 		seen: map[string]int{}, first: map[string]string{},
-		holders: map[coordinator.TopicPartition]string{}, handedOver: map[coordinator.TopicPartition][]string{},
+		lastGen:   map[coordinator.TopicPartition]holder{},
 		genHolder: map[string]string{}, lastOffset: map[string]int64{}, gen: map[string]int64{},
 	}
 }
@@ -64,15 +68,16 @@ func (l *ledger) record(id string, r *agent.Record) {
 		l.first[key] = id
 		l.gen[key] = r.Generation
 	}
-	// A partition's records come from one agent at a time: once another
-	// agent has taken it over, the previous holder must never deliver it
-	// again.
-	if prev, ok := l.holders[tp]; !ok || prev != id {
-		if slices.Contains(l.handedOver[tp], id) {
-			l.violations = append(l.violations, fmt.Sprintf("%s delivered %s again after %s took it over", id, tp, prev))
-		}
-		l.handedOver[tp] = append(l.handedOver[tp], id)
-		l.holders[tp] = id
+	// A partition's records come from one agent at a time, each owner
+	// under a later generation than the one before: a delivery under an
+	// older generation than one already seen means a former owner still
+	// delivers after the partition moved on.
+	if last, ok := l.lastGen[tp]; ok && r.Generation < last.gen {
+		l.violations = append(l.violations, fmt.Sprintf("%s delivered %s under generation %d after %s did under %d",
+			id, tp, r.Generation, last.agent, last.gen))
+	}
+	if last, ok := l.lastGen[tp]; !ok || r.Generation >= last.gen {
+		l.lastGen[tp] = holder{agent: id, gen: r.Generation}
 	}
 	gk := fmt.Sprintf("%s@%d", tp, r.Generation)
 	if h, ok := l.genHolder[gk]; ok && h != id {

@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"sync/atomic"
@@ -12,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kswitch/kswitch/agent"
+	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/internal/config"
 	"github.com/kswitch/kswitch/internal/keys"
 	"github.com/kswitch/kswitch/internal/mirror"
@@ -31,6 +33,18 @@ const failoverPartitions = 4
 
 func startDC(t *testing.T) *dc {
 	t.Helper()
+	return startDCWith(t, true)
+}
+
+// startDCWith is startDC with or without offset-syncs: without, B is
+// filled as by a replicator that is not MirrorMaker 2, and translation
+// has only fingerprints and timestamps to go by.
+func startDCWith(t *testing.T, offsetSyncs bool) *dc {
+	t.Helper()
+	syncs := ""
+	if offsetSyncs {
+		syncs = "mm2-offset-syncs.B.internal"
+	}
 	d := &dc{
 		etcd: testenv.StartEtcdT(t),
 		a:    testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": failoverPartitions}}),
@@ -44,7 +58,7 @@ func startDC(t *testing.T) *dc {
 		// Like MirrorMaker 2 with offset-syncs.topic.location=target: the
 		// syncs stay readable when A is down, for partitions whose last
 		// consumed record had not reached B yet.
-		OffsetSyncsTopic: "mm2-offset-syncs.B.internal", OffsetSyncsOnTarget: true,
+		OffsetSyncsTopic: syncs, OffsetSyncsOnTarget: true,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -277,16 +291,19 @@ func TestFailoverToTheReplicaAndBack(t *testing.T) {
 			t.Errorf("record %s on A never handled", id)
 		}
 	}
-	if dups := l.duplicates(); dups != 0 {
-		t.Errorf("%d duplicates after failback", dups)
+	// Records consumed on A but not yet on B when A failed reach B when
+	// the mirror resumes, and are delivered again: exactly what the
+	// translation reported as lagged. Nothing else may repeat.
+	if dups, lagged := l.duplicates(), logHistory(t, d.etcd); int64(dups) > lagged {
+		t.Errorf("%d duplicates after failback, more than the %d records the replica lagged by", dups, lagged)
 	}
-	logHistory(t, d.etcd)
 	l.check(t)
 }
 
 // logHistory logs the fleet's switch history, which says per partition how
-// its position was translated.
-func logHistory(t *testing.T, e *testenv.Etcd) {
+// its position was translated, and returns how many records the targets
+// lagged by in all.
+func logHistory(t *testing.T, e *testenv.Etcd) (lagged int64) {
 	cli := testenv.EtcdClientT(t, e)
 	resp, err := cli.Get(context.Background(), keys.New("orders").History(), clientv3.WithPrefix())
 	if err != nil {
@@ -294,7 +311,15 @@ func logHistory(t *testing.T, e *testenv.Etcd) {
 	}
 	for _, kv := range resp.Kvs {
 		t.Logf("history %s", kv.Value)
+		var ev coordinator.SwitchEvent
+		if err := json.Unmarshal(kv.Value, &ev); err != nil {
+			t.Fatalf("history %s: %v", kv.Key, err)
+		}
+		for _, p := range ev.Partitions {
+			lagged += p.Lagged
+		}
 	}
+	return lagged
 }
 
 func (l *ledger) timesHandled(id string) int {

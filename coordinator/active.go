@@ -29,6 +29,9 @@ type Active struct {
 	Since  time.Time `json:"since"`
 	Leader string    `json:"leader"`
 	Token  int64     `json:"fencing_token"`
+	// Automatic is set when the health verdict (not a pin) decided the
+	// switch, so that a leader resuming it counts it for the breaker.
+	Automatic bool `json:"automatic,omitempty"`
 }
 
 // ParseActive decodes and checks a state/active value.
@@ -60,6 +63,12 @@ type SwitchEvent struct {
 	Partitions []PartitionSwitch  `json:"partitions"`
 	Leader     string             `json:"leader"`
 	Token      int64              `json:"fencing_token"`
+	// Automatic: decided by the health verdict (failover, failback), not
+	// by a pin. The circuit breaker counts these.
+	Automatic bool `json:"automatic,omitempty"`
+	// Abandoned, when set, says why the switch was given up: the fleet
+	// went back to From and Partitions is empty.
+	Abandoned string `json:"abandoned,omitempty"`
 }
 
 // PartitionSwitch is how one partition's position moved in a switch.
@@ -71,6 +80,9 @@ type PartitionSwitch struct {
 	ToOffset   int64  `json:"to_offset"`
 	Method     string `json:"method"`
 	// Rewound is how many records are delivered again, -1 when unknown.
-	Rewound int64  `json:"rewound"`
-	Detail  string `json:"detail,omitempty"`
+	Rewound int64 `json:"rewound"`
+	// Lagged is how many consumed records the target lacked at the
+	// switch; they are delivered again if the replicator copies them.
+	Lagged int64  `json:"lagged,omitempty"`
+	Detail string `json:"detail,omitempty"`
 }

@@ -290,8 +290,22 @@ func (l *Leader) Run(ctx context.Context, et election.Term) error {
 
 	h := newHealth()
 	br := &breaker{cfg: l.cfg.Failover}
+	// The breaker outlives the term that tripped it: the switches it
+	// counted are in history/.
+	if err := l.restoreBreaker(ctx, br); err != nil {
+		log.Warn("cannot read history/ to restore the circuit breaker; it starts closed", zap.Error(err))
+	} else if br.open(time.Now()) {
+		log.Warn("circuit breaker open (tripped under an earlier leader): automatic switching stays off", zap.Time("until", br.openUntil))
+	}
 	probe := time.NewTicker(l.cfg.Failover.ProbeInterval)
 	defer probe.Stop()
+	// A switch that failed is retried after a backoff; failedEpoch is the
+	// epoch of the last one that failed, counted once by the breaker
+	// however often it is retried.
+	var retryAt time.Time
+	var retryDelay time.Duration
+	var switchErr error
+	failedEpoch := int64(-1)
 	var lastVerdict string
 	var lastCaughtUpCheck time.Time
 	caughtUpResult, caughtUpWhy := false, "not checked yet"
@@ -315,9 +329,44 @@ func (l *Leader) Run(ctx context.Context, et election.Term) error {
 				}
 				return caughtUpResult, caughtUpWhy
 			}})
-		if t.active.Phase == PhaseSwitching || dec.to != "" {
-			began := time.Now()
-			ev, err := l.switchTo(ctx, t, dec.to, dec.reason, l.members.Live)
+		switching := t.active.Phase == PhaseSwitching
+		if (switching || dec.to != "") && now.Before(retryAt) {
+			// The last attempt failed. A switch whose target is gone
+			// while the cluster it left is back is given up: the fleet
+			// returns there rather than stay released.
+			if switching && !h.quorumUpNow(t.active.Cluster) && h.quorumUpNow(t.active.From) {
+				err := l.abandonSwitch(ctx, t, fmt.Sprintf("%s is unreachable by a quorum of agents and %s is reachable again", t.active.Cluster, t.active.From))
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				if errors.Is(err, election.ErrNotLeader) {
+					return err
+				}
+				if err != nil {
+					log.Warn("cannot abandon the switch; retrying", zap.Error(err))
+					l.reread(ctx, t, ak, log)
+				} else {
+					retryAt, retryDelay = time.Time{}, 0
+				}
+				continue
+			}
+			if switching {
+				// Nobody consumes while a switch is in progress: no
+				// planning, just wait for the retry (re-observing
+				// health every probe interval).
+				l.status.Store(&LeaderStatus{Active: t.active, Pin: pn.get(), Breaker: br.openUntil,
+					Verdict: fmt.Sprintf("switch to %s failed, retrying at %s: %v", t.active.Cluster, retryAt.UTC().Format(time.RFC3339Nano), switchErr)})
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(min(time.Until(retryAt), l.cfg.Failover.ProbeInterval)):
+				}
+				continue
+			}
+			dec = decision{} // keep consuming where the fleet is until the retry
+		}
+		if switching || dec.to != "" {
+			ev, err := l.switchTo(ctx, t, dec.to, dec.reason, dec.auto, l.members.Live)
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
@@ -325,20 +374,36 @@ func (l *Leader) Run(ctx context.Context, et election.Term) error {
 				return err
 			}
 			tripped := false
-			if dec.auto || err != nil {
-				tripped = br.record(time.Now(), err != nil)
+			switch {
+			case err == nil && dec.auto:
+				tripped = br.record(time.Now(), false)
+			case err != nil && t.active.Epoch != failedEpoch:
+				// One failed switch, however many attempts.
+				failedEpoch = t.active.Epoch
+				tripped = br.record(time.Now(), true)
 			}
 			if l.Metrics != nil {
-				l.Metrics.switched(ev, time.Since(began), err)
+				l.Metrics.switched(ev, ev.Finished.Sub(ev.Started), err)
 			}
+			switchErr = err
 			if err != nil {
-				log.Error("cluster switch failed; the fleet stays released until it is retried", zap.Error(err))
+				retryDelay = min(max(2*retryDelay, l.cfg.Failover.ProbeInterval), maxSwitchRetry)
+				retryAt = time.Now().Add(retryDelay)
+				log.Error("cluster switch failed; retrying (the fleet stays released while a switch is in progress)",
+					zap.Error(err), zap.Duration("retry_in", retryDelay))
+			} else {
+				retryAt, retryDelay = time.Time{}, 0
 			}
 			if tripped {
 				log.Error("circuit breaker tripped: automatic switching stops", zap.Time("until", br.openUntil))
 			}
-			// Re-read what the switch wrote, then plan on the new cluster.
-			if c, r, err := l.readAssignment(ctx, ak); err == nil {
+			// Re-read what the switch wrote, then plan on the new
+			// cluster. After a failure state/active may have changed
+			// under the leader (a stale revision fails every later
+			// write).
+			if err != nil {
+				l.reread(ctx, t, ak, log)
+			} else if c, r, err := l.readAssignment(ctx, ak); err == nil {
 				t.current, t.currentRev = c, r
 			}
 			continue
@@ -391,6 +456,53 @@ func (l *Leader) Run(ctx context.Context, et election.Term) error {
 			partitions = ps
 		}
 	}
+}
+
+// maxSwitchRetry caps the backoff between attempts of a failing switch.
+const maxSwitchRetry = 5 * time.Second
+
+// reread reloads state/active and state/assignment after a failed write.
+func (l *Leader) reread(ctx context.Context, t *term, ak *acks, log *zap.Logger) {
+	if a, rev, err := l.readActive(ctx); err == nil {
+		t.active, t.activeRev = a, rev
+	} else {
+		log.Warn("cannot re-read state/active", zap.Error(err))
+	}
+	if c, r, err := l.readAssignment(ctx, ak); err == nil {
+		t.current, t.currentRev = c, r
+	}
+}
+
+// breakerHistory is how many of the latest switches restoreBreaker reads.
+const breakerHistory = 64
+
+// restoreBreaker replays the switches of history/ that the breaker counts
+// (automatic ones, and abandoned ones as failures) into br, so that a
+// breaker tripped under an earlier leader stays open under this one.
+// Failed attempts of switches that later completed are not in history/:
+// a new leader counts such a switch as a plain one.
+func (l *Leader) restoreBreaker(ctx context.Context, br *breaker) error {
+	rctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
+	defer cancel()
+	resp, err := l.etcd.Get(rctx, l.keys.History(), clientv3.WithPrefix(),
+		clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(breakerHistory))
+	if err != nil {
+		return err
+	}
+	since := time.Now().Add(-l.cfg.Failover.BreakerWindow - l.cfg.Failover.BreakerCooldown)
+	var evs []SwitchEvent
+	for _, kv := range resp.Kvs {
+		var ev SwitchEvent
+		if json.Unmarshal(kv.Value, &ev) != nil || !(ev.Automatic || ev.Abandoned != "") || ev.Finished.Before(since) {
+			continue
+		}
+		evs = append(evs, ev)
+	}
+	slices.SortFunc(evs, func(a, b SwitchEvent) int { return a.Finished.Compare(b.Finished) })
+	for _, ev := range evs {
+		br.record(ev.Finished, ev.Abandoned != "")
+	}
+	return nil
 }
 
 // publishTerm publishes a as the term's next generation.

@@ -90,24 +90,35 @@ func (l *Leader) readActive(ctx context.Context) (Active, int64, error) {
 // Nobody consumes `to` before step 4: the caller plans assignments on it
 // only once the phase is active. So a leader that dies anywhere in 1–3
 // leaves a state the next leader resumes from, and re-translating is safe.
-func (l *Leader) switchTo(ctx context.Context, t *term, to, reason string, live func() []string) (SwitchEvent, error) {
+func (l *Leader) switchTo(ctx context.Context, t *term, to, reason string, auto bool, live func() []string) (SwitchEvent, error) {
 	began := time.Now()
 	from := t.active.Cluster
+	started := began.UTC()
 	if t.active.Phase == PhaseSwitching {
-		from, to, reason = t.active.From, t.active.Cluster, t.active.Reason+" (resumed by "+t.ID+")"
+		// The event keeps the switch's own start: a resumed switch
+		// took from then, the leader's outage included.
+		from, to, auto, started = t.active.From, t.active.Cluster, t.active.Automatic, t.active.Since
+		reason = t.active.Reason
+		if t.active.Leader != t.ID {
+			reason += " (resumed by " + t.ID + ")"
+		}
 	} else {
-		next := Active{Cluster: to, Epoch: t.active.Epoch + 1, Phase: PhaseSwitching, From: from, Reason: reason, Since: began.UTC()}
+		next := Active{Cluster: to, Epoch: t.active.Epoch + 1, Phase: PhaseSwitching, From: from, Reason: reason, Since: started, Automatic: auto}
 		if err := l.writeActive(ctx, t, next); err != nil {
-			return SwitchEvent{}, err
+			return SwitchEvent{Started: started, Finished: time.Now().UTC()}, err
 		}
 	}
-	ev := SwitchEvent{Epoch: t.active.Epoch, From: from, To: to, Reason: reason, Started: began.UTC(), Phases: map[string]float64{}, Leader: t.ID, Token: t.Rev}
+	ev := SwitchEvent{Epoch: t.active.Epoch, From: from, To: to, Reason: reason, Started: started, Phases: map[string]float64{}, Leader: t.ID, Token: t.Rev, Automatic: auto}
+	fail := func(err error) (SwitchEvent, error) {
+		ev.Finished = time.Now().UTC()
+		return ev, err
+	}
 	log := t.log.With(zap.String("from", from), zap.String("to", to), zap.Int64("epoch", ev.Epoch))
 	log.Info("switching clusters", zap.String("reason", reason))
 
 	// 2. Release everything on `from`.
 	if err := l.releaseAll(ctx, t, to, live, log); err != nil {
-		return ev, err
+		return fail(err)
 	}
 	ev.Phases["revoke"] = time.Since(began).Seconds()
 
@@ -115,15 +126,15 @@ func (l *Leader) switchTo(ctx context.Context, t *term, to, reason string, live 
 	tt := time.Now()
 	parts, err := l.translateAll(ctx, t, from, to, log)
 	if err != nil {
-		return ev, err
+		return fail(err)
 	}
 	ev.Partitions = parts
 	ev.Phases["translate"] = time.Since(tt).Seconds()
 
 	// 4. Activate.
 	ta := time.Now()
-	if err := l.writeActive(ctx, t, Active{Cluster: to, Epoch: ev.Epoch, Phase: PhaseActive, From: from, Reason: reason, Since: time.Now().UTC()}); err != nil {
-		return ev, err
+	if err := l.writeActive(ctx, t, Active{Cluster: to, Epoch: ev.Epoch, Phase: PhaseActive, From: from, Reason: reason, Since: time.Now().UTC(), Automatic: auto}); err != nil {
+		return fail(err)
 	}
 	ev.Phases["activate"] = time.Since(ta).Seconds()
 	ev.Finished = time.Now().UTC()
@@ -136,6 +147,35 @@ func (l *Leader) switchTo(ctx context.Context, t *term, to, reason string, live 
 	}
 	log.Info("switched clusters", zap.Duration("took", time.Since(began)), zap.Int("partitions", len(parts)))
 	return ev, nil
+}
+
+// abandonSwitch ends the switch in progress without completing it: the
+// fleet returns to the cluster it was leaving, in the same epoch, and
+// history/<epoch> records the attempt with why it was abandoned. It is
+// safe: nobody consumes the target before the switch activates it, and
+// the positions on the origin are those the agents committed when they
+// released it (positions already translated to the target are written
+// again by the next switch there).
+func (l *Leader) abandonSwitch(ctx context.Context, t *term, why string) error {
+	from, to := t.active.From, t.active.Cluster
+	ev := SwitchEvent{Epoch: t.active.Epoch, From: from, To: to, Reason: t.active.Reason, Started: t.active.Since,
+		Phases: map[string]float64{}, Leader: t.ID, Token: t.Rev, Automatic: t.active.Automatic, Abandoned: why}
+	back := Active{Cluster: from, Epoch: t.active.Epoch, Phase: PhaseActive, Since: time.Now().UTC(),
+		Reason: fmt.Sprintf("back on %s: the switch to %s was abandoned: %s", from, to, why)}
+	if err := l.writeActive(ctx, t, back); err != nil {
+		return err
+	}
+	ev.Finished = time.Now().UTC()
+	if val, err := json.Marshal(ev); err == nil {
+		hctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
+		if _, err := t.Txn(hctx, nil, clientv3.OpPut(l.keys.HistoryEvent(ev.Epoch), string(val))); err != nil {
+			t.log.Warn("could not record the abandoned switch in history/", zap.Error(err))
+		}
+		cancel()
+	}
+	t.log.Warn("abandoned the cluster switch: back on the cluster it was leaving",
+		zap.String("from", from), zap.String("to", to), zap.Int64("epoch", ev.Epoch), zap.String("why", why))
+	return nil
 }
 
 // releaseAll publishes a generation on `to` in which every live owner
@@ -278,7 +318,7 @@ func (l *Leader) translateAll(ctx context.Context, t *term, from, to string, log
 				c.Fingerprints = c.Fingerprints[int64(len(c.Fingerprints))-c.Offset:]
 			}
 			results[i] = result{commit: &c, ps: PartitionSwitch{Topic: logical, Partition: tp.Partition, FromOffset: pos.Offset,
-				ToOffset: res.Offset, Method: string(res.Method), Rewound: res.Rewound, Detail: res.Detail}}
+				ToOffset: res.Offset, Method: string(res.Method), Rewound: res.Rewound, Lagged: res.Lagged, Detail: res.Detail}}
 		}()
 	}
 	wg.Wait()

@@ -93,6 +93,10 @@ type Translation struct {
 	// position, of which some may not have been replicated); -1 when
 	// unknown (timestamp, checkpoints).
 	Rewound int64
+	// Lagged is how many consumed records the target did not hold yet
+	// (the replica lagged behind the consumer): if the replicator copies
+	// them later, they are delivered again.
+	Lagged int64
 	// Detail says in one line why this method, and what fell back and why.
 	Detail string
 }
@@ -430,7 +434,7 @@ func (c *translateCall) fingerprint(ctx context.Context) (Translation, error) {
 		// never reached it (they are not lost: they were delivered).
 		if j, err := c.lagMatch(sctx, fps); err == nil && j >= 0 {
 			return Translation{
-				Offset: c.end, Method: MethodFingerprint, Rewound: 0,
+				Offset: c.end, Method: MethodFingerprint, Rewound: 0, Lagged: n - 1 - int64(j),
 				Detail: fmt.Sprintf("fingerprint: the target lags: its last record (offset %d) is the record consumed %d before the committed position; continuing at its end; %s",
 					c.end-1, n-int64(j), how),
 			}, nil
