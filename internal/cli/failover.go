@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"fmt"
 
 	"github.com/spf13/cobra"
@@ -40,26 +39,20 @@ target cluster, then resumes there; 'kswitch status' shows its progress.`,
 		if (to == "") == !auto {
 			return fmt.Errorf("give exactly one of --to CLUSTER and --auto")
 		}
-		cfg, err := ef.resolve(g.environ)
+		cn, err := ef.open(cmd, g.environ)
 		if err != nil {
 			return err
 		}
+		defer cn.close()
+		cfg, c, ctx, k := cn.cfg, cn.client, cn.ctx, cn.keys
 		if to != "" {
 			if err := keys.ValidName(to); err != nil {
 				return fmt.Errorf("--to %q: %v", to, err)
 			}
-			if c, ok := cfg.Clusters[to]; ef.file != "" && (!ok || (c.Role != config.RolePrimary && c.Role != config.RoleStandby)) {
+			if cl, ok := cfg.Clusters[to]; ef.file != "" && (!ok || (cl.Role != config.RolePrimary && cl.Role != config.RoleStandby)) {
 				return fmt.Errorf("--to %q: not the primary or standby cluster of %s", to, ef.file)
 			}
 		}
-		c, err := ef.client()
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		ctx, cancel := context.WithTimeout(cmd.Context(), ef.timeout)
-		defer cancel()
-		k := keys.New(ef.fleet)
 		if auto {
 			if _, err := c.Delete(ctx, k.Pin()); err != nil {
 				return fmt.Errorf("delete %s: %w", k.Pin(), err)

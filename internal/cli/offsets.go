@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"text/tabwriter"
@@ -45,19 +44,15 @@ committed it, the assignment generation that fenced the commit, and when.`,
 	cmd.Flags().StringVar(&cluster, "cluster", "", "cluster whose offsets to show (default: the cluster of the current assignment)")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		if output != "table" && output != "json" {
-			return fmt.Errorf("--output %q: use table or json", output)
-		}
-		if _, err := ef.resolve(g.environ); err != nil {
+		if err := checkOutput(output, "table", "json"); err != nil {
 			return err
 		}
-		c, err := ef.client()
+		cn, err := ef.open(cmd, g.environ)
 		if err != nil {
 			return err
 		}
-		defer c.Close()
-		ctx, cancel := context.WithTimeout(cmd.Context(), ef.timeout)
-		defer cancel()
+		defer cn.close()
+		c, ctx := cn.client, cn.ctx
 		if cluster == "" {
 			v, err := agent.ReadFleet(ctx, c, ef.fleet)
 			if err != nil {

@@ -389,20 +389,15 @@ and keeps its version: see 'kswitch routes show' and the agents' /status.`,
 		if err != nil {
 			return err
 		}
-		cfg, err := ef.resolve(g.environ)
+		cn, err := ef.open(cmd, g.environ)
 		if err != nil {
 			return err
 		}
+		defer cn.close()
+		cfg, c, ctx := cn.cfg, cn.client, cn.ctx
 		if len(cfg.Clusters) == 0 {
 			return errors.New("apply validates the channels against the agents' clusters: pass --config (or set KSWITCH_CLUSTERS_<NAME>_BROKERS)")
 		}
-		c, err := ef.client()
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		ctx, cancel := context.WithTimeout(cmd.Context(), ef.timeout)
-		defer cancel()
 		k := keys.New(ef.fleet)
 		er, err := readEtcdRouting(ctx, c, k)
 		if err != nil {
@@ -496,21 +491,15 @@ kswitch_config_version.`,
 	ef.bind(cmd)
 	cmd.Flags().StringVarP(&output, "output", "o", "text", "output format: text or json")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		if output != "text" && output != "json" {
-			return fmt.Errorf("--output %q: use text or json", output)
+		if err := checkOutput(output, "text", "json"); err != nil {
+			return err
 		}
-		cfg, err := ef.resolve(g.environ)
+		cn, err := ef.open(cmd, g.environ)
 		if err != nil {
 			return err
 		}
-		c, err := ef.client()
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		ctx, cancel := context.WithTimeout(cmd.Context(), ef.timeout)
-		defer cancel()
-		k := keys.New(ef.fleet)
+		defer cn.close()
+		cfg, c, ctx, k := cn.cfg, cn.client, cn.ctx, cn.keys
 		er, err := readEtcdRouting(ctx, c, k)
 		if err != nil {
 			return err

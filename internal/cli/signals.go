@@ -228,19 +228,15 @@ of its last valid value, which is what the table shows.`,
 	ef.bind(cmd)
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		if output != "table" && output != "json" {
-			return fmt.Errorf("--output %q: use table or json", output)
-		}
-		if _, err := ef.resolve(g.environ); err != nil {
+		if err := checkOutput(output, "table", "json"); err != nil {
 			return err
 		}
-		c, err := ef.client()
+		cn, err := ef.open(cmd, g.environ)
 		if err != nil {
 			return err
 		}
-		defer c.Close()
-		ctx, cancel := context.WithTimeout(cmd.Context(), ef.timeout)
-		defer cancel()
+		defer cn.close()
+		c, ctx := cn.client, cn.ctx
 		s, err := signals.Read(ctx, c, keys.New(ef.fleet))
 		if err != nil {
 			return fmt.Errorf("read signals of fleet %q from etcd %v: %w", ef.fleet, ef.endpoints, err)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -70,6 +71,43 @@ func (f *etcdFlags) resolve(environ []string) (config.Config, error) {
 	return cfg, nil
 }
 
+// conn is one command's connection to a fleet's etcd.
+type conn struct {
+	cfg    config.Config // what --config and the environment say (defaults without them)
+	client *clientv3.Client
+	keys   keys.Fleet
+	ctx    context.Context // bounded by --timeout
+	cancel context.CancelFunc
+}
+
+func (c *conn) close() {
+	c.cancel()
+	c.client.Close()
+}
+
+// open resolves the flags, connects to etcd and bounds the command by
+// --timeout. The caller defers close.
+func (f *etcdFlags) open(cmd *cobra.Command, environ []string) (*conn, error) {
+	cfg, err := f.resolve(environ)
+	if err != nil {
+		return nil, err
+	}
+	c, err := f.client()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(cmd.Context(), f.timeout)
+	return &conn{cfg: cfg, client: c, keys: keys.New(f.fleet), ctx: ctx, cancel: cancel}, nil
+}
+
+// checkOutput refuses an --output value not among allowed.
+func checkOutput(output string, allowed ...string) error {
+	if slices.Contains(allowed, output) {
+		return nil
+	}
+	return fmt.Errorf("--output %q: use %s", output, strings.Join(allowed, " or "))
+}
+
 func (f *etcdFlags) client() (*clientv3.Client, error) {
 	c, err := clientv3.New(clientv3.Config{Endpoints: f.endpoints, DialTimeout: f.timeout, Logger: zap.NewNop()})
 	if err != nil {
@@ -99,20 +137,15 @@ shows the lag; otherwise the lag column shows '-'.`,
 	ef.bind(cmd)
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		if output != "table" && output != "json" {
-			return fmt.Errorf("--output %q: use table or json", output)
+		if err := checkOutput(output, "table", "json"); err != nil {
+			return err
 		}
-		cfg, err := ef.resolve(g.environ)
+		cn, err := ef.open(cmd, g.environ)
 		if err != nil {
 			return err
 		}
-		c, err := ef.client()
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		ctx, cancel := context.WithTimeout(cmd.Context(), ef.timeout)
-		defer cancel()
+		defer cn.close()
+		cfg, c, ctx := cn.cfg, cn.client, cn.ctx
 		v, err := agent.ReadFleet(ctx, c, ef.fleet)
 		if err != nil {
 			return fmt.Errorf("read fleet %q from etcd %v: %w", ef.fleet, ef.endpoints, err)
