@@ -214,13 +214,7 @@ func TestFailoverToTheReplicaAndBack(t *testing.T) {
 	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
 		agents = append(agents, startConsumer(t, d.config(id), l.handler(id)))
 	}
-	wait.For(t, 20*time.Second, "consuming A", func() error {
-		c, err := activeOf(agents...)
-		if err == nil && c != "A" {
-			err = fmt.Errorf("active %s", c)
-		}
-		return err
-	})
+	waitConsuming(t, 20*time.Second, "A", agents...)
 	p := startProducer(t, d.a.Brokers(), "orders", 0)
 	wait.For(t, 20*time.Second, "records flowing through A and mirrored to B", func() error {
 		if n := l.count(); n < 500 || d.mirror.Copied() < 500 {
@@ -233,13 +227,7 @@ func TestFailoverToTheReplicaAndBack(t *testing.T) {
 	cfg := d.config("x")
 	began := time.Now()
 	d.a.Fail()
-	wait.For(t, cfg.Failover.FailureWindow+2*time.Second+3*time.Second, "the fleet consumes B", func() error {
-		c, err := activeOf(agents...)
-		if err == nil && c != "B" {
-			err = fmt.Errorf("active %s", c)
-		}
-		return err
-	})
+	waitConsuming(t, cfg.Failover.FailureWindow+2*time.Second+3*time.Second, "B", agents...)
 	took := time.Since(began)
 	p.halt()
 	t.Logf("failover: consuming B %v after A failed (failure window %v)", took, cfg.Failover.FailureWindow)
@@ -270,13 +258,7 @@ func TestFailoverToTheReplicaAndBack(t *testing.T) {
 	// has been healthy for failback_stable and holds the last record
 	// consumed on B.
 	d.a.Recover()
-	wait.For(t, cfg.Failover.FailbackStable+20*time.Second, "failback to A", func() error {
-		c, err := activeOf(agents...)
-		if err == nil && c != "A" {
-			err = fmt.Errorf("active %s", c)
-		}
-		return err
-	})
+	waitConsuming(t, cfg.Failover.FailbackStable+20*time.Second, "A", agents...)
 	p3 := startProducer(t, d.a.Brokers(), "orders", 2_000_000)
 	wait.For(t, 20*time.Second, "records produced after the failback handled", func() error {
 		if l.timesHandled("2000100") == 0 {

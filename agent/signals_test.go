@@ -328,13 +328,7 @@ func TestPauseHoldsAcrossCrashSwitchAndRestart(t *testing.T) {
 	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
 		agents = append(agents, startConsumer(t, d.config(id), l.handler(id)))
 	}
-	wait.For(t, 20*time.Second, "consuming A", func() error {
-		c, err := activeOf(agents...)
-		if err == nil && c != "A" {
-			err = fmt.Errorf("active %s", c)
-		}
-		return err
-	})
+	waitConsuming(t, 20*time.Second, "A", agents...)
 	cli := testenv.EtcdClientT(t, d.etcd)
 	resp, err := cli.Put(context.Background(), keys.New("orders").TopicSignal("orders"), "pause # hold it")
 	if err != nil {
@@ -362,13 +356,7 @@ func TestPauseHoldsAcrossCrashSwitchAndRestart(t *testing.T) {
 	// The fleet switches to B: the replica's partitions (A.orders) start
 	// paused too, since signals name the logical topic.
 	d.a.Fail()
-	wait.For(t, 20*time.Second, "consuming B", func() error {
-		c, err := activeOf(rest...)
-		if err == nil && c != "B" {
-			err = fmt.Errorf("active %s", c)
-		}
-		return err
-	})
+	waitConsuming(t, 20*time.Second, "B", rest...)
 	// Every agent restarts.
 	var again []*agent.Agent
 	for _, a := range rest {
@@ -381,13 +369,7 @@ func TestPauseHoldsAcrossCrashSwitchAndRestart(t *testing.T) {
 	for _, id := range []string{"agent-4", "agent-5"} {
 		again = append(again, startConsumer(t, d.config(id), l.handler(id)))
 	}
-	wait.For(t, 20*time.Second, "the new agents consume B", func() error {
-		c, err := activeOf(again...)
-		if err == nil && c != "B" {
-			err = fmt.Errorf("active %s", c)
-		}
-		return err
-	})
+	waitConsuming(t, 20*time.Second, "B", again...)
 	time.Sleep(500 * time.Millisecond) // absence window: fetches happen every 250 ms
 	if n := l.count(); n != 0 {
 		t.Fatalf("%d records of the paused topic were delivered through a crash, a switch and restarts", n)
