@@ -619,6 +619,7 @@ func (a *Agent) probeEtcdLoop(ctx context.Context) {
 	interval := min(a.cfg.Etcd.SessionTTL/3, time.Second)
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	fails := 0
 	for {
 		pctx, cancel := context.WithTimeout(ctx, a.cfg.Etcd.RequestTimeout)
 		resp, err := a.client.Get(pctx, a.keys.Agent(a.id), clientv3.WithCountOnly())
@@ -637,8 +638,16 @@ func (a *Agent) probeEtcdLoop(ctx context.Context) {
 		}
 		msg := ""
 		if err != nil {
-			msg = err.Error()
 			a.metrics.etcdErrors.WithLabelValues("probe").Inc()
+			fails++
+			// One failed request is not an outage: with several
+			// endpoints, the client may just be moving off a member that
+			// died while the others hold quorum.
+			if fails >= 2 {
+				msg = err.Error()
+			}
+		} else {
+			fails = 0
 		}
 		if prev := *a.etcdErr.Swap(&msg); prev != msg {
 			if msg != "" {

@@ -43,7 +43,7 @@ func startDCWith(t *testing.T, offsetSyncs bool) *dc {
 	t.Helper()
 	syncs := ""
 	if offsetSyncs {
-		syncs = "mm2-offset-syncs.B.internal"
+		syncs = "mm2-offset-syncs.A.internal" // MirrorMaker 2 names it after the source when it lives on the target
 	}
 	d := &dc{
 		etcd: testenv.StartEtcdT(t),

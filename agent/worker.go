@@ -371,10 +371,12 @@ func (w *worker) startPending(ctx context.Context) {
 		logical, _ := w.naming.Logical(w.kafka.name, tp.Topic)
 		paused[tp], _ = state.Paused(logical, w.id)
 	}
+	var startAt []offsets.Commit
 	for _, tp := range w.pending {
 		p, ok := positions[tp]
 		if ok {
 			w.committed[tp] = p.Offset
+			startAt = append(startAt, p.Commit)
 		}
 		go func() {
 			start := p.Offset
@@ -400,6 +402,11 @@ func (w *worker) startPending(ctx context.Context) {
 		w.parts[s.tp] = s.r
 	}
 	slices.SortFunc(still, coordinator.TopicPartition.Compare)
+	// The group on this cluster shows where the fleet starts (after a
+	// switch: the translated positions), before anything is consumed.
+	if len(startAt) > 0 {
+		w.enqueueMirror(mirrorJob{mirror: w.kafka.mirror, commits: startAt})
+	}
 	w.pending = still
 	w.publishOwned()
 }
@@ -461,21 +468,29 @@ func (w *worker) commit(ctx context.Context, tps []coordinator.TopicPartition) e
 	}
 	w.metrics.commits.Add(float64(len(commits)))
 	if w.kafka != nil {
-		job := mirrorJob{mirror: w.kafka.mirror, commits: commits}
-		select {
-		case w.mirrorq <- job:
-		default:
-			// The mirror is behind: the newer positions replace the
-			// queued ones (etcd has both; Kafka only needs the latest).
-			select {
-			case old := <-w.mirrorq:
-				job.commits = mergeCommits(old.commits, commits, old.mirror == job.mirror)
-			default:
-			}
-			w.mirrorq <- job
-		}
+		w.enqueueMirror(mirrorJob{mirror: w.kafka.mirror, commits: commits})
 	}
 	return nil
+}
+
+// enqueueMirror queues positions for the Kafka group, merged with those
+// still queued (per partition the newer wins). It never blocks: the queue
+// holds one job, and both the worker and the mirror goroutine call it.
+func (w *worker) enqueueMirror(job mirrorJob) {
+	for {
+		select {
+		case w.mirrorq <- job:
+			return
+		default:
+		}
+		select {
+		case old := <-w.mirrorq:
+			// A failed job put back is older than what is queued: the
+			// queued positions win.
+			job.commits = mergeCommits(job.commits, old.commits, old.mirror == job.mirror)
+		default:
+		}
+	}
 }
 
 // mirrorJob is one batch of positions to mirror to a cluster's group.
@@ -503,17 +518,30 @@ func mergeCommits(old, newer []offsets.Commit, sameCluster bool) []offsets.Commi
 // mirrorLoop mirrors committed positions to the Kafka group until ctx
 // ends. Best effort: etcd holds the positions.
 func (w *worker) mirrorLoop(ctx context.Context) {
+	backoff := time.Second
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case job := <-w.mirrorq:
 			mctx, cancel := context.WithTimeout(ctx, w.cfg.Etcd.RequestTimeout)
-			if err := job.mirror.Commit(mctx, job.commits); err != nil && ctx.Err() == nil {
-				w.log.Debug("mirroring offsets to the Kafka group failed; etcd holds them", zap.Error(err))
-				w.metrics.commitErrors.WithLabelValues("kafka_mirror").Inc()
-			}
+			err := job.mirror.Commit(mctx, job.commits)
 			cancel()
+			if err == nil || ctx.Err() != nil {
+				backoff = time.Second
+				continue
+			}
+			w.log.Debug("mirroring offsets to the Kafka group failed; retrying (etcd holds them)", zap.Error(err), zap.Duration("backoff", backoff))
+			w.metrics.commitErrors.WithLabelValues("kafka_mirror").Inc()
+			// Try again later with whatever is newest then: the group
+			// must not stay behind because one attempt failed.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 30*time.Second)
+			w.enqueueMirror(job)
 		}
 	}
 }

@@ -133,8 +133,10 @@ type Cluster struct {
 	// name in this file.
 	SourceAlias string `yaml:"source_alias" help:"MirrorMaker 2's alias of the primary (default: the primary's name)"`
 	// OffsetSyncsTopic is MirrorMaker 2's offset-syncs topic. Default
-	// mm2-offset-syncs.<this cluster's name>.internal.
-	OffsetSyncsTopic string `yaml:"offset_syncs_topic" help:"MirrorMaker 2 offset-syncs topic (default mm2-offset-syncs.<name>.internal)"`
+	// mm2-offset-syncs.<this cluster's name>.internal on the source, or
+	// mm2-offset-syncs.<source alias>.internal with OffsetSyncsOn target
+	// (MirrorMaker 2 names it after the cluster at the other end).
+	OffsetSyncsTopic string `yaml:"offset_syncs_topic" help:"MirrorMaker 2 offset-syncs topic (default mm2-offset-syncs.<name>.internal, or mm2-offset-syncs.<source_alias>.internal with offset_syncs_on target)"`
 	// OffsetSyncsOn is the cluster that holds the offset-syncs topic:
 	// "source" (MirrorMaker 2's default) or "target"
 	// (offset-syncs.topic.location=target, readable when the source is down).
@@ -425,11 +427,19 @@ func (c Config) Replication(target string) Replication {
 	if r.SourceAlias == "" {
 		r.SourceAlias = primary
 	}
-	if r.OffsetSyncsTopic == "" {
-		r.OffsetSyncsTopic = "mm2-offset-syncs." + target + ".internal"
-	}
+	// MirrorMaker 2 names the topic after the cluster at the other end:
+	// on the source it is mm2-offset-syncs.<target>.internal, with
+	// offset-syncs.topic.location=target it is
+	// mm2-offset-syncs.<source alias>.internal on the target.
 	if t.OffsetSyncsOn == "target" {
 		r.OffsetSyncsCluster = target
+	}
+	if r.OffsetSyncsTopic == "" {
+		if t.OffsetSyncsOn == "target" {
+			r.OffsetSyncsTopic = "mm2-offset-syncs." + r.SourceAlias + ".internal"
+		} else {
+			r.OffsetSyncsTopic = "mm2-offset-syncs." + target + ".internal"
+		}
 	}
 	if r.CheckpointsTopic == "" {
 		r.CheckpointsTopic = r.SourceAlias + ".checkpoints.internal"

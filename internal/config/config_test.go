@@ -882,7 +882,7 @@ func TestReplication(t *testing.T) {
 	want = Replication{
 		Policy:             "prefix",
 		SourceAlias:        "east",
-		OffsetSyncsTopic:   "mm2-offset-syncs.B.internal",
+		OffsetSyncsTopic:   "mm2-offset-syncs.east.internal", // named after the source when on the target
 		OffsetSyncsCluster: "B",
 		CheckpointsTopic:   "east.checkpoints.internal",
 	}

@@ -148,7 +148,7 @@ func (d *demo) setUp(ctx context.Context) error {
 	if d.mirror, err = mirror.Start(ctx, mirror.Config{
 		Source: d.a.Brokers(), Target: d.b.Brokers(), SourceName: "A", TargetName: "B",
 		Topics: []string{topic}, RemoteTopic: func(t string) string { return "A." + t },
-		TargetPrefill: 100, OffsetSyncsTopic: "mm2-offset-syncs.B.internal", OffsetSyncsOnTarget: true,
+		TargetPrefill: 100, OffsetSyncsTopic: "mm2-offset-syncs.A.internal", OffsetSyncsOnTarget: true,
 		Logger: d.o.Logger.Named("mirror"),
 	}); err != nil {
 		return fmt.Errorf("demo: start the mirror: %w", err)
