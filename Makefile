@@ -10,10 +10,14 @@ STATICCHECK_VERSION := v0.8.2
 CACHE       ?= $(HOME)/.cache/kswitch
 ETCD_VERSION = $(shell cd integration/tools/etcd && $(GO) list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)
 ETCD_DIR     = $(CACHE)/etcd-$(ETCD_VERSION)
+# Kafka broker and MirrorMaker 2 jars (integration/kafka/pom.xml pins the version).
+KAFKA_POM     = integration/kafka/pom.xml
+KAFKA_VERSION = $(shell sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' $(KAFKA_POM))
+KAFKA_DIR     = $(CACHE)/kafka-$(KAFKA_VERSION)
 VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -X github.com/kswitch/kswitch/internal/version.Version=$(VERSION)
 
-.PHONY: all build test unit lint vet staticcheck fmt-check tools bench demo integration etcd-bin clean
+.PHONY: all build test unit lint vet staticcheck fmt-check tools bench demo integration etcd-bin kafka-jars clean
 
 all: build
 
@@ -53,10 +57,12 @@ bench:
 demo: build
 	$(BIN)/kswitch demo
 
-## integration: real etcd and kswitch processes, killed and restarted (build tag integration)
-integration: build etcd-bin
-	KSWITCH_TEST_BIN=$(CURDIR)/$(BIN)/kswitch KSWITCH_TEST_ETCD_DIR=$(ETCD_DIR) \
-	$(GO) test -race -count=1 -tags integration -timeout 20m -v ./integration/...
+## integration: real etcd, Kafka (KRaft), MirrorMaker 2, kcat and kswitch processes, killed and restarted (build tag integration)
+integration: build etcd-bin kafka-jars
+	@command -v kcat >/dev/null || { echo "kcat is missing: apt-get install kcat"; exit 1; }
+	KSWITCH_TEST_BIN=$(CURDIR)/$(BIN)/kswitch KSWITCH_TEST_ETCD_DIR=$(ETCD_DIR) KSWITCH_TEST_KAFKA_DIR=$(KAFKA_DIR) \
+	KSWITCH_TEST_LOG_DIR=$(CURDIR)/integration/logs KSWITCH_TEST_REPORT_DIR=$(CURDIR)/integration/report \
+	$(GO) test -race -count=1 -tags integration -timeout 20m -v $(if $(RUN),-run '$(RUN)') ./integration/...
 
 ## etcd-bin: the pinned etcd server and etcdctl (integration/tools/etcd/go.mod), built into $(CACHE)
 etcd-bin:
@@ -64,6 +70,16 @@ etcd-bin:
 	  echo "building etcd $(ETCD_VERSION) into $(ETCD_DIR) (about 2 minutes, once)"; \
 	  cd integration/tools/etcd && $(GO) build -o $(ETCD_DIR)/etcd go.etcd.io/etcd/server/v3 && \
 	  $(GO) build -o $(ETCD_DIR)/etcdctl go.etcd.io/etcd/etcdctl/v3; fi
+
+## kafka-jars: the Kafka broker and MirrorMaker 2 jars of $(KAFKA_POM), copied by Maven into $(KAFKA_DIR)/libs (once; again when the pom changes)
+kafka-jars:
+	@if [ -f $(KAFKA_DIR)/libs/.complete ] && cmp -s $(KAFKA_POM) $(KAFKA_DIR)/pom.xml; then echo "Kafka $(KAFKA_VERSION) jars cached in $(KAFKA_DIR)/libs"; else \
+	  command -v mvn >/dev/null || { echo "mvn is missing: Maven 3 fetches the Kafka jars"; exit 1; }; \
+	  echo "fetching Kafka $(KAFKA_VERSION) jars into $(KAFKA_DIR)/libs (about 30 s, once)"; \
+	  rm -rf $(KAFKA_DIR) && mkdir -p $(KAFKA_DIR) && start=$$(date +%s) && \
+	  mvn -B -q -f $(KAFKA_POM) -Dkafka.libs=$(KAFKA_DIR)/libs package && \
+	  cp $(KAFKA_POM) $(KAFKA_DIR)/pom.xml && touch $(KAFKA_DIR)/libs/.complete && \
+	  echo "$$(ls $(KAFKA_DIR)/libs | wc -l) jars in $$(( $$(date +%s) - start )) s"; fi
 
 clean:
 	rm -rf $(BIN)

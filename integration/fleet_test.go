@@ -94,6 +94,15 @@ func TestFleetOnRealEtcd(t *testing.T) {
 	_ = etcd.members[0].proc.wait(10 * time.Second)
 	// Hold for two session TTLs: long enough for a lease to have expired if
 	// the agents had lost etcd.
+	//
+	// Readiness: an agent whose etcd connection went to the dead member can
+	// see one etcd probe time out (etcd.request_timeout, 1 s here) before
+	// its client uses another member, and answer 503 "etcd unreachable"
+	// meanwhile; seen about once in ten runs on a loaded 2-core machine
+	// (reported). Such a blip is logged; unready for longer than
+	// maxUnready fails.
+	const maxUnready = 2 * time.Second
+	unreadySince := map[string]time.Time{}
 	for hold := time.Now().Add(2 * sessionTTL); time.Now().Before(hold); time.Sleep(200 * time.Millisecond) {
 		l, tok, err := agreedLeader(agents)
 		if err != nil || l != leader || tok != token {
@@ -101,8 +110,17 @@ func TestFleetOnRealEtcd(t *testing.T) {
 		}
 		for _, a := range agents {
 			var body map[string]string
-			if code, err := getJSON("http://"+a.http+"/readyz", &body); err != nil || code != 200 {
-				t.Fatalf("%s unready after losing one etcd member of three: %d %v %v", a.id, code, body, err)
+			code, err := getJSON("http://"+a.http+"/readyz", &body)
+			if err == nil && code == 200 {
+				delete(unreadySince, a.id)
+				continue
+			}
+			if _, ok := unreadySince[a.id]; !ok {
+				unreadySince[a.id] = time.Now()
+				t.Logf("NOTE (kswitch): %s unready after losing one etcd member of three: %d %v %v", a.id, code, body, err)
+			}
+			if d := time.Since(unreadySince[a.id]); d > maxUnready {
+				t.Fatalf("%s unready for %v after losing one etcd member of three: %d %v %v", a.id, d, code, body, err)
 			}
 		}
 	}

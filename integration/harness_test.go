@@ -7,12 +7,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -47,26 +50,94 @@ func freePort(t *testing.T) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-// proc is one OS process of the suite. Its output goes to a log file that
-// is printed when the test fails.
+// logDir returns the directory that holds the log files of t's processes,
+// one per test (subtests get their own): $KSWITCH_TEST_LOG_DIR/<test name>,
+// or under the system temp directory. It is emptied when first used, kept
+// when the test fails or KSWITCH_TEST_KEEP_LOGS is set (its path is
+// logged), and removed when it passes.
+func logDir(t *testing.T) string {
+	t.Helper()
+	logDirsMu.Lock()
+	defer logDirsMu.Unlock()
+	if d, ok := logDirs[t]; ok {
+		return d
+	}
+	root := os.Getenv("KSWITCH_TEST_LOG_DIR")
+	if root == "" {
+		root = filepath.Join(os.TempDir(), "kswitch-integration")
+	}
+	dir := filepath.Join(root, filepath.FromSlash(t.Name()))
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	logDirs[t] = dir
+	// Registered before any process's cleanup, so it runs after all of them.
+	t.Cleanup(func() {
+		logDirsMu.Lock()
+		delete(logDirs, t)
+		logDirsMu.Unlock()
+		if t.Failed() || os.Getenv("KSWITCH_TEST_KEEP_LOGS") != "" {
+			t.Logf("logs of every process kept in %s", dir)
+			return
+		}
+		_ = os.RemoveAll(dir)
+		_ = os.Remove(filepath.Dir(dir)) // a parent test's directory, once empty
+	})
+	return dir
+}
+
+var (
+	logDirsMu sync.Mutex
+	logDirs   = map[*testing.T]string{}
+)
+
+// proc is one OS process of the suite. Its output goes to a log file in
+// logDir, appended to when a process of the same name is started again;
+// its tail is printed when the test fails.
 type proc struct {
 	name string
 	cmd  *exec.Cmd
 	log  string
 	done chan struct{}
 	err  error // set before done is closed
+	// expected is set once the suite makes the process end (a signal,
+	// closing its input); any other exit fails the test at once.
+	expected atomic.Bool
+}
+
+// procOptions adjust how startProcWith runs a process.
+type procOptions struct {
+	// Env is added to the test's environment.
+	Env []string
+	// Stdin, when set, is the process's standard input.
+	Stdin io.Reader
 }
 
 func startProc(t *testing.T, name string, bin string, args ...string) *proc {
 	t.Helper()
-	logPath := filepath.Join(t.TempDir(), name+".log")
-	f, err := os.Create(logPath)
+	return startProcWith(t, procOptions{}, name, bin, args...)
+}
+
+func startProcWith(t *testing.T, o procOptions, name string, bin string, args ...string) *proc {
+	t.Helper()
+	logPath := filepath.Join(logDir(t), name+".log")
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
+	fmt.Fprintf(f, "=== %s: %s %s\n", time.Now().Format(time.RFC3339Nano), bin, strings.Join(args, " "))
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Stdin = o.Stdin
+	if len(o.Env) > 0 {
+		cmd.Env = append(os.Environ(), o.Env...)
+	}
+	// Pdeathsig: when the test binary dies (a -timeout panic, a kill), its
+	// processes die with it instead of holding ports and CPU.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		t.Fatalf("start %s: %v", name, err)
@@ -74,6 +145,9 @@ func startProc(t *testing.T, name string, bin string, args ...string) *proc {
 	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
 	go func() {
 		p.err = cmd.Wait()
+		if !p.expected.Load() {
+			t.Errorf("%s (pid %d) exited by itself: %v; last output:\n%s", name, cmd.Process.Pid, p.err, tail(logPath, 30))
+		}
 		f.Close()
 		close(p.done)
 	}()
@@ -81,17 +155,34 @@ func startProc(t *testing.T, name string, bin string, args ...string) *proc {
 		p.signal(syscall.SIGKILL)
 		<-p.done
 		if t.Failed() {
-			out, _ := os.ReadFile(logPath)
-			if len(out) > 8000 {
-				out = out[len(out)-8000:]
-			}
-			t.Logf("--- last output of %s:\n%s", name, out)
+			t.Logf("--- last output of %s (%s):\n%s", name, logPath, tail(logPath, 60))
 		}
 	})
 	return p
 }
 
+// tail returns the last n lines of the file at path.
+func tail(path string, n int) string {
+	out, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	keep := strings.Split(strings.TrimRight(string(out), "\n"), "\n")
+	if len(keep) > n {
+		keep = keep[len(keep)-n:]
+	}
+	for i, l := range keep {
+		if len(l) > 600 {
+			keep[i] = l[:600] + "…"
+		}
+	}
+	return strings.Join(keep, "\n")
+}
+
 func (p *proc) signal(sig syscall.Signal) {
+	if sig != syscall.SIGSTOP && sig != syscall.SIGCONT {
+		p.expected.Store(true)
+	}
 	select {
 	case <-p.done:
 	default:
@@ -205,11 +296,42 @@ type agentProc struct {
 	*proc
 }
 
+// agentConfig is what differs between the agents' configuration files.
+type agentConfig struct {
+	Endpoints []string
+	// Clusters is the YAML body of clusters: (indented two spaces); the
+	// default names two brokers that do not exist, for tests that need no
+	// Kafka.
+	Clusters string
+	// Source and Failover are the YAML bodies of those sections; empty
+	// leaves the defaults (Source: topic and group orders).
+	Source   string
+	Failover string
+	// LogLevel is log.level; default info. The log format is JSON.
+	LogLevel string
+	// Extra is more top-level YAML (a routing section, say).
+	Extra string
+}
+
 func writeAgentConfig(t *testing.T, id string, endpoints []string) (path, httpAddr string) {
 	t.Helper()
+	return writeAgentConfigWith(t, id, agentConfig{Endpoints: endpoints})
+}
+
+func writeAgentConfigWith(t *testing.T, id string, c agentConfig) (path, httpAddr string) {
+	t.Helper()
+	if c.Clusters == "" {
+		c.Clusters = "  A: {brokers: [127.0.0.1:9092], role: primary}\n  B: {brokers: [127.0.0.1:9093], role: standby}\n"
+	}
+	if c.Source == "" {
+		c.Source = "  topics: [orders]\n  group: orders\n"
+	}
+	if c.LogLevel == "" {
+		c.LogLevel = "info"
+	}
 	httpAddr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	conf := fmt.Sprintf(`fleet: orders
-log: {format: console, level: info}
+log: {format: json, level: %s}
 agent:
   id: %s
   http: %s
@@ -219,12 +341,12 @@ etcd:
   session_ttl: 2s
   request_timeout: 1s
 clusters:
-  A: {brokers: [127.0.0.1:9092], role: primary}
-  B: {brokers: [127.0.0.1:9093], role: standby}
-source:
-  topics: [orders]
-  group: orders
-`, id, httpAddr, freePort(t), strings.Join(endpoints, ", "))
+%ssource:
+%s`, c.LogLevel, id, httpAddr, freePort(t), strings.Join(c.Endpoints, ", "), c.Clusters, c.Source)
+	if c.Failover != "" {
+		conf += "failover:\n" + c.Failover
+	}
+	conf += c.Extra
 	path = filepath.Join(t.TempDir(), id+".yaml")
 	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
@@ -234,9 +356,15 @@ source:
 
 func startAgent(t *testing.T, id string, endpoints []string) *agentProc {
 	t.Helper()
+	return startAgentWith(t, id, agentConfig{Endpoints: endpoints})
+}
+
+func startAgentWith(t *testing.T, id string, c agentConfig) *agentProc {
+	t.Helper()
 	bin, _ := binaries(t)
-	conf, httpAddr := writeAgentConfig(t, id, endpoints)
-	return &agentProc{id: id, http: httpAddr, conf: conf, proc: startProc(t, id, bin, "agent", "--config", conf)}
+	conf, httpAddr := writeAgentConfigWith(t, id, c)
+	return &agentProc{id: id, http: httpAddr, conf: conf,
+		proc: startProc(t, id, bin, "agent", "--config", conf)}
 }
 
 // restart starts the agent again with its configuration.

@@ -1,0 +1,196 @@
+//go:build integration
+
+package integration
+
+import (
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kswitch/kswitch/internal/wait"
+)
+
+// TestAgentFaultsOnRealKafka kills agents and an etcd member while the
+// fleet relays records from Kafka A to its channel on B: the leader agent
+// (SIGKILL: its lease must expire or gossip declare it dead), one etcd
+// member of three, and a follower agent, which is then started again.
+// Nothing may be lost; a killed agent's records delivered but not yet
+// committed are delivered again by the partition's next owner
+// (at-least-once), and the suite counts them.
+func TestAgentFaultsOnRealKafka(t *testing.T) {
+	rep := newReport("agent-and-etcd-faults")
+	defer func() {
+		rep.Passed = !t.Failed()
+		addReport(rep)
+	}()
+	timed := rep.timer(t)
+	st := startStack(t, timed, prefixPolicy, false) // B only hosts the channel
+	tl, etcd := st.tl, st.etcd
+	conf := st.agentConfig()
+	var agents []*agentProc
+	for i := 1; i <= 3; i++ {
+		agents = append(agents, startAgentWith(t, fmt.Sprintf("agent-%d", i), conf))
+	}
+	prod := startProducer(t, st.a.addr, "orders", produceRate)
+
+	// moving waits until every partition's committed offset on A has gone
+	// past where it was when called: the fleet consumes all of them.
+	moving := func(what string, timeout time.Duration) time.Duration {
+		t.Helper()
+		began := time.Now()
+		before := offsetsOf(tl.offsets("A", "orders"))
+		wait.For(t, timeout, what, func() error {
+			now := offsetsOf(tl.offsets("A", "orders"))
+			for p := range int32(ordersPartitions) {
+				if now[p] <= before[p] {
+					return fmt.Errorf("orders/%d still at %d (all: %v)", p, now[p], now)
+				}
+			}
+			return nil
+		})
+		return time.Since(began)
+	}
+	moving("the fleet consumes every partition of A", time.Minute)
+
+	// The leader's machine dies.
+	var leader string
+	wait.For(t, 10*time.Second, "the agents agree on a leader", func() (err error) {
+		leader, _, err = agreedLeader(agents)
+		return err
+	})
+	killed := time.Now()
+	byID(agents, leader).signal(syscall.SIGKILL)
+	_ = byID(agents, leader).wait(10 * time.Second)
+	// What a killed agent delivered after its last commit is delivered
+	// again by the partitions' next owners, who start at that commit.
+	restartFrom := map[string]map[int32]int64{}
+	restartFrom[leader] = nil // filled below, once its commits can no longer arrive
+	rest := remove(agents, leader)
+	var next string
+	wait.For(t, sessionTTL+5*time.Second, "a new leader after SIGKILL of the leader", func() (err error) {
+		next, _, err = agreedLeader(rest)
+		return err
+	})
+	timed("leader_killed_new_leader", time.Since(killed))
+	moving("every partition moves again after the leader died", 30*time.Second)
+	timed("leader_killed_all_moving", time.Since(killed))
+	t.Logf("SIGKILL of leader %s: %s leads", leader, next)
+
+	// One etcd member of three dies: the fleet goes on.
+	etcd.members[0].proc.signal(syscall.SIGKILL)
+	_ = etcd.members[0].proc.wait(10 * time.Second)
+	timed("etcd_member_killed_moving", moving("the fleet consumes with one etcd member down", 30*time.Second))
+	etcd.start(t, etcd.members[0], "existing")
+
+	// A follower dies and comes back.
+	follower := rest[0]
+	if follower.id == next {
+		follower = rest[1]
+	}
+	follower.signal(syscall.SIGKILL)
+	_ = follower.wait(10 * time.Second)
+	timed("follower_killed_moving", moving("every partition moves again after a follower died", 30*time.Second))
+	wait.For(t, sessionTTL+5*time.Second, "the dead follower owns nothing", func() error {
+		if n := tl.owners()[follower.id]; n > 0 {
+			return fmt.Errorf("%s owns %d partitions", follower.id, n)
+		}
+		return nil
+	})
+	restarted := time.Now()
+	restartFrom[leader] = tl.lastCommits(leader, "A", "orders", restarted)
+	restartFrom[follower.id] = tl.lastCommits(follower.id, "A", "orders", restarted)
+	follower.restart(t)
+	wait.For(t, 30*time.Second, "the restarted follower gets partitions", func() error {
+		if n := tl.owners()[follower.id]; n == 0 {
+			return fmt.Errorf("assignment owners: %v", tl.owners())
+		}
+		return nil
+	})
+	timed("follower_restarted_owns", time.Since(restarted))
+	moving("every partition moves after the rebalance", 30*time.Second)
+
+	// Verdict.
+	prod.finish(t, time.Minute)
+	ends, err := endOffsets(st.a.addr, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, time.Minute, "the fleet consumes all of A", func() error { return tl.caughtUp("A", "orders", ends) })
+	contentA, err := readTopic(st.a.addr, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	delivered, err := readTopic(st.b.addr, "delivered")
+	if err != nil {
+		t.Fatal(err)
+	}
+	segs, err := segments(nil, func(string) string { return "orders" }, ordersPartitions, "A", offsetsOf(tl.offsets("A", "orders")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := judge(segs, map[string]map[int32][]kRecord{"A": contentA}, delivered, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep.verdict = v
+	t.Logf("verdict: %s", v)
+	if v.LostCount > 0 {
+		t.Errorf("lost %d records: %v", v.LostCount, v.Lost)
+	}
+	// Every duplicate must be a redelivery after a crash: per partition,
+	// the duplicated offsets form runs that each start at a killed agent's
+	// last commit of that partition.
+	if err := explainDuplicates(contentA, delivered, restartFrom); err != nil {
+		t.Error(err)
+	}
+	if dc := tl.doubleCommits(); len(dc) > 0 {
+		t.Errorf("two agents committed one partition in one generation: %v", dc)
+	}
+	if v.Records != prod.count() {
+		t.Errorf("%d distinct records on A, the producer wrote %d", v.Records, prod.count())
+	}
+	timed("scenario", time.Since(st.began))
+}
+
+// explainDuplicates checks that the records delivered more than once are,
+// per partition, runs of consecutive offsets each starting where a killed
+// agent last committed that partition (restartFrom: agent → partition →
+// offset), which is where the next owner resumed.
+func explainDuplicates(source, delivered map[int32][]kRecord, restartFrom map[string]map[int32]int64) error {
+	count := map[string]int{}
+	for _, recs := range delivered {
+		for _, r := range recs {
+			count[r.Value]++
+		}
+	}
+	var problems []string
+	for p, recs := range source {
+		starts := map[int64]bool{}
+		for _, commits := range restartFrom {
+			if o, ok := commits[p]; ok {
+				starts[o] = true
+			}
+		}
+		prev := int64(-2)
+		var runs []int64
+		for _, r := range recs { // in offset order
+			if count[r.Value] < 2 {
+				continue
+			}
+			if r.Offset != prev+1 {
+				runs = append(runs, r.Offset)
+			}
+			prev = r.Offset
+		}
+		for _, o := range runs {
+			if !starts[o] {
+				problems = append(problems, fmt.Sprintf("orders/%d: duplicates from offset %d, where no killed agent last committed (%v)", p, o, restartFrom))
+			}
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("duplicates not explained by a crash: %v", problems)
+	}
+	return nil
+}

@@ -1,0 +1,598 @@
+//go:build integration
+
+package integration
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/kswitch/kswitch/internal/wait"
+)
+
+// This file runs Apache Kafka and MirrorMaker 2 as real processes, from the
+// jars `make kafka-jars` copies into the tool cache (integration/kafka/pom.xml),
+// and kcat as the outside producer and reader.
+
+// kafkaVersion is the protocol version the suite's own sarama clients and
+// the agents speak: the broker's (integration/kafka/pom.xml).
+const kafkaVersion = "4.1.0"
+
+var saramaVersion = sarama.V4_1_0_0
+
+// kafkaEnv locates java, the Kafka jars and the log4j2 configuration.
+type kafkaEnv struct {
+	java  string
+	libs  string // a directory of jars
+	log4j string
+}
+
+func kafkaTools(t *testing.T) kafkaEnv {
+	t.Helper()
+	dir := os.Getenv("KSWITCH_TEST_KAFKA_DIR")
+	if dir == "" {
+		t.Fatal("KSWITCH_TEST_KAFKA_DIR is not set: run the suite with `make integration`, which fetches the Kafka jars")
+	}
+	libs := filepath.Join(dir, "libs")
+	if _, err := os.Stat(filepath.Join(libs, ".complete")); err != nil {
+		t.Fatalf("no Kafka jars in %s (%v): run `make kafka-jars`", libs, err)
+	}
+	java, err := exec.LookPath("java")
+	if err != nil {
+		t.Fatalf("java: %v (the brokers need Java 17 or later)", err)
+	}
+	if _, err := exec.LookPath("kcat"); err != nil {
+		t.Fatalf("kcat: %v (apt-get install kcat)", err)
+	}
+	log4j, err := filepath.Abs(filepath.Join("kafka", "log4j2.properties"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kafkaEnv{java: java, libs: libs, log4j: log4j}
+}
+
+// jvmArgs are the flags of Kafka's bin/ scripts, with a small heap.
+func (e kafkaEnv) jvmArgs(heap, logsDir, main string) []string {
+	return []string{
+		"-Xms" + heap, "-Xmx" + heap,
+		"-server", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true",
+		"-Dlog4j2.configurationFile=" + e.log4j, "-Dkafka.logs.dir=" + logsDir,
+		"-cp", filepath.Join(e.libs, "*"), main,
+	}
+}
+
+// kafkaBroker is a single-node KRaft cluster (combined broker and
+// controller) in its own JVM.
+type kafkaBroker struct {
+	name  string // the cluster's name: A, B
+	addr  string // host:port of the PLAINTEXT listener
+	dir   string // server.properties and data
+	conf  string
+	env   kafkaEnv
+	proc  *proc
+	began time.Time // when the current process was started
+}
+
+// newKafkaBroker writes the configuration of cluster name and formats its
+// storage (a JVM run of its own, a few seconds); start runs it. Safe to call
+// for several clusters concurrently; it reports errors instead of failing t.
+func newKafkaBroker(env kafkaEnv, name, dir string, logs string) (*kafkaBroker, error) {
+	port, err := freePortErr()
+	if err != nil {
+		return nil, err
+	}
+	cport, err := freePortErr()
+	if err != nil {
+		return nil, err
+	}
+	b := &kafkaBroker{name: name, addr: fmt.Sprintf("127.0.0.1:%d", port), dir: dir, conf: filepath.Join(dir, "server.properties"), env: env}
+	conf := fmt.Sprintf(`# cluster %[1]s of the kswitch integration suite: one combined node
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:%[3]d
+listeners=PLAINTEXT://%[2]s,CONTROLLER://127.0.0.1:%[3]d
+advertised.listeners=PLAINTEXT://%[2]s
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs=%[4]s
+num.partitions=4
+auto.create.topics.enable=false
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=4
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.num.partitions=1
+group.initial.rebalance.delay.ms=0
+# A broker restarted after SIGKILL registers again only once the
+# controller has expired its old session (default 9 s).
+broker.session.timeout.ms=2000
+broker.heartbeat.interval.ms=500
+`, name, b.addr, cport, filepath.Join(dir, "data"))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(b.conf, []byte(conf), 0o644); err != nil {
+		return nil, err
+	}
+	// A cluster id is 16 random bytes in URL-safe base64 (what
+	// `kafka-storage random-uuid` prints); like Kafka's, never one that
+	// starts with '-', which a command line takes for an option.
+	var cid string
+	for cid == "" || cid[0] == '-' {
+		id := make([]byte, 16)
+		_, _ = rand.Read(id)
+		cid = base64.RawURLEncoding.EncodeToString(id)
+	}
+	logFile, err := os.Create(filepath.Join(logs, "kafka-"+name+"-format.log"))
+	if err != nil {
+		return nil, err
+	}
+	defer logFile.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	args := append(env.jvmArgs("128m", dir, "kafka.tools.StorageTool"),
+		"format", "--cluster-id="+cid, "--config="+b.conf, "--ignore-formatted")
+	cmd := exec.CommandContext(ctx, env.java, args...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("format storage of Kafka %s: %w; last output:\n%s", name, err, tail(logFile.Name(), 10))
+	}
+	return b, nil
+}
+
+func freePortErr() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// start runs the broker process on its data (again, after a kill).
+func (b *kafkaBroker) start(t *testing.T) {
+	t.Helper()
+	b.began = time.Now()
+	b.proc = startProc(t, "kafka-"+b.name, b.env.java, append(b.env.jvmArgs("384m", b.dir, "kafka.Kafka"), b.conf)...)
+}
+
+// ready returns nil once the broker answers a metadata request naming
+// itself as a live broker and a controller: a listening port is not a
+// ready broker.
+func (b *kafkaBroker) ready() error {
+	conf := saramaConfig(2 * time.Second)
+	broker := sarama.NewBroker(b.addr)
+	if err := broker.Open(conf); err != nil {
+		return err
+	}
+	defer broker.Close()
+	md, err := broker.GetMetadata(&sarama.MetadataRequest{Version: 7, AllowAutoTopicCreation: false})
+	if err != nil {
+		return err
+	}
+	if len(md.Brokers) == 0 || md.ControllerID < 0 {
+		return fmt.Errorf("kafka %s: metadata names %d brokers, controller %d", b.name, len(md.Brokers), md.ControllerID)
+	}
+	return nil
+}
+
+// waitReady waits for ready and returns how long the broker took from its
+// process start.
+func (b *kafkaBroker) waitReady(t *testing.T, timeout time.Duration) time.Duration {
+	t.Helper()
+	exited := errors.New("exited")
+	err := wait.Until(timeout, func() error {
+		if !b.proc.running() {
+			return exited
+		}
+		return b.ready()
+	})
+	switch {
+	case errors.Is(err, exited):
+		t.Fatalf("Kafka %s exited while starting: %v (log %s)", b.name, b.proc.err, b.proc.log)
+	case err != nil:
+		t.Fatalf("Kafka %s does not answer metadata %v after its start: %v", b.name, timeout, err)
+	}
+	return time.Since(b.began)
+}
+
+func saramaConfig(timeout time.Duration) *sarama.Config {
+	c := sarama.NewConfig()
+	c.Version = saramaVersion
+	c.ClientID = "kswitch-integration"
+	c.Net.DialTimeout, c.Net.ReadTimeout, c.Net.WriteTimeout = timeout, timeout, timeout
+	c.Metadata.Retry.Max = 1
+	c.Metadata.Retry.Backoff = 100 * time.Millisecond
+	c.Metadata.AllowAutoTopicCreation = false
+	return c
+}
+
+// createTopic creates topic with n partitions on the broker.
+func (b *kafkaBroker) createTopic(t *testing.T, topic string, n int32) {
+	t.Helper()
+	adm, err := sarama.NewClusterAdmin([]string{b.addr}, saramaConfig(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer adm.Close()
+	if err := adm.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: n, ReplicationFactor: 1}, false); err != nil {
+		t.Fatalf("kafka %s: create topic %s: %v", b.name, topic, err)
+	}
+}
+
+// endOffsets returns the high watermark of every partition of topic, read
+// with a fresh connection (the result must not come from a stale cache).
+func endOffsets(addr, topic string) (map[int32]int64, error) {
+	cl, err := sarama.NewClient([]string{addr}, saramaConfig(3*time.Second))
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	ps, err := cl.Partitions(topic)
+	if err != nil {
+		return nil, fmt.Errorf("%s on %s: %w", topic, addr, err)
+	}
+	out := map[int32]int64{}
+	for _, p := range ps {
+		o, err := cl.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			return nil, fmt.Errorf("%s/%d on %s: %w", topic, p, addr, err)
+		}
+		out[p] = o
+	}
+	return out, nil
+}
+
+// groupOffsets returns what group has committed on the broker for topic's
+// partitions (-1: nothing), with an OffsetFetch as Kafka's own tools send it.
+func groupOffsets(addr, group, topic string, partitions int32) (map[int32]int64, error) {
+	adm, err := sarama.NewClusterAdmin([]string{addr}, saramaConfig(3*time.Second))
+	if err != nil {
+		return nil, err
+	}
+	defer adm.Close()
+	var ps []int32
+	for p := range partitions {
+		ps = append(ps, p)
+	}
+	resp, err := adm.ListConsumerGroupOffsets(group, map[string][]int32{topic: ps})
+	if err != nil {
+		return nil, err
+	}
+	out := map[int32]int64{}
+	for _, p := range ps {
+		blk := resp.GetBlock(topic, p)
+		if blk == nil {
+			return nil, fmt.Errorf("group %s: no answer for %s/%d", group, topic, p)
+		}
+		if blk.Err != sarama.ErrNoError {
+			return nil, fmt.Errorf("group %s: %s/%d: %w", group, topic, p, blk.Err)
+		}
+		out[p] = blk.Offset
+	}
+	return out, nil
+}
+
+// mirrorMaker is a dedicated MirrorMaker 2 process replicating A to B.
+type mirrorMaker struct {
+	proc  *proc
+	began time.Time
+}
+
+// Replication policies of MirrorMaker 2 and kswitch's names for them.
+type replicationPolicy struct {
+	kswitch   string // clusters.B.replication_policy
+	class     string // MirrorMaker 2's replication.policy.class
+	remote    string // the name of A's topic "orders" on B
+	syncTopic string // the offset-syncs topic (on B: offset-syncs.topic.location=target)
+}
+
+var (
+	prefixPolicy = replicationPolicy{kswitch: "prefix", class: "org.apache.kafka.connect.mirror.DefaultReplicationPolicy",
+		remote: "A.orders", syncTopic: "mm2-offset-syncs.A.internal"}
+	identityPolicy = replicationPolicy{kswitch: "identity", class: "org.apache.kafka.connect.mirror.IdentityReplicationPolicy",
+		remote: "orders", syncTopic: "mm2-offset-syncs.A.internal"}
+)
+
+// startMirrorMaker runs MirrorMaker 2 from a to b: topic orders and group
+// orders, intervals of a second, offset-syncs for every record, kept on b.
+func startMirrorMaker(t *testing.T, env kafkaEnv, a, b *kafkaBroker, policy replicationPolicy) *mirrorMaker {
+	t.Helper()
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "mm2.properties")
+	props := fmt.Sprintf(`clusters = A, B
+A.bootstrap.servers = %s
+B.bootstrap.servers = %s
+A->B.enabled = true
+A->B.topics = orders
+A->B.groups = orders
+B->A.enabled = false
+B->A.emit.heartbeats.enabled = false
+replication.policy.class = %s
+# one broker per cluster
+replication.factor = 1
+checkpoints.topic.replication.factor = 1
+heartbeats.topic.replication.factor = 1
+offset-syncs.topic.replication.factor = 1
+offset.storage.replication.factor = 1
+status.storage.replication.factor = 1
+config.storage.replication.factor = 1
+# the offset syncs on B, where they can be read while A is down
+offset-syncs.topic.location = target
+# a sync per record, checkpoints and topic/group discovery every second
+offset.lag.max = 0
+emit.checkpoints.interval.seconds = 1
+emit.heartbeats.interval.seconds = 1
+refresh.topics.interval.seconds = 1
+refresh.groups.interval.seconds = 1
+sync.group.offsets.enabled = false
+B.offset.flush.interval.ms = 1000
+# every plugin has a ServiceLoader manifest: skip the classpath scan
+plugin.discovery = service_load
+`, a.addr, b.addr, policy.class)
+	if err := os.WriteFile(conf, []byte(props), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m := &mirrorMaker{began: time.Now()}
+	m.proc = startProc(t, "mirrormaker", env.java,
+		append(env.jvmArgs("384m", dir, "org.apache.kafka.connect.mirror.MirrorMaker"), conf)...)
+	return m
+}
+
+// kcat runs kcat to completion and returns its standard output.
+func kcat(ctx context.Context, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, "kcat", args...)
+	var out, errOut strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if err := cmd.Run(); err != nil {
+		return out.String(), fmt.Errorf("kcat %s: %w: %s", strings.Join(args, " "), err, errOut.String())
+	}
+	return out.String(), nil
+}
+
+// kRecord is one record read back with kcat.
+type kRecord struct {
+	Partition int32
+	Offset    int64
+	Key       string
+	Value     string
+}
+
+// readTopic reads every record of topic on addr with kcat, up to the end
+// of each partition at the time of reading, by partition in offset order.
+func readTopic(addr, topic string) (map[int32][]kRecord, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// Tab-separated; keys and values of the suite hold no tabs or newlines.
+	out, err := kcat(ctx, "-C", "-b", addr, "-t", topic, "-o", "beginning", "-e", "-q",
+		"-f", `%p\t%o\t%k\t%s\n`, "-X", "fetch.wait.max.ms=50")
+	if err != nil {
+		return nil, err
+	}
+	recs := map[int32][]kRecord{}
+	sc := bufio.NewScanner(strings.NewReader(out))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		f := strings.Split(sc.Text(), "\t")
+		if len(f) != 4 {
+			return nil, fmt.Errorf("kcat line %q: want 4 tab-separated fields", sc.Text())
+		}
+		p, err1 := strconv.ParseInt(f[0], 10, 32)
+		o, err2 := strconv.ParseInt(f[1], 10, 64)
+		if err1 != nil || err2 != nil {
+			return nil, fmt.Errorf("kcat line %q: bad partition or offset", sc.Text())
+		}
+		recs[int32(p)] = append(recs[int32(p)], kRecord{Partition: int32(p), Offset: o, Key: f[2], Value: f[3]})
+	}
+	return recs, sc.Err()
+}
+
+// producer feeds numbered records to one kcat -P process at a steady rate:
+// the outside client writing to cluster A. Record i has key k<i> (which
+// spreads records over the partitions) and value r<i>, zero-padded. kcat's
+// idempotent producer retries through an outage of the broker and delivers
+// what it holds once the broker is back; what is on A is the truth the
+// verdict reads back, not what was handed to kcat.
+type producer struct {
+	stdin *os.File
+	proc  *proc
+	stop  chan struct{}
+	done  chan struct{}
+	mu    sync.Mutex
+	next  int // records handed to kcat
+}
+
+func startProducer(t *testing.T, addr, topic string, perSecond int) *producer {
+	t.Helper()
+	// An OS pipe, not io.Pipe: once kcat is gone, writes fail (EPIPE)
+	// instead of blocking.
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr := &producer{stdin: w, stop: make(chan struct{}), done: make(chan struct{})}
+	// -E: keep going when the broker is down ("all brokers down" is not
+	// fatal); the idempotent producer retries until message.timeout.ms.
+	pr.proc = startProcWith(t, procOptions{Stdin: r}, "kcat-producer", "kcat", "-P", "-E", "-b", addr, "-t", topic, "-K", "\t",
+		"-X", "enable.idempotence=true", "-X", "linger.ms=5", "-X", "message.timeout.ms=600000")
+	r.Close()
+	go func() {
+		defer close(pr.done)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		start := time.Now()
+		for {
+			select {
+			case <-pr.stop:
+				return
+			case <-tick.C:
+			}
+			due := int(time.Since(start).Seconds() * float64(perSecond))
+			var b strings.Builder
+			pr.mu.Lock()
+			from := pr.next
+			for i := from; i < due; i++ {
+				fmt.Fprintf(&b, "k%07d\tr%07d\n", i, i)
+			}
+			pr.mu.Unlock()
+			if _, err := io.WriteString(w, b.String()); err != nil {
+				return
+			}
+			pr.mu.Lock()
+			pr.next = max(pr.next, due)
+			pr.mu.Unlock()
+		}
+	}()
+	t.Cleanup(pr.close)
+	return pr
+}
+
+func (pr *producer) count() int {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	return pr.next
+}
+
+// close stops feeding records and closes kcat's input: kcat then delivers
+// what it holds and exits.
+func (pr *producer) close() {
+	select {
+	case <-pr.stop:
+	default:
+		close(pr.stop)
+	}
+	<-pr.done
+	pr.proc.expected.Store(true) // kcat ends at the end of its input
+	_ = pr.stdin.Close()         // a second Close returns an error: ignored
+}
+
+// finish closes the producer and waits for kcat to deliver everything.
+func (pr *producer) finish(t *testing.T, timeout time.Duration) {
+	t.Helper()
+	pr.close()
+	if err := pr.proc.wait(timeout); err != nil {
+		t.Fatalf("kcat producer: %v", err)
+	}
+}
+
+// stopProc freezes (SIGSTOP) or kills (SIGKILL) a process; for SIGKILL it
+// waits until the process is gone.
+func stopProc(t *testing.T, p *proc, sig syscall.Signal) {
+	t.Helper()
+	p.signal(sig)
+	if sig == syscall.SIGKILL {
+		if err := p.wait(10 * time.Second); err == nil || p.running() {
+			t.Fatalf("%s survived SIGKILL: %v", p.name, err)
+		}
+	}
+}
+
+// checkpoint is MirrorMaker 2's translation of a group's committed offset:
+// upstream (on A) to downstream (on B).
+type checkpoint struct {
+	Upstream, Downstream int64
+}
+
+// readCheckpoints reads MirrorMaker 2's checkpoints topic on addr and
+// returns the last checkpoint of group per (downstream topic, partition).
+// The record format is MirrorMaker 2's (Kafka protocol types): key = group
+// STRING, topic STRING, partition INT32; value = version INT16, upstream
+// offset INT64, downstream offset INT64, metadata STRING.
+func readCheckpoints(addr, topic, group string) (map[string]map[int32]checkpoint, error) {
+	cl, err := sarama.NewClient([]string{addr}, saramaConfig(3*time.Second))
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	cons, err := sarama.NewConsumerFromClient(cl)
+	if err != nil {
+		return nil, err
+	}
+	defer cons.Close()
+	ps, err := cl.Partitions(topic)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]map[int32]checkpoint{}
+	for _, p := range ps {
+		end, err := cl.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			return nil, err
+		}
+		if end == 0 {
+			continue
+		}
+		pc, err := cons.ConsumePartition(topic, p, sarama.OffsetOldest)
+		if err != nil {
+			return nil, err
+		}
+		timeout := time.After(10 * time.Second)
+	read:
+		for {
+			select {
+			case m := <-pc.Messages():
+				g, tp, part, ok := decodeCheckpointKey(m.Key)
+				if ok && g == group && len(m.Value) >= 18 {
+					if out[tp] == nil {
+						out[tp] = map[int32]checkpoint{}
+					}
+					out[tp][part] = checkpoint{
+						Upstream:   int64(binary.BigEndian.Uint64(m.Value[2:10])),
+						Downstream: int64(binary.BigEndian.Uint64(m.Value[10:18])),
+					}
+				}
+				if m.Offset >= end-1 {
+					break read
+				}
+			case <-timeout:
+				pc.Close()
+				return nil, fmt.Errorf("reading %s/%d up to %d: timed out", topic, p, end)
+			}
+		}
+		pc.Close()
+	}
+	return out, nil
+}
+
+func decodeCheckpointKey(k []byte) (group, topic string, partition int32, ok bool) {
+	str := func() (string, bool) {
+		if len(k) < 2 {
+			return "", false
+		}
+		n := int(binary.BigEndian.Uint16(k))
+		if len(k) < 2+n {
+			return "", false
+		}
+		s := string(k[2 : 2+n])
+		k = k[2+n:]
+		return s, true
+	}
+	var ok1, ok2 bool
+	group, ok1 = str()
+	topic, ok2 = str()
+	if !ok1 || !ok2 || len(k) < 4 {
+		return "", "", 0, false
+	}
+	return group, topic, int32(binary.BigEndian.Uint32(k)), true
+}

@@ -1,0 +1,195 @@
+//go:build integration
+
+package integration
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+)
+
+// How the suite decides, from outside kswitch, that no record was lost and
+// none delivered twice (integration/README.md explains it):
+//
+//  1. Deliveries. The agents route every record they consume to the
+//     channel "delivered", a topic on B (which never fails in these
+//     tests); the router acknowledges a record only once B has it, and the
+//     agents commit only acknowledged records. So the channel topic, read
+//     back with kcat, holds one copy per delivery: every id on A must be
+//     there (lost otherwise), and an id there twice was delivered twice.
+//  2. Positions. The agents commit, per partition, the offset just past
+//     the records acknowledged, and a switch records in history/ the
+//     committed offset it left on the old cluster (from_offset) and the
+//     translated one it starts at on the new cluster (to_offset). So the
+//     fleet delivered, per partition, [0, from₁) on A, [to₁, from₂) on B, …
+//     and [toₙ, final) on the last cluster. Reading A and B back turns the
+//     ranges into ids. They must match the deliveries of (1) id for id (a
+//     redelivery the commits do not show, or a committed range that was
+//     never delivered, would differ), and they say where a duplicate came
+//     from: one allowed kind is a record consumed on A that had not reached
+//     B when A failed, consumed again on B once MirrorMaker 2 copied it.
+
+// segment says the fleet delivered the records [From, To) of
+// Topic/Partition on Cluster.
+type segment struct {
+	Cluster   string
+	Topic     string
+	Partition int32
+	From, To  int64
+}
+
+// segments derives the delivered ranges of each partition from the switch
+// events (oldest first) and the final committed offsets on the cluster the
+// fleet ends on. topicOn names the logical topic on a cluster.
+func segments(events []switchEvent, topicOn func(cluster string) string, partitions int32, last string, final map[int32]int64) ([]segment, error) {
+	var out []segment
+	for p := range partitions {
+		cur, start := "A", int64(0) // source.initial_offset oldest on a new topic
+		for _, ev := range events {
+			if ev.From != cur {
+				return nil, fmt.Errorf("switch %d leaves %s, but the fleet was on %s", ev.Epoch, ev.From, cur)
+			}
+			i := slices.IndexFunc(ev.Partitions, func(ps partitionSwitch) bool { return ps.Topic == "orders" && ps.Partition == p })
+			if i < 0 {
+				return nil, fmt.Errorf("switch %d has no translation for orders/%d", ev.Epoch, p)
+			}
+			ps := ev.Partitions[i]
+			if ps.FromOffset >= 0 {
+				out = append(out, segment{Cluster: cur, Topic: topicOn(cur), Partition: p, From: start, To: ps.FromOffset})
+			} else if start != 0 {
+				return nil, fmt.Errorf("switch %d: orders/%d had no committed position on %s, yet the fleet started it at %d", ev.Epoch, p, cur, start)
+			}
+			cur, start = ev.To, max(ps.ToOffset, 0)
+		}
+		if cur != last {
+			return nil, fmt.Errorf("the switch events end on %s, the fleet is on %s", cur, last)
+		}
+		end, ok := final[p]
+		if !ok {
+			end = start
+		}
+		out = append(out, segment{Cluster: cur, Topic: topicOn(cur), Partition: p, From: start, To: end})
+	}
+	return out, nil
+}
+
+// delivery is one record as the fleet delivered it, by position.
+type delivery struct {
+	Segment int // index of its partition's segment: 0 before the first switch
+	segment
+	Offset int64
+	Value  string
+}
+
+// verdict is the outcome of one scenario.
+type verdict struct {
+	// Records is the number of distinct records on A at the end: everything
+	// the outside producer wrote.
+	Records int `json:"records"`
+	// Delivered counts the records in the channel topic.
+	Delivered int `json:"delivered"`
+	// Lost lists ids on A that were never delivered (at most 20).
+	Lost      []string `json:"lost,omitempty"`
+	LostCount int      `json:"lost_count"`
+	// Duplicates counts extra deliveries; DuplicatesUnreplicated those
+	// that are allowed: records consumed on A that had not reached B when A
+	// failed, delivered again from B after MirrorMaker 2 copied them later.
+	Duplicates             int      `json:"duplicates"`
+	DuplicatesUnreplicated int      `json:"duplicates_unreplicated"`
+	BadDuplicates          []string `json:"bad_duplicates,omitempty"`
+	// ByPosition counts the deliveries the committed ranges account for;
+	// PositionMismatch lists ids delivered a different number of times
+	// than the ranges say (at most 20).
+	ByPosition       int      `json:"by_position"`
+	PositionMismatch []string `json:"position_mismatch,omitempty"`
+}
+
+func (v verdict) ok() bool {
+	return v.LostCount == 0 && len(v.BadDuplicates) == 0 && len(v.PositionMismatch) == 0
+}
+
+// judge computes the verdict. content holds what kcat read back of the
+// source topic on each cluster; delivered the channel topic;
+// replicatedAtFault is B's end offset per partition when A failed
+// (nothing could reach B after that until A was back).
+func judge(segs []segment, content map[string]map[int32][]kRecord, delivered map[int32][]kRecord, replicatedAtFault map[int32]int64) (verdict, error) {
+	var v verdict
+	onA := map[string]bool{}
+	for _, recs := range content["A"] {
+		for _, r := range recs {
+			onA[r.Value] = true
+		}
+	}
+	v.Records = len(onA)
+
+	got := map[string]int{}
+	for _, recs := range delivered {
+		for _, r := range recs {
+			got[r.Value]++
+			v.Delivered++
+		}
+	}
+
+	// The deliveries the committed ranges account for.
+	byID := map[string][]delivery{}
+	nth := map[int32]int{}
+	for _, s := range segs {
+		idx := nth[s.Partition]
+		nth[s.Partition]++
+		recs := content[s.Cluster][s.Partition]
+		if s.To > s.From && (len(recs) == 0 || recs[len(recs)-1].Offset < s.To-1) {
+			return v, fmt.Errorf("the fleet committed %s %s/%d up to %d, past the records kcat read back (%d)", s.Cluster, s.Topic, s.Partition, s.To, len(recs))
+		}
+		for _, r := range recs {
+			if r.Offset < s.From || r.Offset >= s.To {
+				continue
+			}
+			byID[r.Value] = append(byID[r.Value], delivery{Segment: idx, segment: s, Offset: r.Offset, Value: r.Value})
+			v.ByPosition++
+		}
+	}
+
+	for _, id := range sortedKeys(onA) {
+		if got[id] == 0 {
+			v.LostCount++
+			if len(v.Lost) < 20 {
+				v.Lost = append(v.Lost, id)
+			}
+		}
+	}
+	for _, id := range sortedKeys(got) {
+		if n := len(byID[id]); n != got[id] && len(v.PositionMismatch) < 20 {
+			v.PositionMismatch = append(v.PositionMismatch, fmt.Sprintf("%s delivered %d times, the committed ranges hold it %d times: %+v", id, got[id], n, byID[id]))
+		}
+		if got[id] < 2 {
+			continue
+		}
+		v.Duplicates += got[id] - 1
+		ds := byID[id]
+		if got[id] == 2 && len(ds) == 2 && ds[0].Segment == 0 && ds[0].Cluster == "A" && ds[1].Segment == 1 && ds[1].Cluster == "B" &&
+			ds[1].Offset >= replicatedAtFault[ds[1].Partition] {
+			v.DuplicatesUnreplicated++
+			continue
+		}
+		if len(v.BadDuplicates) < 20 {
+			v.BadDuplicates = append(v.BadDuplicates, fmt.Sprintf("%s delivered %d times: %+v", id, got[id], ds))
+		}
+	}
+	return v, nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// String is the verdict in one line.
+func (v verdict) String() string {
+	return fmt.Sprintf("%d records, %d delivered, %d lost, %d duplicates (%d of records not yet replicated at the fault); "+
+		"the committed ranges account for %d deliveries, %d ids differ",
+		v.Records, v.Delivered, v.LostCount, v.Duplicates, v.DuplicatesUnreplicated, v.ByPosition, len(v.PositionMismatch))
+}
