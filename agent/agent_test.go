@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap/zaptest"
-
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/internal/config"
 	"github.com/kswitch/kswitch/internal/testenv"
@@ -46,21 +44,7 @@ func testConfig(e *testenv.Etcd, id string) config.Config {
 
 func startAgent(t *testing.T, e *testenv.Etcd, id string) *agent.Agent {
 	t.Helper()
-	a, err := agent.New(testConfig(e, id), agent.Options{Logger: zaptest.NewLogger(t).Named(id)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := a.Stop(ctx); err != nil {
-			t.Error(err)
-		}
-	})
-	return a
+	return startFleetAgent(t, testConfig(e, id), agent.Options{})
 }
 
 func getJSON(url string, v any) (int, error) {

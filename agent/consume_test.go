@@ -12,7 +12,6 @@ import (
 
 	"github.com/IBM/sarama"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/coordinator"
@@ -137,21 +136,7 @@ func consumeConfig(e *testenv.Etcd, k *testenv.Kafka, id string) config.Config {
 
 func startConsumer(t testing.TB, cfg config.Config, h agent.Handler) *agent.Agent {
 	t.Helper()
-	a, err := agent.New(cfg, agent.Options{Logger: zaptest.NewLogger(t).Named(cfg.Agent.ID), Handler: h})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-		defer cancel()
-		if err := a.Stop(ctx); err != nil {
-			t.Error(err)
-		}
-	})
-	return a
+	return startFleetAgent(t, cfg, agent.Options{Handler: h})
 }
 
 // produce writes ids [from, to) as record values, keyed by id so they

@@ -36,7 +36,7 @@ var fleetKeys = keys.New("orders")
 
 // startFleetAgent starts an agent with opts (a test logger if none) and
 // stops it when the test ends; Stop after Abort is a no-op.
-func startFleetAgent(t *testing.T, cfg config.Config, opts agent.Options) *agent.Agent {
+func startFleetAgent(t testing.TB, cfg config.Config, opts agent.Options) *agent.Agent {
 	t.Helper()
 	if opts.Logger == nil {
 		opts.Logger = zaptest.NewLogger(t).Named(cfg.Agent.ID)
