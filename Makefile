@@ -14,6 +14,8 @@ ETCD_DIR     = $(CACHE)/etcd-$(ETCD_VERSION)
 KAFKA_POM     = integration/kafka/pom.xml
 KAFKA_VERSION = $(shell sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' $(KAFKA_POM))
 KAFKA_DIR     = $(CACHE)/kafka-$(KAFKA_VERSION)
+# Maven's local repository for kafka-jars; empty: Maven's own (~/.m2/repository).
+MAVEN_REPO   ?=
 VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -X github.com/kswitch/kswitch/internal/version.Version=$(VERSION)
 
@@ -77,7 +79,7 @@ kafka-jars:
 	  command -v mvn >/dev/null || { echo "mvn is missing: Maven 3 fetches the Kafka jars"; exit 1; }; \
 	  echo "fetching Kafka $(KAFKA_VERSION) jars into $(KAFKA_DIR)/libs (about 30 s, once)"; \
 	  rm -rf $(KAFKA_DIR) && mkdir -p $(KAFKA_DIR) && start=$$(date +%s) && \
-	  mvn -B -q -f $(KAFKA_POM) -Dkafka.libs=$(KAFKA_DIR)/libs package && \
+	  mvn -B -q -f $(KAFKA_POM) $(if $(MAVEN_REPO),-Dmaven.repo.local=$(MAVEN_REPO)) -Dkafka.libs=$(KAFKA_DIR)/libs package && \
 	  cp $(KAFKA_POM) $(KAFKA_DIR)/pom.xml && touch $(KAFKA_DIR)/libs/.complete && \
 	  echo "$$(ls $(KAFKA_DIR)/libs | wc -l) jars in $$(( $$(date +%s) - start )) s"; fi
 
