@@ -136,3 +136,33 @@ func (f Fleet) History() string { return f.prefix + "history/" }
 func (f Fleet) HistoryEvent(epoch int64) string {
 	return fmt.Sprintf("%s%020d", f.History(), epoch)
 }
+
+// Config is the prefix of the dynamic configuration layer that operators
+// write (kswitch config apply, or etcdctl put): config/source and
+// config/clusters/<name>. Agents never act on it directly; the leader
+// validates each version and publishes what it accepted at StateConfig.
+func (f Fleet) Config() string { return f.prefix + "config/" }
+
+// ConfigSource is the key of the dynamic source override.
+func (f Fleet) ConfigSource() string { return f.Config() + "source" }
+
+// ConfigClusters is the prefix of the dynamic cluster definitions.
+func (f Fleet) ConfigClusters() string { return f.Config() + "clusters/" }
+
+// ConfigCluster is the key of one dynamic cluster definition.
+func (f Fleet) ConfigCluster(name string) string { return f.ConfigClusters() + name }
+
+// StateConfig is the key of the dynamic configuration version in force,
+// written by the leader after validation.
+func (f Fleet) StateConfig() string { return f.State() + "config" }
+
+// ConfigRefusal is the key of the last refused dynamic configuration; it
+// is deleted when a later version is accepted.
+func (f Fleet) ConfigRefusal() string { return f.State() + "config-refused" }
+
+// ConfigAcks is the prefix of the per-agent acknowledgements of the
+// dynamic configuration version each agent has applied.
+func (f Fleet) ConfigAcks() string { return f.prefix + "config-acks/" }
+
+// ConfigAck is the configuration acknowledgement key of one agent.
+func (f Fleet) ConfigAck(id string) string { return f.ConfigAcks() + id }

@@ -1,0 +1,259 @@
+package dynconfig
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"reflect"
+	"slices"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/kswitch/kswitch/election"
+	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/internal/etcdwatch"
+	"github.com/kswitch/kswitch/internal/kafka"
+	"github.com/kswitch/kswitch/internal/keys"
+)
+
+// DefaultReachTimeout bounds the check that a changed cluster's brokers
+// answer.
+const DefaultReachTimeout = 5 * time.Second
+
+// Gate is the leader's half of the dynamic layer: it follows config/,
+// validates each desired layer in full and publishes the versions it
+// accepts at state/config, or the reason it refused one at
+// state/config-refused. Its writes are fenced by the leader's term.
+type Gate struct {
+	// File is the leader's validated file configuration, the base of every
+	// version.
+	File config.Config
+	// Etcd is the fleet's etcd client.
+	Etcd *clientv3.Client
+	// Log receives accepted and refused versions.
+	Log *zap.Logger
+	// Reach checks that a cluster whose definition a version changes
+	// answers a metadata request. Default: a client from internal/kafka
+	// with ReachTimeout.
+	Reach func(ctx context.Context, name string, c config.Cluster) error
+	// ReachTimeout bounds Reach. Default DefaultReachTimeout.
+	ReachTimeout time.Duration
+	// OnRefused, when set, is called with each refusal (for metrics).
+	OnRefused func(Refusal)
+}
+
+// Run follows config/ for the length of term and returns ctx.Err() when
+// ctx ends, or an error wrapping election.ErrNotLeader once the term is
+// over.
+func (g *Gate) Run(ctx context.Context, term election.Term) error {
+	k := keys.New(g.File.Fleet)
+	timeout := g.File.Etcd.RequestTimeout
+	changes := make(chan struct{}, 1)
+	notify := func() {
+		select {
+		case changes <- struct{}{}:
+		default:
+		}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = etcdwatch.Follow(ctx, g.Etcd, k.Config(), true, timeout, notifier(notify), nil)
+	}()
+	defer func() { <-done }()
+
+	var tried [32]byte // the last layer refused, not to be probed again
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-changes:
+		case <-retry.C:
+		}
+		err := g.check(ctx, k, term, &tried)
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case errors.Is(err, election.ErrNotLeader):
+			return err
+		case err != nil:
+			g.Log.Warn("dynamic configuration not checked; trying again in 1s", zap.Error(err))
+			retry.Reset(time.Second)
+		}
+	}
+}
+
+// notifier is an etcdwatch.Follower that only says something changed:
+// the gate reads the whole layer at one revision each time, so a change
+// and the keys it needs, written in one transaction, are seen together.
+type notifier func()
+
+func (n notifier) Reset([]*mvccpb.KeyValue, int64) { n() }
+func (n notifier) Apply([]*clientv3.Event)         { n() }
+
+// check reads the desired layer and the version in force, and publishes a
+// new version or a refusal when they differ. It returns an error only when
+// etcd could not be read or written.
+func (g *Gate) check(ctx context.Context, k keys.Fleet, term election.Term, tried *[32]byte) error {
+	timeout := g.File.Etcd.RequestTimeout
+	rctx, cancel := context.WithTimeout(ctx, timeout)
+	state, err := ReadState(rctx, g.Etcd, k)
+	if errors.Is(err, ErrMalformed) {
+		// Not written by a leader; the next accepted version replaces it.
+		g.Log.Warn("a configuration state value in etcd is unreadable; the next write replaces it", zap.Error(err))
+		err = nil
+	}
+	var layer Layer
+	if err == nil {
+		layer, err = Read(rctx, g.Etcd, k)
+	}
+	cancel()
+	if err != nil {
+		return err
+	}
+	sum := fingerprint(layer)
+	if sum == *tried && state.Refusal != nil {
+		return nil // refused already; nothing new
+	}
+	overrides, problem := g.validate(ctx, k, layer, state.Version)
+	if problem == nil && overrides.Equal(state.Version.Overrides) {
+		if state.Refusal == nil {
+			return nil
+		}
+		// The layer is back to the version in force: the refusal is history.
+		return g.write(ctx, term, nil, clientv3.OpDelete(k.ConfigRefusal()))
+	}
+	if problem != nil {
+		*tried = sum
+		r := Refusal{Revision: layer.Revision, At: time.Now().UTC(), Reason: problem.Error(), InForce: state.Version.Number}
+		g.Log.Warn("dynamic configuration refused; the version in force stays",
+			zap.Int64("revision", r.Revision), zap.Int64("version_in_force", r.InForce), zap.String("reason", r.Reason))
+		if g.OnRefused != nil {
+			g.OnRefused(r)
+		}
+		val, _ := json.Marshal(r)
+		return g.write(ctx, term, nil, clientv3.OpPut(k.ConfigRefusal(), string(val)))
+	}
+	*tried = [32]byte{}
+	v := Version{Number: state.Version.Number + 1, Revision: layer.Revision, At: time.Now().UTC(), Leader: term.ID,
+		Changed: changed(state.Version.Overrides, overrides), Overrides: overrides}
+	val, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	// Compared with the version read, so a version is never published over
+	// one this check has not seen.
+	cmp := clientv3.Compare(clientv3.ModRevision(k.StateConfig()), "=", state.ModRevision)
+	if err := g.write(ctx, term, []clientv3.Cmp{cmp},
+		clientv3.OpPut(k.StateConfig(), string(val)), clientv3.OpDelete(k.ConfigRefusal())); err != nil {
+		return err
+	}
+	g.Log.Info("dynamic configuration accepted", zap.Int64("version", v.Number),
+		zap.Int64("revision", v.Revision), zap.Strings("changed", v.Changed))
+	return nil
+}
+
+// validate decodes layer over the file, validates the merged configuration
+// and checks that every cluster whose definition changes from the version
+// in force answers. The problems are joined, one per line.
+func (g *Gate) validate(ctx context.Context, k keys.Fleet, layer Layer, inForce Version) (Overrides, error) {
+	o, err := layer.Decode(k, g.File)
+	if err != nil {
+		return Overrides{}, err
+	}
+	merged, err := o.Apply(g.File)
+	if err != nil {
+		return Overrides{}, err
+	}
+	current, err := inForce.Overrides.Apply(g.File)
+	if err != nil {
+		current = g.File // the version in force is not valid here: check everything new
+	}
+	var errs []error
+	for _, name := range slices.Sorted(maps.Keys(merged.Clusters)) {
+		cl := merged.Clusters[name]
+		if old, ok := current.Clusters[name]; ok && reflect.DeepEqual(old, cl) {
+			continue
+		}
+		if err := g.reach(ctx, name, cl); err != nil {
+			errs = append(errs, fmt.Errorf("%s: brokers %s did not answer within %s: %v",
+				k.ConfigCluster(name), strings.Join(cl.Brokers, ","), g.reachTimeout(), err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return Overrides{}, err
+	}
+	return o, nil
+}
+
+func (g *Gate) reachTimeout() time.Duration {
+	if g.ReachTimeout > 0 {
+		return g.ReachTimeout
+	}
+	return DefaultReachTimeout
+}
+
+func (g *Gate) reach(ctx context.Context, name string, cl config.Cluster) error {
+	ctx, cancel := context.WithTimeout(ctx, g.reachTimeout())
+	defer cancel()
+	if g.Reach != nil {
+		return g.Reach(ctx, name, cl)
+	}
+	return Reach(ctx, name, cl, g.reachTimeout())
+}
+
+// Reach checks that cluster name's brokers answer a metadata request
+// within timeout.
+func Reach(ctx context.Context, name string, cl config.Cluster, timeout time.Duration) error {
+	errc := make(chan error, 1)
+	go func() { // sarama's client creation takes no context; bounded by timeout
+		c, err := kafka.NewClientWith(name, cl, kafka.Options{Timeout: timeout})
+		if err == nil {
+			err = c.Close()
+		}
+		errc <- err
+	}()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// write commits ops fenced by term and cmps.
+func (g *Gate) write(ctx context.Context, term election.Term, cmps []clientv3.Cmp, ops ...clientv3.Op) error {
+	wctx, cancel := context.WithTimeout(ctx, g.File.Etcd.RequestTimeout)
+	defer cancel()
+	_, err := term.Txn(wctx, cmps, ops...)
+	if errors.Is(err, election.ErrConditionFailed) {
+		return fmt.Errorf("dynconfig: %s changed while the layer was checked: %w", keys.New(g.File.Fleet).StateConfig(), err)
+	}
+	return err
+}
+
+func fingerprint(l Layer) [32]byte {
+	h := sha256.New()
+	fmt.Fprintf(h, "%q|%d|", l.Source, len(l.Unknown))
+	for _, n := range slices.Sorted(maps.Keys(l.Clusters)) {
+		fmt.Fprintf(h, "%q=%q|", n, l.Clusters[n])
+	}
+	for _, u := range l.Unknown {
+		fmt.Fprintf(h, "%q|", u)
+	}
+	var out [32]byte
+	copy(out[:], h.Sum(nil))
+	return out
+}
