@@ -386,10 +386,11 @@ func (a *Agent) Status() Status {
 			Endpoints: a.cfg.Etcd.Endpoints, Reachable: *a.etcdErr.Load() == "",
 			LastError: *a.etcdErr.Load(), LeaseID: int64(s.lease),
 		},
-		Clusters: a.gossip.views(),
-		Signals:  a.signals.State(),
-		Owned:    a.Owned(),
-		Active:   deref(a.active.Load()),
+		Clusters:       a.gossip.views(),
+		Signals:        a.signals.State(),
+		SignalsApplied: a.SignalsApplied(),
+		Owned:          a.Owned(),
+		Active:         deref(a.active.Load()),
 	}
 	if a.Leading() {
 		st.Coordinator = a.leader.Status()

@@ -43,6 +43,9 @@ type Status struct {
 	Owned []coordinator.TopicPartition `json:"owned"`
 	// Signals are the pause/start signals in force and the refused ones.
 	Signals signals.State `json:"signals"`
+	// SignalsApplied is the etcd revision of the signals every partition
+	// of this agent obeys (Agent.SignalsApplied).
+	SignalsApplied int64 `json:"signals_applied"`
 	// Handler is what the handler reports (the routing sink: rules
 	// version, channels, the last refused version).
 	Handler any `json:"handler,omitempty"`

@@ -561,8 +561,12 @@ func (l *Leader) caughtUp(ctx context.Context, t *term, log *zap.Logger) (bool, 
 // registration (fenced: only while this term lasts and the registration is
 // still on the lease it had) and revokes that lease. An agent that is in
 // fact alive sees its lease gone, stops consuming at once, and registers
-// again.
+// again. With agent.death_detection "lease" it does nothing: the lease
+// expires by itself.
 func (l *Leader) evict(ctx context.Context, term election.Term, id string, log *zap.Logger) {
+	if l.cfg.Agent.DeathDetection == "lease" {
+		return
+	}
 	if id == term.ID || l.members.GossipAlive(id) {
 		return // a stale notice: the agent is back in gossip
 	}

@@ -90,6 +90,13 @@ type Agent struct {
 	// for NAT or containers. Empty means the address actually bound for
 	// Gossip.
 	GossipAdvertise string `yaml:"gossip_advertise" help:"host:port other agents use to reach this agent's gossip (default: the bound gossip address)"`
+	// DeathDetection is how the leader frees a dead agent's partitions:
+	// "gossip" (memberlist declares it dead and the leader revokes its
+	// session lease at once) or "lease" (only when its lease expires,
+	// etcd.session_ttl after its last renewal). "lease" exists to measure
+	// what gossip saves (make bench) and for networks where gossip is
+	// unreliable.
+	DeathDetection string `yaml:"death_detection" help:"gossip (a gossip-declared death revokes the agent's lease at once) or lease (wait for the lease to expire)"`
 }
 
 // Etcd configures the connection to etcd, the fleet's source of truth.
@@ -276,8 +283,9 @@ func Default() Config {
 	return Config{
 		Log: Log{Format: "json", Level: "info"},
 		Agent: Agent{
-			HTTP:   "127.0.0.1:8080",
-			Gossip: "127.0.0.1:7946",
+			HTTP:           "127.0.0.1:8080",
+			Gossip:         "127.0.0.1:7946",
+			DeathDetection: "gossip",
 		},
 		Etcd: Etcd{
 			SessionTTL:     5 * time.Second,

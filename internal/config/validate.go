@@ -60,6 +60,7 @@ func (c *Config) Validate() error {
 	if c.Agent.GossipAdvertise != "" {
 		p.hostPort("agent.gossip_advertise", c.Agent.GossipAdvertise)
 	}
+	p.oneOf("agent.death_detection", c.Agent.DeathDetection, "gossip", "lease")
 
 	c.validateEtcd(&p)
 	c.validateClusters(&p)
