@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+
+	"github.com/kswitch/kswitch/internal/kafka"
 )
 
 // DefaultKafkaTimeout bounds a KafkaMirror.Commit whose timeout is not
@@ -77,7 +79,7 @@ func NewKafkaMirror(client sarama.Client, group string, timeout time.Duration) *
 // Recovery: after a read timeout sarama keeps the broker connection but
 // fails every later request on it at once; the mirror closes the
 // coordinator connection after any transport error (see
-// closeOnTransportError), so a later Commit reconnects once the cluster
+// kafka.CloseOnTransportError), so a later Commit reconnects once the cluster
 // answers again, about Net.ReadTimeout after the hang began at the latest.
 func (m *KafkaMirror) Commit(ctx context.Context, commits []Commit) error {
 	if len(commits) == 0 {
@@ -101,7 +103,7 @@ func (m *KafkaMirror) Commit(ctx context.Context, commits []Commit) error {
 				return err
 			}
 			resp, err = b.CommitOffset(req)
-			closeOnTransportError(b, err)
+			kafka.CloseOnTransportError(b, err)
 			return err
 		})
 		if err == nil {
@@ -216,7 +218,7 @@ func FetchGroupOffsets(ctx context.Context, client sarama.Client, group string, 
 			}
 			resp, err = b.FetchOffset(req)
 			if err != nil {
-				closeOnTransportError(b, err)
+				kafka.CloseOnTransportError(b, err)
 				return err
 			}
 			if gerr := resp.GroupError(); gerr != sarama.ErrNoError {
@@ -266,23 +268,6 @@ func retriableCoordinatorError(err error) bool {
 		errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.ECONNRESET) ||
 		errors.Is(err, syscall.EPIPE)
-}
-
-// closeOnTransportError closes the connection to b after a request failed
-// with anything but a Kafka error code or a local encoding error. sarama
-// closes a broker connection by itself on some transport errors but not on
-// a read timeout, and after one every later request on that connection
-// fails at once with the same timeout, for every user of the client, until
-// someone calls Close; the next Coordinator call then reconnects. Close
-// waits for the broker's lock, so this runs in the goroutine that made the
-// request (possibly one abandoned by call).
-func closeOnTransportError(b *sarama.Broker, err error) {
-	var kerr sarama.KError
-	var encErr sarama.PacketEncodingError
-	if err == nil || errors.As(err, &kerr) || errors.As(err, &encErr) {
-		return
-	}
-	_ = b.Close() // ErrNotConnected when already closed: fine
 }
 
 // joinedErrors is errors.Join on one line, for logs.

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/IBM/sarama"
 
 	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/internal/kafka"
 )
 
 // Method is how a Translation was found.
@@ -77,6 +79,19 @@ type TranslateRequest struct {
 	Group string
 	// Direction is Forward or Backward.
 	Direction Direction
+	// Hint, when set, is an earlier translation of the same partition,
+	// such as one made by the fingerprint method while the source was
+	// still being consumed: the fingerprint scan starts from it instead of
+	// from the offset-syncs or a timestamp lookup. It is only an estimate:
+	// a wrong hint costs a longer scan or a rescan, never a wrong answer.
+	Hint *Hint
+}
+
+// Hint is a pair of positions known to correspond: the record before
+// source offset SourceOffset is the record before target offset
+// TargetOffset.
+type Hint struct {
+	SourceOffset, TargetOffset int64
 }
 
 // Translation is where to continue on the target.
@@ -363,6 +378,10 @@ func (c *translateCall) loadSyncs(ctx context.Context) {
 	sctx, cancel := stage(ctx, 1.0/3)
 	defer cancel()
 	topic := c.t.Replication.OffsetSyncsTopic
+	if err := mustExist(sctx, c.t.Syncs, topic); err != nil {
+		c.mm2.syncsErr = err
+		return
+	}
 	if err := readSyncs(sctx, c.t.Syncs, topic, upstream, c.req.Partition, &c.mm2); err != nil {
 		c.mm2.syncsErr = fmt.Errorf("read %s: %w", topic, err)
 		c.mm2.syncs = nil
@@ -376,21 +395,9 @@ func (c *translateCall) fingerprint(ctx context.Context) (Translation, error) {
 	n := int64(len(fps))
 	first := req.Position.Offset - n // source offset of the first fingerprinted record
 
-	c.loadSyncs(ctx)
-	var start int64
-	var from string
-	if r, err := c.syncEstimate(first); err == nil {
-		start, from = c.clamp(r.offset), "the offset-syncs' translation of offset "+fmt.Sprint(first)
-	} else if !req.Position.Timestamp.IsZero() {
-		sctx, cancel := stage(ctx, 0.25)
-		off, err := c.atTimestamp(sctx)
-		cancel()
-		if err != nil {
-			return Translation{}, err
-		}
-		start, from = off, "the position's timestamp"
-	} else {
-		start, from = c.oldest, "the oldest offset"
+	start, from, err := c.scanStart(ctx, first)
+	if err != nil {
+		return Translation{}, err
 	}
 
 	sctx, cancel := stage(ctx, 0.5)
@@ -452,6 +459,34 @@ func (c *translateCall) fingerprint(ctx context.Context) (Translation, error) {
 		Detail: fmt.Sprintf("fingerprint: matched the last %d of %d fingerprints, last at offset %d; %s",
 			best.matched, len(fps), best.next-1, how),
 	}, nil
+}
+
+// scanStart returns where the fingerprint scan starts, for source offset
+// first (the first fingerprinted record), and what the estimate is from:
+// the request's hint; else the offset-syncs; else the position's
+// timestamp; else the oldest offset.
+func (c *translateCall) scanStart(ctx context.Context, first int64) (int64, string, error) {
+	if h := c.req.Hint; h != nil {
+		// The copies of later source records come later on the target:
+		// records consumed since the hint are at or after its target
+		// offset; for those before it, count back one offset a record.
+		return c.clamp(h.TargetOffset - max(0, h.SourceOffset-first)),
+			fmt.Sprintf("the earlier translation of offset %d to %d", h.SourceOffset, h.TargetOffset), nil
+	}
+	c.loadSyncs(ctx)
+	if r, err := c.syncEstimate(first); err == nil {
+		return c.clamp(r.offset), "the offset-syncs' translation of offset " + fmt.Sprint(first), nil
+	}
+	if c.req.Position.Timestamp.IsZero() {
+		return c.oldest, "the oldest offset", nil
+	}
+	sctx, cancel := stage(ctx, 0.25)
+	defer cancel()
+	off, err := c.atTimestamp(sctx)
+	if err != nil {
+		return 0, "", err
+	}
+	return off, "the position's timestamp", nil
 }
 
 // lagMatch reports which fingerprint (index into fps, not the last) the
@@ -521,7 +556,9 @@ func (c *translateCall) viaMM2(ctx context.Context) (Translation, error) {
 		default:
 			sctx, cancel := stage(ctx, 0.5)
 			topic := c.t.Replication.CheckpointsTopic
-			if err := readCheckpoint(sctx, c.t.Target, topic, req.Group, req.Topic, req.Partition, &c.mm2); err != nil {
+			if err := mustExist(sctx, c.t.Target, topic); err != nil {
+				c.mm2.cpErr = err
+			} else if err := readCheckpoint(sctx, c.t.Target, topic, req.Group, req.Topic, req.Partition, &c.mm2); err != nil {
 				c.mm2.cpErr = fmt.Errorf("read %s: %w", topic, err)
 				c.mm2.checkpoint = nil
 			}
@@ -576,6 +613,38 @@ func (c *translateCall) atTimestamp(ctx context.Context) (int64, error) {
 		return c.end, nil
 	}
 	return c.clamp(off), nil
+}
+
+// mustExist returns an error unless topic exists on the cluster of
+// client. A topic in the client's metadata exists; for another, one
+// Metadata request goes to one broker, without sarama's retries and
+// backoff: MirrorMaker 2's topics are often absent (another replicator,
+// offset-syncs kept elsewhere), and sarama's lookup of an absent topic
+// retries Metadata.Retry.Max times, Metadata.Retry.Backoff apart, for
+// every partition translated, which a failover must not wait for.
+func mustExist(ctx context.Context, client sarama.Client, topic string) error {
+	if topics, err := client.Topics(); err == nil && slices.Contains(topics, topic) {
+		return nil
+	}
+	return call(ctx, func() error {
+		b := client.LeastLoadedBroker()
+		if b == nil {
+			return fmt.Errorf("look topic %s up: %w", topic, sarama.ErrClosedClient)
+		}
+		req := sarama.NewMetadataRequest(client.Config().Version, []string{topic})
+		req.AllowAutoTopicCreation = false
+		resp, err := b.GetMetadata(req)
+		kafka.CloseOnTransportError(b, err)
+		if err != nil {
+			return fmt.Errorf("look topic %s up: %w", topic, err)
+		}
+		for _, tm := range resp.Topics {
+			if tm.Name == topic && !errors.Is(tm.Err, sarama.ErrUnknownTopicOrPartition) {
+				return nil // exists (or an error the read reports)
+			}
+		}
+		return fmt.Errorf("topic %s does not exist", topic)
+	})
 }
 
 // listOffset is sarama's GetOffset bounded by ctx.
@@ -855,7 +924,7 @@ func partialBlock(block *sarama.FetchResponseBlock) bool {
 // fetchOnce sends one Fetch for topic/partition at offset to its leader.
 func fetchOnce(ctx context.Context, client sarama.Client, topic string, partition int32, offset int64, maxBytes int32) (*sarama.FetchResponseBlock, int16, error) {
 	req := &sarama.FetchRequest{
-		Version:     fetchVersion(client.Config().Version),
+		Version:     kafka.FetchVersion(client.Config().Version),
 		MaxWaitTime: 100,
 		MinBytes:    1,
 	}
@@ -876,7 +945,7 @@ func fetchOnce(ctx context.Context, client sarama.Client, topic string, partitio
 			return err
 		}
 		resp, err := b.Fetch(req)
-		closeOnTransportError(b, err)
+		kafka.CloseOnTransportError(b, err)
 		if err != nil {
 			return err
 		}
@@ -886,27 +955,6 @@ func fetchOnce(ctx context.Context, client sarama.Client, topic string, partitio
 		return nil
 	})
 	return block, req.Version, err
-}
-
-// fetchVersion picks the Fetch version for the client's Kafka version, as
-// sarama's consumer does.
-func fetchVersion(v sarama.KafkaVersion) int16 {
-	switch {
-	case v.IsAtLeast(sarama.V2_7_0_0):
-		return 12
-	case v.IsAtLeast(sarama.V2_3_0_0):
-		return 11
-	case v.IsAtLeast(sarama.V2_1_0_0):
-		return 10
-	case v.IsAtLeast(sarama.V1_1_0_0):
-		return 7
-	case v.IsAtLeast(sarama.V0_11_0_0):
-		return 5
-	case v.IsAtLeast(sarama.V0_10_1_0):
-		return 3
-	default:
-		return 2
-	}
 }
 
 // retriableFetchError reports whether a fetch failed for a reason that a

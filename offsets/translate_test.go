@@ -262,6 +262,30 @@ func TestTranslateFingerprint(t *testing.T) {
 			t.Errorf("Detail %q: want a scan from %d estimated by the offset-syncs", got.Detail, trFiller+51)
 		}
 	})
+	t.Run("start from a hint", func(t *testing.T) {
+		// The earlier translation of a position the consumer has since
+		// moved past (the usual case), of one it had not reached yet (a
+		// hint later than the fingerprinted records), and a wrong hint
+		// too late by far: the scan starts from the hint, and a wrong one
+		// costs only a rescan.
+		for _, tc := range []struct {
+			hint      Hint
+			from      int64
+			rescanned bool
+		}{
+			{Hint{SourceOffset: 50, TargetOffset: trFiller + 50}, trFiller + 50, false},
+			{Hint{SourceOffset: 58, TargetOffset: trFiller + 58}, trFiller + 52, false},
+			{Hint{SourceOffset: 58, TargetOffset: trFiller + 90}, trFiller + 84, true},
+		} {
+			req := forward(positionAfter(recs, 60))
+			req.Hint = &tc.hint
+			got := translate(t, &Translator{Target: e.cb}, req)
+			wantTranslation(t, got, trFiller+60, MethodFingerprint, 0)
+			if !strings.Contains(got.Detail, fmt.Sprintf("from %d (the earlier translation", tc.from)) || strings.Contains(got.Detail, "then") != tc.rescanned {
+				t.Errorf("hint %+v: Detail %q, want a scan from %d, rescanned %v", tc.hint, got.Detail, tc.from, tc.rescanned)
+			}
+		}
+	})
 }
 
 // A replica can hold the same records twice (MirrorMaker 2 re-sends after
@@ -476,9 +500,11 @@ func TestTranslateMM2(t *testing.T) {
 		if got.Method != MethodTimestamp {
 			t.Fatalf("got %+v, want the timestamp method", got)
 		}
-		for _, want := range []string{"no-such-syncs", "no-such-checkpoints"} {
+		// Found absent by one metadata request each, not by sarama's
+		// lookups with their retries.
+		for _, want := range []string{"topic no-such-syncs does not exist", "topic no-such-checkpoints does not exist"} {
 			if !strings.Contains(got.Detail, want) {
-				t.Errorf("Detail %q does not name %s", got.Detail, want)
+				t.Errorf("Detail %q does not say %s", got.Detail, want)
 			}
 		}
 	})

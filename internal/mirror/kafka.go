@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+
+	"github.com/kswitch/kswitch/internal/kafka"
 )
 
 // This file holds the mirror's Kafka requests, sent straight to partition
@@ -135,49 +137,9 @@ func parseBlock(block *sarama.FetchResponseBlock, from int64) (recs []record, ne
 	return recs, next, false, nil
 }
 
-func fetchVersion(v sarama.KafkaVersion) int16 {
-	// The versions sarama's own consumer picks; at least 4 (record batches).
-	switch {
-	case v.IsAtLeast(sarama.V2_7_0_0):
-		return 12
-	case v.IsAtLeast(sarama.V2_3_0_0):
-		return 11
-	case v.IsAtLeast(sarama.V2_1_0_0):
-		return 10
-	case v.IsAtLeast(sarama.V2_0_0_0):
-		return 8
-	case v.IsAtLeast(sarama.V1_1_0_0):
-		return 7
-	case v.IsAtLeast(sarama.V1_0_0_0):
-		return 6
-	default:
-		return 5
-	}
-}
-
-func produceVersion(v sarama.KafkaVersion) int16 {
-	// The versions sarama's own producer picks; at least 3 (record batches).
-	switch {
-	case v.IsAtLeast(sarama.V3_7_0_0):
-		return 10
-	case v.IsAtLeast(sarama.V2_8_0_0):
-		return 9
-	case v.IsAtLeast(sarama.V2_4_0_0):
-		return 8
-	case v.IsAtLeast(sarama.V2_1_0_0):
-		return 7
-	case v.IsAtLeast(sarama.V2_0_0_0):
-		return 6
-	case v.IsAtLeast(sarama.V1_0_0_0):
-		return 5
-	default:
-		return 3
-	}
-}
-
 func newFetchRequest(v sarama.KafkaVersion, maxWait time.Duration) *sarama.FetchRequest {
 	req := &sarama.FetchRequest{
-		Version:     fetchVersion(v),
+		Version:     kafka.FetchVersion(v),
 		MaxWaitTime: int32(maxWait / time.Millisecond),
 		MinBytes:    1,
 		MaxBytes:    fetchRequestBytes,
@@ -187,15 +149,6 @@ func newFetchRequest(v sarama.KafkaVersion, maxWait time.Duration) *sarama.Fetch
 		req.SessionID, req.SessionEpoch = 0, -1 // no fetch session
 	}
 	return req
-}
-
-// closeBroker closes b's connection after a failed request, as sarama's
-// own producer and consumer do: sarama closes it by itself after EOF or a
-// reset, but after a read timeout it leaves it open, and every later
-// request on it fails with that timeout. The client's next Leader call
-// reopens it.
-func closeBroker(b *sarama.Broker) {
-	_ = b.Close() // ErrNotConnected when sarama closed it already
 }
 
 // isLeaderError reports errors after which the client's metadata should be
@@ -255,12 +208,12 @@ func produce(cl sarama.Client, v sarama.KafkaVersion, topic string, partition in
 	req := &sarama.ProduceRequest{
 		RequiredAcks: sarama.WaitForAll,
 		Timeout:      int32(requestTimeout / 2 / time.Millisecond),
-		Version:      produceVersion(v),
+		Version:      kafka.ProduceVersion(v),
 	}
 	req.AddBatch(topic, partition, batch)
 	resp, err := b.Produce(req)
 	if err != nil {
-		closeBroker(b)
+		kafka.CloseOnTransportError(b, err)
 		return -1, err
 	}
 	block := resp.GetBlock(topic, partition)
@@ -287,7 +240,7 @@ func readRecords(cl sarama.Client, v sarama.KafkaVersion, topic string, partitio
 		req.AddBlock(topic, partition, from, size, -1)
 		resp, err := b.Fetch(req)
 		if err != nil {
-			closeBroker(b)
+			kafka.CloseOnTransportError(b, err)
 			return out, err
 		}
 		block := resp.GetBlock(topic, partition)

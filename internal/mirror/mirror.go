@@ -12,6 +12,7 @@ import (
 	"github.com/IBM/sarama"
 	"go.uber.org/zap"
 
+	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/offsets"
 )
 
@@ -559,7 +560,7 @@ func (m *Mirror) fetch(ctx context.Context) error {
 		}
 		resp, err := lf.b.Fetch(req)
 		if err != nil {
-			closeBroker(lf.b)
+			kafka.CloseOnTransportError(lf.b, err)
 			errs = append(errs, fmt.Errorf("broker %s: %w", lf.b.Addr(), err))
 			refresh = true
 			continue
