@@ -2,6 +2,7 @@ package dynconfig_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -237,6 +238,23 @@ func TestGateAcceptsRefusesAndAgentsFollow(t *testing.T) {
 	if v := state().Version; !slices.Equal(v.Changed, []string{"source"}) || v.Leader != "a1" {
 		t.Errorf("version 1 = %+v; want changed [source] by a1", v)
 	}
+	// The history event waits for the agents' acknowledgements.
+	time.Sleep(300 * time.Millisecond) // the ack comes later than the acceptance, measurably
+	put(k.ConfigAck("a1"), dynconfig.AckValue(1))
+	wait.For(t, 10*time.Second, "history event of version 1", func() error {
+		resp, err := cli.Get(ctx, k.ConfigEvent(1))
+		if err != nil || len(resp.Kvs) == 0 {
+			return fmt.Errorf("no event (%v)", err)
+		}
+		var ev dynconfig.Event
+		if err := json.Unmarshal(resp.Kvs[0].Value, &ev); err != nil {
+			return err
+		}
+		if ev.Version != 1 || ev.Kind != "config" || len(ev.Missing) != 0 || ev.AgentsMs["a1"] < 300 || ev.ApplyMs != ev.AgentsMs["a1"] {
+			return fmt.Errorf("event %+v; want version 1 acknowledged by a1 after >= 300 ms", ev)
+		}
+		return nil
+	})
 
 	// Refused, each with its reason; version 1 stays in force.
 	for _, bad := range []struct{ key, val, reason string }{

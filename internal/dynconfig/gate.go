@@ -47,6 +47,14 @@ type Gate struct {
 	ReachTimeout time.Duration
 	// OnRefused, when set, is called with each refusal (for metrics).
 	OnRefused func(Refusal)
+	// Live returns the ids of the live agents, whose acknowledgements an
+	// accepted version waits for before its history event is written.
+	// Without it the event is written when the leader's own agent (term.ID)
+	// has acknowledged.
+	Live func() []string
+	// AckTimeout bounds the wait for acknowledgements; the event then
+	// names the agents that did not acknowledge. Default 60s.
+	AckTimeout time.Duration
 }
 
 // Run follows config/ for the length of term and returns ctx.Err() when
@@ -71,6 +79,14 @@ func (g *Gate) Run(ctx context.Context, term election.Term) error {
 	}()
 	defer func() { <-done }()
 
+	accepted := make(chan Version, 16)
+	recorderDone := make(chan struct{})
+	go func() {
+		defer close(recorderDone)
+		g.record(ctx, k, term, accepted)
+	}()
+	defer func() { <-recorderDone }()
+
 	var tried [32]byte // the last layer refused, not to be probed again
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
@@ -82,7 +98,14 @@ func (g *Gate) Run(ctx context.Context, term election.Term) error {
 		case <-changes:
 		case <-retry.C:
 		}
-		err := g.check(ctx, k, term, &tried)
+		v, err := g.check(ctx, k, term, &tried)
+		if v.Number > 0 {
+			select {
+			case accepted <- v:
+			default:
+				g.Log.Warn("too many configuration versions in a row: no history event for this one", zap.Int64("version", v.Number))
+			}
+		}
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
@@ -104,9 +127,10 @@ func (n notifier) Reset([]*mvccpb.KeyValue, int64) { n() }
 func (n notifier) Apply([]*clientv3.Event)         { n() }
 
 // check reads the desired layer and the version in force, and publishes a
-// new version or a refusal when they differ. It returns an error only when
-// etcd could not be read or written.
-func (g *Gate) check(ctx context.Context, k keys.Fleet, term election.Term, tried *[32]byte) error {
+// new version or a refusal when they differ. It returns the version it
+// published, if any, and an error only when etcd could not be read or
+// written.
+func (g *Gate) check(ctx context.Context, k keys.Fleet, term election.Term, tried *[32]byte) (Version, error) {
 	timeout := g.File.Etcd.RequestTimeout
 	rctx, cancel := context.WithTimeout(ctx, timeout)
 	state, err := ReadState(rctx, g.Etcd, k)
@@ -121,19 +145,19 @@ func (g *Gate) check(ctx context.Context, k keys.Fleet, term election.Term, trie
 	}
 	cancel()
 	if err != nil {
-		return err
+		return Version{}, err
 	}
 	sum := fingerprint(layer)
 	if sum == *tried && state.Refusal != nil {
-		return nil // refused already; nothing new
+		return Version{}, nil // refused already; nothing new
 	}
 	overrides, problem := g.validate(ctx, k, layer, state.Version)
 	if problem == nil && overrides.Equal(state.Version.Overrides) {
 		if state.Refusal == nil {
-			return nil
+			return Version{}, nil
 		}
 		// The layer is back to the version in force: the refusal is history.
-		return g.write(ctx, term, nil, clientv3.OpDelete(k.ConfigRefusal()))
+		return Version{}, g.write(ctx, term, nil, clientv3.OpDelete(k.ConfigRefusal()))
 	}
 	if problem != nil {
 		*tried = sum
@@ -144,25 +168,25 @@ func (g *Gate) check(ctx context.Context, k keys.Fleet, term election.Term, trie
 			g.OnRefused(r)
 		}
 		val, _ := json.Marshal(r)
-		return g.write(ctx, term, nil, clientv3.OpPut(k.ConfigRefusal(), string(val)))
+		return Version{}, g.write(ctx, term, nil, clientv3.OpPut(k.ConfigRefusal(), string(val)))
 	}
 	*tried = [32]byte{}
 	v := Version{Number: state.Version.Number + 1, Revision: layer.Revision, At: time.Now().UTC(), Leader: term.ID,
 		Changed: changed(state.Version.Overrides, overrides), Overrides: overrides}
 	val, err := json.Marshal(v)
 	if err != nil {
-		return err
+		return Version{}, err
 	}
 	// Compared with the version read, so a version is never published over
 	// one this check has not seen.
 	cmp := clientv3.Compare(clientv3.ModRevision(k.StateConfig()), "=", state.ModRevision)
 	if err := g.write(ctx, term, []clientv3.Cmp{cmp},
 		clientv3.OpPut(k.StateConfig(), string(val)), clientv3.OpDelete(k.ConfigRefusal())); err != nil {
-		return err
+		return Version{}, err
 	}
 	g.Log.Info("dynamic configuration accepted", zap.Int64("version", v.Number),
 		zap.Int64("revision", v.Revision), zap.Strings("changed", v.Changed))
-	return nil
+	return v, nil
 }
 
 // validate decodes layer over the file, validates the merged configuration

@@ -137,6 +137,19 @@ func (f Fleet) HistoryEvent(epoch int64) string {
 	return fmt.Sprintf("%s%020d", f.History(), epoch)
 }
 
+// SwitchHistory is the prefix of the switch events alone: an epoch
+// zero-padded to 20 digits always starts with "0" (int64 has 19).
+func (f Fleet) SwitchHistory() string { return f.History() + "0" }
+
+// ConfigHistory is the prefix of the dynamic configuration events.
+func (f Fleet) ConfigHistory() string { return f.History() + "config/" }
+
+// ConfigEvent is the key of the event of dynamic configuration version n,
+// zero-padded so that keys sort in version order.
+func (f Fleet) ConfigEvent(n int64) string {
+	return fmt.Sprintf("%s%020d", f.ConfigHistory(), n)
+}
+
 // Config is the prefix of the dynamic configuration layer that operators
 // write (kswitch config apply, or etcdctl put): config/source and
 // config/clusters/<name>. Agents never act on it directly; the leader
