@@ -90,6 +90,9 @@ type Agent struct {
 	// for NAT or containers. Empty means the address actually bound for
 	// Gossip.
 	GossipAdvertise string `yaml:"gossip_advertise" help:"host:port other agents use to reach this agent's gossip (default: the bound gossip address)"`
+	// HTTPTLS turns the HTTP listener into HTTPS, optionally requiring
+	// client certificates.
+	HTTPTLS ServerTLS `yaml:"http_tls"`
 	// DeathDetection is how the leader frees a dead agent's partitions:
 	// "gossip" (memberlist declares it dead and the leader revokes its
 	// session lease at once) or "lease" (only when its lease expires,
@@ -113,6 +116,17 @@ type Etcd struct {
 	// SessionTTL so a request can fail and be retried before the lease
 	// expires.
 	RequestTimeout time.Duration `yaml:"request_timeout" help:"timeout of each etcd request; must be below etcd.session_ttl"`
+	// TLS secures the connection; an https:// endpoint turns it on too.
+	TLS TLS `yaml:"tls"`
+	// Username and Password (or PasswordFile) authenticate the agent to
+	// etcd when etcd's auth is enabled. With a client certificate and no
+	// username, etcd takes the user from the certificate's common name.
+	Username string `yaml:"username" help:"etcd user (etcd auth); empty: none, or the client certificate's common name"`
+	// Password is the etcd user's password; prefer PasswordFile.
+	Password Secret `yaml:"password" help:"etcd password (prefer etcd.password_file)"`
+	// PasswordFile is a file holding the password (a trailing newline is
+	// dropped), such as a mounted secret. Exclusive with Password.
+	PasswordFile string `yaml:"password_file" help:"file holding the etcd password; trailing newline dropped"`
 }
 
 // Cluster is one Kafka cluster, addressed by its name in Config.Clusters.
@@ -126,6 +140,10 @@ type Cluster struct {
 	Version string `yaml:"version" help:"Kafka protocol version"`
 	// ClientID is the Kafka client.id, visible in broker logs and quotas.
 	ClientID string `yaml:"client_id" help:"Kafka client.id"`
+	// TLS secures the connections to the brokers.
+	TLS TLS `yaml:"tls"`
+	// SASL authenticates to the brokers.
+	SASL SASL `yaml:"sasl"`
 
 	// The fields below describe how a standby is filled by MirrorMaker 2
 	// (or a replicator that follows its conventions); they matter only on

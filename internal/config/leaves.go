@@ -9,10 +9,10 @@ import (
 )
 
 // A leaf is one settable value of the configuration: a string, a list of
-// strings or a duration. The leaf tables below are derived from the yaml and
-// help tags of Config and Cluster, and drive the file decoder's known-field
-// lists, the environment variables, the flags and their help, so a field is
-// declared exactly once.
+// strings, a duration, a whole number or a bool. The leaf tables below are
+// derived from the yaml and help tags of Config and Cluster, and drive the
+// file decoder's known-field lists, the environment variables, the flags and
+// their help, so a field is declared exactly once.
 type leaf struct {
 	path  string       // dotted YAML path below the root, e.g. "etcd.session_ttl"
 	index []int        // reflect field index below the root type
@@ -24,6 +24,7 @@ type leaf struct {
 var (
 	durationType   = reflect.TypeFor[time.Duration]()
 	stringListType = reflect.TypeFor[[]string]()
+	secretType     = reflect.TypeFor[Secret]()
 
 	// configLeaves are the leaves of Config outside the clusters map.
 	configLeaves = leavesOf(reflect.ValueOf(Default()), "", nil)
@@ -110,11 +111,14 @@ func yamlName(f reflect.StructField) string {
 }
 
 func isLeafType(t reflect.Type) bool {
-	return t == durationType || t.Kind() == reflect.String || t.Kind() == reflect.Int || t == stringListType
+	return t == durationType || t.Kind() == reflect.String || t.Kind() == reflect.Int || t.Kind() == reflect.Bool || t == stringListType
 }
 
 // env is the environment variable of a static leaf.
 func (l leaf) env() string { return envName(l.path) }
+
+// envField is the part a cluster leaf adds to KSWITCH_CLUSTERS_<NAME>_.
+func (l leaf) envField() string { return strings.ToUpper(strings.ReplaceAll(l.path, ".", "_")) }
 
 func envName(path string) string {
 	return "KSWITCH_" + strings.ToUpper(strings.ReplaceAll(path, ".", "_"))
@@ -162,6 +166,12 @@ func parseValue(t reflect.Type, s, example string) (reflect.Value, error) {
 			return v, fmt.Errorf("%q is not a whole number", s)
 		}
 		v.SetInt(int64(n))
+	case t.Kind() == reflect.Bool:
+		b, err := strconv.ParseBool(strings.TrimSpace(s))
+		if err != nil {
+			return v, fmt.Errorf("%q is not true or false", s)
+		}
+		v.SetBool(b)
 	default: // string kinds
 		v.SetString(s)
 	}
@@ -180,6 +190,10 @@ func formatValue(v reflect.Value) string {
 		return strings.Join(v.Interface().([]string), ",")
 	case v.Kind() == reflect.Int:
 		return strconv.FormatInt(v.Int(), 10)
+	case v.Kind() == reflect.Bool:
+		return strconv.FormatBool(v.Bool())
+	case v.Type() == secretType:
+		return v.Interface().(Secret).String() // flag help and errors never show it
 	default:
 		return v.String()
 	}

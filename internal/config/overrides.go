@@ -42,6 +42,9 @@ func BindFlags(fs *pflag.FlagSet) *Overrides {
 		}
 		usage := fmt.Sprintf("%s [env %s]", l.help, l.env())
 		fs.Var(f, l.path, usage)
+		if l.typ.Kind() == reflect.Bool {
+			fs.Lookup(l.path).NoOptDefVal = "true" // --etcd.tls.enabled alone means true
+		}
 		o.leaves = append(o.leaves, f)
 	}
 	o.clusters = &clusterFlag{}
@@ -169,7 +172,7 @@ func clusterEnvField(rest string) (string, leaf, bool) {
 	var best leaf
 	var name string
 	for _, l := range clusterLeaves {
-		suffix := "_" + strings.ToUpper(l.path)
+		suffix := "_" + l.envField()
 		if n, ok := strings.CutSuffix(rest, suffix); ok && n != "" && len(l.path) > len(best.path) {
 			name, best = n, l
 		}
@@ -199,7 +202,7 @@ func clusterFields() string {
 func clusterEnvFields() string {
 	var out []string
 	for _, l := range clusterLeaves {
-		out = append(out, strings.ToUpper(l.path))
+		out = append(out, l.envField())
 	}
 	return strings.Join(out, ", ")
 }
@@ -291,6 +294,8 @@ func (f *leafFlag) Type() string {
 		return "strings"
 	case f.typ.Kind() == reflect.Int:
 		return "int"
+	case f.typ.Kind() == reflect.Bool:
+		return "bool"
 	default:
 		return "string"
 	}
@@ -321,17 +326,21 @@ func (f *clusterFlag) Type() string { return "NAME.field=value" }
 
 func (f *clusterFlag) Set(s string) error {
 	target, value, ok := strings.Cut(s, "=")
-	// Cluster names may contain '.', field names do not.
-	dot := strings.LastIndexByte(target, '.')
-	if !ok || dot <= 0 {
+	if !ok || !strings.Contains(target, ".") || target[0] == '.' {
 		return fmt.Errorf("want NAME.field=value, e.g. A.brokers=h1:9092,h2:9092")
 	}
-	name, field := target[:dot], target[dot+1:]
-	i := slices.IndexFunc(clusterLeaves, func(l leaf) bool { return l.path == field })
-	if i < 0 {
-		return fmt.Errorf("unknown cluster field %q (known: %s)", field, clusterFields())
+	// Cluster names and field paths (tls.ca_file) may both contain '.':
+	// the field is the longest known path that ends target.
+	var l leaf
+	for _, c := range clusterLeaves {
+		if n, ok := strings.CutSuffix(target, "."+c.path); ok && n != "" && len(c.path) > len(l.path) {
+			l = c
+		}
 	}
-	l := clusterLeaves[i]
+	if l.path == "" {
+		return fmt.Errorf("unknown cluster field %q (known: %s)", target[strings.LastIndexByte(target, '.')+1:], clusterFields())
+	}
+	name, field := strings.TrimSuffix(target, "."+l.path), l.path
 	v, err := parseValue(l.typ, value, l.example())
 	if err != nil {
 		return err

@@ -63,6 +63,7 @@ func (c *Config) Validate() error {
 	p.oneOf("agent.death_detection", c.Agent.DeathDetection, "gossip", "lease")
 
 	c.validateEtcd(&p)
+	c.validateSecurity(&p)
 	c.validateClusters(&p)
 	c.validateSource(&p)
 

@@ -52,6 +52,8 @@ type Etcd struct {
 	logger     *zap.Logger // nil: defaultEtcdLogger
 	clientPort int
 	peerPort   int
+	// secure, when set, serves TLS with client certificates (secure.go).
+	secure *EtcdSecurity
 
 	mu  sync.Mutex
 	run *etcdRun // nil while stopped
@@ -77,13 +79,17 @@ type etcdRun struct {
 // Lease TTLs below 2 s are raised to 2 s by this server (default election
 // timing); use longer TTLs in tests.
 func StartEtcd(dir string, logger *zap.Logger) (*Etcd, error) {
+	return startEtcd(dir, logger, nil)
+}
+
+func startEtcd(dir string, logger *zap.Logger, secure *EtcdSecurity) (*Etcd, error) {
 	var lastErr error
 	for range startAttempts {
 		ports, err := freePorts(2)
 		if err != nil {
 			return nil, err
 		}
-		e := &Etcd{dir: dir, logger: logger, clientPort: ports[0], peerPort: ports[1]}
+		e := &Etcd{dir: dir, logger: logger, clientPort: ports[0], peerPort: ports[1], secure: secure}
 		run, err := e.start()
 		if err == nil {
 			e.run = run
@@ -124,6 +130,7 @@ func (e *Etcd) Client() (*clientv3.Client, error) {
 		Endpoints:   e.Endpoints(),
 		DialTimeout: 5 * time.Second,
 		Logger:      lg,
+		TLS:         e.clientTLS(),
 		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff: backoff.Config{
 				BaseDelay:  100 * time.Millisecond,
@@ -202,6 +209,9 @@ func (e *Etcd) start() (*etcdRun, error) {
 	// skipping fsync only risks data on a machine crash, not on Stop.
 	cfg.EnableGRPCGateway = false
 	cfg.UnsafeNoFsync = true
+	if e.secure != nil {
+		e.secure.apply(cfg)
+	}
 	lg := e.logger
 	if lg == nil {
 		var err error

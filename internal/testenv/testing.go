@@ -52,3 +52,21 @@ func StartKafkaT(t testing.TB, name string, opts KafkaOptions) *Kafka {
 	t.Cleanup(k.Stop)
 	return k
 }
+
+// StartSecureEtcdT starts an etcd with StartSecureEtcd (TLS, client
+// certificates and auth; certificates from a new PKI in t.TempDir()) and
+// stops it when the test ends. It calls t.Fatal on error, so it must be
+// called from the test's goroutine.
+func StartSecureEtcdT(t testing.TB) *Etcd {
+	t.Helper()
+	pki, err := NewPKI(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := StartSecureEtcd(t.TempDir(), nil, pki)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Stop)
+	return e
+}
