@@ -13,12 +13,19 @@ import (
 	"github.com/kswitch/kswitch/internal/config"
 )
 
-// Config returns the sarama configuration for cluster c.
+// Config returns the sarama configuration for cluster c, with its TLS and
+// SASL settings (security.go).
 func Config(c config.Cluster) (*sarama.Config, error) {
+	sc, _, err := configTraced(c)
+	return sc, err
+}
+
+// configTraced is Config, with the trace of the client's SASL exchanges.
+func configTraced(c config.Cluster) (*sarama.Config, *saslTrace, error) {
 	sc := sarama.NewConfig()
 	v, err := sarama.ParseKafkaVersion(c.Version)
 	if err != nil {
-		return nil, fmt.Errorf("kafka: version %q: %w", c.Version, err)
+		return nil, nil, fmt.Errorf("kafka: version %q: %w", c.Version, err)
 	}
 	sc.Version = v
 	if c.ClientID != "" {
@@ -35,7 +42,11 @@ func Config(c config.Cluster) (*sarama.Config, error) {
 	sc.Consumer.Return.Errors = true
 	sc.Consumer.MaxWaitTime = 250 * time.Millisecond
 	sc.Consumer.Offsets.AutoCommit.Enable = false
-	return sc, nil
+	trace, err := applySecurity(sc, c)
+	if err != nil {
+		return nil, nil, err
+	}
+	return sc, trace, nil
 }
 
 // Dialer opens connections to brokers. Tests inject one to cut the link
@@ -62,9 +73,9 @@ func NewClient(name string, c config.Cluster) (sarama.Client, error) {
 
 // NewClientWith is NewClient with options.
 func NewClientWith(name string, c config.Cluster, o Options) (sarama.Client, error) {
-	sc, err := Config(c)
+	sc, trace, err := configTraced(c)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("kafka: cluster %s: %w", name, err)
 	}
 	if o.Dialer != nil {
 		sc.Net.Proxy.Enable = true
@@ -77,6 +88,9 @@ func NewClientWith(name string, c config.Cluster, o Options) (sarama.Client, err
 	}
 	cl, err := sarama.NewClient(c.Brokers, sc)
 	if err != nil {
+		if why := explain(err, trace, name, c); why != "" {
+			return nil, fmt.Errorf("kafka: %s: %w", why, err)
+		}
 		return nil, fmt.Errorf("kafka: connect to cluster %s %v: %w", name, c.Brokers, err)
 	}
 	return cl, nil
