@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os/exec"
@@ -30,6 +31,7 @@ const (
 // failoverCase is one run of the failover story on real Kafka.
 type failoverCase struct {
 	name   string
+	covers string // for the report
 	policy replicationPolicy
 	// fault is what happens to A's broker: SIGKILL (a crash; it is started
 	// again on the same data to recover) or SIGSTOP (a hang; SIGCONT).
@@ -54,8 +56,10 @@ type failoverCase struct {
 // (through make integration, for the binaries).
 func TestFailoverOnRealKafka(t *testing.T) {
 	cases := []failoverCase{
-		{name: "prefix-sigkill", policy: prefixPolicy, fault: syscall.SIGKILL, lag: true},
-		{name: "identity-sigstop", policy: identityPolicy, fault: syscall.SIGSTOP, holdPin: true},
+		{name: "prefix-sigkill", policy: prefixPolicy, fault: syscall.SIGKILL, lag: true,
+			covers: "relay, pause/start; failover on SIGKILL of A; failback; translation vs MirrorMaker 2 checkpoints; pins"},
+		{name: "identity-sigstop", policy: identityPolicy, fault: syscall.SIGSTOP, holdPin: true,
+			covers: "identity names; failover on SIGSTOP of A, failback on SIGCONT; translation vs checkpoints; a pin held"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) { addReport(runFailover(t, tc)) })
@@ -64,6 +68,7 @@ func TestFailoverOnRealKafka(t *testing.T) {
 
 func runFailover(t *testing.T, tc failoverCase) (rep scenarioReport) {
 	rep = newReport(tc.name)
+	rep.Covers = tc.covers
 	defer func() { rep.Passed = !t.Failed() }()
 	timed := rep.timer(t)
 	remote := tc.policy.remote
@@ -339,15 +344,29 @@ func put(t *testing.T, etcd *etcdCluster, key, value string) {
 	}
 }
 
-// kswitchCLI runs a kswitch command to completion.
+// kswitchCLI runs a kswitch command to completion and fails t when it
+// fails.
 func kswitchCLI(t *testing.T, args ...string) string {
 	t.Helper()
-	bin, _ := binaries(t)
-	out, err := exec.Command(bin, args...).CombinedOutput()
+	out, err := runKswitch(t, args...)
 	if err != nil {
-		t.Fatalf("kswitch %s: %v\n%s", strings.Join(args, " "), err, out)
+		t.Fatalf("%v\n%s", err, out)
 	}
-	return string(out)
+	return out
+}
+
+// runKswitch runs a kswitch command to completion and returns its output
+// (stdout and stderr) and how it failed.
+func runKswitch(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	bin, _ := binaries(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, args...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("kswitch %s: %w", strings.Join(args, " "), err)
+	}
+	return string(out), nil
 }
 
 // sameOffsets returns nil when Kafka group orders on addr has committed

@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -13,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -414,4 +416,26 @@ func agreedLeader(agents []*agentProc) (string, int64, error) {
 		}
 	}
 	return self[0], views[self[0]].FencingToken, nil
+}
+
+// metric returns the value of the unlabelled metric name on the agent's
+// /metrics (Prometheus text format).
+func (a *agentProc) metric(name string) (float64, error) {
+	c := http.Client{Timeout: time.Second}
+	resp, err := c.Get("http://" + a.http + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		if f := strings.Fields(sc.Text()); len(f) == 2 && f[0] == name {
+			return strconv.ParseFloat(f[1], 64)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return 0, fmt.Errorf("%s /metrics: %w", a.id, err)
+	}
+	return 0, fmt.Errorf("%s /metrics has no %s", a.id, name)
 }

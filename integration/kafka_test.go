@@ -421,6 +421,9 @@ type producer struct {
 	done  chan struct{}
 	mu    sync.Mutex
 	next  int // records handed to kcat
+	// handing is the end of the batch being written to kcat: records
+	// numbered from it on have not been handed over yet.
+	handing int
 }
 
 func startProducer(t *testing.T, addr, topic string, perSecond int) *producer {
@@ -455,6 +458,7 @@ func startProducer(t *testing.T, addr, topic string, perSecond int) *producer {
 			for i := from; i < due; i++ {
 				fmt.Fprintf(&b, "k%07d\tr%07d\n", i, i)
 			}
+			pr.handing = max(pr.handing, due)
 			pr.mu.Unlock()
 			if _, err := io.WriteString(w, b.String()); err != nil {
 				return
@@ -472,6 +476,15 @@ func (pr *producer) count() int {
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
 	return pr.next
+}
+
+// notHandedYet returns the number of the first record not yet handed to
+// kcat, nor being handed: that record and every later one reach A, and so
+// the fleet, only after the call.
+func (pr *producer) notHandedYet() int {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	return max(pr.next, pr.handing)
 }
 
 // close stops feeding records and closes kcat's input: kcat then delivers

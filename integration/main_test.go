@@ -56,12 +56,20 @@ func writeReport(dir string) error {
 	fmt.Fprintf(&md, "%s. %s (KRaft, one node each) A and B, MirrorMaker 2 A → B, etcd ×3, kswitch agents ×3, kcat; "+
 		"lost and duplicated counted from the channel topic read back with kcat (integration/README.md).\n\n",
 		time.Now().UTC().Format(time.RFC3339), filepath.Base(os.Getenv("KSWITCH_TEST_KAFKA_DIR")))
-	md.WriteString("| scenario | passed | records | lost | duplicates (of records unreplicated at the fault) | detected s | switched s | first record on B s | failback s | methods |\n")
-	md.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
+	md.WriteString("| scenario | covers | passed | records | lost | duplicates (of records unreplicated at the fault) | detected s | switched s | first record on B s | failback s | methods |\n")
+	md.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range reports {
-		fmt.Fprintf(&md, "| %s | %v | %d | %d | %d (%d) | %s | %s | %s | %s | %s |\n", r.Scenario, r.Passed, r.Records, r.LostCount,
+		fmt.Fprintf(&md, "| %s | %s | %v | %d | %d | %d (%d) | %s | %s | %s | %s | %s |\n", r.Scenario, r.Covers, r.Passed, r.Records, r.LostCount,
 			r.Duplicates, r.DuplicatesUnreplicated, timing(r, "failover_detected"), timing(r, "failover_switched"),
 			timing(r, "failover_first_record"), timing(r, "failback_switched"), methodSummary(r.Methods))
+	}
+	for _, r := range reports {
+		if len(r.Details) > 0 {
+			fmt.Fprintf(&md, "\n%s:\n\n", r.Scenario)
+			for _, d := range r.Details {
+				fmt.Fprintf(&md, "- %s\n", d)
+			}
+		}
 	}
 	md.WriteString("\nEvery timing (seconds):\n\n")
 	for _, r := range reports {

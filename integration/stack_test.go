@@ -112,12 +112,17 @@ func (st *stack) agentConfig() agentConfig {
 // scenarioReport is one row of the suite's report.
 type scenarioReport struct {
 	Scenario string `json:"scenario"`
-	Passed   bool   `json:"passed"`
+	// Covers names the steps of the story it runs (README.md, Scenarios).
+	Covers string `json:"covers,omitempty"`
+	Passed bool   `json:"passed"`
 	verdict
 	// Timings in seconds, by step (see README.md).
 	Timings map[string]float64 `json:"timings_seconds"`
 	// Methods are the translation methods of each switch, by partition.
 	Methods map[string][]string `json:"methods,omitempty"`
+	// Details are findings of the scenario the columns do not hold, one
+	// sentence each.
+	Details []string `json:"details,omitempty"`
 }
 
 func newReport(name string) scenarioReport {
@@ -131,4 +136,67 @@ func (r *scenarioReport) timer(t *testing.T) func(step string, d time.Duration) 
 		r.Timings[step] = math.Round(d.Seconds()*1000) / 1000
 		t.Logf("%-28s %v", step, d.Round(time.Millisecond))
 	}
+}
+
+// moving waits until every partition's committed offset on A has gone past
+// where it was when called (the fleet consumes all of them) and returns how
+// long that took.
+func (st *stack) moving(t *testing.T, what string, timeout time.Duration) time.Duration {
+	t.Helper()
+	began := time.Now()
+	before := offsetsOf(st.tl.offsets("A", "orders"))
+	wait.For(t, timeout, what, func() error {
+		now := offsetsOf(st.tl.offsets("A", "orders"))
+		for p := range int32(ordersPartitions) {
+			if now[p] <= before[p] {
+				return fmt.Errorf("orders/%d still at %d (all: %v)", p, now[p], now)
+			}
+		}
+		return nil
+	})
+	return time.Since(began)
+}
+
+// relayed is what a fleet that stayed on A delivered, read back with kcat.
+type relayed struct {
+	verdict
+	source    map[int32][]kRecord // orders on A
+	delivered map[int32][]kRecord // the channel topic on B
+}
+
+// relayVerdict stops the producer, waits until the fleet has consumed all
+// of A, reads A and the channel topic back with kcat and judges the
+// deliveries of a fleet that never left A. It fails t when A does not hold
+// exactly what the producer wrote; the caller decides which duplicates
+// are allowed.
+func (st *stack) relayVerdict(t *testing.T, prod *producer) relayed {
+	t.Helper()
+	prod.finish(t, time.Minute)
+	ends, err := endOffsets(st.a.addr, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, time.Minute, "the fleet consumes all of A", func() error { return st.tl.caughtUp("A", "orders", ends) })
+	var r relayed
+	if r.source, err = readTopic(st.a.addr, "orders"); err != nil {
+		t.Fatal(err)
+	}
+	if r.delivered, err = readTopic(st.b.addr, "delivered"); err != nil {
+		t.Fatal(err)
+	}
+	segs, err := segments(nil, func(string) string { return "orders" }, ordersPartitions, "A", offsetsOf(st.tl.offsets("A", "orders")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.verdict, err = judge(segs, map[string]map[int32][]kRecord{"A": r.source}, r.delivered, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("verdict: %s", r.verdict)
+	if r.Records != prod.count() {
+		t.Errorf("%d distinct records on A, the producer wrote %d", r.Records, prod.count())
+	}
+	if dc := st.tl.doubleCommits(); len(dc) > 0 {
+		t.Errorf("two agents committed one partition in one generation: %v", dc)
+	}
+	return r
 }

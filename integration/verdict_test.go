@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"testing"
 )
 
 // How the suite decides, from outside kswitch, that no record was lost and
@@ -192,4 +193,46 @@ func (v verdict) String() string {
 	return fmt.Sprintf("%d records, %d delivered, %d lost, %d duplicates (%d of records not yet replicated at the fault); "+
 		"the committed ranges account for %d deliveries, %d ids differ",
 		v.Records, v.Delivered, v.LostCount, v.Duplicates, v.DuplicatesUnreplicated, v.ByPosition, len(v.PositionMismatch))
+}
+
+// recs returns records of partition p at offsets from, from+1, … with the
+// suite's values r<n> for the numbers ns.
+func recs(p int32, from int64, ns ...int) []kRecord {
+	var out []kRecord
+	for i, n := range ns {
+		out = append(out, kRecord{Partition: p, Offset: from + int64(i), Key: fmt.Sprintf("k%07d", n), Value: fmt.Sprintf("r%07d", n)})
+	}
+	return out
+}
+
+// TestJudge checks the verdict on made-up reads: a record missing from
+// the channel is lost and fails the scenario, a duplicate is allowed only
+// when it is a record B did not have at the fault, delivered on A and
+// again on B.
+func TestJudge(t *testing.T) {
+	onA := map[string]map[int32][]kRecord{"A": {0: recs(0, 0, 0, 1, 2, 3, 4)}}
+	v, err := judge([]segment{{Cluster: "A", Topic: "orders", Partition: 0, From: 0, To: 5}}, onA,
+		map[int32][]kRecord{0: recs(0, 0, 0, 1, 1, 3, 4)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.ok() || v.LostCount != 1 || v.Lost[0] != "r0000002" || v.Duplicates != 1 || len(v.BadDuplicates) != 1 {
+		t.Errorf("r2 lost and r1 delivered twice: %s, lost %v, bad duplicates %v, ok %v", v, v.Lost, v.BadDuplicates, v.ok())
+	}
+
+	// A failover: the fleet delivered r0..r2 from A, then B from offset 2
+	// (r2 again, which B got only after the fault) to the end.
+	content := map[string]map[int32][]kRecord{"A": {0: recs(0, 0, 0, 1, 2, 3)}, "B": {0: recs(0, 0, 0, 1, 2, 3)}}
+	segs := []segment{{Cluster: "A", Topic: "orders", Partition: 0, From: 0, To: 3}, {Cluster: "B", Topic: "A.orders", Partition: 0, From: 2, To: 4}}
+	delivered := map[int32][]kRecord{0: recs(0, 0, 0, 1, 2, 2, 3)}
+	if v, err := judge(segs, content, delivered, map[int32]int64{0: 2}); err != nil || !v.ok() || v.DuplicatesUnreplicated != 1 {
+		t.Errorf("r2 unreplicated at the fault, delivered from A and from B: %s (bad %v), %v", v, v.BadDuplicates, err)
+	}
+	if v, err := judge(segs, content, delivered, map[int32]int64{0: 3}); err != nil || v.ok() || len(v.BadDuplicates) != 1 {
+		t.Errorf("r2 on B at the fault, delivered from A and from B: %s, ok %v, %v", v, v.ok(), err)
+	}
+	// A delivery the committed ranges do not hold.
+	if v, err := judge(segs, content, map[int32][]kRecord{0: recs(0, 0, 0, 1, 2, 3, 3)}, map[int32]int64{0: 2}); err != nil || v.ok() || len(v.PositionMismatch) == 0 {
+		t.Errorf("r3 delivered twice, the ranges hold it once: %s, ok %v, %v", v, v.ok(), err)
+	}
 }
