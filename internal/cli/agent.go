@@ -2,21 +2,16 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/internal/config"
-	"github.com/kswitch/kswitch/internal/keys"
 	"github.com/kswitch/kswitch/internal/logx"
-	"github.com/kswitch/kswitch/routing"
-	"github.com/kswitch/kswitch/signals"
+	"github.com/kswitch/kswitch/internal/member"
 )
 
 func newAgentCmd(g *globals) *cobra.Command {
@@ -61,9 +56,13 @@ The agent serves on agent.http:
 
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		cfg := config.Default()
+		var modeWarning string
 		if file != "" {
 			var err error
 			if cfg, err = config.Load(file); err != nil {
+				return err
+			}
+			if modeWarning, err = config.FileModeWarning(file, cfg); err != nil {
 				return err
 			}
 		}
@@ -84,71 +83,27 @@ The agent serves on agent.http:
 			return err
 		}
 		defer func() { _ = log.Sync() }()
+		if modeWarning != "" {
+			log.Warn(modeWarning)
+		}
 		return runAgent(cmd.Context(), cfg, log, stopTimeout)
 	}
 	return cmd
 }
 
-// runAgent runs an agent whose records go to the routing sink until ctx
-// ends, then stops the agent and, after it, the router.
-//
-// The router is always built, whether or not the file has a routing
-// section, so that routes and channels written to etcd later ('kswitch
-// routes apply') take effect without a restart. With no rule, default
-// route or dead-letter in force anywhere, it acknowledges every record
-// and counts it as dropped (kswitch_routing_dropped_total{reason="no_match"}),
-// which is what the agent's default CountingHandler did. It waits for the
-// first read of etcd's routes before it takes a record, so a restarted
-// agent never routes by the file what etcd routes otherwise.
-//
-// The router follows etcd (routes, channels/, and the signals for channel
-// pauses) with a client of its own; its metrics are on the agent's
-// registry (/metrics).
+// runAgent runs an agent whose records go to the routing sink (see
+// member.New) until ctx ends, then stops the agent and, after it, the
+// router, within stopTimeout.
 func runAgent(ctx context.Context, cfg config.Config, log *zap.Logger, stopTimeout time.Duration) error {
-	etcd, err := clientv3.New(clientv3.Config{
-		Endpoints:   cfg.Etcd.Endpoints,
-		DialTimeout: cfg.Etcd.DialTimeout,
-		Logger:      log.Named("etcd").WithOptions(zap.IncreaseLevel(zap.ErrorLevel)),
-	})
-	if err != nil {
-		return fmt.Errorf("routing: etcd client for %v: %w", cfg.Etcd.Endpoints, err)
-	}
-	defer etcd.Close()
-	rlog := log.With(zap.String("agent", cfg.Agent.ID), zap.String("fleet", cfg.Fleet))
-	sigs := signals.NewWatcher(etcd, keys.New(cfg.Fleet), cfg.Etcd.RequestTimeout, rlog.Named("routing"))
-
-	// The router registers its metrics on the agent's registry, so the
-	// agent is made first, with a handler that calls the router: it is
-	// set below, before the agent starts and hands anything on.
-	var router *routing.Router
-	a, err := agent.New(cfg, agent.Options{
-		Logger: log,
-		Handler: agent.HandlerFunc(func(ctx context.Context, r *agent.Record) error {
-			return router.Handle(ctx, r)
-		}),
-		HandlerStatus: func() any { return router.Status() },
-	})
+	m, err := member.New(cfg, agent.Options{Logger: log})
 	if err != nil {
 		return err
 	}
-	router, err = routing.New(cfg, sigs.State, routing.Options{Etcd: etcd, Registerer: a.Metrics(), Logger: rlog})
-	if err != nil {
+	if err := m.Start(ctx); err != nil {
 		return err
 	}
-	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = sigs.Run(rctx) })
-	wg.Go(func() { _ = router.Run(rctx) })
-
-	err = a.Run(ctx, stopTimeout)
-
-	// The agent has stopped: nothing is handed to the router any more.
-	// Its produces in flight get the same time to be acknowledged; their
-	// records are consumed again by the partitions' next owners otherwise.
-	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), stopTimeout)
-	defer ccancel()
-	cerr := router.Close(cctx)
-	cancel()
-	wg.Wait()
-	return errors.Join(err, cerr)
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopTimeout)
+	defer cancel()
+	return m.Stop(sctx)
 }

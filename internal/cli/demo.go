@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"time"
+
 	"github.com/spf13/cobra"
 
 	"github.com/kswitch/kswitch/internal/demo"
@@ -14,16 +16,19 @@ func newDemoCmd(g *globals) *cobra.Command {
 		Use:   "demo",
 		Short: "Run a live failover and failback in one process (embedded etcd and Kafka)",
 		Long: `Run a live demonstration in one process, with nothing to install: an embedded
-etcd, two Kafka clusters A and B (in process) with a mirror keeping B a
-replica of A (like MirrorMaker 2), a producer writing numbered records to A,
-and a fleet of agents consuming them. The story, narrated as a timeline:
+etcd; three Kafka clusters A, B and C (in process), with a mirror keeping B a
+replica of A (like MirrorMaker 2); a producer writing numbered records to A;
+and a fleet of agents, each run as 'kswitch agent' runs it, routing every
+record to a channel on C. The story, narrated as a timeline:
 
-  1. steady state: the leader, the assignment, the rate;
+  1. steady state: the leader, the assignment, the rate reaching C;
   2. a pause and a start through the etcd signal key (the etcdctl line shown);
-  3. cluster A fails: detection, verdict, switch, translation per partition;
+  3. cluster A fails for the fleet: verdict, switch, translation per
+     partition, the first record consumed from B reaching C;
   4. an agent is killed: its partitions move;
-  5. A recovers: caught-up check, failback;
-  6. a summary: produced, handled, lost (must be 0), duplicated, timings.
+  5. A comes back: caught-up check, failback;
+  6. a summary read back from C: produced, delivered, lost (must be 0),
+     duplicated, pause, failover and failback times.
 
 Exit status is non-zero when a record was lost or a step missed its bound.`,
 		Example: `  kswitch demo
@@ -44,8 +49,8 @@ Exit status is non-zero when a record was lost or a step missed its bound.`,
 	}
 	cmd.Flags().IntVar(&o.Agents, "agents", 3, "number of agents in the fleet (at least 2)")
 	cmd.Flags().IntVar(&o.Rate, "rate", 200, "records per second the producer writes to A")
-	cmd.Flags().DurationVar(&o.Phase, "duration", 3e9, "length of each calm phase of the story (the whole demo takes about 10 of them plus the switches)")
-	cmd.Flags().BoolVar(&o.KeepRunning, "keep-running", false, "leave the fleet up after the story, print URLs and commands to try")
+	cmd.Flags().DurationVar(&o.Duration, "duration", 12*time.Second, "how long the calm phases of the story last altogether (the switches add about 10s)")
+	cmd.Flags().BoolVar(&o.KeepRunning, "keep-running", false, "leave everything up after the story, with the producer writing again; print the agents' URLs and etcdctl lines to try (pause, pin, routes)")
 	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "also print the agents' logs (console format) on stderr")
 	return cmd
 }

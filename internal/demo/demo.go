@@ -1,45 +1,52 @@
 // Package demo runs kswitch's live demonstration in one process: an
-// embedded etcd, Kafka clusters A and B (kfake) with the in-process mirror
-// keeping B a replica of A, a producer writing numbered records to A, and
-// a fleet of agents consuming them; a scripted story is narrated as a
-// timeline: a pause and start through an etcd key, cluster A failing
-// (failover to B with translated offsets), an agent killed, A returning
-// (failback), and a summary that counts what was lost and duplicated.
+// embedded etcd; Kafka clusters A, B and C (kfake), with the in-process
+// mirror keeping B a replica of A; a producer writing numbered records to
+// A; and a fleet of agents, each run as 'kswitch agent' runs it (see
+// internal/member), routing every record to a channel on C. A scripted
+// story is narrated as a timeline: a pause and start through an etcd key,
+// cluster A failing for the fleet (failover to B with translated
+// offsets), an agent killed, A returning (failback). The summary is read
+// from C, as a consumer downstream would see it: every record delivered,
+// lost or duplicated, and how long deliveries stopped at each event.
 package demo
 
 import (
 	"context"
 	"encoding/json"
-
+	"errors"
 	"fmt"
 	"io"
 	"os"
-	"strconv"
+	"slices"
+	"strings"
 	"sync"
 	"text/tabwriter"
 	"time"
 
-	"github.com/IBM/sarama"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/internal/member"
 	"github.com/kswitch/kswitch/internal/mirror"
 	"github.com/kswitch/kswitch/internal/testenv"
 )
 
-// Options configure a demo run.
+// Options configure a demo run. The zero value plays the default demo.
 type Options struct {
 	// Agents is the fleet size, at least 2. Default 3.
 	Agents int
 	// Rate is the producer's records per second. Default 200.
 	Rate int
-	// Phase is how long each calm phase of the story lasts. Default 3s.
-	Phase time.Duration
-	// KeepRunning leaves everything up after the story until ctx ends.
+	// Duration is how long the calm phases of the story last altogether;
+	// the switches add what they take (about 10s). Default 12s.
+	Duration time.Duration
+	// KeepRunning leaves everything up after the story, with the
+	// producer writing again, until ctx ends.
 	KeepRunning bool
 	// Out receives the timeline. Default os.Stdout.
 	Out io.Writer
@@ -49,14 +56,29 @@ type Options struct {
 
 const (
 	fleet      = "demo"
-	topic      = "orders"
-	partitions = 6
+	topic      = "orders"     // on A; A.orders on B
+	partitions = 6            // of orders, and of outTopic on C
+	channel    = "out"        // the routing channel on C
+	outTopic   = "orders-out" // its topic
 )
 
-// Summary is the demo's result.
+// Summary is the demo's result, read from C.
 type Summary struct {
-	Produced, Handled, Lost, Duplicated int
-	Failover, Failback, PauseApply      time.Duration
+	// Produced is the number of records A acknowledged to the producer.
+	Produced int
+	// Delivered is how many of them are on C; OnC counts every record on
+	// C, duplicates included.
+	Delivered, OnC int
+	// Lost is Produced - Delivered: records A acknowledged that never
+	// reached C. Duplicated is OnC - Delivered.
+	Lost, Duplicated int
+	// PauseApply is from the pause signal's write to the last record to
+	// reach C before deliveries stopped.
+	PauseApply time.Duration
+	// Failover is from cluster A failing to the first record consumed
+	// from B reaching C; Failback from A's return to the first record
+	// consumed from A again reaching C.
+	Failover, Failback time.Duration
 }
 
 // Run plays the demo and returns its summary. It returns an error when a
@@ -71,8 +93,8 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	if o.Rate <= 0 {
 		o.Rate = 200
 	}
-	if o.Phase <= 0 {
-		o.Phase = 3 * time.Second
+	if o.Duration <= 0 {
+		o.Duration = 12 * time.Second
 	}
 	if o.Out == nil {
 		o.Out = os.Stdout
@@ -80,51 +102,57 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
-	d := &demo{o: o, start: time.Now(), seen: map[int64]int{}}
+	d := &demo{o: o, phase: o.Duration / 4, start: time.Now()}
 	defer d.close()
 	if err := d.setUp(ctx); err != nil {
 		return Summary{}, err
 	}
 	err := d.story(ctx)
-	sum := d.summary()
-	d.printSummary(sum)
+	sum, serr := d.summarize(ctx)
+	if serr == nil {
+		d.printSummary(sum)
+	}
+	err = errors.Join(err, serr)
 	if err == nil && sum.Lost > 0 {
-		err = fmt.Errorf("demo: %d records lost", sum.Lost)
+		err = fmt.Errorf("demo: %d records lost: A acknowledged them and they never reached C", sum.Lost)
 	}
 	if err == nil && o.KeepRunning {
-		fmt.Fprintf(o.Out, "\nstill running; try:\n  kswitch status --etcd %s --fleet %s\n", d.etcd.Endpoints()[0], fleet)
-		fmt.Fprintf(o.Out, "  kswitch pause --etcd %s --fleet %s --reason 'trying it'\n", d.etcd.Endpoints()[0], fleet)
-		fmt.Fprintf(o.Out, "  kswitch failover --etcd %s --fleet %s --to B\n", d.etcd.Endpoints()[0], fleet)
-		for _, a := range d.agents {
-			fmt.Fprintf(o.Out, "  curl http://%s/status\n", a.HTTPAddr())
-		}
-		fmt.Fprintln(o.Out, "press Ctrl-C to stop")
-		<-ctx.Done()
+		d.keepRunning(ctx)
 	}
 	return sum, err
 }
 
+// demo is one run. The story runs on Run's goroutine; the producer and the
+// reader of C own their goroutines and are stopped by close.
 type demo struct {
-	o      Options
-	start  time.Time
-	dir    string
-	etcd   *testenv.Etcd
-	a, b   *testenv.Kafka
-	mirror *mirror.Mirror
-	cli    *clientv3.Client
-	agents []*agent.Agent
-	prod   *producer
+	o     Options
+	phase time.Duration
+	start time.Time
 
-	mu        sync.Mutex
-	seen      map[int64]int
-	lastFrom  string
-	firstFrom map[string]time.Time
+	dir     string
+	etcd    *testenv.Etcd
+	a, b, c *testenv.Kafka
+	mirror  *mirror.Mirror
+	cli     *clientv3.Client
+	fleet   []*fleetMember // live members, in start order
+	prod    *producer
+	c2      *reader
 
-	failover, failback, pauseApply time.Duration
+	// Measured by the story, from C's arrivals.
+	pauseApply, failover, failback time.Duration
 }
 
+// fleetMember is one agent with its router, and the link its connections
+// to A go through (cut to make A fail for the fleet).
+type fleetMember struct {
+	m    *member.Member
+	link *testenv.Link
+}
+
+func (f *fleetMember) agent() *agent.Agent { return f.m.Agent() }
+
 func (d *demo) say(format string, args ...any) {
-	fmt.Fprintf(d.o.Out, "%7.3fs  %s\n", time.Since(d.start).Seconds(), fmt.Sprintf(format, args...))
+	fmt.Fprintf(d.o.Out, "%6.1fs  %s\n", time.Since(d.start).Seconds(), fmt.Sprintf(format, args...))
 }
 
 func (d *demo) setUp(ctx context.Context) error {
@@ -144,7 +172,11 @@ func (d *demo) setUp(ctx context.Context) error {
 	if d.b, err = testenv.StartKafka("B", testenv.KafkaOptions{DataDir: d.dir + "/B"}); err != nil {
 		return fmt.Errorf("demo: start Kafka B: %w", err)
 	}
-	d.say("etcd %v, Kafka A %v (topic %s, %d partitions), Kafka B %v", d.etcd.Endpoints(), d.a.Brokers(), topic, partitions, d.b.Brokers())
+	if d.c, err = testenv.StartKafka("C", testenv.KafkaOptions{DataDir: d.dir + "/C", Topics: map[string]int32{outTopic: partitions}}); err != nil {
+		return fmt.Errorf("demo: start Kafka C: %w", err)
+	}
+	d.say("etcd %s; Kafka A %s (topic %s, %d partitions), B %s, C %s (topic %s)",
+		d.etcd.Endpoints()[0], d.a.Brokers()[0], topic, partitions, d.b.Brokers()[0], d.c.Brokers()[0], outTopic)
 	if d.mirror, err = mirror.Start(ctx, mirror.Config{
 		Source: d.a.Brokers(), Target: d.b.Brokers(), SourceName: "A", TargetName: "B",
 		Topics: []string{topic}, RemoteTopic: func(t string) string { return "A." + t },
@@ -153,17 +185,24 @@ func (d *demo) setUp(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("demo: start the mirror: %w", err)
 	}
-	d.say("mirror A → B running (like MirrorMaker 2: %s on A is A.%s on B, offsets on B are 100 higher)", topic, topic)
+	d.say("mirror A → B, like MirrorMaker 2: A's %s is A.%s on B, whose offsets run 100 ahead", topic, topic)
+	if d.c2, err = startReader(d.c.Brokers(), outTopic, partitions); err != nil {
+		return err
+	}
+	r := d.config("").Routing
+	d.say("routing: rule %q (%s) → channel %s = C/%s, keyed by %s, so that C shows where each record was consumed",
+		r.Rules[0].Name, r.Rules[0].Match, channel, outTopic, r.Channels[channel].Key)
 	for i := range d.o.Agents {
-		if err := d.startAgent(ctx, fmt.Sprintf("agent-%d", i+1)); err != nil {
+		if err := d.startMember(ctx, fmt.Sprintf("agent-%d", i+1)); err != nil {
 			return err
 		}
 	}
-	d.prod = startProducer(d.a.Brokers(), d.o.Rate)
-	d.say("producer writing %d records/s to A", d.o.Rate)
+	d.prod = startProducer(d.a.Brokers(), d.o.Rate, 0)
+	d.say("producer: %d records/s to A, numbered from 0", d.o.Rate)
 	return nil
 }
 
+// config is the configuration of agent id.
 func (d *demo) config(id string) config.Config {
 	cfg := config.Default()
 	cfg.Fleet = fleet
@@ -176,57 +215,47 @@ func (d *demo) config(id string) config.Config {
 	cfg.Clusters = map[string]config.Cluster{
 		"A": {Brokers: d.a.Brokers(), Role: config.RolePrimary},
 		"B": {Brokers: d.b.Brokers(), Role: config.RoleStandby, OffsetSyncsOn: "target"},
+		"C": {Brokers: d.c.Brokers(), Role: config.RoleSink},
 	}
 	cfg.Source.Topics = []string{topic}
-	cfg.Source.Group = "demo"
+	cfg.Source.Group = fleet
 	cfg.Source.CommitInterval = 200 * time.Millisecond
 	cfg.Failover.ProbeInterval = 250 * time.Millisecond
 	cfg.Failover.ProbeTimeout = 500 * time.Millisecond
 	cfg.Failover.FailureWindow = 1500 * time.Millisecond
 	cfg.Failover.FailbackStable = 3 * time.Second
+	cfg.Routing = config.Routing{
+		Rules: []config.RoutingRule{{Name: "orders", Match: `topic == "orders"`, Channels: []string{channel}}},
+		Channels: map[string]config.RoutingChannel{
+			channel: {Cluster: "C", Topic: outTopic, Key: `key + "@" + cluster`},
+		},
+	}
 	return cfg
 }
 
-func (d *demo) startAgent(ctx context.Context, id string) error {
-	a, err := agent.New(d.config(id), agent.Options{Logger: d.o.Logger.Named(id), Handler: agent.HandlerFunc(d.handle)})
+func (d *demo) startMember(ctx context.Context, id string) error {
+	link := testenv.NewLink()
+	m, err := member.New(d.config(id), agent.Options{Logger: d.o.Logger.Named(id),
+		KafkaDialer: func(cluster string) kafka.Dialer {
+			if cluster == "A" {
+				return link
+			}
+			return nil // not a nil *Link: that would be a non-nil Dialer
+		}})
 	if err != nil {
 		return err
 	}
-	if err := a.Start(ctx); err != nil {
+	f := &fleetMember{m: m, link: link}
+	if err := m.Start(ctx); err != nil {
 		return err
 	}
-	d.agents = append(d.agents, a)
-	d.say("%s started: http://%s/status", a.ID(), a.HTTPAddr())
+	d.fleet = append(d.fleet, f)
+	d.say("%s up: http://%s/status (also /leader /readyz /metrics)", id, f.agent().HTTPAddr())
 	return nil
 }
 
-// handle is every agent's handler: it records each record's id and the
-// cluster it came from.
-func (d *demo) handle(_ context.Context, r *agent.Record) error {
-	id, err := strconv.ParseInt(string(r.Value), 10, 64)
-	d.mu.Lock()
-	if err == nil {
-		d.seen[id]++
-	}
-	if d.firstFrom == nil {
-		d.firstFrom = map[string]time.Time{}
-	}
-	if _, ok := d.firstFrom[r.Cluster]; !ok {
-		d.firstFrom[r.Cluster] = time.Now()
-	}
-	d.lastFrom = r.Cluster
-	d.mu.Unlock()
-	r.Ack()
-	return nil
-}
-
-func (d *demo) handled() int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return len(d.seen)
-}
-
-// await polls cond every 10 ms until it holds or timeout passes.
+// await polls cond every 10 ms until it holds, timeout passes, or ctx
+// ends.
 func (d *demo) await(ctx context.Context, timeout time.Duration, what string, cond func() bool) error {
 	deadline := time.Now().Add(timeout)
 	for !cond() {
@@ -242,21 +271,30 @@ func (d *demo) await(ctx context.Context, timeout time.Duration, what string, co
 	return nil
 }
 
+func (d *demo) sleep(ctx context.Context, dur time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(dur):
+		return nil
+	}
+}
+
 func (d *demo) leader() *agent.Agent {
-	for _, a := range d.agents {
-		if a.Leading() {
-			return a
+	for _, f := range d.fleet {
+		if f.agent().Leading() {
+			return f.agent()
 		}
 	}
 	return nil
 }
 
-// consuming reports whether every agent applied an assignment on cluster
-// and all partitions are owned.
+// consuming reports whether every live agent applied an assignment on
+// cluster and all partitions are owned.
 func (d *demo) consuming(cluster string) bool {
 	n := 0
-	for _, a := range d.agents {
-		st := a.Status()
+	for _, f := range d.fleet {
+		st := f.agent().Status()
 		if st.Active != cluster {
 			return false
 		}
@@ -266,30 +304,34 @@ func (d *demo) consuming(cluster string) bool {
 }
 
 func (d *demo) story(ctx context.Context) error {
+	k := keys.New(fleet)
+	etcdctl := "etcdctl --endpoints " + d.etcd.Endpoints()[0]
+
 	// 1. Steady state.
 	if err := d.await(ctx, 20*time.Second, "the fleet consumes A", func() bool { return d.consuming("A") && d.leader() != nil }); err != nil {
 		return err
 	}
 	l := d.leader()
 	d.say("%s leads (fencing token %d); the fleet consumes A:", l.ID(), l.LeaderView().FencingToken)
-	for _, a := range d.agents {
-		d.say("    %s owns %v", a.ID(), a.Owned())
+	for _, f := range d.fleet {
+		d.say("    %s owns %s", f.agent().ID(), owned(f.agent()))
 	}
-	if err := d.sleep(ctx, d.o.Phase); err != nil {
+	began, onC := time.Now(), d.c2.count()
+	if err := d.sleep(ctx, d.phase); err != nil {
 		return err
 	}
-	d.say("steady: %d records produced, %d handled", d.prod.count(), d.handled())
+	d.say("steady: %d records written to A, %d on C, %.0f/s reaching C",
+		d.prod.count(), d.c2.count(), float64(d.c2.count()-onC)/time.Since(began).Seconds())
 
 	// 2. Pause and start through the signal key.
-	k := keys.New(fleet)
-	d.say("operator: etcdctl put %s pause", k.FleetSignal())
-	began := time.Now()
+	d.say("an operator pauses the fleet:  %s put %s pause", etcdctl, k.FleetSignal())
+	paused := time.Now()
 	if _, err := d.cli.Put(ctx, k.FleetSignal(), "pause # demo"); err != nil {
-		return err
+		return fmt.Errorf("demo: write the pause signal: %w", err)
 	}
 	if err := d.await(ctx, 5*time.Second, "every agent paused", func() bool {
-		for _, a := range d.agents {
-			if p, _ := a.Status().Signals.Paused(topic, a.ID()); !p {
+		for _, f := range d.fleet {
+			if p, _ := f.agent().Status().Signals.Paused(topic, f.agent().ID()); !p {
 				return false
 			}
 		}
@@ -297,80 +339,124 @@ func (d *demo) story(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	d.pauseApply = time.Since(began)
-	held := d.handled()
-	if err := d.sleep(ctx, d.o.Phase/2); err != nil {
+	written := d.prod.count()
+	if err := d.sleep(ctx, d.phase/2); err != nil {
 		return err
 	}
-	d.say("paused in %v: %d records handled while paused (want 0), producer kept writing", d.pauseApply.Round(time.Millisecond), d.handled()-held)
-	d.say("operator: etcdctl put %s start", k.FleetSignal())
+	started := time.Now()
+	last, ok := d.c2.last(paused, started)
+	if ok {
+		d.pauseApply = last.Sub(paused)
+	}
+	d.say("paused: the last record reached C %v after the put; then nothing for %v, while A received %d more",
+		d.pauseApply.Round(time.Millisecond), started.Sub(paused.Add(d.pauseApply)).Round(100*time.Millisecond), d.prod.count()-written)
+	d.say("and starts it again:           %s put %s start", etcdctl, k.FleetSignal())
 	if _, err := d.cli.Put(ctx, k.FleetSignal(), "start"); err != nil {
+		return fmt.Errorf("demo: write the start signal: %w", err)
+	}
+	var resumed time.Time
+	if err := d.await(ctx, 5*time.Second, "records reach C again", func() bool {
+		resumed, ok = d.c2.first(started, "")
+		return ok
+	}); err != nil {
 		return err
 	}
-	if err := d.sleep(ctx, d.o.Phase/2); err != nil {
+	d.say("records reach C again %v after the put", resumed.Sub(started).Round(time.Millisecond))
+	if err := d.sleep(ctx, d.phase/2); err != nil {
 		return err
 	}
 
-	// 3. Cluster A fails.
-	d.say("cluster A fails: every request to it is refused")
-	began = time.Now()
-	d.a.Fail()
+	// 3. Cluster A fails for the fleet.
+	d.say("cluster A fails for the fleet: every connection from the agents to A is cut (the producer and the mirror, next to A, keep going)")
+	failed := time.Now()
+	for _, f := range d.fleet {
+		f.link.Cut()
+	}
 	if err := d.await(ctx, 20*time.Second, "the fleet consumes B", func() bool { return d.consuming("B") }); err != nil {
 		return err
 	}
-	d.failover = time.Since(began)
-	d.say("failover: the fleet consumes B %v after A failed", d.failover.Round(time.Millisecond))
+	d.say("failover: every agent consumes B %v after A failed", time.Since(failed).Round(time.Millisecond))
 	d.printSwitch(ctx)
-
-	// 4. An agent is killed.
-	if err := d.sleep(ctx, d.o.Phase/2); err != nil {
+	var fromB time.Time
+	if err := d.await(ctx, 10*time.Second, "a record consumed from B reaches C", func() bool {
+		fromB, ok = d.c2.first(failed, "B")
+		return ok
+	}); err != nil {
 		return err
 	}
-	victim := d.agents[len(d.agents)-1]
-	if victim.Leading() {
-		victim = d.agents[0]
+	d.failover = fromB.Sub(failed)
+	d.say("the first record consumed from B reached C %v after A failed", d.failover.Round(time.Millisecond))
+
+	// 4. An agent is killed.
+	if err := d.sleep(ctx, d.phase/2); err != nil {
+		return err
 	}
-	d.say("%s is killed (no clean stop); it owned %v", victim.ID(), victim.Owned())
-	victim.Abort()
-	d.agents = remove(d.agents, victim)
-	began = time.Now()
+	victim := d.fleet[len(d.fleet)-1]
+	if victim.agent().Leading() {
+		victim = d.fleet[0]
+	}
+	lost := victim.agent().Owned()
+	d.say("%s is killed (no clean stop); it owned %s", victim.agent().ID(), owned(victim.agent()))
+	killed := time.Now()
+	victim.m.Abort()
+	d.fleet = slices.DeleteFunc(d.fleet, func(f *fleetMember) bool { return f == victim })
 	if err := d.await(ctx, 20*time.Second, "its partitions move", func() bool { return d.consuming("B") }); err != nil {
 		return err
 	}
-	d.say("its partitions moved to the others in %v (session TTL 2s)", time.Since(began).Round(time.Millisecond))
+	var moved []string
+	for _, f := range d.fleet {
+		for _, tp := range f.agent().Owned() {
+			if slices.Contains(lost, tp) {
+				moved = append(moved, fmt.Sprintf("%s/%d → %s", tp.Topic, tp.Partition, f.agent().ID()))
+			}
+		}
+	}
+	d.say("its partitions moved in %v (gossip found it dead, or its 2s etcd session expired): %s", time.Since(killed).Round(time.Millisecond), strings.Join(moved, ", "))
 
 	// 5. A comes back.
-	if err := d.sleep(ctx, d.o.Phase/2); err != nil {
+	if err := d.sleep(ctx, d.phase/2); err != nil {
 		return err
 	}
-	d.say("cluster A recovers; the mirror catches up; failback waits for A to be healthy for 3s and hold what was consumed on B")
-	began = time.Now()
-	d.a.Recover()
+	d.say("cluster A is reachable again; failback waits until A has been healthy for 3s and has caught up with what was consumed from B")
+	back := time.Now()
+	for _, f := range d.fleet {
+		f.link.Heal()
+	}
 	if err := d.await(ctx, 60*time.Second, "failback to A", func() bool { return d.consuming("A") }); err != nil {
 		return err
 	}
-	d.failback = time.Since(began)
-	d.say("failback: the fleet consumes A again %v after A recovered", d.failback.Round(time.Millisecond))
+	d.say("failback: every agent consumes A again %v after A came back", time.Since(back).Round(time.Millisecond))
 	d.printSwitch(ctx)
+	var fromA time.Time
+	if err := d.await(ctx, 10*time.Second, "a record consumed from A reaches C", func() bool {
+		fromA, ok = d.c2.first(back, "A")
+		return ok
+	}); err != nil {
+		return err
+	}
+	d.failback = fromA.Sub(back)
+	d.say("the first record consumed from A again reached C %v after A came back; deliveries to C stopped for at most %v during the switch",
+		d.failback.Round(time.Millisecond), d.c2.longestGap(back, fromA).Round(time.Millisecond))
 
-	// 6. The end: stop producing, let everything drain.
-	if err := d.sleep(ctx, d.o.Phase); err != nil {
+	// 6. The end: stop producing, let everything reach C.
+	if err := d.sleep(ctx, d.phase); err != nil {
 		return err
 	}
 	d.prod.stop()
-	produced := d.prod.count()
-	d.say("producer stopped after %d records; waiting for the fleet to drain", produced)
-	_ = d.await(ctx, 20*time.Second, "every record handled", func() bool {
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		for _, id := range d.prod.ids() {
-			if d.seen[id] == 0 {
-				return false
-			}
-		}
-		return true
-	})
+	d.say("producer stopped after %d records; waiting for C to have them all", d.prod.count())
+	if err := d.await(ctx, 30*time.Second, "every record on C", func() bool { return d.c2.hasAll(d.prod.ids()) }); err != nil {
+		d.say("%v", err) // the summary says which are missing
+	}
 	return nil
+}
+
+// owned lists a's partitions.
+func owned(a *agent.Agent) string {
+	var s []string
+	for _, tp := range a.Owned() {
+		s = append(s, fmt.Sprintf("%s/%d", tp.Topic, tp.Partition))
+	}
+	return strings.Join(s, " ")
 }
 
 // printSwitch shows the latest switch from history/.
@@ -383,63 +469,101 @@ func (d *demo) printSwitch(ctx context.Context) {
 	if json.Unmarshal(resp.Kvs[0].Value, &ev) != nil {
 		return
 	}
-	d.say("  switch %s → %s (epoch %d): %s; revoke %.0f ms, translate %.0f ms", ev.From, ev.To, ev.Epoch, ev.Reason,
+	d.say("    switch %s → %s (epoch %d): %s; revoke %.0f ms, translate %.0f ms", ev.From, ev.To, ev.Epoch, ev.Reason,
 		1000*ev.Phases["revoke"], 1000*ev.Phases["translate"])
 	for _, p := range ev.Partitions {
-		d.say("    %s/%d: offset %d on %s → %d on %s by %s (rewound %d)", p.Topic, p.Partition, p.FromOffset, ev.From, p.ToOffset, ev.To, p.Method, p.Rewound)
+		d.say("      %s/%d: offset %d on %s → %d on %s by %s (rewound %d)", p.Topic, p.Partition, p.FromOffset, ev.From, p.ToOffset, ev.To, p.Method, p.Rewound)
 	}
 }
 
-func (d *demo) sleep(ctx context.Context, dur time.Duration) error {
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-time.After(dur):
-		return nil
+// summarize reads C to the end of every partition and counts what
+// reached it of what A acknowledged.
+func (d *demo) summarize(ctx context.Context) (Summary, error) {
+	s := Summary{PauseApply: d.pauseApply, Failover: d.failover, Failback: d.failback}
+	if d.prod == nil || d.c2 == nil {
+		return s, nil
 	}
-}
-
-func (d *demo) summary() Summary {
-	s := Summary{Failover: d.failover, Failback: d.failback, PauseApply: d.pauseApply}
-	if d.prod == nil {
-		return s
+	d.prod.stop()
+	ends, err := d.c2.ends()
+	if err != nil {
+		return s, err
 	}
+	if err := d.await(ctx, 20*time.Second, "C read to its end", func() bool { return d.c2.reached(ends) }); err != nil {
+		return s, err
+	}
+	seen := d.c2.counts()
 	ids := d.prod.ids()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	s.Produced, s.Handled = len(ids), len(d.seen)
+	s.Produced = len(ids)
 	for _, id := range ids {
-		switch n := d.seen[id]; {
-		case n == 0:
-			s.Lost++
-		case n > 1:
-			s.Duplicated += n - 1
+		if seen[id] > 0 {
+			s.Delivered++
 		}
 	}
-	return s
+	for _, n := range seen {
+		s.OnC += n
+	}
+	s.Lost = s.Produced - s.Delivered
+	s.Duplicated = s.OnC - s.Delivered
+	d.say("read C back: every partition of %s to its end, %d records", outTopic, s.OnC)
+	return s, nil
 }
 
 func (d *demo) printSummary(s Summary) {
 	fmt.Fprintln(d.o.Out)
 	tw := tabwriter.NewWriter(d.o.Out, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "records produced (acknowledged by A)\t%d\n", s.Produced)
-	fmt.Fprintf(tw, "records handled (distinct)\t%d\n", s.Handled)
+	fmt.Fprintf(tw, "records written to A (acknowledged)\t%d\n", s.Produced)
+	fmt.Fprintf(tw, "delivered to C (read back from C)\t%d\n", s.Delivered)
 	fmt.Fprintf(tw, "lost\t%d\n", s.Lost)
 	fmt.Fprintf(tw, "duplicated\t%d\n", s.Duplicated)
-	fmt.Fprintf(tw, "pause applied in\t%v\n", s.PauseApply.Round(time.Millisecond))
-	fmt.Fprintf(tw, "failover (A fails → consuming B)\t%v\n", s.Failover.Round(time.Millisecond))
-	fmt.Fprintf(tw, "failback (A recovers → consuming A)\t%v\n", s.Failback.Round(time.Millisecond))
+	fmt.Fprintf(tw, "pause applied (put → last record on C)\t%v\n", s.PauseApply.Round(time.Millisecond))
+	fmt.Fprintf(tw, "failover (A fails → first record from B on C)\t%v\n", s.Failover.Round(time.Millisecond))
+	fmt.Fprintf(tw, "failback (A back → first record from A on C)\t%v\n", s.Failback.Round(time.Millisecond))
 	tw.Flush()
+	if s.Duplicated > 0 {
+		fmt.Fprintln(d.o.Out, "(duplicates: delivery is at least once; a killed agent's last records reached C before their offsets were committed, and its partitions' next owners delivered them again)")
+	}
 }
 
+// keepRunning writes again and prints what to try, until ctx ends.
+func (d *demo) keepRunning(ctx context.Context) {
+	d.prod = startProducer(d.a.Brokers(), d.o.Rate, d.prod.next())
+	k := keys.New(fleet)
+	etcdctl := "etcdctl --endpoints " + d.etcd.Endpoints()[0]
+	out := d.o.Out
+	fmt.Fprintf(out, "\nEverything keeps running, and the producer writes again. Try:\n")
+	for _, f := range d.fleet {
+		a := "http://" + f.agent().HTTPAddr()
+		fmt.Fprintf(out, "  curl %s/status    (also %s/leader, /readyz, /metrics)\n", a, a)
+	}
+	fmt.Fprintf(out, "  %s put %s pause          # pause the fleet ('start' resumes)\n", etcdctl, k.FleetSignal())
+	fmt.Fprintf(out, "  %s put %s pause  # pause the channel to C only\n", etcdctl, k.ChannelSignal(channel))
+	fmt.Fprintf(out, "  %s put %s B                 # pin the fleet to B (del the key: automatic again)\n", etcdctl, k.Pin())
+	fmt.Fprintf(out, "  %s put %s 'rules: [{name: odd, match: \"int(value) %% 2 == 1\", channels: [%s]}]'  # only odd numbers reach C\n", etcdctl, k.Routes(), channel)
+	fmt.Fprintf(out, "  kswitch status --etcd %s --fleet %s\n", d.etcd.Endpoints()[0], fleet)
+	fmt.Fprintln(out, "Press Ctrl-C to stop.")
+	<-ctx.Done()
+}
+
+// close stops everything setUp started, in reverse order: the producer,
+// the members (each stops its agent, then its router), the reader of C,
+// the mirror, the clusters, etcd.
 func (d *demo) close() {
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
 	if d.prod != nil {
 		d.prod.stop()
 	}
-	for _, a := range d.agents {
-		_ = a.Stop(ctx)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make([]error, len(d.fleet))
+	for i, f := range d.fleet {
+		wg.Go(func() { errs[i] = f.m.Stop(ctx) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		fmt.Fprintf(d.o.Out, "stopping the fleet: %v\n", err)
+	}
+	if d.c2 != nil {
+		d.c2.stop()
 	}
 	if d.mirror != nil {
 		d.mirror.Stop()
@@ -447,7 +571,7 @@ func (d *demo) close() {
 	if d.cli != nil {
 		d.cli.Close()
 	}
-	for _, k := range []*testenv.Kafka{d.a, d.b} {
+	for _, k := range []*testenv.Kafka{d.a, d.b, d.c} {
 		if k != nil {
 			k.Stop()
 		}
@@ -458,96 +582,4 @@ func (d *demo) close() {
 	if d.dir != "" {
 		os.RemoveAll(d.dir)
 	}
-}
-
-func remove(fleet []*agent.Agent, a *agent.Agent) []*agent.Agent {
-	var out []*agent.Agent
-	for _, x := range fleet {
-		if x != a {
-			out = append(out, x)
-		}
-	}
-	return out
-}
-
-// producer writes numbered records to A at a steady rate, retrying while A
-// is down, and remembers which ids A acknowledged.
-type producer struct {
-	mu    sync.Mutex
-	acked []int64
-	quit  chan struct{}
-	done  chan struct{}
-	once  sync.Once
-}
-
-func startProducer(brokers []string, rate int) *producer {
-	p := &producer{quit: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(p.done)
-		p.run(brokers, rate)
-	}()
-	return p
-}
-
-func (p *producer) run(brokers []string, rate int) {
-	sc := sarama.NewConfig()
-	sc.Version = sarama.V3_6_0_0
-	sc.Producer.Return.Successes = true
-	sc.Producer.RequiredAcks = sarama.WaitForAll
-	sc.Producer.Retry.Max = 0
-	sc.Producer.Partitioner = sarama.NewRoundRobinPartitioner
-	sc.Net.DialTimeout, sc.Net.ReadTimeout, sc.Net.WriteTimeout = time.Second, time.Second, time.Second
-	sc.Metadata.Retry.Max = 0
-	var sp sarama.SyncProducer
-	defer func() {
-		if sp != nil {
-			sp.Close()
-		}
-	}()
-	tick := time.NewTicker(time.Second / time.Duration(rate))
-	defer tick.Stop()
-	next := int64(0)
-	for {
-		select {
-		case <-p.quit:
-			return
-		case <-tick.C:
-		}
-		if sp == nil {
-			var err error
-			if sp, err = sarama.NewSyncProducer(brokers, sc); err != nil {
-				sp = nil
-				continue
-			}
-		}
-		v := strconv.FormatInt(next, 10)
-		if _, _, err := sp.SendMessage(&sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(v), Value: sarama.StringEncoder(v)}); err != nil {
-			// A is down: start afresh when it is back. The id is not
-			// counted as produced; it is written again.
-			sp.Close()
-			sp = nil
-			continue
-		}
-		p.mu.Lock()
-		p.acked = append(p.acked, next)
-		p.mu.Unlock()
-		next++
-	}
-}
-
-func (p *producer) stop() {
-	p.once.Do(func() { close(p.quit) })
-	<-p.done
-}
-
-func (p *producer) count() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.acked)
-}
-
-func (p *producer) ids() []int64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return append([]int64(nil), p.acked...)
 }

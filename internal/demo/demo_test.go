@@ -1,0 +1,219 @@
+package demo
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kswitch/kswitch/internal/testenv"
+	"github.com/kswitch/kswitch/internal/wait"
+)
+
+func TestMain(m *testing.M) {
+	wait.VerifyTestMain(m, testenv.LeakOptions()...)
+}
+
+// output is an io.Writer the demo writes its timeline to while the test
+// reads it.
+type output struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (o *output) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.buf.Write(p)
+}
+
+func (o *output) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.buf.String()
+}
+
+// TestDemo plays the whole story with short calm phases and --keep-running:
+// the summary, read back from C, has every record A acknowledged and the
+// measured times; the timeline shows each step; the URLs and the etcdctl
+// line printed for the user work; and once ctx ends Run returns and
+// everything it started has stopped (TestMain checks for goroutines left).
+func TestDemo(t *testing.T) {
+	out := &output{}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type result struct {
+		s   Summary
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		s, err := Run(ctx, Options{Agents: 3, Rate: 100, Duration: 4 * time.Second, KeepRunning: true, Out: out})
+		done <- result{s, err}
+	}()
+	var res *result
+	wait.For(t, 2*time.Minute, "the story told", func() error {
+		select {
+		case r := <-done:
+			res = &r
+			return nil
+		default:
+		}
+		if !strings.Contains(out.String(), "Press Ctrl-C") {
+			return fmt.Errorf("still playing; last lines:\n%s", tail(out.String(), 5))
+		}
+		return nil
+	})
+	if res != nil {
+		t.Fatalf("Run returned before ctx ended: %v\n%s", res.err, out.String())
+	}
+	text := out.String()
+	t.Logf("timeline:\n%s", text)
+	for _, step := range []string{
+		" leads (fencing token ",
+		"put /kswitch/demo/signals/fleet pause",
+		"put /kswitch/demo/signals/fleet start",
+		"switch A → B (epoch ",
+		"the first record consumed from B reached C",
+		"is killed (no clean stop)",
+		"switch B → A (epoch ",
+		"the first record consumed from A again reached C",
+		"read C back: every partition of orders-out to its end",
+	} {
+		if !strings.Contains(text, step) {
+			t.Errorf("the timeline has no line with %q", step)
+		}
+	}
+	if !regexp.MustCompile(`lost +0\n`).MatchString(text) {
+		t.Errorf("the printed summary does not say 0 lost")
+	}
+
+	checkURLs(t, text)
+	checkRoutesLine(t, text)
+
+	cancel()
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("Run: %v", r.err)
+	}
+	s := r.s
+	t.Logf("summary: %+v", s)
+	if s.Produced < 500 {
+		t.Errorf("produced %d records: the producer hardly ran", s.Produced)
+	}
+	if s.Lost != 0 || s.Delivered != s.Produced {
+		t.Errorf("%d of %d records A acknowledged were read back from C (%d lost)", s.Delivered, s.Produced, s.Lost)
+	}
+	if s.OnC != s.Delivered+s.Duplicated {
+		t.Errorf("C holds %d records, %d distinct and %d duplicates", s.OnC, s.Delivered, s.Duplicated)
+	}
+	// Failover: the failure window (1.5s) then the switch; failback: the
+	// stable window (3s) then the switch. Each is bounded by the story's
+	// own waits (20s and 60s); here only that they were measured, and
+	// are no shorter than the windows that decide them.
+	if s.Failover < 1500*time.Millisecond {
+		t.Errorf("failover measured as %v, shorter than the failure window 1.5s", s.Failover)
+	}
+	if s.Failback < 3*time.Second {
+		t.Errorf("failback measured as %v, shorter than the stable window 3s", s.Failback)
+	}
+	if s.PauseApply < 0 || s.PauseApply > 5*time.Second {
+		t.Errorf("pause apply measured as %v", s.PauseApply)
+	}
+}
+
+// checkURLs gets every /status URL printed for the user.
+func checkURLs(t *testing.T, text string) {
+	t.Helper()
+	urls := regexp.MustCompile(`curl (http://\S+/status)`).FindAllStringSubmatch(text, -1)
+	if len(urls) != 2 { // 3 agents, one killed
+		t.Fatalf("%d agent URLs printed, want 2", len(urls))
+	}
+	for _, u := range urls {
+		var st struct {
+			Active string `json:"active_cluster"`
+		}
+		if err := getJSON(u[1], &st); err != nil {
+			t.Fatalf("GET %s: %v", u[1], err)
+		}
+		if st.Active != "A" {
+			t.Errorf("%s: active cluster %q, want A", u[1], st.Active)
+		}
+	}
+}
+
+// checkRoutesLine runs the printed etcdctl line that changes the routes
+// (with an etcd client, as etcdctl would) and waits until every agent's
+// router has that version in force.
+func checkRoutesLine(t *testing.T, text string) {
+	t.Helper()
+	m := regexp.MustCompile(`etcdctl --endpoints (\S+) put (\S+/routes) '([^']*)'`).FindStringSubmatch(text)
+	if m == nil {
+		t.Fatal("no etcdctl line that changes the routes")
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{m[1]}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if _, err := cli.Put(t.Context(), m[2], m[3]); err != nil {
+		t.Fatalf("etcdctl put %s: %v", m[2], err)
+	}
+	for _, u := range regexp.MustCompile(`curl (http://\S+/status)`).FindAllStringSubmatch(text, -1) {
+		wait.For(t, 10*time.Second, "the printed routes in force at "+u[1], func() error {
+			var st struct {
+				Handler struct {
+					Rules       []string `json:"rules"`
+					LastRefusal *struct {
+						Reason string `json:"reason"`
+					} `json:"last_refusal"`
+				} `json:"handler"`
+			}
+			if err := getJSON(u[1], &st); err != nil {
+				return err
+			}
+			if r := st.Handler.LastRefusal; r != nil {
+				t.Fatalf("the printed routes were refused: %s", r.Reason)
+			}
+			if !slices.Equal(st.Handler.Rules, []string{"odd"}) {
+				return fmt.Errorf("rules %v", st.Handler.Rules)
+			}
+			return nil
+		})
+	}
+}
+
+func getJSON(url string, v any) error {
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// TestDemoRefusesAFleetOfOne: one agent cannot show partitions moving.
+func TestDemoRefusesAFleetOfOne(t *testing.T) {
+	_, err := Run(t.Context(), Options{Agents: 1, Out: &output{}})
+	if err == nil || !strings.Contains(err.Error(), "--agents 1") {
+		t.Fatalf("Run with one agent: %v, want a refusal naming --agents", err)
+	}
+}
