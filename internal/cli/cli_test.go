@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -161,15 +162,18 @@ func TestEveryCommandHelpHasAnExample(t *testing.T) {
 }
 
 func TestDemoRunsItsStory(t *testing.T) {
-	code, out, stderr := run(t, nil, "demo", "--agents", "3", "--duration", "1s", "--rate", "100")
+	code, out, stderr := run(t, nil, "demo", "--agents", "3", "--duration", "2s", "--rate", "100")
 	if code != 0 {
 		t.Fatalf("demo: exit %d\n%s\n%s", code, out, stderr)
 	}
-	for _, want := range []string{"paused in", "failover: the fleet consumes B", "by fingerprint", "is killed",
-		"failback: the fleet consumes A again", "lost                                  0\n"} {
+	for _, want := range []string{"put /kswitch/demo/signals/fleet pause", "failover: every agent consumes B", "by fingerprint", "is killed",
+		"failback: every agent consumes A again", "delivered to C (read back from C)"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
 		}
+	}
+	if !regexp.MustCompile(`\nlost +0\n`).MatchString(out) {
+		t.Errorf("demo output does not say 0 lost:\n%s", out)
 	}
 }
 
