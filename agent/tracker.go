@@ -10,10 +10,23 @@ import (
 // pending is one record delivered to the handler and not yet passed by
 // the commit position.
 type pending struct {
-	offset int64
-	ts     time.Time
-	fp     offsets.Fingerprint
-	acked  bool
+	offset     int64
+	ts         time.Time
+	key, value []byte // kept for the fingerprint, computed only if needed
+	fp         offsets.Fingerprint
+	hashed     bool // fp is set
+	acked      bool
+}
+
+// fingerprint returns p's fingerprint, hashing the record the first time:
+// only the last offsets.MaxFingerprints records before a commit position
+// are ever fingerprinted, so the hot path (deliver, ack) hashes nothing.
+func (p *pending) fingerprint() offsets.Fingerprint {
+	if !p.hashed {
+		p.fp, p.hashed = offsets.FingerprintOf(p.key, p.value, p.ts), true
+		p.key, p.value = nil, nil
+	}
+	return p.fp
 }
 
 // tracker follows one partition's delivered and acknowledged records and
@@ -25,7 +38,7 @@ type tracker struct {
 	queue   []*pending // delivered, in offset order; head is the oldest unacked
 	next    int64      // committable: next offset to consume
 	lastTS  time.Time  // timestamp of record next-1
-	fps     []offsets.Fingerprint
+	last    []*pending // the acknowledged records just before next, at most offsets.MaxFingerprints
 	drained *sync.Cond
 	slots   chan struct{} // bounds delivered-but-unacked records
 }
@@ -39,7 +52,7 @@ func newTracker(start int64, maxInFlight int) *tracker {
 // deliver records that r is being handed to the handler. The caller must
 // hold a slot (acquired from t.slots) for it.
 func (t *tracker) deliver(r *Record) {
-	p := &pending{offset: r.Offset, ts: r.Timestamp, fp: offsets.FingerprintOf(r.Key, r.Value, r.Timestamp)}
+	p := &pending{offset: r.Offset, ts: r.Timestamp, key: r.Key, value: r.Value}
 	t.mu.Lock()
 	t.queue = append(t.queue, p)
 	t.mu.Unlock()
@@ -58,14 +71,23 @@ func (t *tracker) ack(p *pending) {
 	for n < len(t.queue) && t.queue[n].acked {
 		h := t.queue[n]
 		t.next, t.lastTS = h.offset+1, h.ts
-		t.fps = append(t.fps, h.fp)
 		n++
 	}
 	if n > 0 {
-		t.queue = t.queue[n:]
-		if len(t.fps) > offsets.MaxFingerprints {
-			t.fps = t.fps[len(t.fps)-offsets.MaxFingerprints:]
+		// Keep the last MaxFingerprints records passed, and let go of
+		// the bytes of the others.
+		last := append(t.last, t.queue[:n]...)
+		if drop := len(last) - offsets.MaxFingerprints; drop > 0 {
+			for _, p := range last[:drop] {
+				p.key, p.value = nil, nil
+			}
+			copy(last, last[drop:])
+			clear(last[offsets.MaxFingerprints:])
+			last = last[:offsets.MaxFingerprints]
 		}
+		t.last = last
+		clear(t.queue[:n])
+		t.queue = t.queue[n:]
 	}
 	if len(t.queue) == 0 {
 		t.drained.Broadcast()
@@ -77,7 +99,10 @@ func (t *tracker) ack(p *pending) {
 func (t *tracker) position() (next int64, ts time.Time, fps []offsets.Fingerprint) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.next, t.lastTS, append([]offsets.Fingerprint(nil), t.fps...)
+	for _, p := range t.last {
+		fps = append(fps, p.fingerprint())
+	}
+	return t.next, t.lastTS, fps
 }
 
 // unacked returns the number of delivered records not yet acknowledged

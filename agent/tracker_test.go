@@ -1,0 +1,63 @@
+package agent
+
+import (
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/kswitch/kswitch/offsets"
+)
+
+// TestTrackerPositionFingerprintsTheLastAckedRecords checks that the
+// committable position moves past the longest acknowledged prefix only,
+// and that its fingerprints are those of the last offsets.MaxFingerprints
+// records before it, in offset order, whatever the order of the acks.
+func TestTrackerPositionFingerprintsTheLastAckedRecords(t *testing.T) {
+	const start, n = 100, 30
+	tr := newTracker(start, n)
+	ts := time.UnixMilli(1_700_000_000_000)
+	recs := make([]*Record, n)
+	want := make([]offsets.Fingerprint, n)
+	for i := range recs {
+		r := &Record{Offset: start + int64(i), Key: []byte("k" + strconv.Itoa(i)), Value: []byte("v" + strconv.Itoa(i)), Timestamp: ts.Add(time.Duration(i) * time.Millisecond)}
+		want[i] = offsets.FingerprintOf(r.Key, r.Value, r.Timestamp)
+		tr.slots <- struct{}{}
+		tr.deliver(r)
+		recs[i] = r
+	}
+	check := func(step string, next int64, fps []offsets.Fingerprint) {
+		t.Helper()
+		gotNext, gotTS, gotFPs := tr.position()
+		if gotNext != next || !slices.Equal(gotFPs, fps) {
+			t.Fatalf("%s: position %d %v, want %d %v", step, gotNext, gotFPs, next, fps)
+		}
+		if next > start && !gotTS.Equal(recs[next-start-1].Timestamp) {
+			t.Fatalf("%s: timestamp %v, want that of offset %d", step, gotTS, next-1)
+		}
+	}
+	check("nothing acked", start, nil)
+
+	recs[1].Ack() // not a prefix: nothing moves
+	check("offset 101 acked", start, nil)
+	recs[0].Ack()
+	check("offsets 100-101 acked", start+2, want[:2])
+
+	// Ack 2..19 in reverse, then again (ignored): the prefix reaches 120.
+	for i := 19; i >= 2; i-- {
+		recs[i].Ack()
+	}
+	recs[5].Ack()
+	check("offsets 100-119 acked", start+20, want[20-offsets.MaxFingerprints:20])
+
+	for i := 20; i < n; i++ {
+		recs[i].Ack()
+		check("offset "+strconv.Itoa(start+i)+" acked", start+int64(i)+1, want[max(0, i+1-offsets.MaxFingerprints):i+1])
+	}
+	if u := tr.unacked(); u != 0 {
+		t.Fatalf("%d unacked after every ack", u)
+	}
+	if !tr.waitDrained(time.Second) {
+		t.Fatal("not drained after every ack")
+	}
+}
