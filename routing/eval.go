@@ -99,8 +99,8 @@ const (
 // decision is where the rules send one record.
 type decision struct {
 	targets  []target
-	matched  []string // the rules that matched, in order
-	drop     string   // DropRule, DropNoMatch or ""
+	matched  []*rule // the rules that matched, in order
+	drop     string  // DropRule, DropNoMatch or ""
 	dropRule string
 }
 
@@ -125,7 +125,7 @@ func (v *Version) route(e *Env) (decision, error) {
 				continue
 			}
 		}
-		d.matched = append(d.matched, r.name)
+		d.matched = append(d.matched, r)
 		if r.drop {
 			if len(d.targets) == 0 {
 				d.drop, d.dropRule = DropRule, r.name
@@ -228,7 +228,10 @@ func (v *Version) Route(r *agent.Record) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
-	out := Decision{Rules: d.matched, Dropped: d.drop, DropRule: d.dropRule}
+	out := Decision{Dropped: d.drop, DropRule: d.dropRule}
+	for _, r := range d.matched {
+		out.Rules = append(out.Rules, r.name)
+	}
 	for _, t := range d.targets {
 		k, err := t.ch.keyOf(e, r)
 		if err != nil {

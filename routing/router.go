@@ -296,9 +296,13 @@ func (r *Router) Handle(ctx context.Context, rec *agent.Record) error {
 	return nil
 }
 
-func (r *Router) countRules(names []string) {
-	for _, n := range names {
-		r.m.rules.WithLabelValues(n).Inc()
+func (r *Router) countRules(rules []*rule) {
+	for _, rl := range rules {
+		if c := rl.matches; c != nil {
+			c.Inc()
+		} else { // a rule of a version not installed by this router
+			r.m.rules.WithLabelValues(rl.name).Inc()
+		}
 	}
 }
 
@@ -343,8 +347,13 @@ func (r *Router) newMsg(rec *agent.Record, ch *channel, rule string, key []byte,
 	if ds == nil { // a channel of a version not installed by this router
 		ds = r.destState(ch.dest)
 	}
-	om := &outMsg{ch: ch, rule: rule, ds: ds, srcPartition: rec.Partition}
-	m := &sarama.ProducerMessage{Topic: ch.Topic, Timestamp: rec.Timestamp, Metadata: om}
+	// One allocation for both: this is done for every record routed.
+	both := &struct {
+		om outMsg
+		m  sarama.ProducerMessage
+	}{om: outMsg{ch: ch, rule: rule, ds: ds, srcPartition: rec.Partition}}
+	om, m := &both.om, &both.m
+	m.Topic, m.Timestamp, m.Metadata = ch.Topic, rec.Timestamp, om
 	if key != nil {
 		m.Key = sarama.ByteEncoder(key)
 	}
@@ -463,6 +472,9 @@ func (r *Router) install(v *Version, number int64, src string) {
 	v.Number, v.Since, v.Source = number, time.Now(), src
 	for _, ch := range v.channels {
 		ch.ds = r.destState(ch.dest)
+	}
+	for _, rl := range v.rules {
+		rl.matches = r.m.rules.WithLabelValues(rl.name)
 	}
 	r.cur.Store(v)
 	r.m.version.Set(float64(number))

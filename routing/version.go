@@ -14,6 +14,7 @@ import (
 	"github.com/expr-lang/expr/ast"
 	"github.com/expr-lang/expr/file"
 	"github.com/expr-lang/expr/vm"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kswitch/kswitch/internal/config"
 	"github.com/kswitch/kswitch/internal/kafka"
@@ -68,6 +69,7 @@ type rule struct {
 	match    *vm.Program // nil: every record
 	channels []*channel
 	drop     bool
+	matches  prometheus.Counter // set by the Router that installs the version
 }
 
 // channel is a compiled channel.

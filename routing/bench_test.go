@@ -1,0 +1,389 @@
+package routing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/twmb/franz-go/pkg/kgo"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/kswitch/kswitch/agent"
+	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/internal/kafka"
+	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/internal/testenv"
+	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/signals"
+)
+
+// The relay benchmark's workload.
+const (
+	relayRecords    = 100_000
+	relayValueBytes = 1024
+	relayPartitions = 12
+	relayRounds     = 5 // of each side, alternating; the median is reported
+)
+
+// BenchmarkRelayThroughput relays relayRecords records of 1 KiB from a
+// 12-partition topic on one kfake cluster to a topic on another, through
+// one rule and one channel, and compares kswitch with a baseline measured
+// in the same run on the same clusters: a minimal sarama loop (a partition
+// consumer per partition handing each record to an async producer with
+// the producer settings of the router, routing.ProducerConfig).
+//
+// kswitch runs as 'kswitch agent' wires it: an agent (election,
+// assignment, commits to etcd, the Kafka group mirror) whose handler is a
+// Router following etcd, with the signal watcher for channel pauses. Each
+// round gets a fresh fleet (so it starts from the oldest offset) and a
+// fresh destination topic. Both sides start with their consumers ready and
+// paused (kswitch: a fleet pause signal in force and every partition
+// owned; baseline: sarama's PartitionConsumer.Pause), and the clock runs
+// from the resume until the destination's high-water marks add up to
+// relayRecords: completion is read from the destination, not from either
+// side's counters. One benchmark iteration is relayRounds rounds of each
+// side, alternating which goes first; the medians are reported.
+func BenchmarkRelayThroughput(b *testing.B) {
+	e := testenv.StartEtcdT(b)
+	src := testenv.StartKafkaT(b, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": relayPartitions}})
+	dst := testenv.StartKafkaT(b, "D", testenv.KafkaOptions{})
+	preProduce(b, src, "orders", relayRecords)
+	cli := testenv.EtcdClientT(b, e)
+
+	cfg := config.Default()
+	cfg.Agent.HTTP = "127.0.0.1:0"
+	cfg.Agent.Gossip = "127.0.0.1:0"
+	cfg.Etcd.Endpoints = e.Endpoints()
+	cfg.Etcd.SessionTTL = 2 * time.Second
+	cfg.Etcd.RequestTimeout = time.Second
+	cfg.Clusters = map[string]config.Cluster{
+		"A": {Brokers: src.Brokers(), Role: config.RolePrimary, Version: config.DefaultKafkaVersion},
+		"D": {Brokers: dst.Brokers(), Role: config.RoleSink, Version: config.DefaultKafkaVersion},
+	}
+	cfg.Source.Topics = []string{"orders"}
+
+	hwm := newHighWater(b, cfg.Clusters["D"])
+	round := 0
+	var kswitch, baseline sideResults
+	b.ResetTimer()
+	for range b.N {
+		kswitch, baseline = sideResults{}, sideResults{}
+		for i := range relayRounds {
+			sides := []func(){
+				func() {
+					round++
+					topic := "relay-baseline-" + strconv.Itoa(round)
+					baseline.add(relayRate(b, dst, hwm, topic, func(sw *stopwatch) {
+						runBaseline(b, cfg, topic, sw)
+					}))
+				},
+				func() {
+					round++
+					topic := "relay-kswitch-" + strconv.Itoa(round)
+					kswitch.add(relayRate(b, dst, hwm, topic, func(sw *stopwatch) {
+						runKswitch(b, cfg, cli, "relay-"+strconv.Itoa(round), topic, sw)
+					}))
+				},
+			}
+			if i%2 == 1 {
+				slices.Reverse(sides)
+			}
+			for _, side := range sides {
+				side()
+			}
+		}
+	}
+	b.StopTimer()
+	k, base := median(kswitch.rates), median(baseline.rates)
+	kcpu, basecpu := median(kswitch.cpu), median(baseline.cpu)
+	b.ReportMetric(k, "kswitch-records/s")
+	b.ReportMetric(base, "baseline-records/s")
+	b.ReportMetric(k/base, "kswitch/baseline")
+	b.ReportMetric(kcpu, "kswitch-cpu-µs/record")
+	b.ReportMetric(basecpu, "baseline-cpu-µs/record")
+	fmt.Printf("relay of %d records of %d B, %d partitions, 1 rule, 1 channel: kswitch %.0f records/s (rounds %.0f), sarama baseline %.0f records/s (rounds %.0f); ratio %.2f; "+
+		"process CPU per record (brokers included) kswitch %.1f µs, baseline %.1f µs\n",
+		relayRecords, relayValueBytes, relayPartitions, k, kswitch.rates, base, baseline.rates, k/base, kcpu, basecpu)
+}
+
+// sideResults are the measurements of one side's rounds.
+type sideResults struct {
+	rates []float64 // records/s
+	cpu   []float64 // process CPU µs per record
+}
+
+func (r *sideResults) add(rate float64, cpu time.Duration) {
+	r.rates = append(r.rates, rate)
+	r.cpu = append(r.cpu, float64(cpu)/float64(time.Microsecond))
+}
+
+// stopwatch times one side of a round: from start (consumers ready and
+// paused, about to resume) until the destination topic holds every record.
+type stopwatch struct {
+	b     *testing.B
+	hwm   *highWater
+	topic string
+	began time.Time
+	took  time.Duration
+	cpu0  time.Duration
+	cpu   time.Duration // CPU time of the whole process (brokers and etcd included)
+}
+
+func (s *stopwatch) start() { s.began, s.cpu0 = time.Now(), processCPU(s.b) }
+
+// waitDone waits until the destination holds relayRecords records.
+func (s *stopwatch) waitDone() {
+	s.b.Helper()
+	if s.took = s.hwm.waitFor(s.topic, relayRecords, s.began); s.took <= 0 {
+		s.b.Fatalf("%s: fewer than %d records on the destination after %v", s.topic, relayRecords, -s.took)
+	}
+	s.cpu = processCPU(s.b) - s.cpu0
+}
+
+// processCPU returns the CPU time the process has used.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// relayRate creates topic on dst, runs side with a stopwatch on it, and
+// returns the records per second it measured and the process's CPU time
+// per record meanwhile.
+func relayRate(b *testing.B, dst *testenv.Kafka, hwm *highWater, topic string, side func(*stopwatch)) (rate float64, cpu time.Duration) {
+	b.Helper()
+	if err := dst.CreateTopic(topic, relayPartitions); err != nil {
+		b.Fatal(err)
+	}
+	sw := &stopwatch{b: b, hwm: hwm, topic: topic}
+	side(sw)
+	return relayRecords / sw.took.Seconds(), sw.cpu / relayRecords
+}
+
+// runBaseline is the baseline relay: a sarama partition consumer per
+// partition of orders on A, each handing its records to one async
+// producer on D with the router's producer settings. The partition
+// consumers are paused until the stopwatch starts.
+func runBaseline(b *testing.B, cfg config.Config, topic string, sw *stopwatch) {
+	b.Helper()
+	cc, err := kafka.Config(cfg.Clusters["A"])
+	if err != nil {
+		b.Fatal(err)
+	}
+	consumer, err := sarama.NewConsumer(cfg.Clusters["A"].Brokers, cc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer consumer.Close()
+	pc, err := ProducerConfig(cfg.Clusters["D"], "", "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	producer, err := sarama.NewAsyncProducer(cfg.Clusters["D"].Brokers, pc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pcs := make([]sarama.PartitionConsumer, relayPartitions)
+	for p := range pcs {
+		if pcs[p], err = consumer.ConsumePartition("orders", int32(p), sarama.OffsetOldest); err != nil {
+			b.Fatal(err)
+		}
+		pcs[p].Pause()
+	}
+
+	var wg sync.WaitGroup
+	var failed error
+	wg.Go(func() { // the producer's outcomes
+		for n := 0; n < relayRecords; n++ {
+			select {
+			case <-producer.Successes():
+			case perr := <-producer.Errors():
+				if failed == nil {
+					failed = perr
+				}
+			}
+		}
+	})
+	sw.start()
+	for _, c := range pcs {
+		c.Resume()
+		wg.Go(func() {
+			for m := range c.Messages() {
+				out := &sarama.ProducerMessage{Topic: topic, Key: sarama.ByteEncoder(m.Key), Value: sarama.ByteEncoder(m.Value), Timestamp: m.Timestamp}
+				for _, h := range m.Headers {
+					out.Headers = append(out.Headers, *h)
+				}
+				producer.Input() <- out
+			}
+		})
+	}
+	sw.waitDone()
+	for _, c := range pcs {
+		c.AsyncClose()
+	}
+	wg.Wait()
+	if failed != nil {
+		b.Fatal(failed)
+	}
+	if err := producer.Close(); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// runKswitch relays with an agent of fleet whose handler is a Router with
+// one rule and one channel (topic on D), wired as 'kswitch agent' wires
+// them. The fleet is paused until every partition is owned; the stopwatch
+// starts when the pause is lifted.
+func runKswitch(b *testing.B, base config.Config, cli *clientv3.Client, fleet, topic string, sw *stopwatch) {
+	b.Helper()
+	ctx := context.Background()
+	cfg := base.Clone()
+	cfg.Fleet = fleet
+	cfg.Agent.ID = "relay"
+	cfg.Source.Group = fleet
+	cfg.Routing = config.Routing{
+		Rules:    []config.RoutingRule{{Name: "orders", Match: `topic == "orders"`, Channels: []string{"out"}}},
+		Channels: map[string]config.RoutingChannel{"out": {Cluster: "D", Topic: topic}},
+	}
+	fk := keys.New(fleet)
+	pause, err := cli.Put(ctx, fk.FleetSignal(), "pause")
+	if err != nil {
+		b.Fatal(err)
+	}
+
+	log := zap.NewNop()
+	sigs := signals.NewWatcher(cli, fk, cfg.Etcd.RequestTimeout, log)
+	var router *Router
+	a, err := agent.New(cfg, agent.Options{
+		Logger:        log,
+		Handler:       agent.HandlerFunc(func(ctx context.Context, r *agent.Record) error { return router.Handle(ctx, r) }),
+		HandlerStatus: func() any { return router.Status() },
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if router, err = New(cfg, sigs.State, Options{Etcd: cli, Registerer: a.Metrics(), Logger: log}); err != nil {
+		b.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = sigs.Run(rctx) })
+	wg.Go(func() { _ = router.Run(rctx) })
+	defer func() {
+		sctx, scancel := context.WithTimeout(ctx, 15*time.Second)
+		defer scancel()
+		err := errors.Join(a.Stop(sctx), router.Close(sctx))
+		cancel()
+		wg.Wait()
+		if err != nil {
+			b.Error(err)
+		}
+	}()
+	if err := a.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	wait.For(b, 20*time.Second, "every partition owned, paused", func() error {
+		if n := len(a.Owned()); n != relayPartitions || a.SignalsApplied() < pause.Header.Revision {
+			return fmt.Errorf("%d partitions owned, signals applied up to revision %d (pause %d)", n, a.SignalsApplied(), pause.Header.Revision)
+		}
+		return nil
+	})
+	sw.start()
+	if _, err := cli.Delete(ctx, fk.FleetSignal()); err != nil {
+		b.Fatal(err)
+	}
+	sw.waitDone()
+}
+
+// highWater reads the high-water marks of a cluster's topics.
+type highWater struct {
+	b      *testing.B
+	client sarama.Client
+}
+
+func newHighWater(b *testing.B, c config.Cluster) *highWater {
+	cl, err := kafka.NewClient("D", c)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = cl.Close() })
+	return &highWater{b: b, client: cl}
+}
+
+// waitFor waits until topic's partitions hold n records in all and
+// returns the time from began to the poll that saw them, or minus the
+// time waited when they were not there within a minute.
+func (h *highWater) waitFor(topic string, n int64, began time.Time) time.Duration {
+	deadline := began.Add(time.Minute)
+	for {
+		var sum int64
+		for p := range int32(relayPartitions) {
+			off, err := h.client.GetOffset(topic, p, sarama.OffsetNewest)
+			if err != nil {
+				_ = h.client.RefreshMetadata(topic)
+				sum = -1
+				break
+			}
+			sum += off
+		}
+		now := time.Now()
+		if sum >= n {
+			return now.Sub(began)
+		}
+		if now.After(deadline) {
+			return -now.Sub(began)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// preProduce writes n records of relayValueBytes, keyed so they spread
+// over the partitions, to topic on k.
+func preProduce(b *testing.B, k *testenv.Kafka, topic string, n int) {
+	b.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...), kgo.DefaultProduceTopic(topic),
+		kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(10_000))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cl.Close()
+	value := make([]byte, relayValueBytes)
+	for i := range value {
+		value[i] = 'a' + byte(i%26)
+	}
+	var mu sync.Mutex
+	var failed error
+	for i := range n {
+		cl.Produce(context.Background(), &kgo.Record{Key: []byte(strconv.Itoa(i)), Value: value}, func(_ *kgo.Record, err error) {
+			if err != nil {
+				mu.Lock()
+				if failed == nil {
+					failed = err
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	if err := cl.Flush(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	if failed != nil {
+		b.Fatal(failed)
+	}
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
