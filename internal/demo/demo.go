@@ -290,12 +290,12 @@ func (d *demo) leader() *agent.Agent {
 }
 
 // consuming reports whether every live agent applied an assignment on
-// cluster and all partitions are owned.
+// cluster, all partitions are owned, and each agent has its share.
 func (d *demo) consuming(cluster string) bool {
 	n := 0
 	for _, f := range d.fleet {
 		st := f.agent().Status()
-		if st.Active != cluster {
+		if st.Active != cluster || len(st.Owned) < partitions/len(d.fleet) {
 			return false
 		}
 		n += len(st.Owned)
@@ -347,9 +347,11 @@ func (d *demo) story(ctx context.Context) error {
 	last, ok := d.c2.last(paused, started)
 	if ok {
 		d.pauseApply = last.Sub(paused)
+		d.say("paused: the last record reached C %v after the put", d.pauseApply.Round(time.Millisecond))
+	} else {
+		d.say("paused: no record reached C after the put")
 	}
-	d.say("paused: the last record reached C %v after the put; then nothing for %v, while A received %d more",
-		d.pauseApply.Round(time.Millisecond), started.Sub(paused.Add(d.pauseApply)).Round(100*time.Millisecond), d.prod.count()-written)
+	d.say("then nothing for %v, while A received %d more", started.Sub(paused.Add(d.pauseApply)).Round(100*time.Millisecond), d.prod.count()-written)
 	d.say("and starts it again:           %s put %s start", etcdctl, k.FleetSignal())
 	if _, err := d.cli.Put(ctx, k.FleetSignal(), "start"); err != nil {
 		return fmt.Errorf("demo: write the start signal: %w", err)
@@ -515,7 +517,11 @@ func (d *demo) printSummary(s Summary) {
 	fmt.Fprintf(tw, "delivered to C (read back from C)\t%d\n", s.Delivered)
 	fmt.Fprintf(tw, "lost\t%d\n", s.Lost)
 	fmt.Fprintf(tw, "duplicated\t%d\n", s.Duplicated)
-	fmt.Fprintf(tw, "pause applied (put → last record on C)\t%v\n", s.PauseApply.Round(time.Millisecond))
+	if s.PauseApply > 0 {
+		fmt.Fprintf(tw, "pause applied (put → last record on C)\t%v\n", s.PauseApply.Round(time.Millisecond))
+	} else {
+		fmt.Fprintf(tw, "pause applied (put → last record on C)\tat once: none reached C after the put\n")
+	}
 	fmt.Fprintf(tw, "failover (A fails → first record from B on C)\t%v\n", s.Failover.Round(time.Millisecond))
 	fmt.Fprintf(tw, "failback (A back → first record from A on C)\t%v\n", s.Failback.Round(time.Millisecond))
 	tw.Flush()
