@@ -6,6 +6,7 @@ import (
 	"github.com/kswitch/kswitch/signals"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/kswitch/kswitch/internal/refused"
 	"github.com/kswitch/kswitch/internal/version"
 )
 
@@ -18,7 +19,7 @@ type metrics struct {
 	agents        prometheus.Gauge
 	gossipMembers prometheus.Gauge
 	etcdErrors    *prometheus.CounterVec
-	badValues     *prometheus.CounterVec
+	badValues     *prometheus.CounterVec // kswitch_refused_values_total, shared (internal/refused)
 
 	records         prometheus.Counter
 	consumeErrors   prometheus.Counter
@@ -62,9 +63,6 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		etcdErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kswitch_etcd_errors_total", Help: "Failed etcd requests by operation.",
 		}, []string{"op"}),
-		badValues: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kswitch_refused_values_total", Help: "Malformed values found under the fleet's etcd prefix and refused, by kind.",
-		}, []string{"kind"}),
 		records: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kswitch_records_total", Help: "Records handed to the handler.",
 		}),
@@ -103,7 +101,11 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		ConstLabels: prometheus.Labels{"version": version.Version},
 	})
 	info.Set(1)
-	reg.MustRegister(m.isLeader, m.leaderChanges, m.ready, m.agents, m.gossipMembers, m.etcdErrors, m.badValues, info,
+	var err error
+	if m.badValues, err = refused.Counter(reg); err != nil {
+		panic(err)
+	}
+	reg.MustRegister(m.isLeader, m.leaderChanges, m.ready, m.agents, m.gossipMembers, m.etcdErrors, info,
 		m.records, m.consumeErrors, m.handlerErrors, m.commits, m.commitErrors, m.ownedPartitions, m.generation, m.gossipDropped, m.paused, m.signalApply,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -19,6 +19,7 @@ import (
 	"github.com/kswitch/kswitch/internal/config"
 	"github.com/kswitch/kswitch/internal/etcdwatch"
 	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/internal/refused"
 )
 
 // MaxValueSize is the largest routes or channel value accepted from etcd;
@@ -219,6 +220,9 @@ func (r *Router) rebuild(ctx context.Context, c *clientv3.Client) {
 	v, src, err := r.compileLayer(s.routes, s.channels)
 	if err != nil {
 		r.m.refused.Inc()
+		for _, kind := range refusedKinds(err) {
+			r.m.refusedValues.WithLabelValues(kind).Inc()
+		}
 		ref := &Refusal{Version: number, At: time.Now(), Reason: err.Error(), Current: true}
 		r.mu.Lock()
 		r.refusal = ref
@@ -273,7 +277,7 @@ func Merge(static Config, k keys.Fleet, routes []byte, chans map[string][]byte) 
 		src = "file+etcd"
 		switch rt, perr := parseValue(routes, k.Routes(), config.ParseRouting); {
 		case perr != nil:
-			errs = append(errs, perr)
+			errs = append(errs, &valueError{kind: refused.Routes, err: perr})
 		case len(rt.Channels) > 0:
 			errs = append(errs, fmt.Errorf("%s: channels are not part of the routes value; write each channel to %s<name>", k.Routes(), k.Channels()))
 		default:
@@ -284,7 +288,7 @@ func Merge(static Config, k keys.Fleet, routes []byte, chans map[string][]byte) 
 		src = "file+etcd"
 		ch, perr := parseValue(chans[name], k.Channel(name), config.ParseChannel)
 		if perr != nil {
-			errs = append(errs, perr)
+			errs = append(errs, &valueError{kind: refused.Channel, err: perr})
 			continue
 		}
 		if spec.Channels == nil {
@@ -297,6 +301,46 @@ func Merge(static Config, k keys.Fleet, routes []byte, chans map[string][]byte) 
 		return Config{}, src, &InvalidError{Problems: errs}
 	}
 	return spec, src, nil
+}
+
+// valueError is a routes or channel value of etcd that does not decode.
+type valueError struct {
+	kind string // refused.Routes or refused.Channel
+	err  error
+}
+
+func (e *valueError) Error() string { return e.err.Error() }
+func (e *valueError) Unwrap() error { return e.err }
+
+// refusedKinds returns the kinds of the values at fault in err, a refused
+// version: a value that does not decode, or the part of the merged version
+// a problem's path names (channels.<name>… is a channel, the rest is the
+// routes).
+func refusedKinds(err error) []string {
+	var kinds []string
+	add := func(k string) {
+		if !slices.Contains(kinds, k) {
+			kinds = append(kinds, k)
+		}
+	}
+	var ie *InvalidError
+	if errors.As(err, &ie) {
+		for _, p := range ie.Problems {
+			var ve *valueError
+			switch {
+			case errors.As(p, &ve):
+				add(ve.kind)
+			case strings.HasPrefix(p.Error(), "channels."):
+				add(refused.Channel)
+			default:
+				add(refused.Routes)
+			}
+		}
+	}
+	if len(kinds) == 0 {
+		add(refused.Routes)
+	}
+	return kinds
 }
 
 func parseValue[T any](v []byte, key string, parse func([]byte, string) (T, error)) (T, error) {

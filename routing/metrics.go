@@ -4,21 +4,26 @@ import (
 	"errors"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kswitch/kswitch/internal/refused"
 )
 
 // metrics are the router's Prometheus metrics.
 type metrics struct {
-	version   prometheus.Gauge
-	refused   prometheus.Counter
-	routed    *prometheus.CounterVec // channel
-	rules     *prometheus.CounterVec // rule
-	dropped   *prometheus.CounterVec // reason
-	dead      *prometheus.CounterVec // reason
-	latency   *prometheus.HistogramVec
-	inFlight  *prometheus.GaugeVec   // channel
-	failures  *prometheus.CounterVec // channel
-	waits     *prometheus.CounterVec // reason
-	producers prometheus.Gauge
+	version prometheus.Gauge
+	refused prometheus.Counter
+	// refusedValues is kswitch_refused_values_total, shared with the
+	// agent when they share a registry: kind routes or channel.
+	refusedValues *prometheus.CounterVec
+	routed        *prometheus.CounterVec // channel
+	rules         *prometheus.CounterVec // rule
+	dropped       *prometheus.CounterVec // reason
+	dead          *prometheus.CounterVec // reason
+	latency       *prometheus.HistogramVec
+	inFlight      *prometheus.GaugeVec   // channel
+	failures      *prometheus.CounterVec // channel
+	waits         *prometheus.CounterVec // reason
+	producers     prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -77,6 +82,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			}
 			return nil, err
 		}
+	}
+	var err error
+	if m.refusedValues, err = refused.Counter(reg); err != nil {
+		return nil, err
 	}
 	for _, r := range []string{DropRule, DropNoMatch} {
 		m.dropped.WithLabelValues(r)

@@ -19,6 +19,7 @@ import (
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/internal/config"
 	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/internal/refused"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
 	"github.com/kswitch/kswitch/signals"
@@ -405,6 +406,11 @@ func TestInvalidVersionRefused(t *testing.T) {
 	}
 	if got := metricValue(r.m.refused); got != 4 {
 		t.Errorf("refused = %v, want 4", got)
+	}
+	for kind, want := range map[string]float64{refused.Routes: 3, refused.Channel: 1} {
+		if got := metricValue(r.m.refusedValues.WithLabelValues(kind)); got != want {
+			t.Errorf("%s{kind=%q} = %v, want %v", refused.Name, kind, got, want)
+		}
 	}
 	fixed := w.put(k.Routes(), "rules: [{name: fixed, channels: [b]}]\n")
 	w.waitVersion(fixed)

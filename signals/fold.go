@@ -40,6 +40,9 @@ type fold struct {
 	log   *zap.Logger
 	now   func() time.Time
 	getAt getAtFunc // nil: no history lookups
+	// onRefused, when set, is called with each value refused, once per
+	// value (a re-read that finds it unchanged does not call it again).
+	onRefused func(Refusal)
 
 	entries map[string]*entry
 	rev     int64
@@ -92,6 +95,7 @@ func (f *fold) put(kv *mvccpb.KeyValue) {
 	scope, err := ParseKey(f.keys, key)
 	if err != nil {
 		e.refusal = newRefusal(kv, err)
+		f.refused(e.refusal)
 		f.log.Warn("refused signal key; it has no effect",
 			zap.String("key", key), zap.String("value", e.refusal.Value),
 			zap.Int64("revision", kv.ModRevision), zap.String("reason", e.refusal.Reason))
@@ -108,6 +112,7 @@ func (f *fold) put(kv *mvccpb.KeyValue) {
 		return
 	}
 	e.refusal = newRefusal(kv, err)
+	f.refused(e.refusal)
 	var herr error
 	e.inForce, herr = f.lastValid(key, scope, kv, old)
 	fields := []zap.Field{
@@ -124,6 +129,12 @@ func (f *fold) put(kv *mvccpb.KeyValue) {
 	f.log.Warn("refused signal value; the previous state stays in force", fields...)
 	if herr == nil {
 		f.logChange(key, before, e.inForce, kv.ModRevision)
+	}
+}
+
+func (f *fold) refused(r *Refusal) {
+	if f.onRefused != nil {
+		f.onRefused(*r)
 	}
 }
 

@@ -51,6 +51,12 @@ func NewWatcher(c *clientv3.Client, k keys.Fleet, timeout time.Duration, log *za
 	return w
 }
 
+// OnRefused sets f to be called with each value the watcher refuses (once
+// per value: a re-read that finds it unchanged does not call f again), for
+// a metric. f is called from Run's goroutine and must not block. Call
+// OnRefused before Run.
+func (w *Watcher) OnRefused(f func(Refusal)) { w.fold.onRefused = f }
+
 // Run reads every signal key, then follows them until ctx ends, reading
 // them all again whenever the watch breaks (etcd restarted, leader lost,
 // compaction): changes missed meanwhile are applied by the same rules.
