@@ -32,6 +32,7 @@ import (
 	"github.com/kswitch/kswitch/internal/config"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/internal/refused"
 	"github.com/kswitch/kswitch/internal/version"
 	"github.com/kswitch/kswitch/offsets"
 	"github.com/kswitch/kswitch/signals"
@@ -213,6 +214,7 @@ func (a *Agent) Start(ctx context.Context) error {
 	a.registry = newRegistry(client, a.keys, a.cfg.Etcd.RequestTimeout, a.log, func() { a.metrics.badValues.WithLabelValues("registration").Inc() })
 	a.store = offsets.NewStore(client, a.keys)
 	a.signals = signals.NewWatcher(client, a.keys, a.cfg.Etcd.RequestTimeout, a.log)
+	a.signals.OnRefused(func(signals.Refusal) { a.metrics.badValues.WithLabelValues(refused.Signal).Inc() })
 	if a.leader, err = coordinator.NewLeader(a.cfg, client, fleetView{a}, &a.wg, a.log); err != nil {
 		ml.Shutdown()
 		client.Close()

@@ -1,7 +1,10 @@
 package agent
 
 import (
+	"crypto/tls"
 	"encoding/json"
+	"fmt"
+	"net"
 	"net/http"
 	"time"
 
@@ -61,8 +64,23 @@ type EtcdStatus struct {
 	LeaseID   int64    `json:"lease_id,omitempty"`
 }
 
+// httpTLS wraps the HTTP listener in TLS when agent.http_tls is set, and
+// returns ln itself otherwise. On error ln is closed.
+func (a *Agent) httpTLS(ln net.Listener) (net.Listener, error) {
+	tc, err := a.cfg.Agent.HTTPTLS.ServerConfig("agent.http_tls")
+	if err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	if tc == nil {
+		return ln, nil
+	}
+	return tls.NewListener(ln, tc), nil
+}
+
 // handler serves the agent's read-only HTTP endpoints. No endpoint changes
-// fleet state: changes go through etcd and its access control.
+// fleet state: changes go through etcd and its access control. Only GET
+// and HEAD are accepted, on every path; anything else is 405.
 func (a *Agent) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -83,7 +101,21 @@ func (a *Agent) handler() http.Handler {
 		writeJSON(w, http.StatusOK, a.Status())
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))
-	return mux
+	return readOnly(mux)
+}
+
+// readOnly refuses every method but GET and HEAD with 405, before h sees
+// the request, so that no endpoint added later can change state by
+// accident.
+func readOnly(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			http.Error(w, "read-only: the agent's endpoints accept GET and HEAD only; change the fleet through etcd", http.StatusMethodNotAllowed)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/internal/etcdclient"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/internal/keys"
 )
@@ -29,6 +30,10 @@ type etcdFlags struct {
 	fleet     string
 	file      string
 	timeout   time.Duration
+	// etcd is the etcd section of --config and the environment (TLS,
+	// credentials), with endpoints and dial timeout from the flags; set
+	// by resolve.
+	etcd config.Etcd
 }
 
 func (f *etcdFlags) bind(cmd *cobra.Command) {
@@ -59,6 +64,8 @@ func (f *etcdFlags) resolve(environ []string) (config.Config, error) {
 	if len(f.endpoints) == 0 {
 		f.endpoints = []string{"127.0.0.1:2379"}
 	}
+	f.etcd = cfg.Etcd
+	f.etcd.Endpoints, f.etcd.DialTimeout = f.endpoints, f.timeout
 	if f.fleet == "" {
 		f.fleet = cfg.Fleet
 	}
@@ -108,12 +115,11 @@ func checkOutput(output string, allowed ...string) error {
 	return fmt.Errorf("--output %q: use %s", output, strings.Join(allowed, " or "))
 }
 
+// client opens the etcd client of a command, after resolve: TLS and
+// credentials come from --config and KSWITCH_ETCD_* (an operator's own
+// user, see docs/SECURITY.md).
 func (f *etcdFlags) client() (*clientv3.Client, error) {
-	c, err := clientv3.New(clientv3.Config{Endpoints: f.endpoints, DialTimeout: f.timeout, Logger: zap.NewNop()})
-	if err != nil {
-		return nil, fmt.Errorf("etcd %v: %w", f.endpoints, err)
-	}
-	return c, nil
+	return etcdclient.New(context.Background(), f.etcd, zap.NewNop())
 }
 
 func newStatusCmd(g *globals) *cobra.Command {
