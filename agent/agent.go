@@ -30,6 +30,7 @@ import (
 	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/election"
 	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/internal/etcdclient"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/internal/keys"
 	"github.com/kswitch/kswitch/internal/refused"
@@ -170,17 +171,15 @@ func (a *Agent) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("agent: listen on agent.http %s: %w (is another agent using this port?)", a.cfg.Agent.HTTP, err)
 	}
-	client, err := clientv3.New(clientv3.Config{
-		Endpoints:   a.cfg.Etcd.Endpoints,
-		DialTimeout: a.cfg.Etcd.DialTimeout,
-		Context:     context.WithoutCancel(ctx),
-		// The client logs every retry at warn; the agent reports etcd
-		// trouble itself, once, through readiness.
-		Logger: a.log.Named("etcd").WithOptions(zap.IncreaseLevel(zap.ErrorLevel)),
-	})
+	if ln, err = a.httpTLS(ln); err != nil {
+		return err
+	}
+	// The client's own logs are errors only: it logs every retry at warn,
+	// and the agent reports etcd trouble itself, once, through readiness.
+	client, err := etcdclient.New(context.WithoutCancel(ctx), a.cfg.Etcd, a.log)
 	if err != nil {
 		ln.Close()
-		return fmt.Errorf("agent: etcd client for %v: %w", a.cfg.Etcd.Endpoints, err)
+		return fmt.Errorf("agent: %w", err)
 	}
 	a.mlog = &memberlistLog{log: a.log.Named("gossip")}
 	a.gossip = &gossipState{dead: make(chan string, 64), dropped: func() { a.metrics.gossipDropped.Inc() }}
@@ -223,7 +222,8 @@ func (a *Agent) Start(ctx context.Context) error {
 	}
 	a.leader.Dialer = a.opts.KafkaDialer
 	a.leader.Metrics = a.leaderMetrics
-	a.httpSrv = &http.Server{Handler: a.handler(), ReadHeaderTimeout: 5 * time.Second}
+	a.httpSrv = &http.Server{Handler: a.handler(), ReadHeaderTimeout: 5 * time.Second,
+		ErrorLog: zap.NewStdLog(a.log.Named("http"))} // TLS handshake errors and the like
 
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	a.cancel = cancel
@@ -349,7 +349,7 @@ func (a *Agent) GossipAddr() string { return a.gossipAddr }
 func (a *Agent) Ready() (bool, string) {
 	s := a.session.Load()
 	if e := *a.etcdErr.Load(); e != "" {
-		return false, fmt.Sprintf("etcd unreachable at %v: %s", a.cfg.Etcd.Endpoints, e)
+		return false, e
 	}
 	if !s.registered {
 		return false, s.reason
@@ -563,7 +563,7 @@ func (a *Agent) register(ctx context.Context, lease clientv3.LeaseID) error {
 		Else(clientv3.OpGet(key)).Commit()
 	if err != nil {
 		a.metrics.etcdErrors.WithLabelValues("register").Inc()
-		return fmt.Errorf("etcd: register %s: %w", key, err)
+		return fmt.Errorf("etcd: register %s: %w", key, etcdclient.Explain(err, a.cfg.Etcd, "write "+key))
 	}
 	if !resp.Succeeded {
 		kvs := resp.Responses[0].GetResponseRange().Kvs
@@ -645,16 +645,20 @@ func (a *Agent) probeEtcdLoop(ctx context.Context) {
 			fails++
 			// One failed request is not an outage: with several
 			// endpoints, the client may just be moving off a member that
-			// died while the others hold quorum.
-			if fails >= 2 {
-				msg = err.Error()
+			// died while the others hold quorum. Refused credentials or
+			// access are reported as such, at once.
+			switch {
+			case etcdclient.AccessDenied(err):
+				msg = etcdclient.Explain(err, a.cfg.Etcd, "read "+a.keys.Agent(a.id)).Error()
+			case fails >= 2:
+				msg = fmt.Sprintf("etcd unreachable at %v: %v", a.cfg.Etcd.Endpoints, err)
 			}
 		} else {
 			fails = 0
 		}
 		if prev := *a.etcdErr.Swap(&msg); prev != msg {
 			if msg != "" {
-				a.log.Warn("etcd unreachable", zap.String("error", msg))
+				a.log.Warn("etcd check failed", zap.String("error", msg))
 			} else {
 				a.log.Info("etcd reachable")
 			}
