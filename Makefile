@@ -14,12 +14,15 @@ ETCD_DIR     = $(CACHE)/etcd-$(ETCD_VERSION)
 KAFKA_POM     = integration/kafka/pom.xml
 KAFKA_VERSION = $(shell sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' $(KAFKA_POM))
 KAFKA_DIR     = $(CACHE)/kafka-$(KAFKA_VERSION)
+# Kafka's performance tools for make bench, at the same version.
+KAFKA_TOOLS_POM = integration/benchtools/pom.xml
+KAFKA_TOOLS_DIR = $(CACHE)/kafka-tools-$(KAFKA_VERSION)
 # Maven's local repository for kafka-jars; empty: Maven's own (~/.m2/repository).
 MAVEN_REPO   ?=
 VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -X github.com/kswitch/kswitch/internal/version.Version=$(VERSION)
 
-.PHONY: all build test unit lint vet staticcheck fmt-check tools bench demo integration etcd-bin kafka-jars clean
+.PHONY: all build test unit lint vet staticcheck fmt-check tools bench demo integration etcd-bin kafka-jars kafka-tools clean
 
 all: build
 
@@ -51,9 +54,18 @@ tools: $(STATICCHECK)
 $(STATICCHECK):
 	GOBIN=$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
-## bench: benchmarks, each against a baseline measured in the same run
-bench:
-	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 ./... | tee $(BIN)/bench.txt | grep -E '^(Benchmark|pause|ok|FAIL|PASS)'
+## bench: benchmarks, each against a baseline measured in the same run: the in-process ones, then the real stack's (integration/bench*_test.go), which rewrite docs/BENCHMARKS.md and docs/benchmarks.json (about 15 minutes)
+bench: build etcd-bin kafka-jars kafka-tools
+	@command -v kcat >/dev/null || { echo "kcat is missing: apt-get install kcat"; exit 1; }
+	@set -o pipefail; start=$$(date +%s); echo "load average: $$(cut -d' ' -f1-3 /proc/loadavg)"; \
+	$(GO) build -o $(BIN)/relayloop ./integration/tools/relayloop && \
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 ./... | tee $(BIN)/bench.txt | grep -E '^(Benchmark|pause|ok|FAIL|PASS)' && \
+	KSWITCH_TEST_BIN=$(CURDIR)/$(BIN)/kswitch KSWITCH_TEST_ETCD_DIR=$(ETCD_DIR) KSWITCH_TEST_KAFKA_DIR=$(KAFKA_DIR) \
+	KSWITCH_TEST_LOG_DIR=$(CURDIR)/integration/logs KSWITCH_BENCH_RELAYLOOP=$(CURDIR)/$(BIN)/relayloop \
+	KSWITCH_BENCH_TOOLS=$(KAFKA_TOOLS_DIR)/libs KSWITCH_BENCH_GO=$(CURDIR)/$(BIN)/bench.txt KSWITCH_BENCH_OUT=$(CURDIR)/docs \
+	$(GO) test -count=1 -tags 'integration bench' -timeout 30m -v -run '^TestBenchmarksOnRealStack$$' ./integration/ \
+	  | tee $(BIN)/bench-real.txt | grep -E 'bench phase|relay |Performance|cost trial|failover trial|rebalance |real-stack|^(--- |ok|FAIL|PASS)' && \
+	echo "make bench: $$(( $$(date +%s) - start )) s; docs/BENCHMARKS.md and docs/benchmarks.json rewritten"
 
 ## demo: an embedded fleet: election, a leader crash, a clean hand-over
 demo: build
@@ -82,6 +94,15 @@ kafka-jars:
 	  mvn -B -q -f $(KAFKA_POM) $(if $(MAVEN_REPO),-Dmaven.repo.local=$(MAVEN_REPO)) -Dkafka.libs=$(KAFKA_DIR)/libs package && \
 	  cp $(KAFKA_POM) $(KAFKA_DIR)/pom.xml && touch $(KAFKA_DIR)/libs/.complete && \
 	  echo "$$(ls $(KAFKA_DIR)/libs | wc -l) jars in $$(( $$(date +%s) - start )) s"; fi
+
+## kafka-tools: Kafka's ProducerPerformance and ConsumerPerformance (kafka-tools, integration/benchtools/pom.xml, at $(KAFKA_POM)'s version) into $(KAFKA_TOOLS_DIR)/libs, for make bench (once)
+kafka-tools:
+	@if [ -f $(KAFKA_TOOLS_DIR)/libs/.complete ] && cmp -s $(KAFKA_TOOLS_POM) $(KAFKA_TOOLS_DIR)/pom.xml; then echo "Kafka $(KAFKA_VERSION) tools cached in $(KAFKA_TOOLS_DIR)/libs"; else \
+	  command -v mvn >/dev/null || { echo "mvn is missing: Maven 3 fetches Kafka's tools"; exit 1; }; \
+	  echo "fetching Kafka $(KAFKA_VERSION) tools into $(KAFKA_TOOLS_DIR)/libs (once)"; \
+	  rm -rf $(KAFKA_TOOLS_DIR) && mkdir -p $(KAFKA_TOOLS_DIR) && \
+	  mvn -B -q -f $(KAFKA_TOOLS_POM) -Dkafka.version=$(KAFKA_VERSION) -Dkafka.libs=$(KAFKA_TOOLS_DIR)/libs package && \
+	  cp $(KAFKA_TOOLS_POM) $(KAFKA_TOOLS_DIR)/pom.xml && touch $(KAFKA_TOOLS_DIR)/libs/.complete; fi
 
 clean:
 	rm -rf $(BIN)

@@ -1,0 +1,446 @@
+//go:build integration && bench
+
+package integration
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// benchResults is docs/benchmarks.json: the machine, the scale of the run
+// and every trial's raw numbers; BENCHMARKS.md is derived from it.
+type benchResults struct {
+	Started         time.Time         `json:"started"`
+	DurationSeconds float64           `json:"duration_seconds"`
+	Machine         machine           `json:"machine"`
+	Scale           benchScale        `json:"scale"`
+	Settings        map[string]string `json:"settings"`
+	Phases          []phaseTime       `json:"phases"`
+	Ceiling         []ceilingTrial    `json:"ceiling"`
+	Throughput      []relayTrial      `json:"throughput"`
+	Cost            []costTrial       `json:"cost"`
+	Failover        []failoverTrial   `json:"failover"`
+	Rebalance       []rebalanceTrial  `json:"rebalance"`
+	Pause           pauseResult       `json:"pause"`
+	// GoBenchmarks are the result lines of the in-process benchmarks
+	// (go test -bench . ./...) of the same make bench.
+	GoBenchmarks []string `json:"go_benchmarks"`
+}
+
+type phaseTime struct {
+	Name    string  `json:"name"`
+	Seconds float64 `json:"seconds"`
+}
+
+type machine struct {
+	CPU        string `json:"cpu"`
+	Cores      int    `json:"cores"`
+	MemoryMiB  int    `json:"memory_mib"`
+	Kernel     string `json:"kernel"`
+	Go         string `json:"go"`
+	Java       string `json:"java"`
+	Kafka      string `json:"kafka"`
+	Etcd       string `json:"etcd"`
+	Kcat       string `json:"kcat"`
+	Sarama     string `json:"sarama"`
+	Commit     string `json:"commit"`
+	LoadBefore string `json:"load_before"`
+	LoadAfter  string `json:"load_after"`
+}
+
+func describeMachine(t *testing.T) machine {
+	t.Helper()
+	m := machine{Cores: runtime.NumCPU(), Go: runtime.Version(),
+		Kafka: strings.TrimPrefix(filepath.Base(os.Getenv("KSWITCH_TEST_KAFKA_DIR")), "kafka-"),
+		Etcd:  strings.TrimPrefix(filepath.Base(os.Getenv("KSWITCH_TEST_ETCD_DIR")), "etcd-")}
+	if f, err := os.Open("/proc/cpuinfo"); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+		f.Close()
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		var kb int
+		fmt.Sscanf(strings.TrimSpace(strings.TrimPrefix(strings.SplitN(string(b), "\n", 2)[0], "MemTotal:")), "%d", &kb)
+		m.MemoryMiB = kb / 1024
+	}
+	run := func(name string, args ...string) string {
+		out, err := exec.Command(name, args...).CombinedOutput()
+		if err != nil {
+			return "unknown (" + err.Error() + ")"
+		}
+		return strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
+	}
+	m.Kernel = run("uname", "-sr")
+	m.Java = run("java", "-version")
+	m.Commit = run("git", "describe", "--always", "--dirty")
+	m.Sarama = run("go", "list", "-m", "-f", "{{.Version}}", "github.com/IBM/sarama")
+	// kcat -V: a banner, then "Version 1.7.1 (…) (librdkafka 2.x builtin.features=…)".
+	if out, err := exec.Command("kcat", "-V").CombinedOutput(); err == nil {
+		for _, l := range strings.Split(string(out), "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(l), "Version "); ok {
+				m.Kcat, _, _ = strings.Cut(v, " builtin.features")
+			}
+		}
+	}
+	return m
+}
+
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return err.Error()
+	}
+	f := strings.Fields(string(b))
+	return strings.Join(f[:min(3, len(f))], " ")
+}
+
+// goBenchLines returns the result lines of `go test -bench` output.
+func goBenchLines(path string) []string {
+	if path == "" {
+		return nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return []string{"not read: " + err.Error()}
+	}
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "Benchmark") || strings.HasPrefix(l, "pause apply") || strings.HasPrefix(l, "FAIL") {
+			out = append(out, strings.Join(strings.Fields(l), " "))
+		}
+	}
+	return out
+}
+
+func round1(x float64) float64 { return math.Round(x*10) / 10 }
+func round3(x float64) float64 { return math.Round(x*1000) / 1000 }
+
+// stats is a figure over trials.
+type stats struct {
+	N                     int
+	Median, Min, Max, P99 float64
+}
+
+func statsOf(xs []float64) stats {
+	if len(xs) == 0 {
+		return stats{}
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	med := s[len(s)/2]
+	if len(s)%2 == 0 {
+		med = (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	p99 := s[int(math.Ceil(0.99*float64(len(s))))-1] // nearest rank
+	return stats{N: len(s), Median: med, Min: s[0], Max: s[len(s)-1], P99: p99}
+}
+
+// spread formats "median (min–max)" with the given decimals.
+func (s stats) spread(dec int) string {
+	if s.N == 0 {
+		return "–"
+	}
+	if s.N == 1 {
+		return fmt.Sprintf("%.*f (1 trial)", dec, s.Median)
+	}
+	return fmt.Sprintf("%.*f (%.*f–%.*f)", dec, s.Median, dec, s.Min, dec, s.Max)
+}
+
+func pick[T any](xs []T, keep func(T) bool, val func(T) float64) []float64 {
+	var out []float64
+	for _, x := range xs {
+		if keep(x) {
+			out = append(out, val(x))
+		}
+	}
+	return out
+}
+
+// write writes benchmarks.json and BENCHMARKS.md to dir.
+func (r *benchResults) write(dir string) error {
+	r.Settings = map[string]string{
+		"agents":            "etcd session_ttl 2s, request_timeout 1s; source commit_interval 500ms; failover probe_interval 500ms, probe_timeout 1s, failure_window 3s, failback auto, failback_stable 10s",
+		"channel producer":  "routing.ProducerConfig with the defaults: acks all, idempotent, one request in flight per broker, no compression (the baseline relayloop uses the same function)",
+		"relay records":     fmt.Sprintf("%d records of 1024 bytes (ProducerPerformance), %d partitions, 1 rule, 1 channel on B, partitioner manual-same-partition", r.Scale.RelayRecords, relayPartitions),
+		"kafka":             "A and B: one KRaft node each (broker and controller), 384 MiB heap, loopback",
+		"mirrormaker2":      "dedicated MirrorMaker 2, 384 MiB heap, its defaults (tasks.max 1); no checkpoints or heartbeats in the throughput runs",
+		"failover workload": fmt.Sprintf("3 agents on orders (%d partitions), kcat producing %d records/s to A, MirrorMaker 2 A → B with the default replication policy, every record routed to the channel topic delivered on B", ordersPartitions, produceRate),
+	}
+	js, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "benchmarks.json"), append(js, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "BENCHMARKS.md"), []byte(r.markdown()), 0o644)
+}
+
+// relayRate returns the per-trial rates of a relay.
+func (r *benchResults) relayRate(relay string, instances int) []float64 {
+	return pick(r.Throughput, func(x relayTrial) bool { return x.Relay == relay && x.Instances == instances },
+		func(x relayTrial) float64 { return x.RecordsPerSecond })
+}
+
+// ratio returns the ratio of the medians of a and b, and the range of the
+// per-trial ratios a[i]/b[i] (trials run side by side, in turn).
+func ratio(a, b []float64) string {
+	if len(a) == 0 || len(b) == 0 {
+		return "–"
+	}
+	m := statsOf(a).Median / statsOf(b).Median
+	var per []float64
+	for i := range min(len(a), len(b)) {
+		per = append(per, a[i]/b[i])
+	}
+	ps := statsOf(per)
+	if ps.N < 2 {
+		return fmt.Sprintf("**%.2f**", m)
+	}
+	return fmt.Sprintf("**%.2f** (per trial %.2f–%.2f)", m, ps.Min, ps.Max)
+}
+
+// Headline returns the figures README.md quotes.
+func (r *benchResults) headline() (ks1, ks3, failoverP50 float64) {
+	ks1 = statsOf(r.relayRate("kswitch", 1)).Median / statsOf(r.relayRate("relayloop", 1)).Median
+	ks3 = statsOf(r.relayRate("kswitch", 3)).Median / statsOf(r.relayRate("relayloop", 3)).Median
+	failoverP50 = statsOf(pick(r.Failover, func(failoverTrial) bool { return true },
+		func(x failoverTrial) float64 { return x.FirstRecordSeconds })).Median
+	return
+}
+
+func (r *benchResults) markdown() string {
+	var b strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	m := r.Machine
+	p("# kswitch benchmarks\n\n")
+	p("Written by `make bench` (`integration/bench*_test.go`) on %s in %s; every number below is in\n",
+		r.Started.Format("2006-01-02 15:04 MST"), (time.Duration(r.DurationSeconds) * time.Second).String())
+	p("[benchmarks.json](benchmarks.json) with every trial. Each figure is the median over its trials with the\n")
+	p("range (min–max) in parentheses; each comparison is a ratio against a baseline measured in the same run,\n")
+	p("on the same brokers, with the same records. Completion is read back from Kafka (end offsets of the\n")
+	p("destination, the channel topic read with kcat), never from kswitch's counters.\n\n")
+	if r.Scale.Quick {
+		p("> **Quick run** (`KSWITCH_BENCH_QUICK=1`): fewer trials and records than the issue asks for; not for publishing.\n\n")
+	}
+	ks1, ks3, fo := r.headline()
+	lost, dup := 0, 0
+	for _, x := range r.Failover {
+		lost += x.Lost
+		dup += x.Duplicated
+	}
+	p("**Headline:** kswitch relays at **%.2f×** the rate of a bare sarama consume→produce loop with the same\n", ks1)
+	p("producer settings with one agent, **%.2f×** with three (target ≥ 0.9: %s); after a SIGKILL of the primary's\n", ks3, met(ks1 >= 0.9 && ks3 >= 0.9))
+	p("broker the first record is consumed from the replica after **%.2f s** (p50 of %d trials; target under\n", fo, len(r.Failover))
+	p("failure_window + 1 s = 4 s: %s), with %d records lost and %d duplicated over all trials.\n\n", met(fo < 4), lost, dup)
+
+	p("## Machine\n\n| | |\n|---|---|\n")
+	p("| CPU | %s, %d cores (shared by the brokers, MirrorMaker 2, etcd, the agents and the baselines) |\n", m.CPU, m.Cores)
+	p("| memory | %d MiB |\n| kernel | %s |\n| Go | %s; sarama %s |\n| Java | %s |\n", m.MemoryMiB, m.Kernel, m.Go, m.Sarama, m.Java)
+	p("| Kafka | %s, KRaft, one node per cluster (A and B), 384 MiB heap, loopback |\n| etcd | %s, three members |\n| kcat | %s |\n", m.Kafka, m.Etcd, m.Kcat)
+	p("| kswitch | %s |\n| load average (1, 5, 15 min) | before %s; after %s |\n", m.Commit, m.LoadBefore, m.LoadAfter)
+	p("| run | %s:", r.Started.Format(time.RFC3339))
+	for _, ph := range r.Phases {
+		p(" %s %.0f s;", ph.Name, ph.Seconds)
+	}
+	p(" total %.0f s |\n\n", r.DurationSeconds)
+
+	// 1. Throughput.
+	p("## 1. Relay throughput\n\n")
+	p("%d records of 1 KiB in topic `relay` on A (%d partitions), copied to a new topic on B per trial; records/s over\n", r.Scale.RelayRecords, relayPartitions)
+	p("the middle of the copy (20 %% → 80 %% of the records at the destination), which leaves out start-up, shown\n")
+	p("separately. kswitch: `kswitch agent` processes, one rule, one channel (`manual-same-partition`).\n")
+	p("Baseline: `integration/tools/relayloop`, a sarama consumer group → async producer loop with\n")
+	p("`routing.ProducerConfig` (acks all, idempotent), committing acknowledged records every 500 ms like the agents.\n")
+	p("The ratio column is kswitch's rate divided by the row's (kswitch ×3 for the ×3 baseline, kswitch ×1 otherwise).\n\n")
+	p("| relay | records/s | kswitch ÷ this | start-up s | CPU s per trial | peak RSS MiB |\n|---|---|---|---|---|---|\n")
+	rows := []struct {
+		relay     string
+		instances int
+		label     string
+	}{
+		{"kswitch", 1, "kswitch, 1 agent"},
+		{"relayloop", 1, "baseline relayloop, 1 process"},
+		{"kswitch", 3, "kswitch, 3 agents"},
+		{"relayloop", 3, "baseline relayloop, 3 processes (one group)"},
+		{"mirrormaker2", 1, "MirrorMaker 2 (same topic, own JVM)"},
+		{"kcat", 1, "`kcat -C \\| kcat -P` (idempotent producer)"},
+	}
+	for _, row := range rows {
+		keep := func(x relayTrial) bool { return x.Relay == row.relay && x.Instances == row.instances }
+		rates := r.relayRate(row.relay, row.instances)
+		cmp := "–"
+		if row.relay != "kswitch" {
+			cmp = ratio(r.relayRate("kswitch", row.instances), rates)
+		}
+		p("| %s | %s | %s | %s | %s | %s |\n", row.label, statsOf(rates).spread(0), cmp,
+			statsOf(pick(r.Throughput, keep, func(x relayTrial) float64 { return x.StartupSeconds })).spread(1),
+			statsOf(pick(r.Throughput, keep, func(x relayTrial) float64 { return x.CPUSeconds })).spread(1),
+			statsOf(pick(r.Throughput, keep, func(x relayTrial) float64 { return x.PeakRSSMiB })).spread(0))
+	}
+	for _, tool := range []string{"ProducerPerformance", "ConsumerPerformance"} {
+		rates := pick(r.Ceiling, func(x ceilingTrial) bool { return x.Tool == tool }, func(x ceilingTrial) float64 { return x.RecordsPerSecond })
+		what := "produce to A, acks all (records/s as it reports)"
+		if tool == "ConsumerPerformance" {
+			what = "consume `relay` from A (fetch.nMsg.sec)"
+		}
+		p("| ceiling: Kafka's `%s`, %s | %s | %s | | | |\n", tool, what, statsOf(rates).spread(0), ratio(r.relayRate("kswitch", 1), rates))
+	}
+	var extra []string
+	for _, x := range r.Throughput {
+		if x.Delivered != x.Records {
+			extra = append(extra, fmt.Sprintf("%s ×%d trial %d: %d at the destination for %d records", x.Relay, x.Instances, x.Trial, x.Delivered, x.Records))
+		}
+	}
+	if len(extra) > 0 {
+		p("\nDestinations holding more than the source (duplicates): %s.\n", strings.Join(extra, "; "))
+	} else {
+		p("\nEvery destination held exactly the %d records when its trial ended.\n", r.Scale.RelayRecords)
+	}
+
+	// 2. Failover.
+	p("\n## 2. Failover: A's broker SIGKILLed → first record consumed from B\n\n")
+	p("Trials: %d. Before each, the fleet is paused until MirrorMaker 2 has copied 150 records more than it consumed\n", len(r.Failover))
+	p("(so records wait on B), then A's broker gets SIGKILL and the fleet is resumed. Seconds after the kill, on\n")
+	p("the benchmark's clock (its etcd watch and a 20 ms poll of the channel topic's end offsets); the switch's\n")
+	p("phases from its `history/` event. Target: first record p50 under failure_window + 1 s = 4 s.\n\n")
+	p("| step | p50 s | max s | every trial |\n|---|---|---|---|\n")
+	all := func(x failoverTrial) bool { return true }
+	frow := func(label string, val func(failoverTrial) float64) {
+		xs := pick(r.Failover, all, val)
+		s := statsOf(xs)
+		p("| %s | %.3f | %.3f | %s |\n", label, s.Median, s.Max, joinFloats(xs, 3))
+	}
+	frow("detection: A declared down, switch started (`state/active` switching)", func(x failoverTrial) float64 { return x.DetectedSeconds })
+	frow("decision: every agent released A and acknowledged (phase revoke)", func(x failoverTrial) float64 { return x.Phases["revoke"] })
+	frow("translation of every partition (phase translate)", func(x failoverTrial) float64 { return x.Phases["translate"] })
+	frow("activation (phase activate); B active at", func(x failoverTrial) float64 { return x.ActiveSeconds })
+	frow("restart: B active → first record from B in the channel topic", func(x failoverTrial) float64 { return x.FirstRecordSeconds - x.ActiveSeconds })
+	frow("**first record consumed from B** (total)", func(x failoverTrial) float64 { return x.FirstRecordSeconds })
+	frow("first agent commit on B past the translated offsets", func(x failoverTrial) float64 { return x.FirstCommitSeconds })
+	p("\n| trial | translation | lost | duplicated | records checked |\n|---|---|---|---|---|\n")
+	for _, x := range r.Failover {
+		var ms []string
+		for _, k := range sortedKeys(x.Methods) {
+			ms = append(ms, fmt.Sprintf("%d %s", x.Methods[k], k))
+		}
+		p("| %d | %s | %d | %d | %d |\n", x.Trial, strings.Join(ms, ", "), x.Lost, x.Duplicated, x.Records)
+	}
+	p("\nLost: records on A below the fleet's committed offsets that are not in the channel topic; duplicated:\n")
+	p("the increase, during the trial, of extra copies in the channel topic (both read back with kcat).\n")
+
+	// 3. Failback.
+	p("\n## 3. Failback: A caught up → consuming from A\n\n")
+	p("A's broker restarted on its data; it is caught up as soon as it answers metadata (nothing is produced on B).\n")
+	p("The fleet returns once A has been healthy for failback_stable (10 s here) and holds what was consumed on B.\n\n")
+	p("| step | p50 s | max s | every trial |\n|---|---|---|---|\n")
+	frow("A ready → A active", func(x failoverTrial) float64 { return x.FailbackActiveSeconds })
+	frow("**A ready → first record from A in the channel topic**", func(x failoverTrial) float64 { return x.FailbackFirstRecordSeconds })
+
+	// 4. Rebalance.
+	p("\n## 4. Rebalance: an agent SIGKILLed → its partitions consumed elsewhere\n\n")
+	p("Three agents; a follower (not the leader) gets SIGKILL and is started again after each trial. Seconds after\n")
+	p("the kill until an assignment gives all its partitions to others, and until each of them has a record in the\n")
+	p("channel topic delivered by its new owner (the last one's). `agent.death_detection: gossip` (the default):\n")
+	p("memberlist declares the agent dead and the leader revokes its etcd lease; `lease`: the partitions move when\n")
+	p("the lease expires (session_ttl 2 s).\n\n")
+	p("| death detection | trials | reassigned p50 / max s | consumed elsewhere p50 / max s | every trial (consumed) |\n|---|---|---|---|---|\n")
+	for _, mode := range []string{"gossip", "lease"} {
+		keep := func(x rebalanceTrial) bool { return x.DeathDetection == mode }
+		re := statsOf(pick(r.Rebalance, keep, func(x rebalanceTrial) float64 { return x.ReassignedSeconds }))
+		cons := pick(r.Rebalance, keep, func(x rebalanceTrial) float64 { return x.ConsumedSeconds })
+		cs := statsOf(cons)
+		p("| %s | %d | %.3f / %.3f | %.3f / %.3f | %s |\n", mode, cs.N, re.Median, re.Max, cs.Median, cs.Max, joinFloats(cons, 3))
+	}
+	g := pick(r.Rebalance, func(x rebalanceTrial) bool { return x.DeathDetection == "gossip" }, func(x rebalanceTrial) float64 { return x.ConsumedSeconds })
+	l := pick(r.Rebalance, func(x rebalanceTrial) bool { return x.DeathDetection == "lease" }, func(x rebalanceTrial) float64 { return x.ConsumedSeconds })
+	p("\nRatio gossip ÷ lease (consumed elsewhere, medians): %s.\n", ratio(g, l))
+
+	// 5. Pause.
+	pr := r.Pause
+	ap, wp, pp := statsOf(pr.ApplyMs), statsOf(pr.WatchMs), statsOf(pr.PollMs)
+	p("\n## 5. Pause: etcd write → every agent stopped\n\n")
+	p("%d flips of `signals/fleet` between pause and start with three agents consuming. From the write's\n", pr.Flips)
+	p("response until every agent's `/status` shows `signals_applied` at or past the write's revision (every\n")
+	p("partition parked, or running again); baseline: a bare etcd watch in the benchmark process seeing the same write.\n")
+	p("The agents are polled over HTTP: one round of `/status` requests takes %.2f ms (p50), the resolution of the figure.\n\n", pp.Median)
+	p("| | p50 ms | p99 ms | max ms |\n|---|---|---|---|\n")
+	p("| kswitch: every agent applied | %.2f | %.2f | %.2f |\n", ap.Median, ap.P99, ap.Max)
+	p("| baseline: bare etcd watch | %.2f | %.2f | %.2f |\n", wp.Median, wp.P99, wp.Max)
+	if wp.Median > 0 {
+		p("| ratio kswitch ÷ watch | **%.1f** | %.1f | |\n", ap.Median/wp.Median, ap.P99/wp.P99)
+	}
+
+	// 6. Cost.
+	p("\n## 6. Cost: CPU and memory at the same rate\n\n")
+	if len(r.Cost) > 0 {
+		c0 := r.Cost[0]
+		p("One agent and one baseline relayloop side by side, each copying the same topic (12 partitions) to its own\n")
+		p("topic on B while ProducerPerformance writes %d records/s of 1 KiB for %d s (%d records). CPU seconds\n", c0.Rate, r.Scale.CostSeconds, c0.Records)
+		p("(utime + stime from `/proc/<pid>/stat`) over the producer's run; peak RSS is `VmHWM` from `/proc/<pid>/status`.\n")
+		p("Both had every record at their destination within the lag shown after the producer finished.\n\n")
+		p("| | CPU s | CPU ms per 1000 records | peak RSS MiB | lag s |\n|---|---|---|---|---|\n")
+		for _, k := range []string{"kswitch", "relayloop"} {
+			cpu := pick(r.Cost, func(costTrial) bool { return true }, func(x costTrial) float64 { return x.CPUSeconds[k] })
+			per := pick(r.Cost, func(costTrial) bool { return true }, func(x costTrial) float64 { return 1e6 * x.CPUSeconds[k] / float64(x.Records) })
+			rss := pick(r.Cost, func(costTrial) bool { return true }, func(x costTrial) float64 { return x.PeakRSSMiB[k] })
+			lag := pick(r.Cost, func(costTrial) bool { return true }, func(x costTrial) float64 { return x.Lag[k] })
+			p("| %s | %s | %s | %s | %s |\n", k, statsOf(cpu).spread(2), statsOf(per).spread(1), statsOf(rss).spread(0), statsOf(lag).spread(2))
+		}
+		cpu := func(k string) []float64 {
+			return pick(r.Cost, func(costTrial) bool { return true }, func(x costTrial) float64 { return x.CPUSeconds[k] })
+		}
+		rss := func(k string) []float64 {
+			return pick(r.Cost, func(costTrial) bool { return true }, func(x costTrial) float64 { return x.PeakRSSMiB[k] })
+		}
+		p("| ratio kswitch ÷ relayloop | %s | | %s | |\n", ratio(cpu("kswitch"), cpu("relayloop")), ratio(rss("kswitch"), rss("relayloop")))
+	}
+
+	p("\n## In-process benchmarks (`go test -bench . -benchtime 1x ./...`, same make bench)\n\n```\n")
+	for _, l := range r.GoBenchmarks {
+		p("%s\n", l)
+	}
+	p("```\n\n## How to read and reproduce\n\n")
+	p("- `make bench` (about %.0f minutes here) builds kswitch and the baseline, fetches Kafka's tools once, runs the\n", r.DurationSeconds/60)
+	p("  in-process benchmarks, then `TestBenchmarksOnRealStack` (build tags `integration bench`), and rewrites this page\n")
+	p("  and `benchmarks.json`. `KSWITCH_BENCH_QUICK=1 make bench` does one trial of each, for development.\n")
+	p("- Everything runs on one machine: the relays compete with both brokers for the same cores, so the absolute\n")
+	p("  rates are this machine's; the ratios are the point.\n")
+	for _, k := range sortedKeys(r.Settings) {
+		p("- %s: %s.\n", k, r.Settings[k])
+	}
+	return b.String()
+}
+
+func met(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "**not met**"
+}
+
+func joinFloats(xs []float64, dec int) string {
+	var s []string
+	for _, x := range xs {
+		s = append(s, fmt.Sprintf("%.*f", dec, x))
+	}
+	return strings.Join(s, ", ")
+}
