@@ -28,6 +28,7 @@ import (
 	"github.com/kswitch/kswitch/internal/etcdclient"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/internal/member"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
 	"github.com/kswitch/kswitch/signals"
@@ -100,7 +101,7 @@ func startSecureWorld(t *testing.T) *secureWorld {
 		t.Fatal(err)
 	}
 	w.kafka = testenv.StartKafkaT(t, "A", testenv.KafkaOptions{
-		Topics: map[string]int32{"orders": securePartsN},
+		Topics: map[string]int32{"orders": securePartsN, "delivered": securePartsN},
 		Extra:  testenv.KafkaSASL(config.SASLScramSHA256, kafkaUser, kafkaPass),
 	})
 	return w
@@ -136,13 +137,35 @@ func (w *secureWorld) config(t *testing.T, id, etcdUser, etcdPass, kafkaPassword
 	return cfg
 }
 
-// start starts an agent whose logs (debug and up) go to the world's log
-// buffer, which the tests search for secrets.
+// logger writes debug and up to the world's log buffer, which the tests
+// search for secrets.
+func (w *secureWorld) logger(name string) *zap.Logger {
+	enc := zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig())
+	return zap.New(zapcore.NewCore(enc, zapcore.AddSync(w.logs), zap.DebugLevel)).Named(name)
+}
+
+// start starts an agent logging to the world's buffer.
 func (w *secureWorld) start(t *testing.T, cfg config.Config, h agent.Handler) *agent.Agent {
 	t.Helper()
-	enc := zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig())
-	log := zap.New(zapcore.NewCore(enc, zapcore.AddSync(w.logs), zap.DebugLevel)).Named(cfg.Agent.ID)
-	return startFleetAgent(t, cfg, agent.Options{Logger: log, Handler: h})
+	return startFleetAgent(t, cfg, agent.Options{Logger: w.logger(cfg.Agent.ID), Handler: h})
+}
+
+// delivered counts the records in delivered, over SASL.
+func (w *secureWorld) delivered(c config.Cluster) (int64, error) {
+	cl, err := kafka.NewClient("A", c)
+	if err != nil {
+		return 0, err
+	}
+	defer cl.Close()
+	var n int64
+	for p := range int32(securePartsN) {
+		end, err := cl.GetOffset("delivered", p, sarama.OffsetNewest)
+		if err != nil {
+			return 0, err
+		}
+		n += end
+	}
+	return n, nil
 }
 
 // https is a client of the agents' HTTPS endpoints.
@@ -207,16 +230,34 @@ func noSecrets(t *testing.T, where string, what []byte) {
 
 // TestSecureFleet: agents against an etcd with client TLS and auth, as a
 // user whose role is limited to the fleet's prefix, and a Kafka cluster
-// requiring SASL SCRAM, elect a leader, get the partitions and consume
-// every record; their HTTP endpoints are HTTPS. No password shows in the
+// requiring SASL SCRAM, elect a leader, get the partitions, consume every
+// record and route it to a channel on that cluster (as 'kswitch agent'
+// does: member); their HTTP endpoints are HTTPS. No password shows in the
 // logs, /status or /metrics.
 func TestSecureFleet(t *testing.T) {
 	w := startSecureWorld(t)
-	l := newLedger()
 	var agents []*agent.Agent
 	for _, id := range []string{"s1", "s2"} {
 		cfg := w.config(t, id, fleetUser, fleetPass, kafkaPass)
-		agents = append(agents, w.start(t, cfg, l.handler(id)))
+		cfg.Routing = config.Routing{
+			Channels: map[string]config.RoutingChannel{"out": {Cluster: "A", Topic: "delivered"}},
+			Default:  []string{"out"},
+		}
+		m, err := member.New(cfg, agent.Options{Logger: w.logger(id)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			if err := m.Stop(ctx); err != nil {
+				t.Error(err)
+			}
+		})
+		agents = append(agents, m.Agent())
 	}
 	cfg := w.config(t, "producer", fleetUser, fleetPass, kafkaPass)
 	w.produce(t, cfg.Clusters["A"])
@@ -234,13 +275,13 @@ func TestSecureFleet(t *testing.T) {
 		return nil
 	})
 	waitBalanced(t, securePartsN, agents...)
-	wait.For(t, 20*time.Second, "every record consumed", func() error {
-		if n := l.count(); n < secureRecords {
-			return fmt.Errorf("%d of %d", n, secureRecords)
+	wait.For(t, 20*time.Second, "every record consumed and routed", func() error {
+		n, err := w.delivered(cfg.Clusters["A"])
+		if err == nil && n != secureRecords {
+			err = fmt.Errorf("%d of %d records in delivered", n, secureRecords)
 		}
-		return nil
+		return err
 	})
-	l.check(t)
 	for _, a := range agents {
 		code, reason, err := w.readyz(a)
 		if err != nil || code != http.StatusOK {
