@@ -252,3 +252,19 @@ func TestFileModeWarning(t *testing.T) {
 		})
 	}
 }
+
+// TestDynamicClusterRefusesInlinePassword: a cluster defined in etcd may
+// name a password file, never hold the password.
+func TestDynamicClusterRefusesInlinePassword(t *testing.T) {
+	_, err := ParseCluster([]byte("brokers: [h:1]\nrole: sink\nsasl: {mechanism: PLAIN, username: u, password: "+kafkaPass+"}\n"), "/kswitch/orders/config/clusters/C")
+	if err == nil || !strings.Contains(err.Error(), "config: /kswitch/orders/config/clusters/C: sasl.password: a cluster defined in etcd cannot hold a password") {
+		t.Errorf("inline password: %v", err)
+	}
+	if err != nil && strings.Contains(err.Error(), kafkaPass) {
+		t.Errorf("the error shows the password: %v", err)
+	}
+	c, err := ParseCluster([]byte("brokers: [h:1]\nrole: sink\nsasl: {mechanism: PLAIN, username: u, password_file: /run/secrets/c}\n"), "c")
+	if err != nil || c.SASL.PasswordFile != "/run/secrets/c" {
+		t.Errorf("password file: %+v, %v", c.SASL, err)
+	}
+}
