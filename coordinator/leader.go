@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -24,6 +25,7 @@ import (
 	"github.com/kswitch/kswitch/internal/etcdwatch"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/internal/refused"
 	"github.com/kswitch/kswitch/offsets"
 )
 
@@ -166,6 +168,10 @@ func (l *Leader) dialer(cluster string) kafka.Dialer {
 	return l.Dialer(cluster)
 }
 
+// maxPinSize bounds a control/pin value: a cluster name, with room for
+// surrounding whitespace.
+const maxPinSize = 1 << 10
+
 // pin follows control/pin.
 type pin struct {
 	mu      sync.Mutex
@@ -173,13 +179,18 @@ type pin struct {
 	changed chan struct{}
 	valid   func(string) bool
 	log     *zap.Logger
+	// refused, when set, counts each value refused.
+	refused func()
 }
 
 func (p *pin) set(v string) {
+	if len(v) > maxPinSize {
+		p.refuse(fmt.Sprintf("%d bytes, over the %d-byte limit", len(v), maxPinSize), v)
+		return
+	}
 	v = strings.TrimSpace(v)
 	if v != "" && !p.valid(v) {
-		p.log.Warn("refusing control/pin: not a primary or standby cluster of this configuration; the previous pin stays",
-			zap.String("value", v))
+		p.refuse("not a primary or standby cluster of this configuration", v)
 		return
 	}
 	p.mu.Lock()
@@ -188,6 +199,15 @@ func (p *pin) set(v string) {
 	select {
 	case p.changed <- struct{}{}:
 	default:
+	}
+}
+
+// refuse logs and counts a refused value; the pin in force stays.
+func (p *pin) refuse(reason, v string) {
+	p.log.Warn("refusing control/pin; the pin in force stays", zap.String("reason", reason),
+		zap.String("value", refused.Truncate([]byte(v), 200)), zap.String("in_force", cmp.Or(p.get(), "none (automatic)")))
+	if p.refused != nil {
+		p.refused()
 	}
 }
 
@@ -222,7 +242,7 @@ func (l *Leader) Run(ctx context.Context, et election.Term) error {
 	ak := &acks{keys: l.keys, log: log, gens: map[string]int64{}, changed: make(chan struct{}, 1)}
 	primary, _ := l.cfg.Primary()
 	standby, _, _ := l.cfg.Standby()
-	pn := &pin{changed: make(chan struct{}, 1), log: log, valid: func(c string) bool {
+	pn := &pin{changed: make(chan struct{}, 1), log: log, refused: func() { l.Metrics.refusedValue(refused.Pin) }, valid: func(c string) bool {
 		return c != "" && (c == primary || c == standby)
 	}}
 	var wg sync.WaitGroup
@@ -492,8 +512,14 @@ func (l *Leader) restoreBreaker(ctx context.Context, br *breaker) error {
 	since := time.Now().Add(-l.cfg.Failover.BreakerWindow - l.cfg.Failover.BreakerCooldown)
 	var evs []SwitchEvent
 	for _, kv := range resp.Kvs {
-		var ev SwitchEvent
-		if json.Unmarshal(kv.Value, &ev) != nil || !(ev.Automatic || ev.Abandoned != "") || ev.Finished.Before(since) {
+		ev, err := ParseSwitchEvent(kv.Value)
+		if err != nil {
+			l.log.Warn("refusing a malformed history/ entry; the breaker is restored without it",
+				zap.String("key", string(kv.Key)), zap.Error(err))
+			l.Metrics.refusedValue(refused.History)
+			continue
+		}
+		if !(ev.Automatic || ev.Abandoned != "") || ev.Finished.Before(since) {
 			continue
 		}
 		evs = append(evs, ev)

@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kswitch/kswitch/internal/refused"
 )
 
 // Metrics are the leader's measurements. Register them once per agent.
@@ -15,6 +17,9 @@ type Metrics struct {
 	translation    *prometheus.CounterVec
 	reachable      *prometheus.GaugeVec
 	breakerOpen    prometheus.Gauge
+	// refused is kswitch_refused_values_total, shared with the agent
+	// (internal/refused): kinds pin and history.
+	refused *prometheus.CounterVec
 }
 
 // NewMetrics creates and registers the leader's metrics on reg.
@@ -44,7 +49,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	reg.MustRegister(m.activeCluster, m.lastSwitch, m.switchDuration, m.switchFailures, m.translation, m.reachable, m.breakerOpen)
+	var err error
+	if m.refused, err = refused.Counter(reg); err != nil {
+		panic(err)
+	}
 	return m
+}
+
+// refusedValue counts a value of kind (internal/refused) the leader
+// refused. m may be nil.
+func (m *Metrics) refusedValue(kind string) {
+	if m != nil {
+		m.refused.WithLabelValues(kind).Inc()
+	}
 }
 
 func (m *Metrics) observe(views AgentViews, a Active) {
