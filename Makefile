@@ -81,9 +81,10 @@ integration: build etcd-bin kafka-jars
 ## etcd-bin: the pinned etcd server and etcdctl (integration/tools/etcd/go.mod), built into $(CACHE)
 etcd-bin:
 	@if [ -x $(ETCD_DIR)/etcd ] && [ -x $(ETCD_DIR)/etcdctl ]; then echo "etcd $(ETCD_VERSION) cached in $(ETCD_DIR)"; else \
-	  echo "building etcd $(ETCD_VERSION) into $(ETCD_DIR) (about 2 minutes, once)"; \
+	  echo "building etcd $(ETCD_VERSION) into $(ETCD_DIR) (about 2 minutes, once)"; start=$$(date +%s); \
 	  cd integration/tools/etcd && $(GO) build -o $(ETCD_DIR)/etcd go.etcd.io/etcd/server/v3 && \
-	  $(GO) build -o $(ETCD_DIR)/etcdctl go.etcd.io/etcd/etcdctl/v3; fi
+	  $(GO) build -o $(ETCD_DIR)/etcdctl go.etcd.io/etcd/etcdctl/v3 && \
+	  echo "etcd and etcdctl built in $$(( $$(date +%s) - start )) s"; fi
 
 ## kafka-jars: the Kafka broker and MirrorMaker 2 jars of $(KAFKA_POM), copied by Maven into $(KAFKA_DIR)/libs (once; again when the pom changes)
 kafka-jars:
