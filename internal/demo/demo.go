@@ -537,15 +537,19 @@ func (d *demo) keepRunning(ctx context.Context) {
 	etcdctl := "etcdctl --endpoints " + d.etcd.Endpoints()[0]
 	out := d.o.Out
 	fmt.Fprintf(out, "\nEverything keeps running, and the producer writes again. Try:\n")
+	fmt.Fprintf(out, "  # each agent's view of the fleet (also /leader, /readyz, /metrics)\n")
 	for _, f := range d.fleet {
-		a := "http://" + f.agent().HTTPAddr()
-		fmt.Fprintf(out, "  curl %s/status    (also %s/leader, /readyz, /metrics)\n", a, a)
+		fmt.Fprintf(out, "  curl http://%s/status\n", f.agent().HTTPAddr())
 	}
-	fmt.Fprintf(out, "  %s put %s pause          # pause the fleet ('start' resumes)\n", etcdctl, k.FleetSignal())
-	fmt.Fprintf(out, "  %s put %s pause  # pause the channel to C only\n", etcdctl, k.ChannelSignal(channel))
-	fmt.Fprintf(out, "  %s put %s B                 # pin the fleet to B (del the key: automatic again)\n", etcdctl, k.Pin())
-	fmt.Fprintf(out, "  %s put %s 'rules: [{name: odd, match: \"int(value) %% 2 == 1\", channels: [%s]}]'  # only odd numbers reach C\n", etcdctl, k.Routes(), channel)
-	fmt.Fprintf(out, "  kswitch status --etcd %s --fleet %s\n", d.etcd.Endpoints()[0], fleet)
+	for _, l := range [][2]string{
+		{"pause the fleet; 'start' resumes it", "put " + k.FleetSignal() + " pause"},
+		{"pause only the channel to C", "put " + k.ChannelSignal(channel) + " pause"},
+		{"pin the fleet to B (a failover by hand); delete the key to go back to automatic", "put " + k.Pin() + " B"},
+		{"change the routes: only odd numbers reach C from now on", "put " + k.Routes() + ` 'rules: [{name: odd, match: "int(value) % 2 == 1", channels: [` + channel + `]}]'`},
+	} {
+		fmt.Fprintf(out, "  # %s\n  %s %s\n", l[0], etcdctl, l[1])
+	}
+	fmt.Fprintf(out, "  # what etcd says about the fleet\n  kswitch status --etcd %s --fleet %s\n", d.etcd.Endpoints()[0], fleet)
 	fmt.Fprintln(out, "Press Ctrl-C to stop.")
 	<-ctx.Done()
 }
