@@ -426,37 +426,33 @@ func TestHTTPIsReadOnly(t *testing.T) {
 		t.Errorf("listening on %s, want the configured 127.0.0.1", a.HTTPAddr())
 	}
 	c := http.Client{Timeout: 2 * time.Second}
+	do := func(method, path string) *http.Response {
+		t.Helper()
+		req, err := http.NewRequest(method, "http://"+a.HTTPAddr()+path, strings.NewReader(`{"pause":true}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp
+	}
 	for _, path := range []string{"/healthz", "/readyz", "/leader", "/status", "/metrics", "/nope"} {
 		for _, method := range []string{http.MethodPost, http.MethodPut, http.MethodDelete, http.MethodPatch, http.MethodOptions, "PAUSE"} {
-			req, err := http.NewRequest(method, "http://"+a.HTTPAddr()+path, strings.NewReader(`{"pause":true}`))
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp, err := c.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != "GET, HEAD" {
+			if resp := do(method, path); resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != "GET, HEAD" {
 				t.Errorf("%s %s = %d (Allow %q), want 405", method, path, resp.StatusCode, resp.Header.Get("Allow"))
 			}
 		}
 		for _, method := range []string{http.MethodGet, http.MethodHead} {
-			req, err := http.NewRequest(method, "http://"+a.HTTPAddr()+path, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp, err := c.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp.Body.Close()
-			ok := resp.StatusCode == http.StatusOK || (path == "/readyz" && resp.StatusCode == http.StatusServiceUnavailable)
+			code := do(method, path).StatusCode
+			ok := code == http.StatusOK || (path == "/readyz" && code == http.StatusServiceUnavailable)
 			if path == "/nope" {
-				ok = resp.StatusCode == http.StatusNotFound
+				ok = code == http.StatusNotFound
 			}
 			if !ok {
-				t.Errorf("%s %s = %d", method, path, resp.StatusCode)
+				t.Errorf("%s %s = %d", method, path, code)
 			}
 		}
 	}
