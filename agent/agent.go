@@ -62,6 +62,10 @@ type Options struct {
 	// this agent to a cluster (probes, consumers, discovery). Tests use it
 	// to cut one agent off one cluster.
 	KafkaDialer func(cluster string) kafka.Dialer
+	// BreakBeforeMake, when set on the agent that leads, turns off the
+	// preparation of planned switches (coordinator.Leader.BreakBeforeMake):
+	// the baseline of the planned-switch benchmark.
+	BreakBeforeMake bool
 }
 
 // Agent is one member of a fleet. Its exported methods are safe for
@@ -221,6 +225,7 @@ func (a *Agent) Start(ctx context.Context) error {
 		return err
 	}
 	a.leader.Dialer = a.opts.KafkaDialer
+	a.leader.BreakBeforeMake = a.opts.BreakBeforeMake
 	a.leader.Metrics = a.leaderMetrics
 	a.httpSrv = &http.Server{Handler: a.handler(), ReadHeaderTimeout: 5 * time.Second,
 		ErrorLog: zap.NewStdLog(a.log.Named("http"))} // TLS handshake errors and the like

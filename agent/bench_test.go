@@ -7,9 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/internal/keys"
 	"github.com/kswitch/kswitch/internal/testenv"
+	"github.com/kswitch/kswitch/internal/wait"
 )
 
 // BenchmarkPauseApply measures, over 200 pause/start flips of the fleet
@@ -114,3 +117,87 @@ func percentiles(d []time.Duration) (p50, p99 time.Duration) {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// BenchmarkPlannedSwitch measures the delivery gap of planned switches:
+// the time from the last record the fleet's handlers got from one cluster
+// to the first from the other (gapMeter), with 3 agents consuming a
+// steady flow and pins moving the fleet A→B→A… six times. The baseline,
+// measured in the same run on clusters of its own, is the same fleet with
+// Options.BreakBeforeMake: no warm-up and no pre-translation, so every
+// connection to the target is opened after the revoke, as in a failover.
+func BenchmarkPlannedSwitch(b *testing.B) {
+	const switches = 6
+	var mbb, bbm []time.Duration
+	var dups [2]int
+	b.ResetTimer()
+	for range b.N {
+		bbm = append(bbm, plannedSwitchGaps(b, switches, true, &dups[0])...)
+		mbb = append(mbb, plannedSwitchGaps(b, switches, false, &dups[1])...)
+	}
+	b.StopTimer()
+	m50, _ := percentiles(mbb)
+	b50, _ := percentiles(bbm)
+	mMax, bMax := slices.Max(mbb), slices.Max(bbm)
+	b.ReportMetric(ms(m50), "gap-p50-ms")
+	b.ReportMetric(ms(mMax), "gap-max-ms")
+	b.ReportMetric(ms(b50), "break-before-make-gap-p50-ms")
+	b.ReportMetric(ms(bMax), "break-before-make-gap-max-ms")
+	b.ReportMetric(float64(b50)/float64(m50), "break-before-make/make-before-break-p50")
+	b.ReportMetric(float64(dups[1]), "duplicates")
+	fmt.Printf("planned switch delivery gap over %d switches, 3 agents: make-before-break p50 %.0f ms, max %.0f ms (%d duplicates); break-before-make p50 %.0f ms, max %.0f ms (%d duplicates); ratio p50 %.2f\n",
+		len(mbb), ms(m50), ms(mMax), dups[1], ms(b50), ms(bMax), dups[0], float64(b50)/float64(m50))
+}
+
+// plannedSwitchGaps runs a fleet on clusters of its own through n pinned
+// switches under a steady flow and returns the delivery gap of each; it
+// adds the records delivered twice to dups.
+func plannedSwitchGaps(b *testing.B, n int, breakBeforeMake bool, dups *int) []time.Duration {
+	d := startDC(b)
+	cli := testenv.EtcdClientT(b, d.etcd)
+	l, gm := newLedger(), &gapMeter{}
+	var agents []*agent.Agent
+	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
+		agents = append(agents, startFleetAgent(b, d.config(id), agent.Options{
+			Handler: gm.wrap(l.handler(id)), BreakBeforeMake: breakBeforeMake, Logger: zap.NewNop(),
+		}))
+	}
+	waitConsuming(b, 20*time.Second, "A", agents...)
+	waitBalanced(b, failoverPartitions, agents...)
+	p := startProducer(b, d.a.Brokers(), "orders", 0)
+	flowing := func(what string) {
+		want := l.count() + 200
+		wait.For(b, 20*time.Second, what, func() error {
+			if c := l.count(); c < want {
+				return fmt.Errorf("%d handled, want %d", c, want)
+			}
+			return nil
+		})
+	}
+	flowing("records flowing")
+	var gaps []time.Duration
+	for i := range n {
+		to := "B"
+		if i%2 == 1 {
+			to = "A"
+		}
+		if _, err := cli.Put(context.Background(), keys.New("orders").Pin(), to); err != nil {
+			b.Fatal(err)
+		}
+		waitConsuming(b, 20*time.Second, to, agents...)
+		gaps = append(gaps, gm.waitGap(b, i+1, 10*time.Second).gap)
+		flowing("records flowing from " + to)
+	}
+	p.halt()
+	_, dup, _ := l.result(0)
+	*dups += dup
+	// Idle this fleet before the next one is measured; its clusters stop
+	// when the benchmark ends.
+	for _, a := range agents {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		if err := a.Stop(ctx); err != nil {
+			b.Error(err)
+		}
+		cancel()
+	}
+	return gaps
+}

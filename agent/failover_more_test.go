@@ -60,7 +60,7 @@ func startFleetAgent(t testing.TB, cfg config.Config, opts agent.Options) *agent
 
 // waitConsuming waits until every agent consumes cluster and the
 // partitions are all owned.
-func waitConsuming(t *testing.T, timeout time.Duration, cluster string, agents ...*agent.Agent) time.Duration {
+func waitConsuming(t testing.TB, timeout time.Duration, cluster string, agents ...*agent.Agent) time.Duration {
 	t.Helper()
 	began := time.Now()
 	wait.For(t, timeout, "the fleet consumes "+cluster, func() error {
@@ -74,7 +74,7 @@ func waitConsuming(t *testing.T, timeout time.Duration, cluster string, agents .
 }
 
 // leaderOf returns the agent that leads, waiting for one.
-func leaderOf(t *testing.T, agents ...*agent.Agent) *agent.Agent {
+func leaderOf(t testing.TB, agents ...*agent.Agent) *agent.Agent {
 	t.Helper()
 	var l *agent.Agent
 	wait.For(t, 10*time.Second, "a leader", func() error {
@@ -384,6 +384,11 @@ func failoverWithoutFingerprints(t *testing.T, offsetSyncs bool) {
 	took := waitConsuming(t, cfg.Failover.FailureWindow+5*time.Second, "B", agents...)
 	p.halt()
 	t.Logf("failover: consuming B %v after A failed; %d commits on A stripped of their fingerprints", took, stripped())
+	// The acceptance bound holds for the fallbacks too: the absent
+	// MirrorMaker 2 topics are found absent by one metadata request each.
+	if took > cfg.Failover.FailureWindow+2*time.Second {
+		t.Errorf("failover took %v, want <= failure window + 2s", took)
+	}
 
 	onB := idsOn(t, d.b, "A.orders")
 	waitAllHandled(t, l, onB, 20*time.Second)
@@ -481,6 +486,17 @@ func (h *handovers) check(t *testing.T, l *ledger) {
 	}
 }
 
+// through returns an agent's KafkaDialer that connects to cluster
+// through link, and to the others directly.
+func through(link *testenv.Link, cluster string) func(string) kafka.Dialer {
+	return func(c string) kafka.Dialer {
+		if c == cluster {
+			return link
+		}
+		return nil // not a nil *Link: that would be a non-nil Dialer
+	}
+}
+
 // readyz returns an agent's /readyz status code and reason.
 func readyz(a *agent.Agent) (int, string, error) {
 	var body map[string]string
@@ -502,13 +518,7 @@ func TestAgentCutOffFromTheActiveClusterGivesItsPartitionsAway(t *testing.T) {
 		link := testenv.NewLink()
 		links[id] = link
 		agents = append(agents, startFleetAgent(t, d.config(id), agent.Options{
-			Handler: ho.wrap(id, l.handler(id)),
-			KafkaDialer: func(cluster string) kafka.Dialer {
-				if cluster == "A" {
-					return link
-				}
-				return nil // not a nil *Link: that would be a non-nil Dialer
-			},
+			Handler: ho.wrap(id, l.handler(id)), KafkaDialer: through(link, "A"),
 		}))
 	}
 	waitConsuming(t, 20*time.Second, "A", agents...)
@@ -589,22 +599,9 @@ func TestAgentCutOffFromTheActiveClusterGivesItsPartitionsAway(t *testing.T) {
 		return nil
 	})
 	// Records produced after the heal reach every agent's partitions.
-	mark := p.next.Load() + 200
-	wait.For(t, 20*time.Second, "records produced after the heal handled", func() error {
-		if l.timesHandled(fmt.Sprint(mark)) == 0 {
-			return fmt.Errorf("record %d not handled", mark)
-		}
-		return nil
-	})
-	p.halt()
-	onA := idsOn(t, d.a, "orders")
-	waitAllHandled(t, l, onA, 20*time.Second)
-	_, dups, dupFirst := l.result(0)
-	t.Logf("%d records, 0 lost, %d duplicates", len(onA), dups)
-	if dups != 0 {
+	if dups, dupFirst := drain(t, d, p, l, ho); dups != 0 {
 		t.Errorf("%d duplicates (first handled by %v): hand-overs through etcd commits must not repeat records", dups, dupFirst)
 	}
-	ho.check(t, l)
 }
 
 // TestFlappingPrimaryTripsTheCircuitBreaker: A fails whenever the fleet is
@@ -708,17 +705,8 @@ func TestFlappingPrimaryTripsTheCircuitBreaker(t *testing.T) {
 		}
 	}
 
-	p.halt()
-	mctx, mcancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer mcancel()
-	if err := d.mirror.CaughtUp(mctx); err != nil {
-		t.Fatal(err)
-	}
-	onB := idsOn(t, d.b, "A.orders")
-	waitAllHandled(t, l, onB, 20*time.Second)
-	_, dups, _ := l.result(0)
-	t.Logf("%d records (all mirrored), 0 lost, %d duplicates over 3 switches", len(onB), dups)
-	ho.check(t, l)
+	dups, _ := drain(t, d, p, l, ho)
+	t.Logf("%d duplicates over 3 switches", dups)
 }
 
 // gate is a handler that acknowledges records at once while open and
@@ -969,19 +957,13 @@ func TestPinSwitchesAndHoldsUntilRemoved(t *testing.T) {
 		}
 	}
 
-	mark := p.next.Load() + 200
-	wait.For(t, 20*time.Second, "records produced after the last switch handled", func() error {
-		if l.timesHandled(fmt.Sprint(mark)) == 0 {
-			return fmt.Errorf("record %d not handled", mark)
-		}
-		return nil
-	})
-	p.halt()
-	onA := idsOn(t, d.a, "orders")
-	waitAllHandled(t, l, onA, 20*time.Second)
-	_, dups, _ := l.result(0)
-	t.Logf("%d records, 0 lost, %d duplicates over 4 planned switches", len(onA), dups)
-	ho.check(t, l)
+	// Planned switches wait (at most the failure window) for the replica
+	// to hold what the fleet consumed; a replica later than that is
+	// reported as lagged and its records delivered again, so the count is
+	// logged, not bounded (TestPlannedSwitchIsMadeBeforeItIsBroken bounds
+	// it with the default window).
+	dups, _ := drain(t, d, p, l, ho)
+	t.Logf("%d duplicates over 4 planned switches", dups)
 }
 
 // TestSwitchIsAbandonedWhenItsTargetDies: A fails, the fleet starts to
@@ -1080,20 +1062,7 @@ func TestSwitchIsAbandonedWhenItsTargetDies(t *testing.T) {
 		t.Logf("abandoned: %s", evs[0].Abandoned)
 	}
 
-	mark := p.next.Load() + 200
-	wait.For(t, 20*time.Second, "records produced after the recovery handled", func() error {
-		if l.timesHandled(fmt.Sprint(mark)) == 0 {
-			return fmt.Errorf("record %d not handled", mark)
-		}
-		return nil
-	})
-	p.halt()
-	onA := idsOn(t, d.a, "orders")
-	waitAllHandled(t, l, onA, 20*time.Second)
-	_, dups, dupFirst := l.result(0)
-	t.Logf("%d records, 0 lost, %d duplicates", len(onA), dups)
-	if dups != 0 {
+	if dups, dupFirst := drain(t, d, p, l, ho); dups != 0 {
 		t.Errorf("%d duplicates (first handled by %v): every record was committed on A before the switch", dups, dupFirst)
 	}
-	ho.check(t, l)
 }

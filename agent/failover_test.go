@@ -31,7 +31,7 @@ type dc struct {
 
 const failoverPartitions = 4
 
-func startDC(t *testing.T) *dc {
+func startDC(t testing.TB) *dc {
 	t.Helper()
 	return startDCWith(t, true)
 }
@@ -39,7 +39,7 @@ func startDC(t *testing.T) *dc {
 // startDCWith is startDC with or without offset-syncs: without, B is
 // filled as by a replicator that is not MirrorMaker 2, and translation
 // has only fingerprints and timestamps to go by.
-func startDCWith(t *testing.T, offsetSyncs bool) *dc {
+func startDCWith(t testing.TB, offsetSyncs bool) *dc {
 	t.Helper()
 	syncs := ""
 	if offsetSyncs {
@@ -111,7 +111,7 @@ type producer struct {
 	started int64
 }
 
-func startProducer(t *testing.T, brokers []string, topic string, from int64) *producer {
+func startProducer(t testing.TB, brokers []string, topic string, from int64) *producer {
 	t.Helper()
 	sc := sarama.NewConfig()
 	sc.Version = sarama.V3_6_0_0

@@ -58,6 +58,24 @@ func (k *kafkaConn) close() {
 	_ = k.client.Close()
 }
 
+// openBrokers connects to every broker of the cluster and waits until each
+// connection is up or has failed, so that the partition consumers started
+// later find them open. (The consumer fetches from partition leaders,
+// which for the topics of a fleet are typically every broker.)
+func (k *kafkaConn) openBrokers() {
+	for _, b := range k.client.Brokers() {
+		_ = b.Open(k.client.Config()) // ErrAlreadyConnected: fine
+		_, _ = b.Connected()          // waits for the connection attempt
+	}
+}
+
+// warmResult is the outcome of warming a connection to a cluster.
+type warmResult struct {
+	cluster string
+	conn    *kafkaConn
+	err     error
+}
+
 // worker applies the fleet's assignment to this agent: it consumes the
 // partitions the agent owns, commits their positions (fenced) and
 // acknowledges each generation. One worker runs per etcd session; its
@@ -101,8 +119,19 @@ type worker struct {
 	// commit, a release or an acknowledgement. It holds the latest batch.
 	mirrorq chan mirrorJob
 
+	// warmed receives the outcome of the warm-up in flight (at most one).
+	warmed chan warmResult
+
 	// ---- owned by run
-	kafka      *kafkaConn
+	kafka *kafkaConn
+	// warm is a connection opened ahead of a planned switch to its
+	// cluster (Assignment.Warm); it becomes kafka when the switch assigns
+	// that cluster.
+	warm *kafkaConn
+	// warming names the cluster of the warm-up in flight, "" if none;
+	// warmAck is the generation to acknowledge when it ends (0: none).
+	warming    string
+	warmAck    int64
 	parts      map[coordinator.TopicPartition]*partitionRun
 	committed  map[coordinator.TopicPartition]int64
 	pending    []coordinator.TopicPartition // owned but not started (Kafka trouble): retried
@@ -127,6 +156,7 @@ func (w *worker) run(ctx context.Context) error {
 	w.parts = map[coordinator.TopicPartition]*partitionRun{}
 	w.committed = map[coordinator.TopicPartition]int64{}
 	w.mirrorq = make(chan mirrorJob, 1)
+	w.warmed = make(chan warmResult, 1)
 	mctx, mcancel := context.WithCancel(context.WithoutCancel(ctx))
 	mdone := make(chan struct{})
 	go func() {
@@ -141,6 +171,14 @@ func (w *worker) run(ctx context.Context) error {
 		w.bg.Wait()
 		if w.kafka != nil {
 			w.kafka.close()
+		}
+		w.dropWarm()
+		select {
+		case res := <-w.warmed:
+			if res.conn != nil {
+				res.conn.close()
+			}
+		default:
 		}
 		w.publishOwned()
 	}()
@@ -194,6 +232,8 @@ func (w *worker) follow(ctx context.Context, tick <-chan time.Time, sig <-chan s
 			return ctx.Err()
 		case <-sig:
 			w.applySignals(ctx)
+		case res := <-w.warmed:
+			w.warmDone(ctx, res)
 		case <-tick:
 			if err := w.commit(ctx, slices.Collect(maps.Keys(w.parts))); errors.Is(err, errLeaseLost) {
 				return err
@@ -257,9 +297,17 @@ func (w *worker) apply(ctx context.Context, a coordinator.Assignment, rev int64)
 		log.Info("released partitions", zap.Stringers("partitions", release))
 	}
 	if switching {
-		w.kafka.close()
+		// Closing waits for sarama's consumer to wind down: not on the
+		// way to the acknowledgement the switch waits for.
+		old := w.kafka
 		w.kafka = nil
+		w.bg.Add(1)
+		go func() {
+			defer w.bg.Done()
+			old.close()
+		}()
 	}
+	deferAck := w.followWarm(ctx, a)
 	w.pending = w.pending[:0]
 	for tp := range want {
 		if w.parts[tp] == nil {
@@ -276,22 +324,112 @@ func (w *worker) apply(ctx context.Context, a coordinator.Assignment, rev int64)
 	cluster := a.Cluster
 	w.active.Store(&cluster)
 	w.metrics.generation.Set(float64(a.Generation))
-	w.ack(ctx, a.Generation)
+	if deferAck {
+		// The leader waits for this acknowledgement to know the agent
+		// is warm; it is sent when the warm-up ends (warmDone).
+		w.warmAck = a.Generation
+	} else {
+		w.ack(ctx, a.Generation)
+	}
 	if w.onApplied != nil {
 		w.onApplied(a)
 	}
 }
 
+// followWarm makes the warm connection follow a: a connection to a's
+// cluster becomes the one consumed from; one to a cluster that a neither
+// consumes nor warms is closed; a warm-up of a.Warm starts if none is
+// open or in flight. It reports whether a's acknowledgement waits for
+// that warm-up.
+func (w *worker) followWarm(ctx context.Context, a coordinator.Assignment) bool {
+	if w.warm != nil && w.kafka == nil && w.warm.name == a.Cluster {
+		w.kafka, w.warm = w.warm, nil
+		w.log.Info("consuming through the connection warmed ahead of the switch", zap.String("cluster", a.Cluster))
+	}
+	if w.warm != nil && w.warm.name != a.Warm {
+		w.dropWarm()
+	}
+	if a.Warm == "" || a.Warm == a.Cluster || w.warm != nil {
+		return false
+	}
+	if w.warming == "" {
+		c, ok := w.cfg.Clusters[a.Warm]
+		if !ok {
+			w.log.Warn("assignment warms a cluster this agent has no configuration for", zap.String("cluster", a.Warm))
+			return false
+		}
+		w.warming = a.Warm
+		d := w.dialerFor(a.Warm)
+		w.bg.Add(1)
+		go func() {
+			defer w.bg.Done()
+			k, err := dialKafka(a.Warm, c, w.cfg.Source.Group, w.cfg.Etcd.RequestTimeout, d)
+			if err == nil {
+				k.openBrokers()
+			}
+			w.warmed <- warmResult{cluster: a.Warm, conn: k, err: err}
+		}()
+	}
+	return w.warming == a.Warm
+}
+
+// warmDone takes the outcome of a warm-up: the connection is kept if the
+// applied assignment still warms or consumes its cluster, and the
+// generation waiting for it is acknowledged, warm or not (warming is an
+// optimization: the leader must not wait for a cluster this agent cannot
+// reach yet).
+func (w *worker) warmDone(ctx context.Context, res warmResult) {
+	w.warming = ""
+	switch {
+	case res.err != nil:
+		w.log.Info("cannot warm a connection ahead of the switch; connecting when assigned", zap.String("cluster", res.cluster), zap.Error(res.err))
+	case w.applied.Warm == res.cluster && w.warm == nil:
+		w.warm = res.conn
+		w.log.Info("warmed a connection ahead of the switch", zap.String("cluster", res.cluster))
+	case w.applied.Cluster == res.cluster && w.kafka == nil:
+		w.kafka = res.conn
+		w.startPending(ctx)
+	default:
+		res.conn.close()
+	}
+	if w.warmAck > 0 && w.warmAck == w.applied.Generation {
+		w.ack(ctx, w.warmAck)
+	}
+	w.warmAck = 0
+}
+
+// dropWarm closes the warm connection, if any.
+func (w *worker) dropWarm() {
+	if w.warm != nil {
+		w.warm.close()
+		w.warm = nil
+	}
+}
+
+func (w *worker) dialerFor(cluster string) kafka.Dialer {
+	if w.dialer == nil {
+		return nil
+	}
+	return w.dialer(cluster)
+}
+
 // release stops tps, waits for their records to be acknowledged, and
-// commits their final positions.
+// commits their final positions. The partitions stop concurrently: each
+// stop waits for sarama to end the partition's fetching.
 func (w *worker) release(ctx context.Context, tps []coordinator.TopicPartition, a coordinator.Assignment) {
+	var wg sync.WaitGroup
 	for _, tp := range tps {
 		r := w.parts[tp]
-		if !r.stop(w.drain) {
-			w.log.Warn("handler did not acknowledge every record before the drain timeout; the next owner consumes them again",
-				zap.Stringer("partition", tp), zap.Int("unacked", r.t.unacked()), zap.Duration("drain", w.drain))
-		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if !r.stop(w.drain) {
+				w.log.Warn("handler did not acknowledge every record before the drain timeout; the next owner consumes them again",
+					zap.Stringer("partition", tp), zap.Int("unacked", r.t.unacked()), zap.Duration("drain", w.drain))
+			}
+		}()
 	}
+	wg.Wait()
 	var allowed []coordinator.TopicPartition
 	for _, tp := range tps {
 		if a.MayCommit(w.id, tp) {
@@ -319,11 +457,7 @@ func (w *worker) startPending(ctx context.Context) {
 			w.log.Error("assignment names a cluster this agent has no configuration for", zap.String("cluster", w.applied.Cluster))
 			return
 		}
-		var d kafka.Dialer
-		if w.dialer != nil {
-			d = w.dialer(w.applied.Cluster)
-		}
-		k, err := dialKafka(w.applied.Cluster, c, w.cfg.Source.Group, w.cfg.Etcd.RequestTimeout, d)
+		k, err := dialKafka(w.applied.Cluster, c, w.cfg.Source.Group, w.cfg.Etcd.RequestTimeout, w.dialerFor(w.applied.Cluster))
 		if err != nil {
 			w.log.Warn("cannot connect to the assigned cluster; retrying", zap.Error(err))
 			return

@@ -57,8 +57,9 @@ type SwitchEvent struct {
 	Reason   string    `json:"reason"`
 	Started  time.Time `json:"started"`
 	Finished time.Time `json:"finished"`
-	// Phases are the durations of revoke (release on From), translate and
-	// activate, in seconds.
+	// Phases are the durations of prepare (planned switches: warm-up and
+	// pre-translation, while the fleet still consumed From), revoke
+	// (release on From), translate and activate, in seconds.
 	Phases     map[string]float64 `json:"phases_seconds"`
 	Partitions []PartitionSwitch  `json:"partitions"`
 	Leader     string             `json:"leader"`

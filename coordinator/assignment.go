@@ -35,6 +35,12 @@ type Assignment struct {
 	Revoking map[string][]TopicPartition `json:"revoking,omitempty"`
 	// Published is when the leader wrote it.
 	Published time.Time `json:"published"`
+	// Warm, when set, names the cluster a planned switch is about to move
+	// the fleet to: agents open their clients to it now, while they go on
+	// consuming Cluster, and acknowledge the generation once warm. A hint
+	// only: an agent that has not warmed connects when it is assigned
+	// partitions there.
+	Warm string `json:"warm,omitempty"`
 }
 
 // maxAssignmentSize bounds what an agent parses from state/assignment.

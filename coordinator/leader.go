@@ -64,6 +64,11 @@ type Leader struct {
 	Dialer func(cluster string) kafka.Dialer
 	// Metrics, when set, receives the leader's measurements.
 	Metrics *Metrics
+	// BreakBeforeMake, when set, turns off the preparation of planned
+	// switches (agents warming their clients to the target, the
+	// pre-translation): every switch revokes first and connects after,
+	// as a failover must. The baseline of BenchmarkPlannedSwitch.
+	BreakBeforeMake bool
 	// status is the leader's last verdict, for /status.
 	status atomic.Pointer[LeaderStatus]
 	// bg owns the goroutines that talk to Kafka. They may outlive a term
@@ -317,6 +322,12 @@ func (l *Leader) Run(ctx context.Context, et election.Term) error {
 	} else if br.open(time.Now()) {
 		log.Warn("circuit breaker open (tripped under an earlier leader): automatic switching stays off", zap.Time("until", br.openUntil))
 	}
+	// readyOn returns the live agents that are not alone in failing to
+	// reach cluster: those that get partitions there.
+	readyOn := func(cluster string) []string {
+		cut := h.cutOff(time.Now(), cluster, l.cfg.Failover.FailureWindow)
+		return slices.DeleteFunc(slices.Clone(l.members.Live()), func(id string) bool { return cut[id] })
+	}
 	probe := time.NewTicker(l.cfg.Failover.ProbeInterval)
 	defer probe.Stop()
 	// A switch that failed is retried after a backoff; failedEpoch is the
@@ -386,7 +397,10 @@ func (l *Leader) Run(ctx context.Context, et election.Term) error {
 			dec = decision{} // keep consuming where the fleet is until the retry
 		}
 		if switching || dec.to != "" {
-			ev, err := l.switchTo(ctx, t, dec.to, dec.reason, dec.auto, l.members.Live)
+			// Planned: the cluster being left is healthy (a pin, a
+			// failback), so the switch can be made before it is broken.
+			planned := h.quorumUpNow(t.active.Cluster) && h.quorumUpNow(dec.to)
+			ev, err := l.switchTo(ctx, t, dec.to, dec.reason, dec.auto, planned, l.members.Live, readyOn)
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
@@ -423,8 +437,12 @@ func (l *Leader) Run(ctx context.Context, et election.Term) error {
 			// write).
 			if err != nil {
 				l.reread(ctx, t, ak, log)
-			} else if c, r, err := l.readAssignment(ctx, ak); err == nil {
-				t.current, t.currentRev = c, r
+			} else {
+				// The switch listed the partitions on the new cluster
+				// (and assigned them): plan with them until discovery
+				// there reports.
+				discover(t.active.Cluster)
+				partitions = t.found
 			}
 			continue
 		}
@@ -439,7 +457,7 @@ func (l *Leader) Run(ctx context.Context, et election.Term) error {
 		// Agents that alone cannot reach the active cluster get no
 		// partitions: they would only stall them.
 		cut := h.cutOff(now, t.active.Cluster, l.cfg.Failover.FailureWindow)
-		ready := slices.DeleteFunc(slices.Clone(live), func(id string) bool { return cut[id] })
+		ready := readyOn(t.active.Cluster)
 		l.status.Store(&LeaderStatus{Active: t.active, Verdict: why, Pin: pn.get(), Breaker: br.openUntil, CutOff: slices.Sorted(maps.Keys(cut))})
 		if partitions != nil {
 			next, changed := Plan(PlanInput{Current: t.current, Partitions: partitions, Cluster: t.active.Cluster, Live: ready, Acks: ak.snapshot()})

@@ -28,6 +28,10 @@ type term struct {
 	current    Assignment
 	currentRev int64
 	acks       *acks
+	// found are the source partitions on the target of the last switch,
+	// listed by its translation: the first assignment there needs no
+	// discovery round.
+	found []TopicPartition
 }
 
 // writeActive publishes a, fenced by the term and the revision it replaces.
@@ -78,6 +82,9 @@ func (l *Leader) readActive(ctx context.Context) (Active, int64, error) {
 // switchTo moves the fleet to cluster to, or resumes a switch that a
 // previous leader left in PhaseSwitching. Steps, each visible in etcd:
 //
+//  0. a planned switch (the cluster being left is reachable, and
+//     BreakBeforeMake is off) is prepared first: agents warm their
+//     clients to `to` and the leader pre-translates (prepare);
 //  1. state/active := {to, epoch+1, switching} (skipped when resuming);
 //  2. a generation on `to` in which every live owner releases what it
 //     consumes; wait until each has committed and acknowledged (an agent
@@ -85,15 +92,27 @@ func (l *Leader) readActive(ctx context.Context) (Active, int64, error) {
 //     revoked, so it can commit nothing more);
 //  3. translate every partition's committed position on `from` to `to`
 //     and write it (fenced);
-//  4. state/active := {to, active}, history/<epoch> := the event.
+//  4. in one transaction: the translated positions, state/active := {to,
+//     active}, and the first generation on `to` (activate); then
+//     history/<epoch> := the event.
 //
-// Nobody consumes `to` before step 4: the caller plans assignments on it
-// only once the phase is active. So a leader that dies anywhere in 1–3
+// Nobody consumes `to` before step 4: it assigns partitions there in the
+// same transaction that makes the phase active. So a leader that dies anywhere in 1–3
 // leaves a state the next leader resumes from, and re-translating is safe.
-func (l *Leader) switchTo(ctx context.Context, t *term, to, reason string, auto bool, live func() []string) (SwitchEvent, error) {
+func (l *Leader) switchTo(ctx context.Context, t *term, to, reason string, auto, planned bool, live func() []string, readyOn func(cluster string) []string) (SwitchEvent, error) {
 	began := time.Now()
 	from := t.active.Cluster
 	started := began.UTC()
+	var prep *prepared
+	defer func() { prep.close() }()
+	if t.active.Phase != PhaseSwitching && planned && !l.BreakBeforeMake {
+		prep = l.prepare(ctx, t, to, live, t.log.With(zap.String("from", from), zap.String("to", to)))
+		if ctx.Err() != nil {
+			return SwitchEvent{Started: started, Finished: time.Now().UTC()}, ctx.Err()
+		}
+	}
+	prepTook := time.Since(began)
+	began = time.Now()
 	if t.active.Phase == PhaseSwitching {
 		// The event keeps the switch's own start: a resumed switch
 		// took from then, the leader's outage included.
@@ -113,8 +132,11 @@ func (l *Leader) switchTo(ctx context.Context, t *term, to, reason string, auto 
 		ev.Finished = time.Now().UTC()
 		return ev, err
 	}
+	if prep != nil {
+		ev.Phases["prepare"] = prepTook.Seconds()
+	}
 	log := t.log.With(zap.String("from", from), zap.String("to", to), zap.Int64("epoch", ev.Epoch))
-	log.Info("switching clusters", zap.String("reason", reason))
+	log.Info("switching clusters", zap.String("reason", reason), zap.Bool("prepared", prep != nil))
 
 	// 2. Release everything on `from`.
 	if err := l.releaseAll(ctx, t, to, live, log); err != nil {
@@ -124,7 +146,7 @@ func (l *Leader) switchTo(ctx context.Context, t *term, to, reason string, auto 
 
 	// 3. Translate.
 	tt := time.Now()
-	parts, err := l.translateAll(ctx, t, from, to, log)
+	parts, ops, err := l.translateAll(ctx, t, from, to, prep, planned, log)
 	if err != nil {
 		return fail(err)
 	}
@@ -133,7 +155,8 @@ func (l *Leader) switchTo(ctx context.Context, t *term, to, reason string, auto 
 
 	// 4. Activate.
 	ta := time.Now()
-	if err := l.writeActive(ctx, t, Active{Cluster: to, Epoch: ev.Epoch, Phase: PhaseActive, From: from, Reason: reason, Since: time.Now().UTC(), Automatic: auto}); err != nil {
+	active := Active{Cluster: to, Epoch: ev.Epoch, Phase: PhaseActive, From: from, Reason: reason, Since: time.Now().UTC(), Automatic: auto}
+	if err := l.activate(ctx, t, active, ops, readyOn(to)); err != nil {
 		return fail(err)
 	}
 	ev.Phases["activate"] = time.Since(ta).Seconds()
@@ -145,8 +168,69 @@ func (l *Leader) switchTo(ctx context.Context, t *term, to, reason string, auto 
 		}
 		cancel()
 	}
-	log.Info("switched clusters", zap.Duration("took", time.Since(began)), zap.Int("partitions", len(parts)))
+	log.Info("switched clusters", zap.Duration("took", ev.Finished.Sub(ev.Started)), zap.Int("partitions", len(parts)))
 	return ev, nil
+}
+
+// maxSwitchOps bounds the operations of one switch transaction, under
+// etcd's default --max-txn-ops (128).
+const maxSwitchOps = 100
+
+// activate completes a switch in one transaction, fenced by the term and
+// the revisions of state/active and state/assignment: the translated
+// positions (ops), state/active := a, and the first generation on
+// a.Cluster over the agents ready there, planned on the partitions the
+// translation listed. Agents start on the new cluster the moment the
+// switch is visible, at the positions written with it. Positions too many
+// for one transaction are written first, fenced the same way: harmless,
+// as nobody consumes the target before state/active says so.
+func (l *Leader) activate(ctx context.Context, t *term, a Active, ops []clientv3.Op, ready []string) error {
+	a.Leader, a.Token = t.ID, t.Rev
+	aval, err := json.Marshal(a)
+	if err != nil {
+		return err
+	}
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(l.keys.Active()), "=", t.activeRev)}
+	final := []clientv3.Op{clientv3.OpPut(l.keys.Active(), string(aval))}
+	next, changed := Plan(PlanInput{Current: t.current, Partitions: t.found, Cluster: a.Cluster, Live: ready, Acks: t.acks.snapshot()})
+	if changed && t.found != nil {
+		next.Leader, next.Token, next.Published = t.ID, t.Rev, time.Now().UTC()
+		val, err := json.Marshal(next)
+		if err != nil {
+			return err
+		}
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(l.keys.Assignment()), "=", t.currentRev))
+		final = append(final, clientv3.OpPut(l.keys.Assignment(), string(val)))
+	} else {
+		changed = false
+	}
+	if len(ops)+len(final) > maxSwitchOps {
+		for chunk := range slices.Chunk(ops, maxSwitchOps) {
+			wctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
+			_, err := t.Txn(wctx, cmps[:1], chunk...)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("coordinator: write translated positions: %w", err)
+			}
+		}
+		ops = nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
+	defer cancel()
+	resp, err := t.Txn(wctx, cmps, append(ops, final...)...)
+	if err != nil {
+		return fmt.Errorf("coordinator: activate %s: %w", a.Cluster, err)
+	}
+	t.active, t.activeRev = a, resp.Header.Revision
+	if changed {
+		t.current, t.currentRev = next, resp.Header.Revision
+		t.log.Info("published assignment", zap.Int64("generation", next.Generation), zap.String("cluster", next.Cluster),
+			zap.Int("agents", len(next.Owned)), zap.Int("revoking", len(next.Revoking)), zap.Bool("with_activation", true))
+		if l.OnPublish != nil {
+			l.OnPublish(next)
+		}
+	}
+	return nil
 }
 
 // abandonSwitch ends the switch in progress without completing it: the
@@ -237,38 +321,66 @@ func (l *Leader) unacked(t *term, live []string) []string {
 	return out
 }
 
-// translateAll translates every partition of the source topics on `to`
-// from its committed position on `from`, and writes the results.
-func (l *Leader) translateAll(ctx context.Context, t *term, from, to string, log *zap.Logger) ([]PartitionSwitch, error) {
+// translation is what a switch translates positions with: clients of the
+// target (and of the offset-syncs cluster, when that is another), and the
+// source partitions found on the target. A planned switch opens it before
+// it revokes anything, so that the translation after the revoke runs on
+// connected clients with loaded metadata.
+type translation struct {
+	from, to string
+	target   sarama.Client
+	syncs    sarama.Client // when not target: closed with it
+	tr       *offsets.Translator
+	dir      offsets.Direction
+	// tps are the source partitions on `to`, sorted.
+	tps []TopicPartition
+}
+
+// openTranslation connects to `to` (and the offset-syncs cluster) and lists
+// the source partitions there.
+func (l *Leader) openTranslation(ctx context.Context, from, to string, log *zap.Logger) (*translation, error) {
 	target, err := kafka.NewClientWith(to, l.cfg.Clusters[to], kafka.Options{Dialer: l.dialer(to)})
 	if err != nil {
 		return nil, err
 	}
-	defer target.Close()
+	x := &translation{from: from, to: to, target: target, dir: offsets.Forward}
 	d := &discovery{leader: l, cluster: to, log: log, client: target, missing: map[string]bool{}}
-	tps, err := d.partitions(ctx)
-	if err != nil {
+	if x.tps, err = d.partitions(ctx); err != nil {
+		x.close()
 		return nil, err
 	}
 	standby := to
-	dir := offsets.Forward
 	if c := l.cfg.Clusters[to]; c.Role != "standby" {
-		standby, dir = from, offsets.Backward
+		standby, x.dir = from, offsets.Backward
 	}
 	rep := l.cfg.Replication(standby)
-	var syncs sarama.Client
-	if rep.OffsetSyncsCluster == to {
-		syncs = target
-	} else if c, err := kafka.NewClientWith(rep.OffsetSyncsCluster, l.cfg.Clusters[rep.OffsetSyncsCluster],
-		kafka.Options{Dialer: l.dialer(rep.OffsetSyncsCluster), Timeout: l.cfg.Failover.ProbeTimeout}); err == nil {
-		syncs = c
-		defer c.Close()
+	syncs := target
+	if rep.OffsetSyncsCluster != to {
+		syncs = nil
+		if c, err := kafka.NewClientWith(rep.OffsetSyncsCluster, l.cfg.Clusters[rep.OffsetSyncsCluster],
+			kafka.Options{Dialer: l.dialer(rep.OffsetSyncsCluster), Timeout: l.cfg.Failover.ProbeTimeout}); err == nil {
+			syncs, x.syncs = c, c
+		}
 	}
-	tr := &offsets.Translator{Target: target, Syncs: syncs, Replication: rep, TimestampMargin: l.cfg.Failover.TimestampMargin}
+	x.tr = &offsets.Translator{Target: target, Syncs: syncs, Replication: rep, TimestampMargin: l.cfg.Failover.TimestampMargin}
+	return x, nil
+}
 
-	// Positions committed on `from`, by logical partition.
+func (x *translation) close() {
+	if x == nil {
+		return
+	}
+	if x.syncs != nil {
+		_ = x.syncs.Close()
+	}
+	_ = x.target.Close()
+}
+
+// committed returns the positions committed on cluster, by logical
+// partition.
+func (l *Leader) committed(ctx context.Context, cluster string, log *zap.Logger) (map[TopicPartition]offsets.Position, error) {
 	lctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
-	positions, bad, err := l.store.List(lctx, from)
+	positions, bad, err := l.store.List(lctx, cluster)
 	cancel()
 	if err != nil {
 		return nil, err
@@ -278,25 +390,34 @@ func (l *Leader) translateAll(ctx context.Context, t *term, from, to string, log
 	}
 	byLogical := map[TopicPartition]offsets.Position{}
 	for _, p := range positions {
-		if logical, ok := l.naming.Logical(from, p.Topic); ok {
+		if logical, ok := l.naming.Logical(cluster, p.Topic); ok {
 			byLogical[TopicPartition{Topic: logical, Partition: p.Partition}] = p
 		}
 	}
+	return byLogical, nil
+}
 
+// translate translates every partition of x.tps from its position in
+// positions (by logical partition), starting each fingerprint scan from
+// its hint when there is one. It returns each partition's outcome and the
+// commits to write on x.to; the error joins every partition's failure.
+func (l *Leader) translate(ctx context.Context, x *translation, positions map[TopicPartition]offsets.Position,
+	hints map[TopicPartition]*offsets.Hint) ([]PartitionSwitch, []offsets.Commit, error) {
 	type result struct {
 		ps     PartitionSwitch
 		commit *offsets.Commit
 		err    error
 	}
-	results := make([]result, len(tps))
+	results := make([]result, len(x.tps))
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 8)
-	for i, tp := range tps {
-		logical, _ := l.naming.Logical(to, tp.Topic)
-		pos, ok := byLogical[TopicPartition{Topic: logical, Partition: tp.Partition}]
+	for i, tp := range x.tps {
+		logical, _ := l.naming.Logical(x.to, tp.Topic)
+		ltp := TopicPartition{Topic: logical, Partition: tp.Partition}
+		pos, ok := positions[ltp]
 		if !ok {
 			results[i] = result{ps: PartitionSwitch{Topic: logical, Partition: tp.Partition, FromOffset: -1, ToOffset: -1, Method: "none", Rewound: -1,
-				Detail: "no committed position on " + from + ": starts at source.initial_offset"}}
+				Detail: "no committed position on " + x.from + ": starts at source.initial_offset"}}
 			continue
 		}
 		wg.Add(1)
@@ -304,15 +425,15 @@ func (l *Leader) translateAll(ctx context.Context, t *term, from, to string, log
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			res, err := tr.Translate(ctx, offsets.TranslateRequest{
-				From: from, To: to, Topic: tp.Topic, SourceTopic: logical, Partition: tp.Partition,
-				Position: pos.Commit, Group: l.cfg.Source.Group, Direction: dir,
+			res, err := x.tr.Translate(ctx, offsets.TranslateRequest{
+				From: x.from, To: x.to, Topic: tp.Topic, SourceTopic: logical, Partition: tp.Partition,
+				Position: pos.Commit, Group: l.cfg.Source.Group, Direction: x.dir, Hint: hints[ltp],
 			})
 			if err != nil {
 				results[i] = result{err: err}
 				return
 			}
-			c := offsets.Commit{Cluster: to, Topic: tp.Topic, Partition: tp.Partition, Offset: res.Offset,
+			c := offsets.Commit{Cluster: x.to, Topic: tp.Topic, Partition: tp.Partition, Offset: res.Offset,
 				Timestamp: pos.Timestamp, Fingerprints: pos.Fingerprints}
 			if int64(len(c.Fingerprints)) > c.Offset {
 				c.Fingerprints = c.Fingerprints[int64(len(c.Fingerprints))-c.Offset:]
@@ -333,23 +454,79 @@ func (l *Leader) translateAll(ctx context.Context, t *term, from, to string, log
 		parts = append(parts, r.ps)
 		if r.commit != nil {
 			commits = append(commits, *r.commit)
-			l.translated(r.ps.Method)
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return parts, fmt.Errorf("coordinator: translate positions %s → %s: %w", from, to, err)
+		return parts, commits, fmt.Errorf("coordinator: translate positions %s → %s: %w", x.from, x.to, err)
+	}
+	return parts, commits, nil
+}
+
+// translateAll translates every partition of the source topics on `to`
+// from its committed position on `from`, and returns the outcomes and the
+// operations that write the translated positions. It uses
+// prep's clients and hints when a planned switch prepared them.
+//
+// In a planned switch the replica may be a little behind the fleet (the
+// replicator copies what the fleet has just consumed): records consumed on
+// `from` but not yet on `to` would be delivered again once copied. So a
+// planned switch translates again, every lagPoll, until the target holds
+// every consumed record, for at most prepareTimeout; a failover cannot
+// wait for a replicator whose source is gone, and reports the lag.
+func (l *Leader) translateAll(ctx context.Context, t *term, from, to string, prep *prepared, planned bool, log *zap.Logger) ([]PartitionSwitch, []clientv3.Op, error) {
+	x, hints := prep.use(from, to)
+	if x == nil {
+		var err error
+		if x, err = l.openTranslation(ctx, from, to, log); err != nil {
+			return nil, nil, err
+		}
+		defer x.close()
+	}
+	positions, err := l.committed(ctx, from, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	parts, commits, err := l.translate(ctx, x, positions, hints)
+	rounds := 1
+	for deadline := time.Now().Add(l.prepareTimeout()); err == nil && planned && lagging(parts) > 0 && time.Now().Before(deadline); {
+		select {
+		case <-ctx.Done():
+			return parts, nil, ctx.Err()
+		case <-time.After(lagPoll):
+		}
+		parts, commits, err = l.translate(ctx, x, positions, hints)
+		rounds++
+	}
+	log.Debug("translated", zap.Int("rounds", rounds), zap.Int("hints", len(hints)))
+	if err != nil {
+		return parts, nil, err
+	}
+	if n := lagging(parts); n > 0 {
+		log.Warn("the target lacks records the fleet consumed; if the replicator copies them later they are delivered again",
+			zap.Int64("lagged", n), zap.Bool("planned", planned))
+	}
+	for _, ps := range parts {
+		if ps.Method != "none" {
+			l.translated(ps.Method)
+		}
 	}
 	ops, err := l.store.PutOps("leader:"+t.ID, t.current.Generation, commits)
 	if err != nil {
-		return parts, err
+		return parts, nil, err
 	}
-	for chunk := range slices.Chunk(ops, 100) {
-		wctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
-		_, err := t.Txn(wctx, []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(l.keys.Active()), "=", t.activeRev)}, chunk...)
-		cancel()
-		if err != nil {
-			return parts, fmt.Errorf("coordinator: write translated positions: %w", err)
-		}
+	t.found = x.tps
+	return parts, ops, nil
+}
+
+// lagPoll is how often a planned switch translates again while the target
+// lags behind what the fleet consumed.
+const lagPoll = 20 * time.Millisecond
+
+// lagging returns how many consumed records the targets lacked in all.
+func lagging(parts []PartitionSwitch) int64 {
+	var n int64
+	for _, ps := range parts {
+		n += ps.Lagged
 	}
-	return parts, nil
+	return n
 }

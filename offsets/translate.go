@@ -655,7 +655,12 @@ func listOffset(ctx context.Context, client sarama.Client, topic string, partiti
 		off, err = client.GetOffset(topic, partition, at)
 		return err
 	})
-	return off, err
+	if err != nil {
+		// off is not read: after ctx ended, the abandoned call may
+		// still write it.
+		return 0, err
+	}
+	return off, nil
 }
 
 // scan is the outcome of one fingerprint scan.
@@ -938,7 +943,11 @@ func fetchOnce(ctx context.Context, client sarama.Client, topic string, partitio
 		req.SessionID, req.SessionEpoch = 0, -1 // no fetch session
 	}
 	req.AddBlock(topic, partition, offset, maxBytes, -1)
+	// block and version are read only when the call completed: after ctx
+	// ended, the abandoned call may still write them (and sarama may
+	// lower req.Version to what the broker supports).
 	var block *sarama.FetchResponseBlock
+	var version int16
 	err := call(ctx, func() error {
 		b, err := client.Leader(topic, partition)
 		if err != nil {
@@ -952,9 +961,13 @@ func fetchOnce(ctx context.Context, client sarama.Client, topic string, partitio
 		if block = resp.GetBlock(topic, partition); block == nil {
 			return sarama.ErrIncompleteResponse
 		}
+		version = req.Version
 		return nil
 	})
-	return block, req.Version, err
+	if err != nil {
+		return nil, 0, err
+	}
+	return block, version, nil
 }
 
 // retriableFetchError reports whether a fetch failed for a reason that a
