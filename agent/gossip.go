@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log"
 	"net"
@@ -88,13 +89,24 @@ func (d *gossipState) views() coordinator.AgentViews {
 	defer d.mu.Unlock()
 	out := coordinator.AgentViews{}
 	for name, meta := range d.metas {
-		var v map[string]coordinator.ClusterView
-		if len(meta) == 0 || json.Unmarshal(meta, &v) != nil {
-			continue
+		if v, err := parseViews(meta); err == nil {
+			out[name] = v
 		}
-		out[name] = v
 	}
 	return out
+}
+
+// parseViews decodes a member's gossip metadata: its view of each cluster
+// (healthMeta.NodeMeta). memberlist bounds metadata to 512 bytes.
+func parseViews(meta []byte) (map[string]coordinator.ClusterView, error) {
+	if len(meta) == 0 {
+		return nil, errors.New("agent: gossip metadata is empty: the member's views do not fit or are not known yet")
+	}
+	var v map[string]coordinator.ClusterView
+	if err := json.Unmarshal(meta, &v); err != nil {
+		return nil, fmt.Errorf("agent: gossip metadata is not a JSON object of cluster views: %w", err)
+	}
+	return v, nil
 }
 
 func (d *gossipState) NotifyJoin(n *memberlist.Node)   { d.keepMeta(n) }
