@@ -309,7 +309,8 @@ func runFailover(t *testing.T, tc failoverCase) (rep scenarioReport) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, err := judge(segs, map[string]map[int32][]kRecord{"A": contentA, "B": contentB}, delivered, replicatedAtFault)
+	handOvers := map[string]map[int32]map[int64]bool{"A": tl.handOvers("A", "orders"), "B": tl.handOvers("B", remote)}
+	v, err := judge(segs, map[string]map[int32][]kRecord{"A": contentA, "B": contentB}, delivered, replicatedAtFault, handOvers)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -244,9 +244,12 @@ func TestRoutesOnRealKafka(t *testing.T) {
 	// record routed by one version, in order.
 	r := st.relayVerdict(t, prod)
 	rep.verdict = r.verdict
-	if !r.ok() || r.Duplicates > 0 {
-		t.Errorf("lost %d %v, %d duplicates %v; deliveries the committed offsets do not explain: %v",
-			r.LostCount, r.Lost, r.Duplicates, r.BadDuplicates, r.PositionMismatch)
+	// Nothing fails in this test, but on an overloaded machine an agent's
+	// etcd session can expire: its partitions' next owners deliver again
+	// what it delivered after its last commit (verdict.DuplicatesHandOver).
+	if !r.ok() {
+		t.Errorf("lost %d %v; duplicates not explained by a death %v; deliveries the committed offsets do not explain: %v",
+			r.LostCount, r.Lost, r.BadDuplicates, r.PositionMismatch)
 	}
 	var copies []map[int32][]kRecord
 	for _, topic := range evensTopics {
@@ -256,7 +259,7 @@ func TestRoutesOnRealKafka(t *testing.T) {
 		}
 		copies = append(copies, c)
 	}
-	vs := judgeVersions(r.source, copies, changes)
+	vs := judgeVersions(r.source, r.delivered, copies, changes)
 	rep.Details = append(rep.Details, vs.String())
 	t.Logf("routing versions: %s", vs)
 	if len(vs.problems) > 0 {
@@ -330,7 +333,10 @@ type versionVerdict struct {
 	// seen before apply and every agent reporting the new version), and
 	// of those, the ones the new version routed.
 	inFlight, inFlightNew []int
-	problems              []string
+	// redelivered counts the even records delivered more than once (after
+	// a hand-over), each time by the version then in force: not judged.
+	redelivered int
+	problems    []string
 }
 
 func (v versionVerdict) String() string {
@@ -339,6 +345,9 @@ func (v versionVerdict) String() string {
 	for i := range v.inFlight {
 		fmt.Fprintf(&b, "; change to version %d: %d even records in flight, %d of them routed by the new version",
 			i+1, v.inFlight[i], v.inFlightNew[i])
+	}
+	if v.redelivered > 0 {
+		fmt.Fprintf(&b, "; %d even records delivered twice after a hand-over, not judged", v.redelivered)
 	}
 	if len(v.problems) > 0 {
 		fmt.Fprintf(&b, "; %d problems", len(v.problems))
@@ -351,12 +360,20 @@ func (v versionVerdict) String() string {
 // copies (copies[i]: the topic version i+1 sends even records to) and
 // checks that each even record was routed by one version, to the
 // partition it came from, that the versions never go back along a
-// partition, and that each change's bounds hold (routesChange).
-func judgeVersions(source map[int32][]kRecord, copies []map[int32][]kRecord, changes []routesChange) versionVerdict {
+// partition, and that each change's bounds hold (routesChange). Even
+// records delivered more than once (in delivered, the channel every
+// version sends every record to) are counted, not judged.
+func judgeVersions(source, delivered map[int32][]kRecord, copies []map[int32][]kRecord, changes []routesChange) versionVerdict {
 	v := versionVerdict{byVersion: make([]int, len(copies)+1), inFlight: make([]int, len(changes)), inFlightNew: make([]int, len(changes))}
 	type copyAt struct {
 		version   int
 		partition int32
+	}
+	deliveries := map[string]int{}
+	for _, recs := range delivered {
+		for _, r := range recs {
+			deliveries[r.Value]++
+		}
 	}
 	where := map[string][]copyAt{}
 	for i, c := range copies {
@@ -384,6 +401,10 @@ func judgeVersions(source map[int32][]kRecord, copies []map[int32][]kRecord, cha
 				if len(cs) > 0 {
 					problem("odd record %s (orders/%d@%d) was copied by versions %v", r.Value, p, r.Offset, cs)
 				}
+				continue
+			}
+			if deliveries[r.Value] > 1 {
+				v.redelivered++
 				continue
 			}
 			version := 0
@@ -443,7 +464,7 @@ func TestJudgeVersions(t *testing.T) {
 		{"an odd record copied", copies(4, 5, 6, 8), 1, 2},
 		{"an even record copied twice", copies(4, 6, 6, 8), 1, 2},
 	} {
-		v := judgeVersions(source, tc.copies, changes)
+		v := judgeVersions(source, source, tc.copies, changes)
 		if len(v.problems) != tc.problems || v.inFlight[0] != tc.inFlight {
 			t.Errorf("%s: %d problems %v, %d in flight; want %d problems, %d in flight", tc.name, len(v.problems), v.problems, v.inFlight[0], tc.problems, tc.inFlight)
 		}

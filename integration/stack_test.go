@@ -166,9 +166,9 @@ type relayed struct {
 
 // relayVerdict stops the producer, waits until the fleet has consumed all
 // of A, reads A and the channel topic back with kcat and judges the
-// deliveries of a fleet that never left A. It fails t when A does not hold
-// exactly what the producer wrote; the caller decides which duplicates
-// are allowed.
+// deliveries of a fleet that never left A: the caller fails t unless
+// verdict.ok(). It fails t when A does not hold exactly what the producer
+// wrote, or two agents committed a partition in one generation.
 func (st *stack) relayVerdict(t *testing.T, prod *producer) relayed {
 	t.Helper()
 	prod.finish(t, time.Minute)
@@ -188,7 +188,8 @@ func (st *stack) relayVerdict(t *testing.T, prod *producer) relayed {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.verdict, err = judge(segs, map[string]map[int32][]kRecord{"A": r.source}, r.delivered, nil); err != nil {
+	handOvers := map[string]map[int32]map[int64]bool{"A": st.tl.handOvers("A", "orders")}
+	if r.verdict, err = judge(segs, map[string]map[int32][]kRecord{"A": r.source}, r.delivered, nil, handOvers); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("verdict: %s", r.verdict)

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -304,18 +305,44 @@ func (tl *timeline) owners() map[string]int {
 	return out
 }
 
-// lastCommits returns, per partition of cluster/topic, the last offset
-// agent committed that the suite saw before the time before.
-func (tl *timeline) lastCommits(agent, cluster, topic string, before time.Time) map[int32]int64 {
+// handOvers returns, per partition of cluster/topic, the offsets at which
+// the partition was taken from an owner that died: the last offset it
+// committed before a commit by another agent or in another assignment
+// generation, when its registration (agents/<id>, on its etcd session)
+// was deleted in between — it was killed, or its session expired on an
+// overloaded machine. The next owner consumes from there, so what the dead
+// one delivered after its last commit is delivered again (at least once).
+// A partition handed over in a rebalance by a live owner, which commits
+// what it delivered before letting go, is no such point.
+func (tl *timeline) handOvers(cluster, topic string) map[int32]map[int64]bool {
 	tl.mu.Lock()
 	defer tl.mu.Unlock()
-	out := map[int32]int64{}
-	for _, ev := range tl.events {
-		if !ev.At.Before(before) {
-			break
+	type commit struct {
+		committedOffset
+		at int // index in tl.events
+	}
+	last := map[int32]commit{}
+	died := map[string][]int{} // agent → indices of the deletions of its registration
+	out := map[int32]map[int64]bool{}
+	for i, ev := range tl.events {
+		if id, ok := strings.CutPrefix(ev.Key, "agents/"); ok && ev.Deleted {
+			died[id] = append(died[id], i)
+			continue
 		}
-		if p, c, ok := offsetEvent(ev, cluster, topic); ok && c.Agent == agent {
-			out[p] = c.Offset
+		p, c, ok := offsetEvent(ev, cluster, topic)
+		if !ok {
+			continue
+		}
+		prev, seen := last[p]
+		last[p] = commit{c, i}
+		if !seen || (prev.Agent == c.Agent && prev.Generation == c.Generation) {
+			continue
+		}
+		if slices.ContainsFunc(died[prev.Agent], func(d int) bool { return d > prev.at && d < i }) {
+			if out[p] == nil {
+				out[p] = map[int64]bool{}
+			}
+			out[p][prev.Offset] = true
 		}
 	}
 	return out
