@@ -81,6 +81,7 @@ func TestDemo(t *testing.T) {
 	for _, step := range []string{
 		" leads (fencing token ",
 		"put /kswitch/demo/signals/fleet pause",
+		"paused: ",
 		"put /kswitch/demo/signals/fleet start",
 		"switch A → B (epoch ",
 		"the first record consumed from B reached C",
@@ -107,8 +108,8 @@ func TestDemo(t *testing.T) {
 	}
 	s := r.s
 	t.Logf("summary: %+v", s)
-	if s.Produced < 500 {
-		t.Errorf("produced %d records: the producer hardly ran", s.Produced)
+	if s.Produced == 0 {
+		t.Error("A acknowledged no record: the producer did not run")
 	}
 	if s.Lost != 0 || s.Delivered != s.Produced {
 		t.Errorf("%d of %d records A acknowledged were read back from C (%d lost)", s.Delivered, s.Produced, s.Lost)
@@ -125,9 +126,6 @@ func TestDemo(t *testing.T) {
 	}
 	if s.Failback < 3*time.Second {
 		t.Errorf("failback measured as %v, shorter than the stable window 3s", s.Failback)
-	}
-	if s.PauseApply < 0 || s.PauseApply > 5*time.Second {
-		t.Errorf("pause apply measured as %v", s.PauseApply)
 	}
 }
 
