@@ -105,7 +105,8 @@ func (a *agentProc) routing() (routingView, error) {
 // names an unknown channel, writing nothing, and the agents refuse a
 // broken rule written straight with etcdctl, showing why in /status, and
 // go on routing with the version in force. Read back with kcat: nothing
-// lost or duplicated, every even record routed by exactly one version,
+// lost, nothing duplicated (but after an owner's death, see
+// timeline.handOvers), every even record routed by exactly one version,
 // versions never going back along a partition, and each record on the
 // right side of the changes wherever the suite's clock decides it (the
 // records in flight at a change may go either way: they are counted).
