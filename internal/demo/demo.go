@@ -108,6 +108,9 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		return Summary{}, err
 	}
 	err := d.story(ctx)
+	if ctx.Err() != nil {
+		return Summary{}, fmt.Errorf("demo: interrupted: %w", ctx.Err())
+	}
 	sum, serr := d.summarize(ctx)
 	if serr == nil {
 		d.printSummary(sum)
@@ -522,12 +525,21 @@ func (d *demo) printSummary(s Summary) {
 	} else {
 		fmt.Fprintf(tw, "pause applied (put → last record on C)\tat once: none reached C after the put\n")
 	}
-	fmt.Fprintf(tw, "failover (A fails → first record from B on C)\t%v\n", s.Failover.Round(time.Millisecond))
-	fmt.Fprintf(tw, "failback (A back → first record from A on C)\t%v\n", s.Failback.Round(time.Millisecond))
+	fmt.Fprintf(tw, "failover (A fails → first record from B on C)\t%s\n", measured(s.Failover))
+	fmt.Fprintf(tw, "failback (A back → first record from A on C)\t%s\n", measured(s.Failback))
 	tw.Flush()
 	if s.Duplicated > 0 {
 		fmt.Fprintln(d.o.Out, "(duplicates: delivery is at least once; a killed agent's last records reached C before their offsets were committed, and its partitions' next owners delivered them again)")
 	}
+}
+
+// measured shows a time the story measured, or that it did not get
+// that far.
+func measured(t time.Duration) string {
+	if t == 0 {
+		return "not measured: the story stopped before"
+	}
+	return t.Round(time.Millisecond).String()
 }
 
 // keepRunning writes again and prints what to try, until ctx ends.
