@@ -2,7 +2,6 @@ package routing
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -16,13 +15,11 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/internal/config"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/internal/keys"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
-	"github.com/kswitch/kswitch/signals"
 )
 
 // The relay benchmark's workload.
@@ -57,18 +54,7 @@ func BenchmarkRelayThroughput(b *testing.B) {
 	dst := testenv.StartKafkaT(b, "D", testenv.KafkaOptions{})
 	preProduce(b, src, "orders", relayRecords)
 	cli := testenv.EtcdClientT(b, e)
-
-	cfg := config.Default()
-	cfg.Agent.HTTP = "127.0.0.1:0"
-	cfg.Agent.Gossip = "127.0.0.1:0"
-	cfg.Etcd.Endpoints = e.Endpoints()
-	cfg.Etcd.SessionTTL = 2 * time.Second
-	cfg.Etcd.RequestTimeout = time.Second
-	cfg.Clusters = map[string]config.Cluster{
-		"A": {Brokers: src.Brokers(), Role: config.RolePrimary, Version: config.DefaultKafkaVersion},
-		"D": {Brokers: dst.Brokers(), Role: config.RoleSink, Version: config.DefaultKafkaVersion},
-	}
-	cfg.Source.Topics = []string{"orders"}
+	cfg := relayConfig(e, src, dst)
 
 	hwm := newHighWater(b, cfg.Clusters["D"])
 	round := 0
@@ -261,37 +247,13 @@ func runKswitch(b *testing.B, base config.Config, cli *clientv3.Client, fleet, t
 		b.Fatal(err)
 	}
 
-	log := zap.NewNop()
-	sigs := signals.NewWatcher(cli, fk, cfg.Etcd.RequestTimeout, log)
-	var router *Router
-	a, err := agent.New(cfg, agent.Options{
-		Logger:        log,
-		Handler:       agent.HandlerFunc(func(ctx context.Context, r *agent.Record) error { return router.Handle(ctx, r) }),
-		HandlerStatus: func() any { return router.Status() },
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if router, err = New(cfg, sigs.State, Options{Etcd: cli, Registerer: a.Metrics(), Logger: log}); err != nil {
-		b.Fatal(err)
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = sigs.Run(rctx) })
-	wg.Go(func() { _ = router.Run(rctx) })
+	r := startRelay(b, cfg, cli, zap.NewNop())
 	defer func() {
-		sctx, scancel := context.WithTimeout(ctx, 15*time.Second)
-		defer scancel()
-		err := errors.Join(a.Stop(sctx), router.Close(sctx))
-		cancel()
-		wg.Wait()
-		if err != nil {
+		if err := r.stop(); err != nil {
 			b.Error(err)
 		}
 	}()
-	if err := a.Start(ctx); err != nil {
-		b.Fatal(err)
-	}
+	a := r.agent
 	wait.For(b, 20*time.Second, "every partition owned, paused", func() error {
 		if n := len(a.Owned()); n != relayPartitions || a.SignalsApplied() < pause.Header.Revision {
 			return fmt.Errorf("%d partitions owned, signals applied up to revision %d (pause %d)", n, a.SignalsApplied(), pause.Header.Revision)
@@ -307,17 +269,31 @@ func runKswitch(b *testing.B, base config.Config, cli *clientv3.Client, fleet, t
 
 // highWater reads the high-water marks of a cluster's topics.
 type highWater struct {
-	b      *testing.B
 	client sarama.Client
 }
 
-func newHighWater(b *testing.B, c config.Cluster) *highWater {
+func newHighWater(tb testing.TB, c config.Cluster) *highWater {
 	cl, err := kafka.NewClient("D", c)
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
-	b.Cleanup(func() { _ = cl.Close() })
-	return &highWater{b: b, client: cl}
+	tb.Cleanup(func() { _ = cl.Close() })
+	return &highWater{client: cl}
+}
+
+// records returns the number of records in topic's relayPartitions
+// partitions: the sum of their high-water marks.
+func (h *highWater) records(topic string) (int64, error) {
+	var sum int64
+	for p := range int32(relayPartitions) {
+		off, err := h.client.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			_ = h.client.RefreshMetadata(topic)
+			return 0, err
+		}
+		sum += off
+	}
+	return sum, nil
 }
 
 // waitFor waits until topic's partitions hold n records in all and
@@ -326,18 +302,9 @@ func newHighWater(b *testing.B, c config.Cluster) *highWater {
 func (h *highWater) waitFor(topic string, n int64, began time.Time) time.Duration {
 	deadline := began.Add(time.Minute)
 	for {
-		var sum int64
-		for p := range int32(relayPartitions) {
-			off, err := h.client.GetOffset(topic, p, sarama.OffsetNewest)
-			if err != nil {
-				_ = h.client.RefreshMetadata(topic)
-				sum = -1
-				break
-			}
-			sum += off
-		}
+		sum, err := h.records(topic)
 		now := time.Now()
-		if sum >= n {
+		if err == nil && sum >= n {
 			return now.Sub(began)
 		}
 		if now.After(deadline) {
@@ -349,12 +316,12 @@ func (h *highWater) waitFor(topic string, n int64, began time.Time) time.Duratio
 
 // preProduce writes n records of relayValueBytes, keyed so they spread
 // over the partitions, to topic on k.
-func preProduce(b *testing.B, k *testenv.Kafka, topic string, n int) {
-	b.Helper()
+func preProduce(tb testing.TB, k *testenv.Kafka, topic string, n int) {
+	tb.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...), kgo.DefaultProduceTopic(topic),
 		kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(10_000))
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	defer cl.Close()
 	value := make([]byte, relayValueBytes)
@@ -375,10 +342,10 @@ func preProduce(b *testing.B, k *testenv.Kafka, topic string, n int) {
 		})
 	}
 	if err := cl.Flush(context.Background()); err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	if failed != nil {
-		b.Fatal(failed)
+		tb.Fatal(failed)
 	}
 }
 
