@@ -139,4 +139,3 @@ func refusedCounts(r *relay) (map[string]float64, error) {
 	}
 	return out, nil
 }
-
