@@ -172,11 +172,22 @@ func (bx *bench) waitGrowth(w *deliveredWatch, since time.Time, p int32, what st
 	return at
 }
 
-// fleet starts the suite's three agents on orders, with extraArgs.
+// fleetArgs change the suite's agent configuration for the fault
+// figures: the circuit breaker would stop automatic switching after the
+// third failover within its window, and a shorter failback_stable keeps
+// the run within its time budget.
+var fleetArgs = []string{"--failover.max_failed_switches=1000", "--failover.failback_stable=" + benchFailbackStable.String()}
+
+// benchFailbackStable is failover.failback_stable of the fault figures.
+const benchFailbackStable = 5 * time.Second
+
+// fleet starts the suite's three agents on orders, with fleetArgs and
+// extraArgs.
 func (bx *bench) fleet(extraArgs []string) []*agentProc {
 	var agents []*agentProc
+	args := append(slices.Clone(fleetArgs), extraArgs...)
 	for i := 1; i <= 3; i++ {
-		agents = append(agents, bx.startAgent(fmt.Sprintf("agent-%d", i), bx.st.agentConfig(), extraArgs))
+		agents = append(agents, bx.startAgent(fmt.Sprintf("agent-%d", i), bx.st.agentConfig(), args))
 	}
 	wait.For(bx.t, time.Minute, "the fleet commits offsets on A for every partition", func() error {
 		return bx.allMoving(time.Now().Add(-time.Hour))
@@ -276,7 +287,7 @@ func (bx *bench) failoverTrial(trial, dupsBefore int) (failoverTrial, int) {
 	st.a.start(t)
 	st.a.waitReady(t, 2*time.Minute)
 	ready := time.Now()
-	activeA := tl.waitActive(t, ready, "A", failbackStable+time.Minute)
+	activeA := tl.waitActive(t, ready, "A", benchFailbackStable+time.Minute)
 	tr.FailbackActiveSeconds = round3(activeA.Sub(ready).Seconds())
 	tr.FailbackFirstRecordSeconds = round3(bx.waitGrowth(w, activeA, -1, "a record from A in the channel topic after the failback").Sub(ready).Seconds())
 	lastSwitch(t, tl, "B", "A")

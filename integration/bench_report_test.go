@@ -174,7 +174,9 @@ func pick[T any](xs []T, keep func(T) bool, val func(T) float64) []float64 {
 // write writes benchmarks.json and BENCHMARKS.md to dir.
 func (r *benchResults) write(dir string) error {
 	r.Settings = map[string]string{
-		"agents":            "etcd session_ttl 2s, request_timeout 1s; source commit_interval 500ms; failover probe_interval 500ms, probe_timeout 1s, failure_window 3s, failback auto, failback_stable 10s",
+		"agents": fmt.Sprintf("the integration suite's configuration: etcd session_ttl 2s, request_timeout 1s; source commit_interval 500ms; failover probe_interval 500ms, "+
+			"probe_timeout 1s, failure_window 3s, failback auto; in the fault figures failback_stable %v (the suite's is 10 s) and max_failed_switches 1000 "+
+			"(the default 3 would stop automatic switching at the third failover in 5 minutes)", benchFailbackStable),
 		"channel producer":  "routing.ProducerConfig with the defaults: acks all, idempotent, one request in flight per broker, no compression (the baseline relayloop uses the same function)",
 		"relay records":     fmt.Sprintf("%d records of 1024 bytes (ProducerPerformance), %d partitions, 1 rule, 1 channel on B, partitioner manual-same-partition", r.Scale.RelayRecords, relayPartitions),
 		"kafka":             "A and B: one KRaft node each (broker and controller), 384 MiB heap, loopback",
@@ -350,10 +352,11 @@ func (r *benchResults) markdown() string {
 	// 3. Failback.
 	p("\n## 3. Failback: A caught up → consuming from A\n\n")
 	p("A's broker restarted on its data; it is caught up as soon as it answers metadata (nothing is produced on B).\n")
-	p("The fleet returns once A has been healthy for failback_stable (10 s here) and holds what was consumed on B.\n\n")
+	p("The fleet returns once A has been healthy for failback_stable (%v here) and holds what was consumed on B.\n\n", benchFailbackStable)
 	p("| step | p50 s | max s | every trial |\n|---|---|---|---|\n")
 	frow("A ready → A active", func(x failoverTrial) float64 { return x.FailbackActiveSeconds })
 	frow("**A ready → first record from A in the channel topic**", func(x failoverTrial) float64 { return x.FailbackFirstRecordSeconds })
+	frow("the same, less failback_stable", func(x failoverTrial) float64 { return x.FailbackFirstRecordSeconds - benchFailbackStable.Seconds() })
 
 	// 4. Rebalance.
 	p("\n## 4. Rebalance: an agent SIGKILLed → its partitions consumed elsewhere\n\n")
