@@ -108,7 +108,7 @@ func readHistory(t *testing.T, cli *clientv3.Client) []coordinator.SwitchEvent {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	resp, err := cli.Get(ctx, fleetKeys.History(), clientv3.WithPrefix())
+	resp, err := cli.Get(ctx, fleetKeys.SwitchHistory(), clientv3.WithPrefix())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -372,7 +372,7 @@ func failoverWithoutFingerprints(t *testing.T, offsetSyncs bool) {
 	waitConsuming(t, 20*time.Second, "A", agents...)
 	p := startProducer(t, d.a.Brokers(), "orders", 0)
 	// Records must span more than the margin for the bound to bite.
-	wait.For(t, 20*time.Second, "records flowing for longer than the margin", func() error {
+	wait.For(t, 60*time.Second, "records flowing for longer than the margin", func() error {
 		if n := l.count(); n < 800 || d.mirror.Copied() < 800 {
 			return fmt.Errorf("%d handled, %d mirrored", n, d.mirror.Copied())
 		}

@@ -217,15 +217,21 @@ func (w *worker) handle(ctx context.Context, log *zap.Logger, rec *Record) bool 
 
 // stop ends the partition's consumption: no record is handed to the
 // handler after it returns. It then waits up to drain for the handler to
-// acknowledge what it was given.
-func (r *partitionRun) stop(drain time.Duration) (drained bool) {
+// acknowledge what it was given. What sarama still holds is drained in a
+// goroutine added to bg, so that its goroutines can end: sarama closes the
+// partition's channels only after the fetch in flight returns (up to
+// Consumer.MaxWaitTime), which the final commit need not wait for.
+func (r *partitionRun) stop(drain time.Duration, bg *sync.WaitGroup) (drained bool) {
 	r.cancel()
 	r.pc.AsyncClose()
 	<-r.done
-	// Drain what sarama still holds so its goroutines can end.
-	for range r.pc.Messages() {
-	}
-	for range r.pc.Errors() {
-	}
+	bg.Add(1)
+	go func() {
+		defer bg.Done()
+		for range r.pc.Messages() {
+		}
+		for range r.pc.Errors() {
+		}
+	}()
 	return r.t.waitDrained(drain)
 }

@@ -423,7 +423,7 @@ func (w *worker) release(ctx context.Context, tps []coordinator.TopicPartition, 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if !r.stop(w.drain) {
+			if !r.stop(w.drain, &w.bg) {
 				w.log.Warn("handler did not acknowledge every record before the drain timeout; the next owner consumes them again",
 					zap.Stringer("partition", tp), zap.Int("unacked", r.t.unacked()), zap.Duration("drain", w.drain))
 			}
@@ -692,7 +692,7 @@ func (w *worker) stopAll(commit bool) {
 		return
 	}
 	for _, tp := range tps {
-		w.parts[tp].stop(0)
+		w.parts[tp].stop(0, &w.bg)
 		delete(w.parts, tp)
 	}
 	w.publishOwned()
