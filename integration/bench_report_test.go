@@ -202,6 +202,13 @@ func (r *benchResults) relayRate(relay string, instances int) []float64 {
 		func(x relayTrial) float64 { return x.RecordsPerSecond })
 }
 
+// relayWhole returns the per-trial rates of a relay over the whole copy,
+// from its first record at the destination to its last.
+func (r *benchResults) relayWhole(relay string, instances int) []float64 {
+	return pick(r.Throughput, func(x relayTrial) bool { return x.Relay == relay && x.Instances == instances },
+		func(x relayTrial) float64 { return float64(x.Records) / (x.TotalSeconds - x.StartupSeconds) })
+}
+
 // ratio returns the ratio of the medians of a and b, and the range of the
 // per-trial ratios a[i]/b[i] (trials run side by side, in turn).
 func ratio(a, b []float64) string {
@@ -272,8 +279,10 @@ func (r *benchResults) markdown() string {
 	p("separately. kswitch: `kswitch agent` processes, one rule, one channel (`manual-same-partition`).\n")
 	p("Baseline: `integration/tools/relayloop`, a sarama consumer group → async producer loop with\n")
 	p("`routing.ProducerConfig` (acks all, idempotent), committing acknowledged records every 500 ms like the agents.\n")
-	p("The ratio column is kswitch's rate divided by the row's (kswitch ×3 for the ×3 baseline, kswitch ×1 otherwise).\n\n")
-	p("| relay | records/s | kswitch ÷ this | start-up s | CPU s per trial | peak RSS MiB |\n|---|---|---|---|---|---|\n")
+	p("Each ratio column is kswitch's rate divided by the row's (kswitch ×3 for the ×3 baseline, kswitch ×1 otherwise);\n")
+	p("the ratio of the medians, with the range of the ratios of trials run one after the other. The first → last rate\n")
+	p("includes the group's or fleet's rebalances while members join and the tail of the last partitions.\n\n")
+	p("| relay | records/s, 20 → 80 %% | kswitch ÷ this | records/s, first → last record | kswitch ÷ this | start-up s | CPU s per trial | peak RSS MiB |\n|---|---|---|---|---|---|---|---|\n")
 	rows := []struct {
 		relay     string
 		instances int
@@ -288,12 +297,13 @@ func (r *benchResults) markdown() string {
 	}
 	for _, row := range rows {
 		keep := func(x relayTrial) bool { return x.Relay == row.relay && x.Instances == row.instances }
-		rates := r.relayRate(row.relay, row.instances)
-		cmp := "–"
+		rates, whole := r.relayRate(row.relay, row.instances), r.relayWhole(row.relay, row.instances)
+		cmp, cmpWhole := "–", "–"
 		if row.relay != "kswitch" {
 			cmp = ratio(r.relayRate("kswitch", row.instances), rates)
+			cmpWhole = ratio(r.relayWhole("kswitch", row.instances), whole)
 		}
-		p("| %s | %s | %s | %s | %s | %s |\n", row.label, statsOf(rates).spread(0), cmp,
+		p("| %s | %s | %s | %s | %s | %s | %s | %s |\n", row.label, statsOf(rates).spread(0), cmp, statsOf(whole).spread(0), cmpWhole,
 			statsOf(pick(r.Throughput, keep, func(x relayTrial) float64 { return x.StartupSeconds })).spread(1),
 			statsOf(pick(r.Throughput, keep, func(x relayTrial) float64 { return x.CPUSeconds })).spread(1),
 			statsOf(pick(r.Throughput, keep, func(x relayTrial) float64 { return x.PeakRSSMiB })).spread(0))
@@ -304,7 +314,7 @@ func (r *benchResults) markdown() string {
 		if tool == "ConsumerPerformance" {
 			what = "consume `relay` from A (fetch.nMsg.sec)"
 		}
-		p("| ceiling: Kafka's `%s`, %s | %s | %s | | | |\n", tool, what, statsOf(rates).spread(0), ratio(r.relayRate("kswitch", 1), rates))
+		p("| ceiling: Kafka's `%s`, %s | %s | %s | | | | | |\n", tool, what, statsOf(rates).spread(0), ratio(r.relayRate("kswitch", 1), rates))
 	}
 	var extra []string
 	for _, x := range r.Throughput {

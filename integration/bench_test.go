@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
@@ -109,6 +110,27 @@ func TestBenchmarksOnRealStack(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("real-stack benchmarks: %v; wrote %s", time.Since(began).Round(time.Second), out)
+}
+
+// TestBenchmarksPage rewrites $KSWITCH_BENCH_OUT/BENCHMARKS.md from the
+// benchmarks.json there, without running anything: for changes to the
+// page's wording. make bench does not run it.
+func TestBenchmarksPage(t *testing.T) {
+	out := os.Getenv("KSWITCH_BENCH_OUT")
+	if out == "" {
+		t.Fatal("KSWITCH_BENCH_OUT is not set: the directory of benchmarks.json (docs)")
+	}
+	b, err := os.ReadFile(filepath.Join(out, "benchmarks.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res benchResults
+	if err := json.Unmarshal(b, &res); err != nil {
+		t.Fatalf("%s/benchmarks.json: %v", out, err)
+	}
+	if err := os.WriteFile(filepath.Join(out, "BENCHMARKS.md"), []byte(res.markdown()), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // bench is one run of the real-stack benchmarks.
