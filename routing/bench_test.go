@@ -1,4 +1,4 @@
-package routing
+package routing_test
 
 import (
 	"context"
@@ -20,6 +20,7 @@ import (
 	"github.com/kswitch/kswitch/internal/keys"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/routing"
 )
 
 // The relay benchmark's workload.
@@ -171,7 +172,7 @@ func runBaseline(b *testing.B, cfg config.Config, topic string, sw *stopwatch) {
 		b.Fatal(err)
 	}
 	defer consumer.Close()
-	pc, err := ProducerConfig(cfg.Clusters["D"], "", "")
+	pc, err := routing.ProducerConfig(cfg.Clusters["D"], "", "")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -247,13 +248,9 @@ func runKswitch(b *testing.B, base config.Config, cli *clientv3.Client, fleet, t
 		b.Fatal(err)
 	}
 
-	r := startRelay(b, cfg, cli, zap.NewNop())
-	defer func() {
-		if err := r.stop(); err != nil {
-			b.Error(err)
-		}
-	}()
-	a := r.agent
+	m := startRelay(b, cfg, zap.NewNop())
+	defer stopRelay(b, m)
+	a := m.Agent()
 	wait.For(b, 20*time.Second, "every partition owned, paused", func() error {
 		if n := len(a.Owned()); n != relayPartitions || a.SignalsApplied() < pause.Header.Revision {
 			return fmt.Errorf("%d partitions owned, signals applied up to revision %d (pause %d)", n, a.SignalsApplied(), pause.Header.Revision)

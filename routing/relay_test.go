@@ -1,20 +1,16 @@
-package routing
+package routing_test
 
 import (
 	"context"
-	"errors"
-	"sync"
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/internal/config"
-	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/internal/member"
 	"github.com/kswitch/kswitch/internal/testenv"
-	"github.com/kswitch/kswitch/signals"
 )
 
 // relayConfig is the configuration of a relay from topic orders on src
@@ -35,50 +31,25 @@ func relayConfig(e *testenv.Etcd, src, dst *testenv.Kafka) config.Config {
 	return cfg
 }
 
-// relay is an agent whose handler is a Router, wired as 'kswitch agent'
-// wires them (internal/cli): the router's metrics on the agent's
-// registry, the router following etcd's routes, channels and signals.
-type relay struct {
-	agent  *agent.Agent
-	router *Router
-	// stop stops the agent, then the router (its produces in flight get
-	// up to 15 s). Calls after the first return the first's error.
-	stop func() error
-}
-
-// startRelay starts a relay for cfg, whose etcd is cli.
-func startRelay(tb testing.TB, cfg config.Config, cli *clientv3.Client, log *zap.Logger) *relay {
+// startRelay starts a member of cfg's fleet as 'kswitch agent' runs it: an
+// agent whose handler is a routing.Router. The caller stops it.
+func startRelay(tb testing.TB, cfg config.Config, log *zap.Logger) *member.Member {
 	tb.Helper()
-	sigs := signals.NewWatcher(cli, keys.New(cfg.Fleet), cfg.Etcd.RequestTimeout, log.Named("routing"))
-	r := &relay{}
-	a, err := agent.New(cfg, agent.Options{
-		Logger:        log,
-		Handler:       agent.HandlerFunc(func(ctx context.Context, rec *agent.Record) error { return r.router.Handle(ctx, rec) }),
-		HandlerStatus: func() any { return r.router.Status() },
-	})
+	m, err := member.New(cfg, agent.Options{Logger: log})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	if r.router, err = New(cfg, sigs.State, Options{Etcd: cli, Registerer: a.Metrics(), Logger: log}); err != nil {
+	if err := m.Start(context.Background()); err != nil {
 		tb.Fatal(err)
 	}
-	r.agent = a
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = sigs.Run(ctx) })
-	wg.Go(func() { _ = r.router.Run(ctx) })
-	r.stop = sync.OnceValue(func() error {
-		sctx, scancel := context.WithTimeout(context.Background(), 15*time.Second)
-		defer scancel()
-		err := a.Stop(sctx)
-		err = errors.Join(err, r.router.Close(sctx))
-		cancel()
-		wg.Wait()
-		return err
-	})
-	if err := a.Start(context.Background()); err != nil {
-		_ = r.stop()
-		tb.Fatal(err)
+	return m
+}
+
+// stopRelay stops m within 15 s.
+func stopRelay(tb testing.TB, m *member.Member) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := m.Stop(ctx); err != nil {
+		tb.Error(err)
 	}
-	return r
 }

@@ -1,4 +1,4 @@
-package routing
+package routing_test
 
 import (
 	"fmt"
@@ -8,11 +8,13 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/internal/config"
 	"github.com/kswitch/kswitch/internal/keys"
 	"github.com/kswitch/kswitch/internal/refused"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/routing"
 )
 
 // TestStrangerWritesGarbage has a stranger with access to the fleet's
@@ -45,12 +47,9 @@ func TestStrangerWritesGarbage(t *testing.T) {
 	put(k.HistoryEvent(1), `{"epoch": "one"`)
 	put(k.Offset("A", "orders", 0), `{"offset": -7}`)
 
-	r := startRelay(t, cfg, cli, zaptest.NewLogger(t))
-	t.Cleanup(func() {
-		if err := r.stop(); err != nil {
-			t.Error(err)
-		}
-	})
+	m := startRelay(t, cfg, zaptest.NewLogger(t))
+	t.Cleanup(func() { stopRelay(t, m) })
+	a, r := m.Agent(), m.Router()
 	hwm := newHighWater(t, cfg.Clusters["D"])
 	arrived := func(n int64) {
 		t.Helper()
@@ -64,9 +63,9 @@ func TestStrangerWritesGarbage(t *testing.T) {
 	}
 	preProduce(t, src, "orders", 100)
 	arrived(100)
-	version := r.router.Version().Number
+	version := r.Version().Number
 
-	big := strings.Repeat("x", MaxValueSize+100) // over every limit, under etcd's request limit
+	big := strings.Repeat("x", routing.MaxValueSize+100) // over every limit, under etcd's request limit
 	for _, kv := range []struct{ key, value string }{
 		{k.FleetSignal(), "pause please"},
 		{k.TopicSignal("orders"), "pause # " + big},
@@ -87,7 +86,7 @@ func TestStrangerWritesGarbage(t *testing.T) {
 		refused.Routes: 1, refused.Channel: 1, refused.History: 1, refused.Offset: 1,
 	}
 	wait.For(t, 30*time.Second, "every kind of refused value counted", func() error {
-		got, err := refusedCounts(r)
+		got, err := refusedCounts(a)
 		if err != nil {
 			return err
 		}
@@ -103,24 +102,24 @@ func TestStrangerWritesGarbage(t *testing.T) {
 	// same version), the agent is ready and leads.
 	preProduce(t, src, "orders", 100)
 	arrived(200)
-	if v := r.router.Version().Number; v != version {
+	if v := r.Version().Number; v != version {
 		t.Errorf("routing version %d in force, want %d", v, version)
 	}
-	if ref := r.router.Status().LastRefusal; ref == nil || !ref.Current {
+	if ref := r.Status().LastRefusal; ref == nil || !ref.Current {
 		t.Errorf("the refused routing version is not shown: %+v", ref)
 	}
-	if ok, why := r.agent.Ready(); !ok || !r.agent.Leading() {
-		t.Errorf("agent ready %v (%s), leading %v", ok, why, r.agent.Leading())
+	if ok, why := a.Ready(); !ok || !a.Leading() {
+		t.Errorf("agent ready %v (%s), leading %v", ok, why, a.Leading())
 	}
-	if st := r.agent.Status(); len(st.Signals.Refusals()) != 2 {
+	if st := a.Status(); len(st.Signals.Refusals()) != 2 {
 		t.Errorf("signal refusals on /status: %+v", st.Signals.Refusals())
 	}
 }
 
 // refusedCounts returns kswitch_refused_values_total by kind, from the
 // agent's registry (its /metrics).
-func refusedCounts(r *relay) (map[string]float64, error) {
-	mfs, err := r.agent.Metrics().Gather()
+func refusedCounts(a *agent.Agent) (map[string]float64, error) {
+	mfs, err := a.Metrics().Gather()
 	if err != nil {
 		return nil, err
 	}
