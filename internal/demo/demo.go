@@ -466,7 +466,7 @@ func owned(a *agent.Agent) string {
 
 // printSwitch shows the latest switch from history/.
 func (d *demo) printSwitch(ctx context.Context) {
-	resp, err := d.cli.Get(ctx, keys.New(fleet).History(), clientv3.WithLastKey()...)
+	resp, err := d.cli.Get(ctx, keys.New(fleet).SwitchHistory(), clientv3.WithLastKey()...)
 	if err != nil || len(resp.Kvs) == 0 {
 		return
 	}
