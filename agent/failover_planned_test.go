@@ -3,12 +3,16 @@ package agent_test
 import (
 	"context"
 	"fmt"
+	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/kswitch/kswitch/agent"
+	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
 )
@@ -197,4 +201,125 @@ func drain(t *testing.T, d *dc, p *producer, l *ledger, ho *handovers) (dups int
 	t.Logf("%d records, 0 lost, %d duplicates", len(onA), dups)
 	ho.check(t, l)
 	return dups, dupFirst
+}
+
+// heldDialer dials directly while open; while held, every dial waits
+// until it is released, as to a cluster whose address stops answering
+// (unlike Link.Cut, which refuses at once). Connections made before stay
+// up.
+type heldDialer struct {
+	mu   sync.Mutex
+	open chan struct{}
+}
+
+func newHeldDialer() *heldDialer {
+	open := make(chan struct{})
+	close(open)
+	return &heldDialer{open: open}
+}
+
+func (h *heldDialer) hold() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.open = make(chan struct{})
+}
+
+func (h *heldDialer) release() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	select {
+	case <-h.open:
+	default:
+		close(h.open)
+	}
+}
+
+func (h *heldDialer) Dial(network, addr string) (net.Conn, error) {
+	h.mu.Lock()
+	open := h.open
+	h.mu.Unlock()
+	<-open
+	return net.DialTimeout(network, addr, 3*time.Second)
+}
+
+// TestLeaderKilledWhilePreparingASwitch: the leader dies while it
+// prepares a planned switch (an agent's warm-up to B hangs, so the
+// preparation waits for it). Nothing of the switch is in etcd but the warm
+// generation: the fleet goes on consuming A, the next leader prepares and
+// completes the switch itself, and nothing is lost; the only records
+// handled twice are those the dead leader had not committed.
+func TestLeaderKilledWhilePreparingASwitch(t *testing.T) {
+	d := startDC(t)
+	cli := testenv.EtcdClientT(t, d.etcd)
+	l, ho := newLedger(), newHandovers()
+	dialers := map[string]*heldDialer{} // each agent's dialer to B
+	var agents []*agent.Agent
+	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
+		hd := newHeldDialer()
+		dialers[id] = hd
+		t.Cleanup(hd.release)
+		agents = append(agents, startFleetAgent(t, plannedConfig(d, id), agent.Options{
+			Handler: ho.wrap(id, l.handler(id)),
+			KafkaDialer: func(cluster string) kafka.Dialer {
+				if cluster == "B" {
+					return hd
+				}
+				return nil
+			},
+		}))
+	}
+	cfg := plannedConfig(d, "x")
+	waitConsuming(t, 20*time.Second, "A", agents...)
+	waitBalanced(t, failoverPartitions, agents...)
+	p := startProducer(t, d.a.Brokers(), "orders", 0)
+	wait.For(t, 20*time.Second, "records flowing", func() error {
+		if n := l.count(); n < 150 {
+			return fmt.Errorf("%d handled", n)
+		}
+		return nil
+	})
+	leader := leaderOf(t, agents...)
+	slow := agents[0]
+	if slow == leader {
+		slow = agents[1]
+	}
+	rest := slices.DeleteFunc(slices.Clone(agents), func(a *agent.Agent) bool { return a == leader })
+	dialers[slow.ID()].hold()
+	if _, err := cli.Put(context.Background(), fleetKeys.Pin(), "B"); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, cfg.Failover.ProbeInterval+5*time.Second, "a warm generation for B, A still active", func() error {
+		resp, err := cli.Get(context.Background(), fleetKeys.Assignment())
+		if err != nil || len(resp.Kvs) == 0 {
+			return fmt.Errorf("no state/assignment (%v)", err)
+		}
+		as, err := coordinator.ParseAssignment(resp.Kvs[0].Value)
+		if err != nil || as.Warm != "B" {
+			return fmt.Errorf("state/assignment generation %d warms %q (%v)", as.Generation, as.Warm, err)
+		}
+		return nil
+	})
+	leader.Abort()
+	killed := time.Now()
+	if a, err := readActive(cli); err != nil || a.Cluster != "A" || a.Phase != coordinator.PhaseActive {
+		t.Fatalf("state/active %+v (%v) when the leader was killed, want A active: the kill missed the preparation", a, err)
+	}
+	dialers[slow.ID()].release()
+
+	waitConsuming(t, cfg.Etcd.SessionTTL+cfg.Failover.FailureWindow+10*time.Second, "B", rest...)
+	t.Logf("the fleet consumes B %v after the leader was killed while preparing (session TTL %v)", time.Since(killed).Round(time.Millisecond), cfg.Etcd.SessionTTL)
+	evs := readHistory(t, cli)
+	logEvents(t, evs)
+	if len(evs) != 1 {
+		t.Fatalf("history %+v, want one switch", evs)
+	}
+	if ev := evs[0]; ev.From != "A" || ev.To != "B" || ev.Leader == leader.ID() || ev.Phases["prepare"] == 0 {
+		t.Errorf("switch %s→%s by %s, phases %v: want A→B prepared and completed by a new leader", ev.From, ev.To, ev.Leader, ev.Phases)
+	}
+	_, dupFirst := drain(t, d, p, l, ho)
+	for id, n := range dupFirst {
+		if id != leader.ID() {
+			t.Errorf("%d duplicates of records first handled by %s, which was not killed", n, id)
+		}
+	}
 }
