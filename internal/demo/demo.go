@@ -377,6 +377,22 @@ func (d *demo) story(ctx context.Context) error {
 	for _, f := range d.fleet {
 		f.link.Cut()
 	}
+	quorum, failing := len(d.fleet)/2+1, 0
+	if err := d.await(ctx, 10*time.Second, "A's failure detected", func() bool {
+		failing = 0
+		if l := d.leader(); l != nil {
+			for _, views := range l.Status().Clusters {
+				if v, ok := views["A"]; ok && !v.Reachable {
+					failing++
+				}
+			}
+		}
+		return failing >= quorum
+	}); err != nil {
+		return err
+	}
+	d.say("detected: the probes of %d of %d agents fail to reach A (%v after the cut); the leader's verdict waits for the failure window, 1.5s",
+		failing, len(d.fleet), time.Since(failed).Round(time.Millisecond))
 	if err := d.await(ctx, 20*time.Second, "the fleet consumes B", func() bool { return d.consuming("B") }); err != nil {
 		return err
 	}

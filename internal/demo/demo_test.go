@@ -83,6 +83,7 @@ func TestDemo(t *testing.T) {
 		"put /kswitch/demo/signals/fleet pause",
 		"paused: ",
 		"put /kswitch/demo/signals/fleet start",
+		"detected: the probes of ",
 		"switch A → B (epoch ",
 		"the first record consumed from B reached C",
 		"is killed (no clean stop)",
