@@ -129,12 +129,18 @@ func BenchmarkPlannedSwitch(b *testing.B) {
 	const switches = 6
 	var mbb, bbm []time.Duration
 	var dups [2]int
+	phases := [2]map[string]float64{{}, {}} // summed over the switches
 	b.ResetTimer()
 	for range b.N {
-		bbm = append(bbm, plannedSwitchGaps(b, switches, true, &dups[0])...)
-		mbb = append(mbb, plannedSwitchGaps(b, switches, false, &dups[1])...)
+		bbm = append(bbm, plannedSwitchGaps(b, switches, true, &dups[0], phases[0])...)
+		mbb = append(mbb, plannedSwitchGaps(b, switches, false, &dups[1], phases[1])...)
 	}
 	b.StopTimer()
+	for i, mode := range []string{"break-before-make", "make-before-break"} {
+		n := float64(len(mbb))
+		fmt.Printf("planned switch phases, %s, mean of %d: prepare %.0f ms, revoke %.0f ms, translate %.0f ms, activate %.0f ms\n", mode, len(mbb),
+			1000*phases[i]["prepare"]/n, 1000*phases[i]["revoke"]/n, 1000*phases[i]["translate"]/n, 1000*phases[i]["activate"]/n)
+	}
 	m50, _ := percentiles(mbb)
 	b50, _ := percentiles(bbm)
 	mMax, bMax := slices.Max(mbb), slices.Max(bbm)
@@ -150,8 +156,9 @@ func BenchmarkPlannedSwitch(b *testing.B) {
 
 // plannedSwitchGaps runs a fleet on clusters of its own through n pinned
 // switches under a steady flow and returns the delivery gap of each; it
-// adds the records delivered twice to dups.
-func plannedSwitchGaps(b *testing.B, n int, breakBeforeMake bool, dups *int) []time.Duration {
+// adds the records delivered twice to dups and the switches' phase
+// durations (seconds) to phases.
+func plannedSwitchGaps(b *testing.B, n int, breakBeforeMake bool, dups *int, phases map[string]float64) []time.Duration {
 	d := startDC(b)
 	cli := testenv.EtcdClientT(b, d.etcd)
 	l, gm := newLedger(), &gapMeter{}
@@ -190,6 +197,11 @@ func plannedSwitchGaps(b *testing.B, n int, breakBeforeMake bool, dups *int) []t
 	p.halt()
 	_, dup, _ := l.result(0)
 	*dups += dup
+	for _, ev := range readHistory(b, cli) {
+		for k, v := range ev.Phases {
+			phases[k] += v
+		}
+	}
 	// Idle this fleet before the next one is measured; its clusters stop
 	// when the benchmark ends.
 	for _, a := range agents {

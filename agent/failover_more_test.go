@@ -104,7 +104,7 @@ func readActive(cli *clientv3.Client) (coordinator.Active, error) {
 }
 
 // readHistory reads history/, oldest first.
-func readHistory(t *testing.T, cli *clientv3.Client) []coordinator.SwitchEvent {
+func readHistory(t testing.TB, cli *clientv3.Client) []coordinator.SwitchEvent {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
