@@ -58,6 +58,36 @@ func (k *kafkaConn) close() {
 	_ = k.client.Close()
 }
 
+// knows reports whether the client's metadata holds every partition of
+// tps, without asking the cluster.
+func (k *kafkaConn) knows(tps []coordinator.TopicPartition) bool {
+	topics, err := k.client.Topics() // the cached list
+	if err != nil {
+		return false
+	}
+	parts := map[string][]int32{}
+	for _, t := range topics {
+		parts[t] = nil
+	}
+	for _, tp := range tps {
+		ps, known := parts[tp.Topic]
+		if !known {
+			return false
+		}
+		if ps == nil {
+			// Known topic: Partitions answers from the cache.
+			if ps, err = k.client.Partitions(tp.Topic); err != nil {
+				return false
+			}
+			parts[tp.Topic] = ps
+		}
+		if !slices.Contains(ps, tp.Partition) {
+			return false
+		}
+	}
+	return true
+}
+
 // openBrokers connects to every broker of the cluster and waits until each
 // connection is up or has failed, so that the partition consumers started
 // later find them open. (The consumer fetches from partition leaders,
@@ -122,8 +152,18 @@ type worker struct {
 	// warmed receives the outcome of the warm-up in flight (at most one).
 	warmed chan warmResult
 
+	// reconf delivers the dynamic configuration versions the agent
+	// applies (the latest one; see dynConfig).
+	reconf chan configUpdate
+
 	// ---- owned by run
-	kafka *kafkaConn
+	// configVersion is the dynamic configuration version applied;
+	// clusters and initial are the parts of it the worker uses (the rest
+	// of cfg is the file's and never changes).
+	configVersion int64
+	clusters      map[string]config.Cluster
+	initial       string
+	kafka         *kafkaConn
 	// warm is a connection opened ahead of a planned switch to its
 	// cluster (Assignment.Warm); it becomes kafka when the switch assigns
 	// that cluster.
@@ -140,7 +180,7 @@ type worker struct {
 }
 
 func (w *worker) initialOffset() int64 {
-	if w.cfg.Source.InitialOffset == "newest" {
+	if w.initial == "newest" {
 		return sarama.OffsetNewest
 	}
 	return sarama.OffsetOldest
@@ -191,6 +231,7 @@ func (w *worker) run(ctx context.Context) error {
 	}
 	sig := w.signals.Subscribe(ctx)
 	w.applySignals(ctx)
+	w.ackConfig(ctx)
 	tick := time.NewTicker(w.cfg.Source.CommitInterval)
 	defer tick.Stop()
 	for {
@@ -234,6 +275,8 @@ func (w *worker) follow(ctx context.Context, tick <-chan time.Time, sig <-chan s
 			w.applySignals(ctx)
 		case res := <-w.warmed:
 			w.warmDone(ctx, res)
+		case u := <-w.reconf:
+			w.reconfigure(ctx, u)
 		case <-tick:
 			if err := w.commit(ctx, slices.Collect(maps.Keys(w.parts))); errors.Is(err, errLeaseLost) {
 				return err
@@ -353,7 +396,7 @@ func (w *worker) followWarm(ctx context.Context, a coordinator.Assignment) bool 
 		return false
 	}
 	if w.warming == "" {
-		c, ok := w.cfg.Clusters[a.Warm]
+		c, ok := w.clusters[a.Warm]
 		if !ok {
 			w.log.Warn("assignment warms a cluster this agent has no configuration for", zap.String("cluster", a.Warm))
 			return false
@@ -452,7 +495,7 @@ func (w *worker) startPending(ctx context.Context) {
 		return
 	}
 	if w.kafka == nil {
-		c, ok := w.cfg.Clusters[w.applied.Cluster]
+		c, ok := w.clusters[w.applied.Cluster]
 		if !ok {
 			w.log.Error("assignment names a cluster this agent has no configuration for", zap.String("cluster", w.applied.Cluster))
 			return
@@ -465,14 +508,18 @@ func (w *worker) startPending(ctx context.Context) {
 		w.kafka = k
 	}
 	// New partitions or topics are not in the client's metadata yet: one
-	// refresh up front instead of a failed lookup and a retry per partition.
-	topics := map[string]bool{}
-	for _, tp := range w.pending {
-		topics[tp.Topic] = true
-	}
-	if err := w.kafka.client.RefreshMetadata(slices.Sorted(maps.Keys(topics))...); err != nil {
-		w.log.Warn("cannot refresh metadata of the assigned topics; retrying", zap.Error(err))
-		return
+	// refresh up front instead of a failed lookup and a retry per
+	// partition. (A client just opened, or warmed ahead of a switch,
+	// knows them all.)
+	if !w.kafka.knows(w.pending) {
+		topics := map[string]bool{}
+		for _, tp := range w.pending {
+			topics[tp.Topic] = true
+		}
+		if err := w.kafka.client.RefreshMetadata(slices.Sorted(maps.Keys(topics))...); err != nil {
+			w.log.Warn("cannot refresh metadata of the assigned topics; retrying", zap.Error(err))
+			return
+		}
 	}
 	lctx, cancel := context.WithTimeout(ctx, w.cfg.Etcd.RequestTimeout)
 	positions, bad, err := w.store.LoadMany(lctx, w.kafka.name, w.pending)
