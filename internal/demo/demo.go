@@ -143,6 +143,8 @@ type demo struct {
 
 	// Measured by the story, from C's arrivals.
 	pauseApply, failover, failback time.Duration
+	// shown is the epoch of the last switch printed.
+	shown int64
 }
 
 // fleetMember is one agent with its router, and the link its connections
@@ -397,7 +399,7 @@ func (d *demo) story(ctx context.Context) error {
 		return err
 	}
 	d.say("failover: every agent consumes B %v after A failed", time.Since(failed).Round(time.Millisecond))
-	d.printSwitch(ctx)
+	d.printSwitch(ctx, "B")
 	var fromB time.Time
 	if err := d.await(ctx, 10*time.Second, "a record consumed from B reaches C", func() bool {
 		fromB, ok = d.c2.first(failed, "B")
@@ -447,7 +449,7 @@ func (d *demo) story(ctx context.Context) error {
 		return err
 	}
 	d.say("failback: every agent consumes A again %v after A came back", time.Since(back).Round(time.Millisecond))
-	d.printSwitch(ctx)
+	d.printSwitch(ctx, "A")
 	var fromA time.Time
 	if err := d.await(ctx, 10*time.Second, "a record consumed from A reaches C", func() bool {
 		fromA, ok = d.c2.first(back, "A")
@@ -480,16 +482,23 @@ func owned(a *agent.Agent) string {
 	return strings.Join(s, " ")
 }
 
-// printSwitch shows the latest switch from history/.
-func (d *demo) printSwitch(ctx context.Context) {
-	resp, err := d.cli.Get(ctx, keys.New(fleet).SwitchHistory(), clientv3.WithLastKey()...)
-	if err != nil || len(resp.Kvs) == 0 {
-		return
-	}
+// printSwitch shows the switch to cluster to from history/: it waits for
+// the latest event to be a switch to to, newer than the last one shown.
+// The leader may write it a little after the agents consume to.
+func (d *demo) printSwitch(ctx context.Context, to string) {
 	var ev coordinator.SwitchEvent
-	if json.Unmarshal(resp.Kvs[0].Value, &ev) != nil {
+	err := d.await(ctx, 10*time.Second, "the switch to "+to+" in history/", func() bool {
+		resp, err := d.cli.Get(ctx, keys.New(fleet).SwitchHistory(), clientv3.WithLastKey()...)
+		if err != nil || len(resp.Kvs) == 0 || json.Unmarshal(resp.Kvs[0].Value, &ev) != nil {
+			return false
+		}
+		return ev.To == to && ev.Epoch > d.shown
+	})
+	if err != nil {
+		d.say("    (%v)", err)
 		return
 	}
+	d.shown = ev.Epoch
 	d.say("    switch %s → %s (epoch %d): %s; revoke %.0f ms, translate %.0f ms", ev.From, ev.To, ev.Epoch, ev.Reason,
 		1000*ev.Phases["revoke"], 1000*ev.Phases["translate"])
 	for _, p := range ev.Partitions {
