@@ -68,12 +68,25 @@ type secureWorld struct {
 	httpCert testenv.Cert
 	dir      string
 	logs     *syncBuffer
+	// https is a client of the agents' HTTPS endpoints. Its timeout is
+	// generous: TLS handshakes under the race detector on a loaded
+	// machine took seconds.
+	https *http.Client
 }
 
 func startSecureWorld(t *testing.T) *secureWorld {
 	t.Helper()
 	w := &secureWorld{etcd: testenv.StartSecureEtcdT(t), dir: t.TempDir(), logs: &syncBuffer{}}
 	w.pki = w.etcd.Security().PKI
+	tr := &http.Transport{TLSClientConfig: w.pki.ClientTLS(nil)}
+	w.https = &http.Client{Timeout: 10 * time.Second, Transport: tr}
+	t.Cleanup(func() {
+		tr.CloseIdleConnections()
+		if t.Failed() {
+			logs := w.logs.Bytes()
+			t.Logf("the agents' logs, last 20 KiB:\n%s", logs[max(0, len(logs)-20<<10):])
+		}
+	})
 	prefix := keys.New("orders").Prefix()
 	rw := clientv3.PermissionType(clientv3.PermReadWrite)
 	read := clientv3.PermissionType(clientv3.PermRead)
@@ -168,13 +181,8 @@ func (w *secureWorld) delivered(c config.Cluster) (int64, error) {
 	return n, nil
 }
 
-// https is a client of the agents' HTTPS endpoints.
-func (w *secureWorld) https() *http.Client {
-	return &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: w.pki.ClientTLS(nil)}}
-}
-
 func (w *secureWorld) get(a *agent.Agent, path string) (int, []byte, error) {
-	resp, err := w.https().Get("https://" + a.HTTPAddr() + path)
+	resp, err := w.https.Get("https://" + a.HTTPAddr() + path)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -331,7 +339,7 @@ func TestSecureFleetRefusals(t *testing.T) {
 		{wrongEtcd, `etcd authentication failed for user "kswitch-orders": wrong username or password`},
 		{stranger, `etcd permission denied to user "kswitch-other" (read /kswitch/orders/agents/stranger)`},
 	} {
-		wait.For(t, 15*time.Second, tc.a.ID()+" unready for the right reason", func() error {
+		wait.For(t, 30*time.Second, tc.a.ID()+" unready for the right reason", func() error {
 			code, reason, err := w.readyz(tc.a)
 			if err != nil {
 				return err
@@ -347,7 +355,7 @@ func TestSecureFleetRefusals(t *testing.T) {
 		}
 	}
 
-	wait.For(t, 15*time.Second, "wrong-kafka reports A unreachable by SASL", func() error {
+	wait.For(t, 30*time.Second, "wrong-kafka reports A unreachable by SASL", func() error {
 		code, body, err := w.get(wrongKafka, "/status")
 		if err != nil || code != http.StatusOK {
 			return fmt.Errorf("/status %d, %v", code, err)
@@ -363,7 +371,7 @@ func TestSecureFleetRefusals(t *testing.T) {
 		return nil
 	})
 	// The etcd side of wrong-kafka is fine: it registers.
-	wait.For(t, 10*time.Second, "wrong-kafka registered", func() error {
+	wait.For(t, 20*time.Second, "wrong-kafka registered", func() error {
 		if !slices.ContainsFunc(wrongKafka.Registered(), func(r agent.Registration) bool { return r.ID == "wrong-kafka" }) {
 			return fmt.Errorf("registered: %v", wrongKafka.Registered())
 		}
