@@ -30,6 +30,7 @@ import (
 	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/election"
 	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/internal/dynconfig"
 	"github.com/kswitch/kswitch/internal/etcdclient"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/internal/keys"
@@ -66,6 +67,11 @@ type Options struct {
 	// preparation of planned switches (coordinator.Leader.BreakBeforeMake):
 	// the baseline of the planned-switch benchmark.
 	BreakBeforeMake bool
+	// OnConfig, when set, is called with the configuration in force each
+	// time a dynamic configuration version (source and clusters from etcd,
+	// accepted by the leader) is applied: the routing sink takes the new
+	// cluster definitions from it. It must not block.
+	OnConfig func(config.Config)
 }
 
 // Agent is one member of a fleet. Its exported methods are safe for
@@ -114,6 +120,8 @@ type Agent struct {
 	owned      atomic.Pointer[[]coordinator.TopicPartition] // set by the worker
 	current    atomic.Pointer[concurrency.Session]          // while registered
 	active     atomic.Pointer[string]                       // cluster of the applied assignment
+	// dyn is the dynamic configuration version in force.
+	dyn dynConfig
 	// signalsApplied is the etcd revision of the signals every running
 	// partition of this agent obeys.
 	signalsApplied atomic.Int64
@@ -153,6 +161,7 @@ func New(cfg config.Config, opts Options) (*Agent, error) {
 		metrics: newMetrics(reg),
 	}
 	a.leaderMetrics = coordinator.NewMetrics(reg)
+	a.dyn.cfg = cfg
 	a.session.Store(&sessionState{reason: "starting: not yet registered in etcd"})
 	unknown := "not yet checked"
 	a.etcdErr.Store(&unknown)
@@ -188,13 +197,12 @@ func (a *Agent) Start(ctx context.Context) error {
 	a.mlog = &memberlistLog{log: a.log.Named("gossip")}
 	a.gossip = &gossipState{dead: make(chan string, 64), dropped: func() { a.metrics.gossipDropped.Inc() }}
 	healthChanged := make(chan struct{}, 1)
-	a.prober = &prober{cfg: a.cfg, log: a.log, dialer: a.opts.KafkaDialer, views: map[string]coordinator.ClusterView{},
-		changed: func() {
-			select {
-			case healthChanged <- struct{}{}:
-			default:
-			}
-		}}
+	a.prober = newProber(a.cfg, a.log, a.opts.KafkaDialer, func() {
+		select {
+		case healthChanged <- struct{}{}:
+		default:
+		}
+	})
 	ml, err := newMemberlist(a.id, a.cfg.Agent.Gossip, a.cfg.Agent.GossipAdvertise, a.mlog, a.gossip, &healthMeta{views: a.prober.view})
 	if err != nil {
 		client.Close()
@@ -248,6 +256,7 @@ func (a *Agent) Start(ctx context.Context) error {
 	a.goRun(func() { a.probeEtcdLoop(runCtx) })
 	a.goRun(func() { a.leaderChangeLoop(runCtx) })
 	a.goRun(func() { a.prober.run(runCtx) })
+	a.goRun(func() { a.followConfig(runCtx) })
 	a.goRun(func() { _ = a.signals.Run(runCtx) })
 	a.goRun(func() { a.gossipHealthLoop(runCtx, healthChanged, 5*time.Second) })
 	a.log.Info("agent started", zap.String("http", a.HTTPAddr()), zap.String("gossip", a.GossipAddr()),
@@ -398,6 +407,7 @@ func (a *Agent) Status() Status {
 		SignalsApplied: a.SignalsApplied(),
 		Owned:          a.Owned(),
 		Active:         deref(a.active.Load()),
+		Config:         a.dyn.status(),
 	}
 	if a.Leading() {
 		st.Coordinator = a.leader.Status()
@@ -523,6 +533,7 @@ func (a *Agent) runSession(ctx context.Context) error {
 	wdone := make(chan struct{})
 	go func() {
 		defer close(wdone)
+		defer a.dyn.detach(w.reconf)
 		if err := w.run(wctx); errors.Is(err, errLeaseLost) {
 			s.Orphan()
 		}
@@ -588,6 +599,19 @@ func (a *Agent) runLeader(ctx context.Context, term election.Term) {
 	defer a.metrics.isLeader.Set(0)
 	log := a.log.With(zap.Int64("fencing_token", term.Rev))
 	log.Info("leading the fleet")
+	// The gate validates the dynamic configuration for the length of the
+	// term, beside the leader's work.
+	gctx, gcancel := context.WithCancel(ctx)
+	gate := &dynconfig.Gate{File: a.cfg, Etcd: a.client, Log: log.Named("config"), Live: a.registry.Live,
+		OnRefused: func(dynconfig.Refusal) { a.metrics.badValues.WithLabelValues(refused.Config).Inc() }}
+	gateDone := make(chan struct{})
+	go func() {
+		defer close(gateDone)
+		if err := gate.Run(gctx, term); err != nil && gctx.Err() == nil {
+			log.Warn("configuration gate ended", zap.Error(err))
+		}
+	}()
+	defer func() { gcancel(); <-gateDone }()
 	if err := a.leader.Run(ctx, term); err != nil && ctx.Err() == nil {
 		log.Warn("leader work ended", zap.Error(err))
 	}
@@ -605,7 +629,10 @@ func (f fleetView) GossipAlive(id string) bool                    { return f.a.g
 func (f fleetView) Views() coordinator.AgentViews                 { return f.a.gossip.views() }
 
 func (a *Agent) newWorker(s *concurrency.Session) *worker {
+	reconf := make(chan configUpdate, 1)
+	version, cfg := a.dyn.attach(reconf)
 	return &worker{
+		reconf: reconf, configVersion: version, clusters: cfg.Clusters, initial: cfg.Source.InitialOffset,
 		cfg: a.cfg, id: a.id, keys: a.keys, log: a.log, etcd: a.client, store: a.store,
 		handler: a.opts.Handler, metrics: a.metrics, drain: a.opts.DrainTimeout,
 		lease:          s.Lease(),

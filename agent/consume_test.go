@@ -143,6 +143,13 @@ func startConsumer(t testing.TB, cfg config.Config, h agent.Handler) *agent.Agen
 // spread over the partitions, and waits until Kafka acknowledged them.
 func produce(t *testing.T, k *testenv.Kafka, topic string, from, to int) {
 	t.Helper()
+	produceTagged(t, k, topic, "", from, to)
+}
+
+// produceTagged is produce with values tag+id, so that the records of
+// several topics can be told apart in one ledger.
+func produceTagged(t testing.TB, k *testenv.Kafka, topic, tag string, from, to int) {
+	t.Helper()
 	sc := sarama.NewConfig()
 	sc.Version = sarama.V3_6_0_0
 	sc.Producer.Return.Successes = true
@@ -168,7 +175,7 @@ func produce(t *testing.T, k *testenv.Kafka, topic string, from, to int) {
 		}
 	}()
 	for i := from; i < to; i++ {
-		p.Input() <- &sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(strconv.Itoa(i)), Value: sarama.StringEncoder(strconv.Itoa(i))}
+		p.Input() <- &sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(strconv.Itoa(i)), Value: sarama.StringEncoder(tag + strconv.Itoa(i))}
 	}
 	wg.Wait()
 	if err := p.Close(); err != nil {

@@ -287,7 +287,7 @@ func TestFailoverToTheReplicaAndBack(t *testing.T) {
 // lagged by in all.
 func logHistory(t *testing.T, e *testenv.Etcd) (lagged int64) {
 	cli := testenv.EtcdClientT(t, e)
-	resp, err := cli.Get(context.Background(), keys.New("orders").History(), clientv3.WithPrefix())
+	resp, err := cli.Get(context.Background(), keys.New("orders").SwitchHistory(), clientv3.WithPrefix())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -54,6 +54,8 @@ type Status struct {
 	Handler any `json:"handler,omitempty"`
 	// Coordinator is the leader's last verdict (only on the leader).
 	Coordinator *coordinator.LeaderStatus `json:"coordinator,omitempty"`
+	// Config is the dynamic configuration version in force.
+	Config ConfigStatus `json:"config"`
 }
 
 // EtcdStatus is this agent's view of its etcd connection.

@@ -31,6 +31,7 @@ type metrics struct {
 	gossipDropped   prometheus.Counter
 	paused          *prometheus.GaugeVec
 	signalApply     prometheus.Histogram
+	configVersion   prometheus.Gauge
 }
 
 // setPaused shows which signal scopes pause now.
@@ -95,6 +96,10 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		gossipDropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kswitch_gossip_events_dropped_total", Help: "Gossip death notices dropped because the leader's queue was full.",
 		}),
+		configVersion: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kswitch_dynamic_config_version",
+			Help: "Dynamic configuration version (source and clusters from etcd, accepted by the leader) this agent applies; 0: the file alone. The routing layer's is kswitch_config_version.",
+		}),
 	}
 	info := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "kswitch_build_info", Help: "Always 1; the labels carry the build.",
@@ -106,7 +111,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		panic(err)
 	}
 	reg.MustRegister(m.isLeader, m.leaderChanges, m.ready, m.agents, m.gossipMembers, m.etcdErrors, info,
-		m.records, m.consumeErrors, m.handlerErrors, m.commits, m.commitErrors, m.ownedPartitions, m.generation, m.gossipDropped, m.paused, m.signalApply,
+		m.records, m.consumeErrors, m.handlerErrors, m.commits, m.commitErrors, m.ownedPartitions, m.generation, m.gossipDropped, m.paused, m.signalApply, m.configVersion,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -122,7 +122,7 @@ func (w *worker) startPartition(ctx context.Context, k *kafkaConn, gen int64, tp
 		}
 		w.log.Warn("committed offset out of range; starting at the initial offset instead",
 			zap.Stringer("partition", tp), zap.Int64("committed", start), zap.Int64("start", initial),
-			zap.String("initial_offset", w.cfg.Source.InitialOffset))
+			zap.String("initial_offset", w.initial))
 		start = initial
 		pc, err = k.consumer.ConsumePartition(tp.Topic, tp.Partition, start)
 	}

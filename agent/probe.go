@@ -3,7 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
-	"slices"
+	"reflect"
 	"sync"
 	"time"
 
@@ -31,36 +31,106 @@ type prober struct {
 	// changed is called (from a probe goroutine) when a cluster's
 	// reachability flipped; it must not block.
 	changed func()
+	// reconf hands run the latest cluster definitions (setClusters).
+	reconf chan map[string]config.Cluster
 
 	mu    sync.Mutex
 	views map[string]coordinator.ClusterView
+	// loops numbers each cluster's current probe loop, so that a loop
+	// replaced by a changed definition cannot record a stale result.
+	loops map[string]int
 }
 
-func (p *prober) clusters() []string {
-	var out []string
-	for name, c := range p.cfg.Clusters {
+func newProber(cfg config.Config, log *zap.Logger, dialer func(string) kafka.Dialer, changed func()) *prober {
+	return &prober{cfg: cfg, log: log, dialer: dialer, changed: changed,
+		reconf: make(chan map[string]config.Cluster, 1), views: map[string]coordinator.ClusterView{}, loops: map[string]int{}}
+}
+
+// sourceClusters returns the clusters that are probed: primary and
+// standby.
+func sourceClusters(all map[string]config.Cluster) map[string]config.Cluster {
+	out := map[string]config.Cluster{}
+	for name, c := range all {
 		if c.Role == config.RolePrimary || c.Role == config.RoleStandby {
-			out = append(out, name)
+			out[name] = c
 		}
 	}
-	slices.Sort(out)
 	return out
+}
+
+// setClusters hands the prober new cluster definitions (a dynamic
+// configuration version): the loops of changed clusters restart with a
+// fresh client, those of new clusters start and those of removed ones
+// stop. It never blocks; the latest definitions win.
+func (p *prober) setClusters(clusters map[string]config.Cluster) {
+	for {
+		select {
+		case p.reconf <- clusters:
+			return
+		default:
+		}
+		select {
+		case <-p.reconf: // replace what run has not taken yet
+		default:
+		}
+	}
 }
 
 // run probes until ctx ends.
 func (p *prober) run(ctx context.Context) {
-	var wg sync.WaitGroup
-	for _, name := range p.clusters() {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			p.probeLoop(ctx, name)
-		}()
+	type loop struct {
+		def    config.Cluster
+		cancel context.CancelFunc
 	}
-	wg.Wait()
+	running := map[string]*loop{}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer func() {
+		for _, l := range running {
+			l.cancel()
+		}
+	}()
+	apply := func(all map[string]config.Cluster) {
+		want := sourceClusters(all)
+		for name, l := range running {
+			if def, ok := want[name]; !ok || !reflect.DeepEqual(def, l.def) {
+				l.cancel()
+				delete(running, name)
+			}
+		}
+		p.mu.Lock()
+		for name := range p.views {
+			if _, ok := want[name]; !ok {
+				delete(p.views, name)
+				p.loops[name]++
+			}
+		}
+		p.mu.Unlock()
+		for name, def := range want {
+			if running[name] != nil {
+				continue
+			}
+			lctx, cancel := context.WithCancel(ctx)
+			running[name] = &loop{def: def, cancel: cancel}
+			p.mu.Lock()
+			p.loops[name]++
+			gen := p.loops[name]
+			p.mu.Unlock()
+			wg.Go(func() { p.probeLoop(lctx, name, def, gen) })
+		}
+	}
+	apply(p.cfg.Clusters)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case all := <-p.reconf:
+			apply(all)
+		}
+	}
 }
 
-func (p *prober) probeLoop(ctx context.Context, name string) {
+func (p *prober) probeLoop(ctx context.Context, name string, def config.Cluster, gen int) {
 	var client sarama.Client
 	defer func() {
 		if client != nil {
@@ -77,7 +147,7 @@ func (p *prober) probeLoop(ctx context.Context, name string) {
 			if p.dialer != nil {
 				d = p.dialer(name)
 			}
-			client, err = kafka.NewClientWith(name, p.cfg.Clusters[name], kafka.Options{Dialer: d, Timeout: p.cfg.Failover.ProbeTimeout})
+			client, err = kafka.NewClientWith(name, def, kafka.Options{Dialer: d, Timeout: p.cfg.Failover.ProbeTimeout})
 		}
 		if err == nil {
 			err = p.probe(client, name)
@@ -88,7 +158,10 @@ func (p *prober) probeLoop(ctx context.Context, name string) {
 				client = nil
 			}
 		}
-		p.record(name, time.Since(began), err)
+		if ctx.Err() != nil {
+			return
+		}
+		p.record(name, gen, time.Since(began), err)
 		select {
 		case <-ctx.Done():
 			return
@@ -120,7 +193,7 @@ func (p *prober) probe(c sarama.Client, name string) error {
 	return nil // a cluster without topics answers metadata: reachable
 }
 
-func (p *prober) record(name string, latency time.Duration, err error) {
+func (p *prober) record(name string, gen int, latency time.Duration, err error) {
 	v := coordinator.ClusterView{Reachable: err == nil}
 	if err == nil {
 		v.LatencyMs = max(1, latency.Milliseconds())
@@ -132,6 +205,10 @@ func (p *prober) record(name string, latency time.Duration, err error) {
 		v.Error = msg
 	}
 	p.mu.Lock()
+	if p.loops[name] != gen {
+		p.mu.Unlock()
+		return // replaced by a loop with a newer definition
+	}
 	prev, seen := p.views[name]
 	p.views[name] = v
 	p.mu.Unlock()

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/election"
+	"github.com/kswitch/kswitch/internal/dynconfig"
 	"github.com/kswitch/kswitch/internal/etcdwatch"
 	"github.com/kswitch/kswitch/internal/keys"
 	"github.com/kswitch/kswitch/offsets"
@@ -212,6 +213,9 @@ type FleetView struct {
 	Signals signals.State `json:"signals"`
 	// Refused lists values that could not be parsed.
 	Refused []string `json:"refused,omitempty"`
+	// Config is the dynamic configuration version in force and the
+	// leader's last refusal.
+	Config dynconfig.State `json:"config"`
 }
 
 // PartitionView is one partition of a FleetView.
@@ -247,6 +251,11 @@ func ReadFleet(ctx context.Context, c *clientv3.Client, fleet string) (FleetView
 		return v, err
 	}
 	if v.Signals, err = signals.Read(ctx, c, k); err != nil {
+		return v, err
+	}
+	if v.Config, err = dynconfig.ReadState(ctx, c, k); errors.Is(err, dynconfig.ErrMalformed) {
+		v.Refused = append(v.Refused, err.Error())
+	} else if err != nil {
 		return v, err
 	}
 	if resp, err := c.Get(ctx, k.Active()); err != nil {

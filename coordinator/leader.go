@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -57,9 +58,14 @@ type Leader struct {
 	// OnPublish, when set, is called after each generation is written.
 	OnPublish func(Assignment)
 
-	regex  *regexp.Regexp
-	naming Naming
-	store  *offsets.Store
+	// dyn is the configuration in force: cfg with the dynamic layer's
+	// source and cluster definitions (SetConfig).
+	dyn atomic.Pointer[dynamic]
+	// rediscover asks the discovery loop to list the partitions now (the
+	// source changed).
+	rediscover chan struct{}
+	naming     Naming
+	store      *offsets.Store
 	// Dialer, when set, opens the leader's connections to a cluster.
 	Dialer func(cluster string) kafka.Dialer
 	// Metrics, when set, receives the leader's measurements.
@@ -82,16 +88,47 @@ type Leader struct {
 // must outlive every Run: the caller waits for it after the last term.
 func NewLeader(cfg config.Config, c *clientv3.Client, m Membership, bg *sync.WaitGroup, log *zap.Logger) (*Leader, error) {
 	l := &Leader{cfg: cfg, keys: keys.New(cfg.Fleet), etcd: c, members: m, bg: bg, log: log,
-		naming: NewNaming(cfg), store: offsets.NewStore(c, keys.New(cfg.Fleet))}
-	if cfg.Source.TopicRegex != "" {
-		re, err := regexp.Compile(cfg.Source.TopicRegex)
-		if err != nil {
-			return nil, fmt.Errorf("coordinator: source.topic_regex: %w", err)
-		}
-		l.regex = re
+		naming: NewNaming(cfg), store: offsets.NewStore(c, keys.New(cfg.Fleet)), rediscover: make(chan struct{}, 1)}
+	if err := l.SetConfig(cfg); err != nil {
+		return nil, err
 	}
 	return l, nil
 }
+
+// dynamic is the part of the configuration that changes at run time.
+type dynamic struct {
+	source   config.Source
+	regex    *regexp.Regexp
+	clusters map[string]config.Cluster
+}
+
+// SetConfig puts cfg's source and cluster definitions in force (a dynamic
+// configuration version, validated). Discovery lists the partitions at
+// once under the new source, and every connection opened from now on uses
+// the new definitions; discovery's own connection is reopened when its
+// cluster's definition changed. The clusters' roles and replication stay
+// the file's: dynconfig refuses a version that changes them.
+func (l *Leader) SetConfig(cfg config.Config) error {
+	d := &dynamic{source: cfg.Source, clusters: cfg.Clusters}
+	if cfg.Source.TopicRegex != "" {
+		re, err := regexp.Compile(cfg.Source.TopicRegex)
+		if err != nil {
+			return fmt.Errorf("coordinator: source.topic_regex: %w", err)
+		}
+		d.regex = re
+	}
+	old := l.dyn.Swap(d)
+	if old != nil && !reflect.DeepEqual(old.source, d.source) {
+		select {
+		case l.rediscover <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+
+// conf returns the source and cluster definitions in force.
+func (l *Leader) conf() *dynamic { return l.dyn.Load() }
 
 // acks follows acks/: agent id → generation it has applied.
 type acks struct {
@@ -522,7 +559,7 @@ const breakerHistory = 64
 func (l *Leader) restoreBreaker(ctx context.Context, br *breaker) error {
 	rctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
 	defer cancel()
-	resp, err := l.etcd.Get(rctx, l.keys.History(), clientv3.WithPrefix(),
+	resp, err := l.etcd.Get(rctx, l.keys.SwitchHistory(), clientv3.WithPrefix(),
 		clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(breakerHistory))
 	if err != nil {
 		return err
@@ -571,7 +608,7 @@ func (l *Leader) publishTerm(ctx context.Context, t *term, a Assignment) error {
 func (l *Leader) caughtUp(ctx context.Context, t *term, log *zap.Logger) (bool, string) {
 	primary, _ := l.cfg.Primary()
 	standby := t.active.Cluster
-	target, err := kafka.NewClientWith(primary, l.cfg.Clusters[primary], kafka.Options{Dialer: l.dialer(primary)})
+	target, err := kafka.NewClientWith(primary, l.conf().clusters[primary], kafka.Options{Dialer: l.dialer(primary)})
 	if err != nil {
 		return false, err.Error()
 	}
@@ -650,7 +687,7 @@ func (l *Leader) discoverLoop(ctx context.Context, cluster string, log *zap.Logg
 	t := time.NewTicker(l.cfg.Source.RefreshInterval)
 	defer t.Stop()
 	for {
-		ps, err := d.partitions(ctx)
+		ps, err := d.partitions(ctx, l.conf())
 		switch {
 		case ctx.Err() != nil:
 			return
@@ -667,6 +704,7 @@ func (l *Leader) discoverLoop(ctx context.Context, cluster string, log *zap.Logg
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-l.rediscover:
 		}
 	}
 }
@@ -721,6 +759,7 @@ type discovery struct {
 	cluster string
 	log     *zap.Logger
 	client  sarama.Client
+	def     config.Cluster  // the definition client was opened with
 	missing map[string]bool // configured topics reported missing, to warn once
 }
 
@@ -733,13 +772,19 @@ func (d *discovery) close() {
 // partitions returns the partitions of the configured topics and of the
 // topics matching the regex, sorted. The Kafka calls are bounded by the
 // client's timeouts (internal/kafka).
-func (d *discovery) partitions(ctx context.Context) ([]TopicPartition, error) {
+func (d *discovery) partitions(ctx context.Context, conf *dynamic) ([]TopicPartition, error) {
+	def := conf.clusters[d.cluster]
+	if d.client != nil && !reflect.DeepEqual(def, d.def) {
+		d.log.Info("cluster definition changed; discovery reconnects", zap.String("cluster", d.cluster))
+		d.close()
+		d.client = nil
+	}
 	if d.client == nil {
-		c, err := kafka.NewClientWith(d.cluster, d.leader.cfg.Clusters[d.cluster], kafka.Options{Dialer: d.leader.dialer(d.cluster)})
+		c, err := kafka.NewClientWith(d.cluster, def, kafka.Options{Dialer: d.leader.dialer(d.cluster)})
 		if err != nil {
 			return nil, err
 		}
-		d.client = c
+		d.client, d.def = c, def
 		d.missing = map[string]bool{}
 	}
 	if err := d.client.RefreshMetadata(); err != nil {
@@ -756,7 +801,7 @@ func (d *discovery) partitions(ctx context.Context) ([]TopicPartition, error) {
 	// primary), so a standby's replicas (A.orders) are found by the same
 	// topics and regex as the originals.
 	want := map[string]bool{}
-	for _, t := range d.leader.cfg.Source.Topics {
+	for _, t := range conf.source.Topics {
 		want[t] = false
 	}
 	var out []TopicPartition
@@ -767,7 +812,7 @@ func (d *discovery) partitions(ctx context.Context) ([]TopicPartition, error) {
 		}
 		_, listed := want[logical]
 		internal := strings.HasPrefix(logical, "__")
-		if !listed && (d.leader.regex == nil || internal || !d.leader.regex.MatchString(logical)) {
+		if !listed && (conf.regex == nil || internal || !conf.regex.MatchString(logical)) {
 			continue
 		}
 		want[logical] = true
@@ -777,6 +822,11 @@ func (d *discovery) partitions(ctx context.Context) ([]TopicPartition, error) {
 		}
 		for _, p := range ps {
 			out = append(out, TopicPartition{Topic: t, Partition: p})
+		}
+	}
+	for t := range d.missing {
+		if _, still := want[t]; !still {
+			delete(d.missing, t) // no longer configured
 		}
 	}
 	for t, found := range want {

@@ -72,7 +72,7 @@ func (l *Leader) readActive(ctx context.Context) (Active, int64, error) {
 		l.log.Warn("refusing malformed state/active; assuming the primary until the next switch", zap.Error(err))
 		return Active{Cluster: primary, Phase: PhaseActive, Reason: "state/active was malformed"}, resp.Kvs[0].ModRevision, nil
 	}
-	if _, ok := l.cfg.Clusters[a.Cluster]; !ok {
+	if _, ok := l.conf().clusters[a.Cluster]; !ok {
 		l.log.Warn("state/active names a cluster this configuration lacks; assuming the primary", zap.String("cluster", a.Cluster))
 		return Active{Cluster: primary, Phase: PhaseActive, Epoch: a.Epoch, Reason: "unknown cluster " + a.Cluster}, resp.Kvs[0].ModRevision, nil
 	}
@@ -339,25 +339,26 @@ type translation struct {
 // openTranslation connects to `to` (and the offset-syncs cluster) and lists
 // the source partitions there.
 func (l *Leader) openTranslation(ctx context.Context, from, to string, log *zap.Logger) (*translation, error) {
-	target, err := kafka.NewClientWith(to, l.cfg.Clusters[to], kafka.Options{Dialer: l.dialer(to)})
+	conf := l.conf()
+	target, err := kafka.NewClientWith(to, conf.clusters[to], kafka.Options{Dialer: l.dialer(to)})
 	if err != nil {
 		return nil, err
 	}
 	x := &translation{from: from, to: to, target: target, dir: offsets.Forward}
-	d := &discovery{leader: l, cluster: to, log: log, client: target, missing: map[string]bool{}}
-	if x.tps, err = d.partitions(ctx); err != nil {
+	d := &discovery{leader: l, cluster: to, log: log, client: target, def: conf.clusters[to], missing: map[string]bool{}}
+	if x.tps, err = d.partitions(ctx, conf); err != nil {
 		x.close()
 		return nil, err
 	}
 	standby := to
-	if c := l.cfg.Clusters[to]; c.Role != "standby" {
+	if c := l.conf().clusters[to]; c.Role != "standby" {
 		standby, x.dir = from, offsets.Backward
 	}
 	rep := l.cfg.Replication(standby)
 	syncs := target
 	if rep.OffsetSyncsCluster != to {
 		syncs = nil
-		if c, err := kafka.NewClientWith(rep.OffsetSyncsCluster, l.cfg.Clusters[rep.OffsetSyncsCluster],
+		if c, err := kafka.NewClientWith(rep.OffsetSyncsCluster, l.conf().clusters[rep.OffsetSyncsCluster],
 			kafka.Options{Dialer: l.dialer(rep.OffsetSyncsCluster), Timeout: l.cfg.Failover.ProbeTimeout}); err == nil {
 			syncs, x.syncs = c, c
 		}

@@ -257,11 +257,40 @@ func (r *Router) compileLayer(routes []byte, chans map[string][]byte) (*Version,
 	if err != nil {
 		return nil, "", err
 	}
-	v, err := Compile(spec, r.clusters)
+	r.mu.Lock()
+	clusters := r.clusters
+	r.mu.Unlock()
+	v, err := Compile(spec, clusters)
 	if err != nil {
 		return nil, "", err
 	}
 	return v, src, nil
+}
+
+// SetClusters puts new cluster definitions in force (a dynamic
+// configuration version, validated by the caller): the routing in force is
+// compiled again with them within a second (by Run; at once without
+// Options.Etcd), so channels may name a cluster added at run time; the
+// producers of a cluster whose definition changed are replaced, and the
+// records they failed are sent again through the new ones.
+func (r *Router) SetClusters(clusters map[string]config.Cluster) {
+	r.mu.Lock()
+	r.clusters = clusters
+	r.layer.tried = [32]byte{}
+	r.layer.dirty = r.opts.Etcd != nil
+	r.mu.Unlock()
+	r.pool.setClusters(clusters)
+	if r.opts.Etcd == nil {
+		if v, src, err := r.compileLayer(nil, nil); err != nil {
+			r.log.Error("the routing file does not compile with the new clusters; the version in force stays", zap.Error(err))
+		} else {
+			r.install(v, r.cur.Load().Number, src)
+		}
+	}
+	select {
+	case r.sweepKick <- struct{}{}:
+	default:
+	}
 }
 
 // Merge returns the routing in force when etcd holds routes (the value of

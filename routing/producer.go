@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"reflect"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,6 +49,9 @@ type producer struct {
 	sendMu sync.RWMutex
 	closed bool          // under sendMu
 	done   chan struct{} // closed when the results loop returned
+	// retired is set when the definition of the producer's cluster
+	// changed: messages it failed are sent again through a new producer.
+	retired atomic.Bool
 }
 
 // send hands m to the producer. It blocks while sarama's input is full,
@@ -81,8 +87,7 @@ const openRetry = time.Second
 // pool holds the producers of a router. Its methods are safe for
 // concurrent use.
 type pool struct {
-	clusters map[string]config.Cluster
-	log      *zap.Logger
+	log *zap.Logger
 	// onResult receives every outcome of every producer, from that
 	// producer's results goroutine. It must not block for long: sarama
 	// waits for it.
@@ -90,8 +95,12 @@ type pool struct {
 	// opened is told about each producer opened and closed.
 	opened func(k producerKey, open bool)
 
-	mu      sync.RWMutex
-	live    map[producerKey]*producer
+	mu       sync.RWMutex
+	clusters map[string]config.Cluster
+	live     map[producerKey]*producer
+	// retired are producers to a cluster whose definition changed: no new
+	// message goes to them, and sweep closes each once it holds none.
+	retired []*producer
 	opening map[producerKey]*opening
 	closed  bool
 	wg      sync.WaitGroup // the opening and results goroutines
@@ -193,8 +202,34 @@ func (p *pool) open(k producerKey, o *opening) {
 	p.log.Info("producer opened", zap.Stringer("producer", k))
 }
 
+// setClusters puts new cluster definitions in force: the producers of a
+// cluster whose definition changed are retired (the next message opens a
+// producer with the new definition; the retired one is closed once the
+// messages it holds are settled), and failed openings are forgotten.
+func (p *pool) setClusters(clusters map[string]config.Cluster) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	old := p.clusters
+	p.clusters = clusters
+	for k, pr := range p.live {
+		if !reflect.DeepEqual(old[k.cluster], clusters[k.cluster]) {
+			delete(p.live, k)
+			pr.retired.Store(true)
+			p.retired = append(p.retired, pr)
+			p.log.Info("cluster definition changed: the producer is replaced", zap.Stringer("producer", k))
+		}
+	}
+	for k, o := range p.opening {
+		if o.err != nil {
+			delete(p.opening, k)
+		}
+	}
+}
+
 func (p *pool) newProducer(k producerKey) (sarama.AsyncProducer, error) {
+	p.mu.RLock()
 	cl, ok := p.clusters[k.cluster]
+	p.mu.RUnlock()
 	if !ok {
 		return nil, fmt.Errorf("cluster %q is not configured", k.cluster)
 	}
@@ -245,6 +280,13 @@ func (p *pool) sweep(used map[producerKey]bool) {
 			delete(p.opening, k)
 		}
 	}
+	p.retired = slices.DeleteFunc(p.retired, func(pr *producer) bool {
+		if pr.users.Load() == 0 {
+			idle = append(idle, pr)
+			return true
+		}
+		return false
+	})
 	p.mu.Unlock()
 	for _, pr := range idle {
 		p.shut(pr)
@@ -280,8 +322,9 @@ func (p *pool) keys() []producerKey {
 func (p *pool) close(ctx context.Context) error {
 	p.mu.Lock()
 	p.closed = true
-	live := p.live
-	p.live = map[producerKey]*producer{}
+	live := slices.Collect(maps.Values(p.live))
+	live = append(live, p.retired...)
+	p.live, p.retired = map[producerKey]*producer{}, nil
 	p.mu.Unlock()
 	for _, pr := range live {
 		p.shut(pr)

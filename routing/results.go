@@ -220,6 +220,21 @@ func (r *Router) resend(om *outMsg) {
 		om.ds.gauge.Inc()
 		r.m.dead.WithLabelValues("produce").Inc()
 	}
+	if om.pr.retired.Load() {
+		// The cluster's definition changed (SetClusters): send it again
+		// through a producer with the new one.
+		pr, err := r.pool.acquire(ctx, om.pr.key, 1, r.opts.OpenWait)
+		if err != nil {
+			if ctx.Err() == nil {
+				r.enqueue(om, r.backoff(om.failures))
+			} else {
+				r.settle(om)
+			}
+			return
+		}
+		r.pool.release(om.pr, 1)
+		om.pr = pr
+	}
 	if err := om.pr.send(ctx, ctx.Done(), om.msg); err != nil {
 		r.settle(om)
 	}

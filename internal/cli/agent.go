@@ -35,7 +35,8 @@ rules of the routing section and of etcd's routes and channels/ keys
 committed once every channel has acknowledged it. Without any rule or default
 route, records are acknowledged and counted, and produced nowhere.
 
-The agent serves on agent.http:
+The agent serves on agent.http (HTTPS with agent.http_tls), read-only: GET and
+HEAD only, any other method gets 405 (see docs/SECURITY.md):
   GET /healthz   the process is alive
   GET /readyz    200 when connected to etcd and registered, else 503 with the reason
   GET /leader    {"leader": id, "self": bool, "fencing_token": n}

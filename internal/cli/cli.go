@@ -51,7 +51,7 @@ with 'kswitch status --etcd 127.0.0.1:2379 --fleet orders'.`,
 	}
 	root.PersistentFlags().StringVar(&g.logFormat, "log-format", "json", "log format: json (one object a line) or console (human-readable); for agent, overrides log.format")
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn or error; for agent, overrides log.level")
-	root.AddCommand(newAgentCmd(g), newStatusCmd(g), newOffsetsCmd(g), newFailoverCmd(g), newPauseCmd(g), newResumeCmd(g), newSignalsCmd(g), newRoutesCmd(g), newDemoCmd(g), newVersionCmd())
+	root.AddCommand(newAgentCmd(g), newStatusCmd(g), newOffsetsCmd(g), newFailoverCmd(g), newPauseCmd(g), newResumeCmd(g), newSignalsCmd(g), newRoutesCmd(g), newConfigCmd(g), newDemoCmd(g), newVersionCmd())
 	return root
 }
 

@@ -220,7 +220,11 @@ func printFleet(w io.Writer, v agent.FleetView, now time.Time) {
 	if a := v.Active; a != nil {
 		active = fmt.Sprintf("%s (epoch %d, %s since %s: %s)", a.Cluster, a.Epoch, a.Phase, a.Since.Format(time.RFC3339), a.Reason)
 	}
-	fmt.Fprintf(w, "fleet:   %s\nleader:  %s\nactive:  %s\nagents:  %d\n\n", v.Fleet, leader, active, len(v.Agents))
+	config := "the agents' files (no dynamic version)"
+	if cv := v.Config.Version; cv.Number > 0 {
+		config = fmt.Sprintf("version %d, accepted %s (changed: %s)", cv.Number, cv.At.Format(time.RFC3339), strings.Join(cv.Changed, ", "))
+	}
+	fmt.Fprintf(w, "fleet:   %s\nleader:  %s\nactive:  %s\nconfig:  %s\nagents:  %d\n\n", v.Fleet, leader, active, config, len(v.Agents))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "AGENT\tLEADER\tHTTP\tGOSSIP\tVERSION\tAGE")
 	for _, a := range v.Agents {
@@ -259,5 +263,9 @@ func printFleet(w io.Writer, v agent.FleetView, now time.Time) {
 	}
 	for _, r := range v.Refused {
 		fmt.Fprintf(w, "warning: %s\n", strings.TrimSpace(r))
+	}
+	if r := v.Config.Refusal; r != nil {
+		fmt.Fprintf(w, "warning: the dynamic configuration at revision %d was refused (version %d stays; kswitch config show): %s\n",
+			r.Revision, r.InForce, strings.ReplaceAll(r.Reason, "\n", "; "))
 	}
 }

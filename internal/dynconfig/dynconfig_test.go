@@ -49,10 +49,13 @@ func fileConfig(endpoints []string, a, b []string) config.Config {
 func TestDecodeOverridesOnlyWhatTheLayerNames(t *testing.T) {
 	file := fileConfig([]string{"127.0.0.1:2379"}, []string{"a:9092"}, []string{"b:9092"})
 	file.Source.TopicRegex = "^audit-"
+	b := file.Clusters["B"]
+	b.ReplicationPolicy, b.OffsetSyncsOn = "identity", "target"
+	file.Clusters["B"] = b
 	k := keys.New(file.Fleet)
 	l := dynconfig.Layer{
 		Source:   []byte("topics: [orders-v2]\n"),
-		Clusters: map[string][]byte{"B": []byte("brokers: [b2:9092]\nrole: standby\n")},
+		Clusters: map[string][]byte{"B": []byte("brokers: [b2:9092]\n")}, // role and replication: the file's
 	}
 	o, err := l.Decode(k, file)
 	if err != nil {
@@ -65,8 +68,9 @@ func TestDecodeOverridesOnlyWhatTheLayerNames(t *testing.T) {
 	if !slices.Equal(cfg.Source.Topics, []string{"orders-v2"}) || cfg.Source.TopicRegex != "^audit-" || cfg.Source.InitialOffset != file.Source.InitialOffset {
 		t.Errorf("source = %+v; want topics replaced, regex and initial offset from the file", cfg.Source)
 	}
-	if b := cfg.Clusters["B"]; !slices.Equal(b.Brokers, []string{"b2:9092"}) || b.Version != config.DefaultKafkaVersion {
-		t.Errorf("cluster B = %+v; want the new brokers with the cluster defaults", b)
+	if b := cfg.Clusters["B"]; !slices.Equal(b.Brokers, []string{"b2:9092"}) || b.Version != config.DefaultKafkaVersion ||
+		b.Role != config.RoleStandby || b.ReplicationPolicy != "identity" || b.OffsetSyncsOn != "target" {
+		t.Errorf("cluster B = %+v; want the new brokers with the cluster defaults, and the file's role and replication", b)
 	}
 	if !slices.Equal(cfg.Clusters["A"].Brokers, []string{"a:9092"}) || !slices.Equal(file.Clusters["B"].Brokers, []string{"b:9092"}) {
 		t.Errorf("cluster A changed, or the file was modified: %+v / %+v", cfg.Clusters["A"], file.Clusters["B"])
@@ -107,7 +111,9 @@ func TestDecodeRefusesBadLayersNamingTheKey(t *testing.T) {
 	}{
 		{"bad regex", dynconfig.Layer{Source: []byte("topic_regex: '(['\n")}, "topic_regex"},
 		{"unknown role", dynconfig.Layer{Clusters: map[string][]byte{"C": []byte("brokers: [c:9092]\nrole: backup\n")}}, "role"},
-		{"two primaries", dynconfig.Layer{Clusters: map[string][]byte{"B": []byte("brokers: [b:9092]\nrole: primary\n")}}, "primary"},
+		{"role changed", dynconfig.Layer{Clusters: map[string][]byte{"B": []byte("brokers: [b:9092]\nrole: primary\n")}}, "cannot change at run time"},
+		{"new standby", dynconfig.Layer{Clusters: map[string][]byte{"C": []byte("brokers: [c:9092]\nrole: standby\n")}}, "only be a sink"},
+		{"replication changed", dynconfig.Layer{Clusters: map[string][]byte{"B": []byte("brokers: [b:9092]\nrole: standby\nreplication_policy: identity\n")}}, "replication_policy"},
 		{"no topics", dynconfig.Layer{Source: []byte("topics: []\n")}, "topic"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

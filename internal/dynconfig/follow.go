@@ -2,6 +2,7 @@ package dynconfig
 
 import (
 	"context"
+	"encoding/json"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -89,4 +90,41 @@ func (f *follower) handle(val []byte, rev int64) {
 		return
 	}
 	f.a.Apply(v, cfg)
+}
+
+// FollowRefusal follows state/config-refused until ctx ends and calls
+// report with the refusal in etcd (nil when there is none), after the
+// first read and after every change. It returns ctx.Err().
+func FollowRefusal(ctx context.Context, c *clientv3.Client, k keys.Fleet, timeout time.Duration, report func(*Refusal)) error {
+	return etcdwatch.Follow(ctx, c, k.ConfigRefusal(), false, timeout, refusalFollower(report), nil)
+}
+
+type refusalFollower func(*Refusal)
+
+func (f refusalFollower) Reset(kvs []*mvccpb.KeyValue, _ int64) {
+	if len(kvs) == 0 {
+		f(nil)
+		return
+	}
+	f(parseRefusal(kvs[0].Value))
+}
+
+func (f refusalFollower) Apply(evs []*clientv3.Event) {
+	for _, ev := range evs {
+		if ev.Type == clientv3.EventTypeDelete {
+			f(nil)
+		} else {
+			f(parseRefusal(ev.Kv.Value))
+		}
+	}
+}
+
+// parseRefusal decodes a refusal; one that does not decode (not written
+// by a leader) is reported as such rather than hidden.
+func parseRefusal(b []byte) *Refusal {
+	var r Refusal
+	if len(b) > MaxValueSize || json.Unmarshal(b, &r) != nil {
+		return &Refusal{Reason: "state/config-refused holds a value that is not a refusal"}
+	}
+	return &r
 }

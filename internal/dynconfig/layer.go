@@ -51,23 +51,51 @@ type Overrides struct {
 	// initial_offset.
 	Source *Source `json:"source,omitempty"`
 	// Clusters replace (or add to) the file's clusters of the same name,
-	// each as a whole.
+	// each as a whole, except for the role and the replication fields,
+	// which are the file's (a definition may leave them out).
 	Clusters map[string]config.Cluster `json:"clusters,omitempty"`
 }
 
 // Apply returns file with o applied, validated as a whole.
+//
+// Roles and replication are the file's: a cluster of the file keeps its
+// role and its MirrorMaker 2 settings (they decide which cluster the
+// fleet fails over to and how topics and offsets map between them), and a
+// cluster the layer adds is a sink (a routing destination).
 func (o Overrides) Apply(file config.Config) (config.Config, error) {
+	var errs []error
+	clusters := map[string]config.Cluster{}
+	for _, name := range slices.Sorted(maps.Keys(o.Clusters)) {
+		cl, path := o.Clusters[name], "clusters/"+name
+		old, ok := file.Clusters[name]
+		if ok {
+			inherit(&cl, old)
+		}
+		clusters[name] = cl
+		switch {
+		case !ok && cl.Role != config.RoleSink:
+			errs = append(errs, fmt.Errorf("%s: role %q: a cluster added at run time can only be a sink; a new primary or standby needs a new configuration file", path, cl.Role))
+		case ok && cl.Role != old.Role:
+			errs = append(errs, fmt.Errorf("%s: role %q: the role of a cluster is the file's (%s) and cannot change at run time", path, cl.Role, old.Role))
+		case ok && (cl.ReplicationPolicy != old.ReplicationPolicy || cl.SourceAlias != old.SourceAlias ||
+			cl.OffsetSyncsTopic != old.OffsetSyncsTopic || cl.OffsetSyncsOn != old.OffsetSyncsOn || cl.CheckpointsTopic != old.CheckpointsTopic):
+			errs = append(errs, fmt.Errorf("%s: replication_policy, source_alias, offset_syncs_topic, offset_syncs_on and checkpoints_topic are the file's and cannot change at run time", path))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return config.Config{}, err
+	}
 	c := file.Clone()
 	if o.Source != nil {
 		c.Source.Topics = slices.Clone(o.Source.Topics)
 		c.Source.TopicRegex = o.Source.TopicRegex
 		c.Source.InitialOffset = o.Source.InitialOffset
 	}
-	if len(o.Clusters) > 0 {
+	if len(clusters) > 0 {
 		if c.Clusters == nil {
 			c.Clusters = map[string]config.Cluster{}
 		}
-		for name, cl := range o.Clusters {
+		for name, cl := range clusters {
 			cl.Brokers = slices.Clone(cl.Brokers)
 			c.Clusters[name] = cl
 		}
@@ -76,6 +104,24 @@ func (o Overrides) Apply(file config.Config) (config.Config, error) {
 		return config.Config{}, err
 	}
 	return c, nil
+}
+
+// inherit fills the role and replication fields a dynamic definition of a
+// file's cluster leaves empty with the file's: they cannot change at run
+// time, so a definition need not repeat them.
+func inherit(cl *config.Cluster, file config.Cluster) {
+	for _, f := range []struct{ dyn, file *string }{
+		{&cl.ReplicationPolicy, &file.ReplicationPolicy}, {&cl.SourceAlias, &file.SourceAlias},
+		{&cl.OffsetSyncsTopic, &file.OffsetSyncsTopic}, {&cl.OffsetSyncsOn, &file.OffsetSyncsOn},
+		{&cl.CheckpointsTopic, &file.CheckpointsTopic},
+	} {
+		if *f.dyn == "" {
+			*f.dyn = *f.file
+		}
+	}
+	if cl.Role == "" {
+		cl.Role = file.Role
+	}
 }
 
 // Equal reports whether o and p change the same things the same way.

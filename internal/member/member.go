@@ -88,6 +88,13 @@ func New(cfg config.Config, opts agent.Options) (*Member, error) {
 		return m.router.Handle(ctx, r)
 	})
 	opts.HandlerStatus = func() any { return m.router.Status() }
+	onConfig := opts.OnConfig
+	opts.OnConfig = func(c config.Config) {
+		m.router.SetClusters(c.Clusters)
+		if onConfig != nil {
+			onConfig(c)
+		}
+	}
 	if m.agent, err = agent.New(cfg, opts); err != nil {
 		etcd.Close()
 		return nil, err

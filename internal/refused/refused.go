@@ -24,6 +24,7 @@ const (
 	Channel      = "channel"      // channels/<name>
 	History      = "history"      // history/<epoch>
 	Gossip       = "gossip"       // another agent's gossip metadata
+	Config       = "config"       // state/config (a version this agent cannot apply)
 )
 
 // Name is the metric's name.
