@@ -52,13 +52,6 @@ type dynConfig struct {
 	worker chan configUpdate
 }
 
-// current returns the version in force and the configuration it makes.
-func (d *dynConfig) current() (int64, config.Config) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.version.Number, d.cfg
-}
-
 func (d *dynConfig) status() ConfigStatus {
 	d.mu.Lock()
 	defer d.mu.Unlock()
