@@ -90,16 +90,23 @@ func (w *world) produce(t *testing.T, n int) {
 // its partitions' end offsets.
 func (w *world) delivered(t *testing.T) int64 {
 	t.Helper()
+	return records(t, w.c, "delivered")
+}
+
+// records returns the number of records in topic on k: the sum of its
+// partitions' end offsets (the topic has the world's partition count).
+func records(t *testing.T, k *testenv.Kafka, topic string) int64 {
+	t.Helper()
 	sc := sarama.NewConfig()
 	sc.Version = sarama.V3_6_0_0
-	cl, err := sarama.NewClient(w.c.Brokers(), sc)
+	cl, err := sarama.NewClient(k.Brokers(), sc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cl.Close()
 	var n int64
 	for p := range int32(partitions) {
-		end, err := cl.GetOffset("delivered", p, sarama.OffsetNewest)
+		end, err := cl.GetOffset(topic, p, sarama.OffsetNewest)
 		if err != nil {
 			t.Fatal(err)
 		}
