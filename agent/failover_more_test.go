@@ -521,15 +521,7 @@ func TestAgentCutOffFromTheActiveClusterGivesItsPartitionsAway(t *testing.T) {
 			Handler: ho.wrap(id, l.handler(id)), KafkaDialer: through(link, "A"),
 		}))
 	}
-	waitConsuming(t, 20*time.Second, "A", agents...)
-	waitBalanced(t, failoverPartitions, agents...)
-	p := startProducer(t, d.a.Brokers(), "orders", 0)
-	wait.For(t, 20*time.Second, "records flowing", func() error {
-		if n := l.count(); n < 300 {
-			return fmt.Errorf("%d handled", n)
-		}
-		return nil
-	})
+	p := startFlow(t, d, l, 300, agents...)
 	before, err := readActive(cli)
 	if err != nil {
 		t.Fatal(err)
@@ -599,7 +591,7 @@ func TestAgentCutOffFromTheActiveClusterGivesItsPartitionsAway(t *testing.T) {
 		return nil
 	})
 	// Records produced after the heal reach every agent's partitions.
-	if dups, dupFirst := drain(t, d, p, l, ho); dups != 0 {
+	if dups, dupFirst := drain(t, d, p, l, ho, "A"); dups != 0 {
 		t.Errorf("%d duplicates (first handled by %v): hand-overs through etcd commits must not repeat records", dups, dupFirst)
 	}
 }
@@ -705,7 +697,7 @@ func TestFlappingPrimaryTripsTheCircuitBreaker(t *testing.T) {
 		}
 	}
 
-	dups, _ := drain(t, d, p, l, ho)
+	dups, _ := drain(t, d, p, l, ho, "B")
 	t.Logf("%d duplicates over 3 switches", dups)
 }
 
@@ -774,15 +766,7 @@ func TestLeaderKilledMidSwitchIsResumedByTheNext(t *testing.T) {
 		gates[id] = g
 		agents = append(agents, startFleetAgent(t, d.config(id), agent.Options{Handler: ho.wrap(id, g.handler(l, id))}))
 	}
-	waitConsuming(t, 20*time.Second, "A", agents...)
-	waitBalanced(t, failoverPartitions, agents...)
-	p := startProducer(t, d.a.Brokers(), "orders", 0)
-	wait.For(t, 20*time.Second, "records flowing", func() error {
-		if n := l.count(); n < 300 {
-			return fmt.Errorf("%d handled", n)
-		}
-		return nil
-	})
+	p := startFlow(t, d, l, 300, agents...)
 	leader := leaderOf(t, agents...)
 	rest := slices.DeleteFunc(slices.Clone(agents), func(a *agent.Agent) bool { return a == leader })
 
@@ -962,7 +946,7 @@ func TestPinSwitchesAndHoldsUntilRemoved(t *testing.T) {
 	// reported as lagged and its records delivered again, so the count is
 	// logged, not bounded (TestPlannedSwitchIsMadeBeforeItIsBroken bounds
 	// it with the default window).
-	dups, _ := drain(t, d, p, l, ho)
+	dups, _ := drain(t, d, p, l, ho, "A")
 	t.Logf("%d duplicates over 4 planned switches", dups)
 }
 
@@ -1062,7 +1046,7 @@ func TestSwitchIsAbandonedWhenItsTargetDies(t *testing.T) {
 		t.Logf("abandoned: %s", evs[0].Abandoned)
 	}
 
-	if dups, dupFirst := drain(t, d, p, l, ho); dups != 0 {
+	if dups, dupFirst := drain(t, d, p, l, ho, "A"); dups != 0 {
 		t.Errorf("%d duplicates (first handled by %v): every record was committed on A before the switch", dups, dupFirst)
 	}
 }
