@@ -531,7 +531,7 @@ func (w *worker) startPending(ctx context.Context) {
 	for _, b := range bad {
 		// Treated as "no committed offset": the partition starts at the
 		// initial offset, and the next commit replaces the bad value.
-		w.log.Warn("refusing malformed committed offset", zap.Error(b))
+		w.log.Warn("refusing malformed committed offset; the partition starts at the initial offset and the next commit replaces it", zap.Error(b), zap.String("initial_offset", w.cfg.Source.InitialOffset))
 		w.metrics.badValues.WithLabelValues("offset").Inc()
 	}
 	// Partitions start concurrently: each may need a ListOffsets round
