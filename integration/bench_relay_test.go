@@ -4,7 +4,6 @@ package integration
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -151,6 +150,9 @@ func (bx *bench) relay(kind string, instances, trial int, src string, n int) rel
 	tr.SteadySeconds = round3(f.p80.Sub(f.p20).Seconds())
 	tr.RecordsPerSecond = round1(float64(f.n80-f.n20) / f.p80.Sub(f.p20).Seconds())
 	tr.CPUSeconds, tr.PeakRSSMiB = round3(usage.cpu), round1(float64(usage.hwmKiB)/1024)
+	if kind == "kcat" {
+		tr.PeakRSSMiB = 0 // the kcats may have exited: their peaks are gone
+	}
 	t.Logf("relay %-12s ×%d trial %d: %.0f records/s (startup %.1fs, total %.1fs, cpu %.1fs, rss %.0f MiB)",
 		kind, instances, trial, tr.RecordsPerSecond, tr.StartupSeconds, tr.TotalSeconds, tr.CPUSeconds, tr.PeakRSSMiB)
 	return tr
@@ -174,11 +176,11 @@ func (bx *bench) startRelay(kind string, instances, trial int, src, dest string)
 		procs = append(procs, bx.startCopyMirrorMaker(fmt.Sprintf("S%d", trial), src))
 	case "kcat":
 		// The same records through a pipe: kcat reads A from the
-		// beginning and the second kcat writes each value to B with the
-		// idempotent producer (acks all); partitions follow librdkafka's
-		// partitioner. Both run until killed, so that their CPU time and
-		// memory can be read once the copy is complete.
-		cmd := fmt.Sprintf("kcat -C -b %s -t %s -o beginning -q -f '%%s\\n' | kcat -P -b %s -t %s -X enable.idempotence=true",
+		// beginning to its end (-e) and the second kcat writes each value
+		// to B with the idempotent producer (acks all); partitions follow
+		// librdkafka's partitioner. The shell then waits to be killed, so
+		// that the CPU time of both kcats, its children, can be read.
+		cmd := fmt.Sprintf("kcat -C -b %s -t %s -o beginning -e -q -f '%%s\\n' | kcat -P -b %s -t %s -X enable.idempotence=true; sleep 3600",
 			st.a.addr, src, st.b.addr, dest)
 		procs = append(procs, startProc(t, "kcat-pipe", "bash", "-c", cmd))
 	default:
@@ -387,18 +389,22 @@ func treeUsage(pid int) (procUsage, error) {
 		return procUsage{}, err
 	}
 	// Fields after the command (which may hold spaces) in parentheses:
-	// state is field 3, utime 14, stime 15.
+	// state is field 3, utime 14, stime 15, and the children's that the
+	// process waited for, cutime 16 and cstime 17.
 	rest := string(stat[strings.LastIndexByte(string(stat), ')')+2:])
 	f := strings.Fields(rest)
-	if len(f) < 13 {
+	if len(f) < 15 {
 		return procUsage{}, fmt.Errorf("/proc/%d/stat: %q", pid, stat)
 	}
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	stt, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err := errors.Join(err1, err2); err != nil {
-		return procUsage{}, fmt.Errorf("/proc/%d/stat: %w", pid, err)
+	var ticks int64
+	for _, field := range f[11:15] {
+		n, err := strconv.ParseInt(field, 10, 64)
+		if err != nil {
+			return procUsage{}, fmt.Errorf("/proc/%d/stat: %w", pid, err)
+		}
+		ticks += n
 	}
-	u := procUsage{cpu: float64(ut+stt) / clockTicks}
+	u := procUsage{cpu: float64(ticks) / clockTicks}
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return procUsage{}, err

@@ -306,7 +306,7 @@ func (r *benchResults) markdown() string {
 		p("| %s | %s | %s | %s | %s | %s | %s | %s |\n", row.label, statsOf(rates).spread(0), cmp, statsOf(whole).spread(0), cmpWhole,
 			statsOf(pick(r.Throughput, keep, func(x relayTrial) float64 { return x.StartupSeconds })).spread(1),
 			statsOf(pick(r.Throughput, keep, func(x relayTrial) float64 { return x.CPUSeconds })).spread(1),
-			statsOf(pick(r.Throughput, keep, func(x relayTrial) float64 { return x.PeakRSSMiB })).spread(0))
+			statsOf(pick(r.Throughput, func(x relayTrial) bool { return keep(x) && x.PeakRSSMiB > 0 }, func(x relayTrial) float64 { return x.PeakRSSMiB })).spread(0))
 	}
 	for _, tool := range []string{"ProducerPerformance", "ConsumerPerformance"} {
 		rates := pick(r.Ceiling, func(x ceilingTrial) bool { return x.Tool == tool }, func(x ceilingTrial) float64 { return x.RecordsPerSecond })
