@@ -602,7 +602,7 @@ func (a *Agent) runLeader(ctx context.Context, term election.Term) {
 	// The gate validates the dynamic configuration for the length of the
 	// term, beside the leader's work.
 	gctx, gcancel := context.WithCancel(ctx)
-	gate := &dynconfig.Gate{File: a.cfg, Etcd: a.client, Log: log.Named("config"), Live: a.registry.Live,
+	gate := &dynconfig.Gate{File: a.cfg, Etcd: a.client, Log: log.Named("config"), Live: a.registry.Live, Check: a.leader.CheckConfig,
 		OnRefused: func(dynconfig.Refusal) { a.metrics.badValues.WithLabelValues(refused.Config).Inc() }}
 	gateDone := make(chan struct{})
 	go func() {
@@ -640,7 +640,7 @@ func (a *Agent) newWorker(s *concurrency.Session) *worker {
 		onApplied:      a.opts.OnApplied,
 		owned:          &a.owned,
 		dialer:         a.opts.KafkaDialer,
-		naming:         coordinator.NewNaming(a.cfg),
+		naming:         coordinator.NewNaming(cfg),
 		signals:        a.signals,
 		signalsApplied: &a.signalsApplied,
 		active:         &a.active,

@@ -150,6 +150,7 @@ func (a *Agent) followConfig(ctx context.Context) {
 func (w *worker) reconfigure(ctx context.Context, u configUpdate) {
 	old := w.clusters
 	w.clusters, w.initial, w.configVersion = u.cfg.Clusters, u.cfg.Source.InitialOffset, u.version
+	w.naming = coordinator.NewNaming(u.cfg) // a new standby names its replicas its own way
 	if w.warm != nil && !reflect.DeepEqual(old[w.warm.name], w.clusters[w.warm.name]) {
 		w.dropWarm()
 	}

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/internal/dynconfig"
 	"github.com/kswitch/kswitch/internal/keys"
@@ -251,5 +253,85 @@ func TestActiveClusterMovedToNewBrokers(t *testing.T) {
 			}
 		}
 	}
+	l.check(t)
+}
+
+// TestNewStandbyTakesTheNextFailover: a replica C introduced in etcd as the
+// standby (B becomes a sink) while the fleet consumes the primary is the
+// target of the next failover; nothing mirrored to C before A failed is
+// lost or handled twice. Changing the standby while the fleet consumes C
+// is refused with the reason.
+func TestNewStandbyTakesTheNextFailover(t *testing.T) {
+	d := startDC(t)
+	c := testenv.StartKafkaT(t, "C", testenv.KafkaOptions{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	mc, err := mirror.Start(ctx, mirror.Config{Source: d.a.Brokers(), Target: c.Brokers(), SourceName: "A", TargetName: "C", Topics: []string{"orders"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mc.Stop()
+	l := newLedger()
+	var agents []*agent.Agent
+	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
+		agents = append(agents, startConsumer(t, d.config(id), l.handler(id)))
+	}
+	waitConsuming(t, 20*time.Second, "A", agents...)
+	p := startProducer(t, d.a.Brokers(), "orders", 0)
+	defer p.halt()
+	wait.For(t, 20*time.Second, "records flowing through A and mirrored to C", func() error {
+		if n := l.count(); n < 300 || mc.Copied() < 300 {
+			return fmt.Errorf("%d handled, %d mirrored to C", n, mc.Copied())
+		}
+		return nil
+	})
+
+	cli := testenv.EtcdClientT(t, d.etcd)
+	fk := keys.New("orders")
+	if _, err := cli.Txn(ctx).Then(
+		clientv3.OpPut(fk.ConfigCluster("B"), fmt.Sprintf("brokers: [%s]\nrole: sink\n", strings.Join(d.b.Brokers(), ", "))),
+		clientv3.OpPut(fk.ConfigCluster("C"), fmt.Sprintf("brokers: [%s]\nrole: standby\nreplication_policy: identity\n", strings.Join(c.Brokers(), ", "))),
+	).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	configVersion(t, 1, agents...)
+	if ev := configEvent(t, d.etcd, 1); len(ev.Missing) != 0 {
+		t.Errorf("history event %+v: every agent must acknowledge", ev)
+	}
+
+	cfg := d.config("x")
+	began := time.Now()
+	d.a.Fail()
+	waitConsuming(t, cfg.Failover.FailureWindow+2*time.Second+3*time.Second, "C", agents...)
+	t.Logf("failover to the new standby C %v after A failed", time.Since(began))
+	p.halt()
+	onC := idsOn(t, c, "orders")
+	wait.For(t, 20*time.Second, "every record mirrored to C handled", func() error {
+		missing := 0
+		for id := range onC {
+			if l.timesHandled(id) == 0 {
+				missing++
+			}
+		}
+		if missing > 0 {
+			return fmt.Errorf("%d of %d records on C not handled", missing, len(onC))
+		}
+		return nil
+	})
+	if dups := l.duplicates(); dups != 0 {
+		t.Errorf("%d duplicates after the failover to C with fingerprint alignment", dups)
+	}
+
+	// Consuming C, the standby cannot change under the fleet.
+	if _, err := cli.Put(ctx, fk.ConfigCluster("C"), fmt.Sprintf("brokers: [%s]\nrole: sink\n", strings.Join(c.Brokers(), ", "))); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, 15*time.Second, "the standby change refused", func() error {
+		st := agents[0].Status().Config
+		if st.LastRefusal == nil || !strings.Contains(st.LastRefusal.Reason, "only while the fleet consumes the primary") {
+			return fmt.Errorf("%+v", st)
+		}
+		return nil
+	})
 	l.check(t)
 }

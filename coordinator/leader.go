@@ -64,7 +64,6 @@ type Leader struct {
 	// rediscover asks the discovery loop to list the partitions now (the
 	// source changed).
 	rediscover chan struct{}
-	naming     Naming
 	store      *offsets.Store
 	// Dialer, when set, opens the leader's connections to a cluster.
 	Dialer func(cluster string) kafka.Dialer
@@ -88,28 +87,36 @@ type Leader struct {
 // must outlive every Run: the caller waits for it after the last term.
 func NewLeader(cfg config.Config, c *clientv3.Client, m Membership, bg *sync.WaitGroup, log *zap.Logger) (*Leader, error) {
 	l := &Leader{cfg: cfg, keys: keys.New(cfg.Fleet), etcd: c, members: m, bg: bg, log: log,
-		naming: NewNaming(cfg), store: offsets.NewStore(c, keys.New(cfg.Fleet)), rediscover: make(chan struct{}, 1)}
+		store: offsets.NewStore(c, keys.New(cfg.Fleet)), rediscover: make(chan struct{}, 1)}
 	if err := l.SetConfig(cfg); err != nil {
 		return nil, err
 	}
 	return l, nil
 }
 
-// dynamic is the part of the configuration that changes at run time.
+// dynamic is the configuration in force (the file with the dynamic
+// layer's version applied), with what the leader derives from it.
 type dynamic struct {
+	cfg      config.Config
 	source   config.Source
 	regex    *regexp.Regexp
 	clusters map[string]config.Cluster
+	naming   Naming
+	primary  string
+	standby  string // "" when there is none
 }
 
 // SetConfig puts cfg's source and cluster definitions in force (a dynamic
 // configuration version, validated). Discovery lists the partitions at
 // once under the new source, and every connection opened from now on uses
 // the new definitions; discovery's own connection is reopened when its
-// cluster's definition changed. The clusters' roles and replication stay
-// the file's: dynconfig refuses a version that changes them.
+// cluster's definition changed. A new standby is the target of the next
+// failover (CheckConfig allows it only while the fleet consumes the
+// primary).
 func (l *Leader) SetConfig(cfg config.Config) error {
-	d := &dynamic{source: cfg.Source, clusters: cfg.Clusters}
+	d := &dynamic{cfg: cfg, source: cfg.Source, clusters: cfg.Clusters, naming: NewNaming(cfg)}
+	d.primary, _ = cfg.Primary()
+	d.standby, _, _ = cfg.Standby()
 	if cfg.Source.TopicRegex != "" {
 		re, err := regexp.Compile(cfg.Source.TopicRegex)
 		if err != nil {
@@ -129,6 +136,29 @@ func (l *Leader) SetConfig(cfg config.Config) error {
 
 // conf returns the source and cluster definitions in force.
 func (l *Leader) conf() *dynamic { return l.dyn.Load() }
+
+// CheckConfig refuses a configuration the fleet cannot take now: a change
+// of the standby while the fleet does not consume the primary, or while a
+// switch is in progress (the cluster being left or joined would lose its
+// role under it). Before this leader's first verdict it refuses any
+// change of the standby: try again in a moment.
+func (l *Leader) CheckConfig(next, current config.Config) error {
+	was, _, _ := current.Standby()
+	now, _, _ := next.Standby()
+	if was == now {
+		return nil
+	}
+	primary, _ := next.Primary()
+	st := l.status.Load()
+	switch {
+	case st == nil:
+		return fmt.Errorf("the standby changes from %q to %q, and the leader has not read the fleet's state yet; apply it again in a moment", was, now)
+	case st.Active.Cluster != primary || st.Active.Phase != PhaseActive:
+		return fmt.Errorf("the standby changes from %q to %q while the fleet consumes %s (%s): it can change only while the fleet consumes the primary %s",
+			was, now, st.Active.Cluster, st.Active.Phase, primary)
+	}
+	return nil
+}
 
 // acks follows acks/: agent id → generation it has applied.
 type acks struct {
@@ -282,10 +312,9 @@ func (p *pin) get() string {
 func (l *Leader) Run(ctx context.Context, et election.Term) error {
 	log := l.log.With(zap.Int64("fencing_token", et.Rev))
 	ak := &acks{keys: l.keys, log: log, gens: map[string]int64{}, changed: make(chan struct{}, 1)}
-	primary, _ := l.cfg.Primary()
-	standby, _, _ := l.cfg.Standby()
 	pn := &pin{changed: make(chan struct{}, 1), log: log, refused: func() { l.Metrics.refusedValue(refused.Pin) }, valid: func(c string) bool {
-		return c != "" && (c == primary || c == standby)
+		conf := l.conf()
+		return c != "" && (c == conf.primary || c == conf.standby)
 	}}
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -379,6 +408,8 @@ func (l *Leader) Run(ctx context.Context, et election.Term) error {
 	caughtUpResult, caughtUpWhy := false, "not checked yet"
 	for {
 		now := time.Now()
+		conf := l.conf()
+		primary, standby := conf.primary, conf.standby
 		live := l.members.Live()
 		views := l.members.Views()
 		h.observe(now, live, views, []string{primary, standby})
@@ -606,9 +637,9 @@ func (l *Leader) publishTerm(ctx context.Context, t *term, a Assignment) error {
 // the standby in every partition: the fingerprint translation from the
 // standby back to the primary must find it exactly.
 func (l *Leader) caughtUp(ctx context.Context, t *term, log *zap.Logger) (bool, string) {
-	primary, _ := l.cfg.Primary()
-	standby := t.active.Cluster
-	target, err := kafka.NewClientWith(primary, l.conf().clusters[primary], kafka.Options{Dialer: l.dialer(primary)})
+	conf := l.conf()
+	primary, standby := conf.primary, t.active.Cluster
+	target, err := kafka.NewClientWith(primary, conf.clusters[primary], kafka.Options{Dialer: l.dialer(primary)})
 	if err != nil {
 		return false, err.Error()
 	}
@@ -619,9 +650,9 @@ func (l *Leader) caughtUp(ctx context.Context, t *term, log *zap.Logger) (bool, 
 	if err != nil {
 		return false, err.Error()
 	}
-	tr := &offsets.Translator{Target: target, Replication: l.cfg.Replication(standby), TimestampMargin: l.cfg.Failover.TimestampMargin}
+	tr := &offsets.Translator{Target: target, Replication: conf.cfg.Replication(standby), TimestampMargin: l.cfg.Failover.TimestampMargin}
 	for _, p := range positions {
-		logical, ok := l.naming.Logical(standby, p.Topic)
+		logical, ok := conf.naming.Logical(standby, p.Topic)
 		if !ok || len(p.Fingerprints) == 0 {
 			continue
 		}
@@ -806,7 +837,7 @@ func (d *discovery) partitions(ctx context.Context, conf *dynamic) ([]TopicParti
 	}
 	var out []TopicPartition
 	for _, t := range all {
-		logical, ok := d.leader.naming.Logical(d.cluster, t)
+		logical, ok := conf.naming.Logical(d.cluster, t)
 		if !ok {
 			continue
 		}

@@ -61,7 +61,7 @@ func (l *Leader) readActive(ctx context.Context) (Active, int64, error) {
 	if err != nil {
 		return Active{}, 0, err
 	}
-	primary, _ := l.cfg.Primary()
+	primary := l.conf().primary
 	if len(resp.Kvs) == 0 {
 		return Active{Cluster: primary, Phase: PhaseActive, Reason: "initial"}, 0, nil
 	}
@@ -351,10 +351,10 @@ func (l *Leader) openTranslation(ctx context.Context, from, to string, log *zap.
 		return nil, err
 	}
 	standby := to
-	if c := l.conf().clusters[to]; c.Role != "standby" {
+	if c := conf.clusters[to]; c.Role != "standby" {
 		standby, x.dir = from, offsets.Backward
 	}
-	rep := l.cfg.Replication(standby)
+	rep := conf.cfg.Replication(standby)
 	syncs := target
 	if rep.OffsetSyncsCluster != to {
 		syncs = nil
@@ -391,7 +391,7 @@ func (l *Leader) committed(ctx context.Context, cluster string, log *zap.Logger)
 	}
 	byLogical := map[TopicPartition]offsets.Position{}
 	for _, p := range positions {
-		if logical, ok := l.naming.Logical(cluster, p.Topic); ok {
+		if logical, ok := l.conf().naming.Logical(cluster, p.Topic); ok {
 			byLogical[TopicPartition{Topic: logical, Partition: p.Partition}] = p
 		}
 	}
@@ -412,8 +412,9 @@ func (l *Leader) translate(ctx context.Context, x *translation, positions map[To
 	results := make([]result, len(x.tps))
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 8)
+	naming := l.conf().naming
 	for i, tp := range x.tps {
-		logical, _ := l.naming.Logical(x.to, tp.Topic)
+		logical, _ := naming.Logical(x.to, tp.Topic)
 		ltp := TopicPartition{Topic: logical, Partition: tp.Partition}
 		pos, ok := positions[ltp]
 		if !ok {

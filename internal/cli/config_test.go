@@ -63,7 +63,7 @@ source: {topics: [orders], group: orders}
 	for _, f := range []struct{ body, want string }{
 		{"routing:\n  mode: all\n", "cannot change at run time"},
 		{"clusters:\n  A:\n    brokers: [127.0.0.1:1]\n", "do not answer from here"},
-		{"clusters:\n  B:\n    brokers: [b:1]\n    role: standby\n", "only be a sink"},
+		{"clusters:\n  B:\n    brokers: [b:1]\n    role: primary\n", "the primary is the file's"},
 	} {
 		code, _, stderr := run(t, nil, "config", "apply", "-f", writeFile(t, "f.yaml", f.body), "--config", cfgFile)
 		if code == 0 || !strings.Contains(stderr, f.want) {

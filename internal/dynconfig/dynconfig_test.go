@@ -111,8 +111,9 @@ func TestDecodeRefusesBadLayersNamingTheKey(t *testing.T) {
 	}{
 		{"bad regex", dynconfig.Layer{Source: []byte("topic_regex: '(['\n")}, "topic_regex"},
 		{"unknown role", dynconfig.Layer{Clusters: map[string][]byte{"C": []byte("brokers: [c:9092]\nrole: backup\n")}}, "role"},
-		{"role changed", dynconfig.Layer{Clusters: map[string][]byte{"B": []byte("brokers: [b:9092]\nrole: primary\n")}}, "cannot change at run time"},
-		{"new standby", dynconfig.Layer{Clusters: map[string][]byte{"C": []byte("brokers: [c:9092]\nrole: standby\n")}}, "only be a sink"},
+		{"primary changed", dynconfig.Layer{Clusters: map[string][]byte{"B": []byte("brokers: [b:9092]\nrole: primary\n")}}, "cannot change at run time"},
+		{"primary added", dynconfig.Layer{Clusters: map[string][]byte{"C": []byte("brokers: [c:9092]\nrole: primary\n")}}, "the primary is the file's"},
+		{"second standby", dynconfig.Layer{Clusters: map[string][]byte{"C": []byte("brokers: [c:9092]\nrole: standby\n")}}, "at most one cluster may be standby"},
 		{"replication changed", dynconfig.Layer{Clusters: map[string][]byte{"B": []byte("brokers: [b:9092]\nrole: standby\nreplication_policy: identity\n")}}, "replication_policy"},
 		{"no topics", dynconfig.Layer{Source: []byte("topics: []\n")}, "topic"},
 	} {

@@ -47,6 +47,11 @@ type Gate struct {
 	ReachTimeout time.Duration
 	// OnRefused, when set, is called with each refusal (for metrics).
 	OnRefused func(Refusal)
+	// Check, when set, is asked about each merged configuration that
+	// validates, with the one in force: the leader refuses what the fleet
+	// cannot take now (a new standby while it does not consume the
+	// primary).
+	Check func(next, current config.Config) error
 	// Live returns the ids of the live agents, whose acknowledgements an
 	// accepted version waits for before its history event is written.
 	// Without it the event is written when the leader's own agent (term.ID)
@@ -204,6 +209,11 @@ func (g *Gate) validate(ctx context.Context, k keys.Fleet, layer Layer, inForce 
 	current, err := inForce.Overrides.Apply(g.File)
 	if err != nil {
 		current = g.File // the version in force is not valid here: check everything new
+	}
+	if g.Check != nil {
+		if err := g.Check(merged, current); err != nil {
+			return Overrides{}, err
+		}
 	}
 	var errs []error
 	for _, name := range slices.Sorted(maps.Keys(merged.Clusters)) {

@@ -58,10 +58,13 @@ type Overrides struct {
 
 // Apply returns file with o applied, validated as a whole.
 //
-// Roles and replication are the file's: a cluster of the file keeps its
-// role and its MirrorMaker 2 settings (they decide which cluster the
-// fleet fails over to and how topics and offsets map between them), and a
-// cluster the layer adds is a sink (a routing destination).
+// The primary is the file's, and so are the MirrorMaker 2 settings of the
+// file's clusters (they decide how topics and offsets map between the
+// clusters). The standby may change: a file's standby may become a sink
+// and a sink (of the file, or added here) the standby, so that a new
+// replica takes over the next failover. Whether the fleet can change its
+// standby now (it must be consuming the primary) is the leader's check
+// (coordinator.Leader.CheckConfig), not a property of the layer.
 func (o Overrides) Apply(file config.Config) (config.Config, error) {
 	var errs []error
 	clusters := map[string]config.Cluster{}
@@ -73,10 +76,10 @@ func (o Overrides) Apply(file config.Config) (config.Config, error) {
 		}
 		clusters[name] = cl
 		switch {
-		case !ok && cl.Role != config.RoleSink:
-			errs = append(errs, fmt.Errorf("%s: role %q: a cluster added at run time can only be a sink; a new primary or standby needs a new configuration file", path, cl.Role))
-		case ok && cl.Role != old.Role:
-			errs = append(errs, fmt.Errorf("%s: role %q: the role of a cluster is the file's (%s) and cannot change at run time", path, cl.Role, old.Role))
+		case !ok && cl.Role == config.RolePrimary:
+			errs = append(errs, fmt.Errorf("%s: role primary: the primary is the file's; a cluster added at run time is a standby or a sink", path))
+		case ok && cl.Role != old.Role && (cl.Role == config.RolePrimary || old.Role == config.RolePrimary):
+			errs = append(errs, fmt.Errorf("%s: role %q: the primary is the file's (%s is %s) and cannot change at run time", path, cl.Role, name, old.Role))
 		case ok && (cl.ReplicationPolicy != old.ReplicationPolicy || cl.SourceAlias != old.SourceAlias ||
 			cl.OffsetSyncsTopic != old.OffsetSyncsTopic || cl.OffsetSyncsOn != old.OffsetSyncsOn || cl.CheckpointsTopic != old.CheckpointsTopic):
 			errs = append(errs, fmt.Errorf("%s: replication_policy, source_alias, offset_syncs_topic, offset_syncs_on and checkpoints_topic are the file's and cannot change at run time", path))
