@@ -306,18 +306,7 @@ func TestNewStandbyTakesTheNextFailover(t *testing.T) {
 	t.Logf("failover to the new standby C %v after A failed", time.Since(began))
 	p.halt()
 	onC := idsOn(t, c, "orders")
-	wait.For(t, 20*time.Second, "every record mirrored to C handled", func() error {
-		missing := 0
-		for id := range onC {
-			if l.timesHandled(id) == 0 {
-				missing++
-			}
-		}
-		if missing > 0 {
-			return fmt.Errorf("%d of %d records on C not handled", missing, len(onC))
-		}
-		return nil
-	})
+	waitAllHandled(t, l, onC, 20*time.Second)
 	if dups := l.duplicates(); dups != 0 {
 		t.Errorf("%d duplicates after the failover to C with fingerprint alignment", dups)
 	}

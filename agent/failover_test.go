@@ -237,18 +237,7 @@ func TestFailoverToTheReplicaAndBack(t *testing.T) {
 
 	// Everything that reached B before the failure is handled, once.
 	onB := idsOn(t, d.b, "A.orders")
-	wait.For(t, 20*time.Second, "every mirrored record handled", func() error {
-		missing := 0
-		for id := range onB {
-			if l.timesHandled(id) == 0 {
-				missing++
-			}
-		}
-		if missing > 0 {
-			return fmt.Errorf("%d of %d mirrored records not handled", missing, len(onB))
-		}
-		return nil
-	})
+	waitAllHandled(t, l, onB, 20*time.Second)
 	if dups := l.duplicates(); dups != 0 {
 		t.Errorf("%d duplicates after a failover with fingerprint alignment", dups)
 	}
