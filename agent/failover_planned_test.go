@@ -125,20 +125,22 @@ func TestPlannedSwitchIsMadeBeforeItIsBroken(t *testing.T) {
 	if sw.from != "A" || sw.to != "B" {
 		t.Fatalf("the handlers saw a switch %s→%s, want A→B", sw.from, sw.to)
 	}
-	// The bound is the protocol's, not a measurement (BenchmarkPlannedSwitch
-	// measures): after the revoke, the final commits, a translation of
-	// the last records on connected clients and two etcd publications,
-	// none of which waits for a timeout.
-	if sw.gap > 2*time.Second {
-		t.Errorf("delivery gap %v, want < 2s", sw.gap)
-	}
-
 	evs := readHistory(t, cli)
 	logEvents(t, evs)
 	if len(evs) != 1 {
 		t.Fatalf("history %+v, want one switch", evs)
 	}
 	ev := evs[0]
+	// The bound is the protocol's, not a measurement (BenchmarkPlannedSwitch
+	// measures): after the revoke, the final commits, a translation of
+	// the last records on connected clients and one etcd transaction,
+	// none of which waits for a timeout; plus, if the replica lagged
+	// behind what the fleet had consumed, the wait for it to catch up
+	// (replica_wait, at most the failure window).
+	waited := time.Duration(ev.Phases["replica_wait"] * float64(time.Second))
+	if sw.gap > 2*time.Second+waited {
+		t.Errorf("delivery gap %v, want < 2s + the %v the switch waited for the replica", sw.gap, waited)
+	}
 	if _, ok := ev.Phases["prepare"]; !ok {
 		t.Errorf("switch phases %v: no prepare phase", ev.Phases)
 	}

@@ -59,7 +59,9 @@ type SwitchEvent struct {
 	Finished time.Time `json:"finished"`
 	// Phases are the durations of prepare (planned switches: warm-up and
 	// pre-translation, while the fleet still consumed From), revoke
-	// (release on From), translate and activate, in seconds.
+	// (release on From), translate (of which replica_wait: a planned
+	// switch waiting for the replica to hold what the fleet consumed) and
+	// activate, in seconds.
 	Phases     map[string]float64 `json:"phases_seconds"`
 	Partitions []PartitionSwitch  `json:"partitions"`
 	Leader     string             `json:"leader"`

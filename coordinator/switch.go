@@ -146,12 +146,17 @@ func (l *Leader) switchTo(ctx context.Context, t *term, to, reason string, auto,
 
 	// 3. Translate.
 	tt := time.Now()
-	parts, ops, err := l.translateAll(ctx, t, from, to, prep, planned, log)
+	parts, ops, waited, err := l.translateAll(ctx, t, from, to, prep, planned, log)
 	if err != nil {
 		return fail(err)
 	}
 	ev.Partitions = parts
 	ev.Phases["translate"] = time.Since(tt).Seconds()
+	if waited > 0 {
+		// Part of translate: the wait for the replica to hold what the
+		// fleet consumed.
+		ev.Phases["replica_wait"] = waited.Seconds()
+	}
 
 	// 4. Activate.
 	ta := time.Now()
@@ -475,33 +480,34 @@ func (l *Leader) translate(ctx context.Context, x *translation, positions map[To
 // planned switch translates again, every lagPoll, until the target holds
 // every consumed record, for at most prepareTimeout; a failover cannot
 // wait for a replicator whose source is gone, and reports the lag.
-func (l *Leader) translateAll(ctx context.Context, t *term, from, to string, prep *prepared, planned bool, log *zap.Logger) ([]PartitionSwitch, []clientv3.Op, error) {
+func (l *Leader) translateAll(ctx context.Context, t *term, from, to string, prep *prepared, planned bool, log *zap.Logger) (
+	parts []PartitionSwitch, ops []clientv3.Op, replicaWait time.Duration, err error) {
 	x, hints := prep.use(from, to)
 	if x == nil {
-		var err error
 		if x, err = l.openTranslation(ctx, from, to, log); err != nil {
-			return nil, nil, err
+			return nil, nil, 0, err
 		}
 		defer x.close()
 	}
 	positions, err := l.committed(ctx, from, log)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	parts, commits, err := l.translate(ctx, x, positions, hints)
-	rounds := 1
-	for deadline := time.Now().Add(l.prepareTimeout()); err == nil && planned && lagging(parts) > 0 && time.Now().Before(deadline); {
-		select {
-		case <-ctx.Done():
-			return parts, nil, ctx.Err()
-		case <-time.After(lagPoll):
+	if err == nil && planned && lagging(parts) > 0 {
+		began := time.Now()
+		for deadline := began.Add(l.prepareTimeout()); err == nil && lagging(parts) > 0 && time.Now().Before(deadline); {
+			select {
+			case <-ctx.Done():
+				return parts, nil, 0, ctx.Err()
+			case <-time.After(lagPoll):
+			}
+			parts, commits, err = l.translate(ctx, x, positions, hints)
 		}
-		parts, commits, err = l.translate(ctx, x, positions, hints)
-		rounds++
+		replicaWait = time.Since(began)
 	}
-	log.Debug("translated", zap.Int("rounds", rounds), zap.Int("hints", len(hints)))
 	if err != nil {
-		return parts, nil, err
+		return parts, nil, 0, err
 	}
 	if n := lagging(parts); n > 0 {
 		log.Warn("the target lacks records the fleet consumed; if the replicator copies them later they are delivered again",
@@ -512,12 +518,11 @@ func (l *Leader) translateAll(ctx context.Context, t *term, from, to string, pre
 			l.translated(ps.Method)
 		}
 	}
-	ops, err := l.store.PutOps("leader:"+t.ID, t.current.Generation, commits)
-	if err != nil {
-		return parts, nil, err
+	if ops, err = l.store.PutOps("leader:"+t.ID, t.current.Generation, commits); err != nil {
+		return parts, nil, 0, err
 	}
 	t.found = x.tps
-	return parts, ops, nil
+	return parts, ops, replicaWait, nil
 }
 
 // lagPoll is how often a planned switch translates again while the target
