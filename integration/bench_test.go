@@ -51,7 +51,7 @@ type benchScale struct {
 }
 
 func scaleFromEnv() benchScale {
-	s := benchScale{RelayRecords: 80_000, RelayTrials: 3, CostRate: 2000, CostSeconds: 20, CostTrials: 3,
+	s := benchScale{RelayRecords: 300_000, RelayTrials: 3, CostRate: 2000, CostSeconds: 20, CostTrials: 3,
 		FailoverTrials: 5, RebalanceTrials: 5, PauseFlips: 200}
 	if q, _ := strconv.ParseBool(os.Getenv("KSWITCH_BENCH_QUICK")); q {
 		s = benchScale{Quick: true, RelayRecords: 30_000, RelayTrials: 1, CostRate: 1000, CostSeconds: 8, CostTrials: 1,
