@@ -62,7 +62,7 @@ bench: build etcd-bin kafka-jars kafka-tools
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 ./... | tee $(BIN)/bench.txt | grep --line-buffered -E '^(Benchmark|pause|ok|FAIL|PASS)' && \
 	KSWITCH_TEST_BIN=$(CURDIR)/$(BIN)/kswitch KSWITCH_TEST_ETCD_DIR=$(ETCD_DIR) KSWITCH_TEST_KAFKA_DIR=$(KAFKA_DIR) \
 	KSWITCH_TEST_LOG_DIR=$(CURDIR)/integration/logs KSWITCH_BENCH_RELAYLOOP=$(CURDIR)/$(BIN)/relayloop \
-	KSWITCH_BENCH_TOOLS=$(KAFKA_TOOLS_DIR)/libs KSWITCH_BENCH_GO=$(CURDIR)/$(BIN)/bench.txt KSWITCH_BENCH_OUT=$(CURDIR)/docs \
+	KSWITCH_BENCH_TOOLS=$(KAFKA_TOOLS_DIR)/libs KSWITCH_BENCH_GO=$(CURDIR)/$(BIN)/bench.txt KSWITCH_BENCH_OUT=$(CURDIR)/docs KSWITCH_BENCH_MAKE_STARTED=$$start \
 	$(GO) test -count=1 -tags 'integration bench' -timeout 30m -v -run '^TestBenchmarksOnRealStack$$' ./integration/ \
 	  | tee $(BIN)/bench-real.txt | grep --line-buffered -E 'bench phase|relay |Performance|cost trial|failover trial|rebalance |real-stack|^(--- |ok|FAIL|PASS)' && \
 	echo "make bench: $$(( $$(date +%s) - start )) s; docs/BENCHMARKS.md and docs/benchmarks.json rewritten"

@@ -29,6 +29,7 @@ import (
 //	KSWITCH_BENCH_RELAYLOOP  the baseline relay binary (tools/relayloop)
 //	KSWITCH_BENCH_TOOLS      jars of Kafka's kafka-tools (benchtools/pom.xml)
 //	KSWITCH_BENCH_GO         output of the in-process Go benchmarks, quoted in the page
+//	KSWITCH_BENCH_MAKE_STARTED  when make bench started (Unix seconds), for its total time
 //	KSWITCH_BENCH_QUICK=1    fewer trials and records, for development; the page says so
 //	KSWITCH_BENCH_ONLY=a,b   only these phases (throughput, cost, failover, rebalance, pause), for development
 
@@ -103,6 +104,9 @@ func TestBenchmarksOnRealStack(t *testing.T) {
 	res.Machine.LoadAfter = loadAverage()
 	res.GoBenchmarks = goBenchLines(os.Getenv("KSWITCH_BENCH_GO"))
 	res.DurationSeconds = round3(time.Since(began).Seconds())
+	if at, err := strconv.ParseInt(os.Getenv("KSWITCH_BENCH_MAKE_STARTED"), 10, 64); err == nil {
+		res.MakeSeconds = float64(time.Now().Unix() - at)
+	}
 	if t.Failed() {
 		t.Fatalf("not writing %s: the run failed", out)
 	}
