@@ -271,7 +271,11 @@ func (r *benchResults) markdown() string {
 	p("## Machine\n\n| | |\n|---|---|\n")
 	p("| CPU | %s, %d cores (shared by the brokers, MirrorMaker 2, etcd, the agents and the baselines) |\n", m.CPU, m.Cores)
 	p("| memory | %d MiB |\n| kernel | %s |\n| Go | %s; sarama %s |\n| Java | %s |\n", m.MemoryMiB, m.Kernel, m.Go, m.Sarama, m.Java)
-	p("| Kafka | %s, KRaft, one node per cluster (A and B), 384 MiB heap, loopback |\n| etcd | %s, three members |\n| kcat | %s |\n", m.Kafka, m.Etcd, m.Kcat)
+	kcatV := m.Kcat
+	if strings.Count(kcatV, "(") > strings.Count(kcatV, ")") {
+		kcatV += ")" // cut before its feature list
+	}
+	p("| Kafka | %s, KRaft, one node per cluster (A and B), 384 MiB heap, loopback |\n| etcd | %s, three members |\n| kcat | %s |\n", m.Kafka, m.Etcd, kcatV)
 	p("| kswitch | %s |\n| load average (1, 5, 15 min) | before %s; after %s |\n", m.Commit, m.LoadBefore, m.LoadAfter)
 	p("| run | %s:", r.Started.Format(time.RFC3339))
 	for _, ph := range r.Phases {
@@ -322,6 +326,12 @@ func (r *benchResults) markdown() string {
 			what = "consume `relay` from A (fetch.nMsg.sec)"
 		}
 		p("| ceiling: Kafka's `%s`, %s | %s | %s | | | | | |\n", tool, what, statsOf(rates).spread(0), ratio(r.relayRate("kswitch", 1), rates))
+	}
+	pp := statsOf(pick(r.Ceiling, func(x ceilingTrial) bool { return x.Tool == "ProducerPerformance" }, func(x ceilingTrial) float64 { return x.RecordsPerSecond }))
+	if pp.N > 0 && pp.Median < statsOf(r.relayRate("kswitch", 1)).Median {
+		p("\nProducerPerformance writes more slowly than the relays do: it is a fresh JVM (its rate, timed by itself from the\n")
+		p("first send, includes the JIT's warm-up on these 2 cores) with the Java client's idempotent producer (acks all,\n")
+		p("5 requests in flight, batches of up to 128 KiB). So it is the ceiling of Kafka's own tool here, not of the brokers.\n")
 	}
 	var extra []string
 	for _, x := range r.Throughput {
