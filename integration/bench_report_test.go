@@ -177,7 +177,7 @@ func pick[T any](xs []T, keep func(T) bool, val func(T) float64) []float64 {
 // write writes benchmarks.json and BENCHMARKS.md to dir.
 func (r *benchResults) write(dir string) error {
 	r.Settings = map[string]string{
-		"agents": fmt.Sprintf("the integration suite's configuration: etcd session_ttl 2s, request_timeout 1s; source commit_interval 500ms; failover probe_interval 500ms, "+
+		"agents": fmt.Sprintf("the integration suite's configuration: etcd session_ttl "+sessionTTL.String()+", request_timeout 1s; source commit_interval 500ms; failover probe_interval 500ms, "+
 			"probe_timeout 1s, failure_window 3s, failback auto; in the fault figures failback_stable %v (the suite's is 10 s) and max_failed_switches 1000 "+
 			"(the default 3 would stop automatic switching at the third failover in 5 minutes)", benchFailbackStable),
 		"channel producer":  "routing.ProducerConfig with the defaults: acks all, idempotent, one request in flight per broker, no compression (the baseline relayloop uses the same function)",
@@ -391,7 +391,7 @@ func (r *benchResults) markdown() string {
 	p("the kill until an assignment gives all its partitions to others, and until each of them has a record in the\n")
 	p("channel topic delivered by its new owner (the last one's). `agent.death_detection: gossip` (the default):\n")
 	p("memberlist declares the agent dead and the leader revokes its etcd lease; `lease`: the partitions move when\n")
-	p("the lease expires (session_ttl 2 s).\n\n")
+	p("the lease expires (session_ttl %s).\n\n", sessionTTL)
 	p("| death detection | trials | reassigned p50 / max s | consumed elsewhere p50 / max s | every trial (consumed) |\n|---|---|---|---|---|\n")
 	for _, mode := range []string{"gossip", "lease"} {
 		keep := func(x rebalanceTrial) bool { return x.DeathDetection == mode }

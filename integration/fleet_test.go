@@ -15,7 +15,13 @@ import (
 	"github.com/kswitch/kswitch/internal/wait"
 )
 
-const sessionTTL = 2 * time.Second
+// sessionTTL is the agents' etcd.session_ttl. 3 s, not the 2 s minimum:
+// when the etcd member that carries an agent's lease keep-alive stream is
+// killed, the client needs up to about 1.5 s (a failed stream, 0.5 s
+// before it retries on another member, the next keep-alive tick) to renew,
+// and a 2 s lease renewed every 0.67 s can lapse meanwhile (seen once in
+// TestFleetOnRealEtcd).
+const sessionTTL = 3 * time.Second
 
 type fleetStatus struct {
 	Leader string `json:"leader"`

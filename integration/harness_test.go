@@ -340,11 +340,11 @@ agent:
   gossip: 127.0.0.1:%d
 etcd:
   endpoints: [%s]
-  session_ttl: 2s
+  session_ttl: %s
   request_timeout: 1s
 clusters:
 %ssource:
-%s`, c.LogLevel, id, httpAddr, freePort(t), strings.Join(c.Endpoints, ", "), c.Clusters, c.Source)
+%s`, c.LogLevel, id, httpAddr, freePort(t), strings.Join(c.Endpoints, ", "), sessionTTL, c.Clusters, c.Source)
 	if c.Failover != "" {
 		conf += "failover:\n" + c.Failover
 	}
