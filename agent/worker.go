@@ -586,7 +586,7 @@ func (w *worker) startPending(ctx context.Context) {
 	// The group on this cluster shows where the fleet starts (after a
 	// switch: the translated positions), before anything is consumed.
 	if len(startAt) > 0 {
-		w.enqueueMirror(mirrorJob{mirror: w.kafka.mirror, commits: startAt})
+		w.enqueueMirror(mirrorJob{mirror: w.kafka.mirror, commits: startAt}, false)
 	}
 	w.pending = still
 	w.publishOwned()
@@ -649,7 +649,7 @@ func (w *worker) commit(ctx context.Context, tps []coordinator.TopicPartition) e
 	}
 	w.metrics.commits.Add(float64(len(commits)))
 	if w.kafka != nil {
-		w.enqueueMirror(mirrorJob{mirror: w.kafka.mirror, commits: commits})
+		w.enqueueMirror(mirrorJob{mirror: w.kafka.mirror, commits: commits}, false)
 	}
 	return nil
 }
@@ -657,7 +657,13 @@ func (w *worker) commit(ctx context.Context, tps []coordinator.TopicPartition) e
 // enqueueMirror queues positions for the Kafka group, merged with those
 // still queued (per partition the newer wins). It never blocks: the queue
 // holds one job, and both the worker and the mirror goroutine call it.
-func (w *worker) enqueueMirror(job mirrorJob) {
+// enqueueMirror queues job for mirrorLoop, merged with the job already
+// queued, if any. A fresh job is newer than the queued one; a failed job
+// put back (retry) is older. The newer side's positions win per
+// partition, and its cluster: positions of the older side on another
+// cluster (the fleet switched meanwhile) are dropped, never sent to the
+// newer cluster's group or through the older cluster's closed client.
+func (w *worker) enqueueMirror(job mirrorJob, retry bool) {
 	for {
 		select {
 		case w.mirrorq <- job:
@@ -665,10 +671,12 @@ func (w *worker) enqueueMirror(job mirrorJob) {
 		default:
 		}
 		select {
-		case old := <-w.mirrorq:
-			// A failed job put back is older than what is queued: the
-			// queued positions win.
-			job.commits = mergeCommits(job.commits, old.commits, old.mirror == job.mirror)
+		case queued := <-w.mirrorq:
+			older, newer := queued, job
+			if retry {
+				older, newer = job, queued
+			}
+			job = mirrorJob{mirror: newer.mirror, commits: mergeCommits(older.commits, newer.commits, older.mirror == newer.mirror)}
 		default:
 		}
 	}
@@ -722,7 +730,7 @@ func (w *worker) mirrorLoop(ctx context.Context) {
 			case <-time.After(backoff):
 			}
 			backoff = min(2*backoff, 30*time.Second)
-			w.enqueueMirror(job)
+			w.enqueueMirror(job, true)
 		}
 	}
 }
