@@ -150,6 +150,14 @@ func produce(t *testing.T, k *testenv.Kafka, topic string, from, to int) {
 // several topics can be told apart in one ledger.
 func produceTagged(t testing.TB, k *testenv.Kafka, topic, tag string, from, to int) {
 	t.Helper()
+	if err := produceRecords(k, topic, tag, from, to); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// produceRecords is produceTagged returning its error, for goroutines other
+// than the test's.
+func produceRecords(k *testenv.Kafka, topic, tag string, from, to int) error {
 	sc := sarama.NewConfig()
 	sc.Version = sarama.V3_6_0_0
 	sc.Producer.Return.Successes = true
@@ -159,7 +167,7 @@ func produceTagged(t testing.TB, k *testenv.Kafka, topic, tag string, from, to i
 	sc.Producer.Partitioner = sarama.NewRoundRobinPartitioner
 	p, err := sarama.NewAsyncProducer(k.Brokers(), sc)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	var wg sync.WaitGroup
 	var failed []error
@@ -179,11 +187,12 @@ func produceTagged(t testing.TB, k *testenv.Kafka, topic, tag string, from, to i
 	}
 	wg.Wait()
 	if err := p.Close(); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	if len(failed) > 0 {
-		t.Fatalf("%d records not produced, first: %v", len(failed), failed[0])
+		return fmt.Errorf("%d records not produced, first: %v", len(failed), failed[0])
 	}
+	return nil
 }
 
 func owned(agents ...*agent.Agent) map[string]int {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -139,21 +140,29 @@ func TestTopicSwappedWhileRecordsFlow(t *testing.T) {
 
 	// The swap: orders is drained and released, orders-v2 starts at its
 	// oldest record, audit flows on. Records keep coming to audit.
-	stop := make(chan struct{})
-	flowing := make(chan int)
+	type flow struct {
+		n   int // audit records written: a0..a<n-1>
+		err error
+	}
+	stop, flowed := make(chan struct{}), make(chan flow, 1)
 	go func() {
 		n := 500
-		defer func() { flowing <- n }()
 		for {
 			select {
 			case <-stop:
+				flowed <- flow{n: n}
 				return
 			case <-time.After(20 * time.Millisecond):
 			}
-			produceTagged(t, k, "audit", "a", n, n+10)
+			if err := produceRecords(k, "audit", "a", n, n+10); err != nil {
+				flowed <- flow{n: n, err: err}
+				return
+			}
 			n += 10
 		}
 	}()
+	stopFlow := sync.OnceValue(func() flow { close(stop); return <-flowed })
+	defer stopFlow()
 	if _, err := cli.Put(context.Background(), fk.ConfigSource(), "topics: [orders-v2, audit]\n"); err != nil {
 		t.Fatal(err)
 	}
@@ -169,8 +178,11 @@ func TestTopicSwappedWhileRecordsFlow(t *testing.T) {
 	produceTagged(t, k, "orders", "o", 2000, 2100)
 	produceTagged(t, k, "orders-v2", "v", 1000, 1500)
 	l.handledAll(t, 30*time.Second, "v", 1500)
-	close(stop)
-	audits := <-flowing
+	f := stopFlow()
+	if f.err != nil {
+		t.Fatalf("producing to audit: %v", f.err)
+	}
+	audits := f.n
 	l.handledAll(t, 30*time.Second, "a", audits)
 
 	for _, c := range []struct {

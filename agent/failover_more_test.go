@@ -703,6 +703,42 @@ func TestFlappingPrimaryTripsTheCircuitBreaker(t *testing.T) {
 
 // gate is a handler that acknowledges records at once while open and
 // holds them unacknowledged while closed, as a sink that stalls does.
+// stallAll closes every gate and waits until each agent holds records it
+// cannot release.
+func stallAll(t *testing.T, gates map[string]*gate) {
+	t.Helper()
+	for _, g := range gates {
+		g.close()
+	}
+	wait.For(t, 10*time.Second, "every agent holding records", func() error {
+		for id, g := range gates {
+			if g.holding() == 0 {
+				return fmt.Errorf("%s holds none", id)
+			}
+		}
+		return nil
+	})
+}
+
+// waitSwitching waits, after the active cluster failed, until state/active
+// is in phase switching, and returns it.
+func waitSwitching(t *testing.T, cli *clientv3.Client, window time.Duration) coordinator.Active {
+	t.Helper()
+	var switching coordinator.Active
+	wait.For(t, window+5*time.Second, "state/active in phase switching", func() error {
+		a, err := readActive(cli)
+		if err != nil {
+			return err
+		}
+		if a.Phase != coordinator.PhaseSwitching {
+			return fmt.Errorf("state/active %+v", a)
+		}
+		switching = a
+		return nil
+	})
+	return switching
+}
+
 type gate struct {
 	mu     sync.Mutex
 	closed bool
@@ -771,31 +807,10 @@ func TestLeaderKilledMidSwitchIsResumedByTheNext(t *testing.T) {
 	rest := slices.DeleteFunc(slices.Clone(agents), func(a *agent.Agent) bool { return a == leader })
 
 	// The sinks stall: every agent holds records it cannot release.
-	for _, g := range gates {
-		g.close()
-	}
-	wait.For(t, 10*time.Second, "every agent holding records", func() error {
-		for id, g := range gates {
-			if g.holding() == 0 {
-				return fmt.Errorf("%s holds none", id)
-			}
-		}
-		return nil
-	})
+	stallAll(t, gates)
 	cfg := d.config("x")
 	d.a.Fail()
-	var switching coordinator.Active
-	wait.For(t, cfg.Failover.FailureWindow+5*time.Second, "state/active in phase switching", func() error {
-		a, err := readActive(cli)
-		if err != nil {
-			return err
-		}
-		if a.Phase != coordinator.PhaseSwitching {
-			return fmt.Errorf("state/active %+v", a)
-		}
-		switching = a
-		return nil
-	})
+	switching := waitSwitching(t, cli, cfg.Failover.FailureWindow)
 	t.Logf("switch under way: %+v; killing the leader %s", switching, leader.ID())
 
 	// The leader crashes. Its etcd client is closed first thing, so
@@ -976,29 +991,10 @@ func TestSwitchIsAbandonedWhenItsTargetDies(t *testing.T) {
 	})
 	leader := leaderOf(t, agents...)
 	// Stalled sinks hold the switch in its revoke phase until B is down.
-	for _, g := range gates {
-		g.close()
-	}
-	wait.For(t, 10*time.Second, "every agent holding records", func() error {
-		for id, g := range gates {
-			if g.holding() == 0 {
-				return fmt.Errorf("%s holds none", id)
-			}
-		}
-		return nil
-	})
+	stallAll(t, gates)
 	cfg := d.config("x")
 	d.a.Fail()
-	wait.For(t, cfg.Failover.FailureWindow+5*time.Second, "state/active in phase switching", func() error {
-		a, err := readActive(cli)
-		if err != nil {
-			return err
-		}
-		if a.Phase != coordinator.PhaseSwitching {
-			return fmt.Errorf("state/active %+v", a)
-		}
-		return nil
-	})
+	waitSwitching(t, cli, cfg.Failover.FailureWindow)
 	d.b.Fail()
 	t.Cleanup(d.b.Recover)
 	for _, g := range gates {

@@ -240,31 +240,28 @@ func (g *Gate) reachTimeout() time.Duration {
 }
 
 func (g *Gate) reach(ctx context.Context, name string, cl config.Cluster) error {
-	ctx, cancel := context.WithTimeout(ctx, g.reachTimeout())
-	defer cancel()
 	if g.Reach != nil {
+		ctx, cancel := context.WithTimeout(ctx, g.reachTimeout())
+		defer cancel()
 		return g.Reach(ctx, name, cl)
 	}
 	return Reach(ctx, name, cl, g.reachTimeout())
 }
 
 // Reach checks that cluster name's brokers answer a metadata request
-// within timeout.
+// within timeout. The request runs on the caller's goroutine: with a
+// timeout, internal/kafka bounds dialing, reads, writes and the metadata
+// request and turns its retries off, so it returns within about timeout;
+// ctx only stops it from starting.
 func Reach(ctx context.Context, name string, cl config.Cluster, timeout time.Duration) error {
-	errc := make(chan error, 1)
-	go func() { // sarama's client creation takes no context; bounded by timeout
-		c, err := kafka.NewClientWith(name, cl, kafka.Options{Timeout: timeout})
-		if err == nil {
-			err = c.Close()
-		}
-		errc <- err
-	}()
-	select {
-	case err := <-errc:
+	if err := ctx.Err(); err != nil {
 		return err
-	case <-ctx.Done():
-		return ctx.Err()
 	}
+	c, err := kafka.NewClientWith(name, cl, kafka.Options{Timeout: timeout})
+	if err != nil {
+		return err
+	}
+	return c.Close()
 }
 
 // write commits ops fenced by term and cmps.
@@ -278,9 +275,11 @@ func (g *Gate) write(ctx context.Context, term election.Term, cmps []clientv3.Cm
 	return err
 }
 
+// fingerprint identifies a layer's content (not its revision); an absent
+// config/source differs from an empty one.
 func fingerprint(l Layer) [32]byte {
 	h := sha256.New()
-	fmt.Fprintf(h, "%q|%d|", l.Source, len(l.Unknown))
+	fmt.Fprintf(h, "%t%q|", l.Source != nil, l.Source)
 	for _, n := range slices.Sorted(maps.Keys(l.Clusters)) {
 		fmt.Fprintf(h, "%q=%q|", n, l.Clusters[n])
 	}

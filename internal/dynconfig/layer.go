@@ -143,8 +143,6 @@ type Layer struct {
 	Clusters map[string][]byte
 	// Revision is the etcd revision the layer was read at.
 	Revision int64
-	// ModRevision is the highest mod revision among its keys (0: empty).
-	ModRevision int64
 	// Unknown are keys under config/ that are neither; Decode refuses
 	// them, so that a typo (config/cluster/B) never looks accepted.
 	Unknown []string
@@ -159,7 +157,6 @@ func Read(ctx context.Context, c *clientv3.Client, k keys.Fleet) (Layer, error) 
 	l := Layer{Clusters: map[string][]byte{}, Revision: resp.Header.Revision}
 	for _, kv := range resp.Kvs {
 		key := string(kv.Key)
-		l.ModRevision = max(l.ModRevision, kv.ModRevision)
 		val := kv.Value
 		if val == nil {
 			val = []byte{} // present and empty: refused, not absent
