@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -22,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kswitch/kswitch/internal/freeport"
 	"github.com/kswitch/kswitch/internal/wait"
 )
 
@@ -41,15 +41,16 @@ func binaries(t *testing.T) (kswitch, etcdDir string) {
 	return kswitch, etcdDir
 }
 
-// freePort returns a loopback port that was free a moment ago.
+// freePort returns a loopback port that was free a moment ago, outside the
+// kernel's ephemeral range when possible (an ephemeral port can become
+// the local port of an outgoing connection before a broker binds it).
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeport.Port()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return port
 }
 
 // logDir returns the directory that holds the log files of t's processes,

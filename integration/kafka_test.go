@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,6 +23,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/kswitch/kswitch/internal/freeport"
 	"github.com/kswitch/kswitch/internal/wait"
 )
 
@@ -94,11 +94,11 @@ type kafkaBroker struct {
 // storage (a JVM run of its own, a few seconds); start runs it. Safe to call
 // for several clusters concurrently; it reports errors instead of failing t.
 func newKafkaBroker(env kafkaEnv, name, dir string, logs string) (*kafkaBroker, error) {
-	port, err := freePortErr()
+	port, err := freeport.Port()
 	if err != nil {
 		return nil, err
 	}
-	cport, err := freePortErr()
+	cport, err := freeport.Port()
 	if err != nil {
 		return nil, err
 	}
@@ -159,15 +159,6 @@ broker.heartbeat.interval.ms=500
 		return nil, fmt.Errorf("format storage of Kafka %s: %w; last output:\n%s", name, err, tail(logFile.Name(), 10))
 	}
 	return b, nil
-}
-
-func freePortErr() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 // start runs the broker process on its data (again, after a kill).

@@ -14,6 +14,8 @@ import (
 	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+
+	"github.com/kswitch/kswitch/internal/freeport"
 )
 
 const (
@@ -85,7 +87,7 @@ func StartEtcd(dir string, logger *zap.Logger) (*Etcd, error) {
 func startEtcd(dir string, logger *zap.Logger, secure *EtcdSecurity) (*Etcd, error) {
 	var lastErr error
 	for range startAttempts {
-		ports, err := freePorts(2)
+		ports, err := freeport.Ports(2)
 		if err != nil {
 			return nil, err
 		}
@@ -96,7 +98,7 @@ func startEtcd(dir string, logger *zap.Logger, secure *EtcdSecurity) (*Etcd, err
 			return e, nil
 		}
 		lastErr = err
-		if !isBindError(err) {
+		if !freeport.IsBindError(err) {
 			break
 		}
 	}
@@ -185,7 +187,7 @@ func (e *Etcd) Restart() error {
 			e.run = run
 			return nil
 		}
-		if !isBindError(err) || time.Now().After(deadline) {
+		if !freeport.IsBindError(err) || time.Now().After(deadline) {
 			return err
 		}
 		time.Sleep(100 * time.Millisecond) // waiting for a port to be released; nothing to poll

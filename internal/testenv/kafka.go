@@ -14,6 +14,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
+
+	"github.com/kswitch/kswitch/internal/freeport"
 )
 
 // adminTimeout bounds AddPartitions, which goes over the wire.
@@ -141,7 +143,7 @@ func StartKafka(name string, opts KafkaOptions) (*Kafka, error) {
 	}
 	var lastErr error
 	for range startAttempts {
-		ports, err := freePorts(opts.Brokers)
+		ports, err := freeport.Ports(opts.Brokers)
 		if err != nil {
 			return nil, err
 		}
@@ -152,7 +154,7 @@ func StartKafka(name string, opts KafkaOptions) (*Kafka, error) {
 			return k, nil
 		}
 		lastErr = err
-		if !isBindError(err) {
+		if !freeport.IsBindError(err) {
 			break
 		}
 	}
@@ -226,7 +228,7 @@ func (k *Kafka) Restart() error {
 			k.c = c
 			return nil
 		}
-		if !isBindError(err) || time.Now().After(deadline) {
+		if !freeport.IsBindError(err) || time.Now().After(deadline) {
 			return err
 		}
 		time.Sleep(100 * time.Millisecond) // waiting for a port to be released; nothing to poll

@@ -9,6 +9,8 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"go.uber.org/goleak"
+
+	"github.com/kswitch/kswitch/internal/freeport"
 )
 
 func saramaConfig() *sarama.Config {
@@ -326,7 +328,7 @@ func TestKafkaCreateTopicAddPartitions(t *testing.T) {
 }
 
 func TestKafkaMultiBrokerFixedPorts(t *testing.T) {
-	ports, err := freePorts(3)
+	ports, err := freeport.Ports(3)
 	if err != nil {
 		t.Fatal(err)
 	}

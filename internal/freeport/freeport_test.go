@@ -1,4 +1,4 @@
-package testenv
+package freeport
 
 import (
 	"fmt"
@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-func TestFreePortsAvoidEphemeralRange(t *testing.T) {
+func TestPortsAvoidEphemeralRange(t *testing.T) {
 	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
 	if err != nil {
 		t.Skipf("no ephemeral port range to check: %v", err)
@@ -16,7 +16,7 @@ func TestFreePortsAvoidEphemeralRange(t *testing.T) {
 	if _, err := fmt.Sscan(strings.TrimSpace(string(b)), &lo, &hi); err != nil {
 		t.Fatal(err)
 	}
-	ports, err := freePorts(20)
+	ports, err := Ports(20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,7 +26,7 @@ func TestFreePortsAvoidEphemeralRange(t *testing.T) {
 			t.Fatalf("port %d returned twice in %v", p, ports)
 		}
 		seen[p] = true
-		if stablePortPicker() != nil && p >= lo && p <= hi {
+		if stablePicker() != nil && p >= lo && p <= hi {
 			t.Fatalf("port %d is in the ephemeral range %d-%d", p, lo, hi)
 		}
 	}
