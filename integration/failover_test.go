@@ -193,8 +193,17 @@ func runFailover(t *testing.T, tc failoverCase) (rep scenarioReport) {
 	t.Logf("failover: %s", describe(failover))
 	historyShown(t, etcd, failover.Epoch)
 	for _, ps := range failover.Partitions {
-		if ps.Method != "fingerprint" {
+		// When MirrorMaker 2 had not yet copied the last records the fleet
+		// consumed (more than the 8 fingerprints kept), no fingerprint is
+		// on B and the offset-syncs translate instead; the records not yet
+		// replicated are delivered again once copied, which the verdict
+		// below accounts for. Otherwise fingerprints must match exactly.
+		lagged := ps.Method == "mm2" && strings.Contains(ps.Detail, "the last consumed record is not on the target")
+		if ps.Method != "fingerprint" && !lagged {
 			t.Errorf("failover translated orders/%d by %s (%s), want fingerprint: MirrorMaker 2 copies records faithfully", ps.Partition, ps.Method, ps.Detail)
+		}
+		if lagged {
+			t.Logf("NOTE (scenario): orders/%d: B lagged behind what the fleet consumed; translated by the offset-syncs (%s)", ps.Partition, ps.Detail)
 		}
 	}
 	if tc.lag {
