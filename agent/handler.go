@@ -33,8 +33,9 @@ type Record struct {
 	// consumes this partition.
 	Generation int64
 
-	entry *pending
-	t     *tracker
+	entry   *pending
+	t       *tracker
+	pending pending // what entry points to once delivered
 }
 
 // Ack marks the record handled. It may be called from any goroutine, at

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -30,6 +31,9 @@ type partitionRun struct {
 // it; the partition loop waits at it before handing each record on. Its
 // methods are safe for concurrent use.
 type gate struct {
+	// held mirrors paused, for wait's check without the lock on every
+	// record.
+	held   atomic.Bool
 	mu     sync.Mutex
 	paused bool
 	open   chan struct{} // closed while not paused
@@ -44,6 +48,7 @@ func newGate(paused bool) *gate {
 	g := &gate{open: make(chan struct{}), parked: make(chan struct{}), kick: make(chan struct{}, 1)}
 	if paused {
 		g.paused = true
+		g.held.Store(true)
 	} else {
 		close(g.open)
 	}
@@ -59,6 +64,7 @@ func (g *gate) set(paused bool) <-chan struct{} {
 		return g.parked
 	}
 	g.paused = paused
+	g.held.Store(paused)
 	if paused {
 		g.open = make(chan struct{})
 		g.parked = make(chan struct{})
@@ -83,6 +89,9 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 // wait returns at once when not paused; otherwise it reports being parked
 // and waits for a resume or ctx.
 func (g *gate) wait(ctx context.Context) error {
+	if !g.held.Load() {
+		return nil
+	}
 	g.mu.Lock()
 	if !g.paused {
 		g.mu.Unlock()
@@ -166,34 +175,63 @@ func (w *worker) consume(ctx context.Context, r *partitionRun) {
 				w.metrics.consumeErrors.Inc()
 			}
 		case msg, ok := <-r.pc.Messages():
-			if !ok {
+			if !ok || !w.deliver(ctx, log, r, msg) {
 				return
 			}
-			rec := &Record{
-				Cluster: r.cluster, Topic: msg.Topic, SourceTopic: r.logical, Partition: msg.Partition, Offset: msg.Offset,
-				Key: msg.Key, Value: msg.Value, Timestamp: msg.Timestamp, Generation: r.generation,
-			}
-			for _, h := range msg.Headers {
-				if h != nil {
-					rec.Headers = append(rec.Headers, Header{Key: h.Key, Value: h.Value})
+			// The records sarama already holds are handed on without a
+			// select over every channel for each: a receive that does
+			// not wait is far cheaper.
+			for range burst {
+				select {
+				case msg, ok = <-r.pc.Messages():
+				default:
+					ok = false
+				}
+				if !ok || ctx.Err() != nil {
+					break
+				}
+				if !w.deliver(ctx, log, r, msg) {
+					return
 				}
 			}
-			select {
-			case r.t.slots <- struct{}{}:
-			case <-ctx.Done():
-				return
-			}
-			// A pause that came while this record was read holds it too.
-			if r.gate.wait(ctx) != nil {
-				return
-			}
-			r.t.deliver(rec)
-			if !w.handle(ctx, log, rec) {
-				return
-			}
-			w.metrics.records.Inc()
 		}
 	}
+}
+
+// burst bounds the records the partition loop hands on between two looks
+// at its other channels (errors, the gate's kick).
+const burst = 256
+
+// deliver hands msg to the handler, once a slot is free and the gate
+// open; false means ctx ended.
+func (w *worker) deliver(ctx context.Context, log *zap.Logger, r *partitionRun, msg *sarama.ConsumerMessage) bool {
+	rec := &Record{
+		Cluster: r.cluster, Topic: msg.Topic, SourceTopic: r.logical, Partition: msg.Partition, Offset: msg.Offset,
+		Key: msg.Key, Value: msg.Value, Timestamp: msg.Timestamp, Generation: r.generation,
+	}
+	if len(msg.Headers) > 0 {
+		rec.Headers = make([]Header, 0, len(msg.Headers))
+		for _, h := range msg.Headers {
+			if h != nil {
+				rec.Headers = append(rec.Headers, Header{Key: h.Key, Value: h.Value})
+			}
+		}
+	}
+	select {
+	case r.t.slots <- struct{}{}:
+	case <-ctx.Done():
+		return false
+	}
+	// A pause that came while this record was read holds it too.
+	if r.gate.wait(ctx) != nil {
+		return false
+	}
+	r.t.deliver(rec)
+	if !w.handle(ctx, log, rec) {
+		return false
+	}
+	w.metrics.records.Inc()
+	return true
 }
 
 // handle offers rec to the handler until it takes it or ctx ends.

@@ -52,7 +52,8 @@ func newTracker(start int64, maxInFlight int) *tracker {
 // deliver records that r is being handed to the handler. The caller must
 // hold a slot (acquired from t.slots) for it.
 func (t *tracker) deliver(r *Record) {
-	p := &pending{offset: r.Offset, ts: r.Timestamp, key: r.Key, value: r.Value}
+	p := &r.pending // allocated with the record
+	*p = pending{offset: r.Offset, ts: r.Timestamp, key: r.Key, value: r.Value}
 	t.mu.Lock()
 	t.queue = append(t.queue, p)
 	t.mu.Unlock()
