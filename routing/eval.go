@@ -104,6 +104,35 @@ type decision struct {
 	dropRule string
 }
 
+// partitionKey identifies a consumed partition: the key of
+// Version.decisions.
+type partitionKey struct {
+	cluster, topic string
+	partition      int32
+}
+
+// decide returns where v's rules send r, and r's environment when it was
+// built (nil otherwise: the decision was known for r's partition). The
+// decision must not be changed.
+func (v *Version) decide(r *agent.Record) (*decision, *Env, error) {
+	if v.decisions == nil {
+		e := v.env(r)
+		d, err := v.route(e)
+		return &d, e, err
+	}
+	k := partitionKey{r.Cluster, cmp.Or(r.SourceTopic, r.Topic), r.Partition}
+	if d, ok := v.decisions.Load(k); ok {
+		return d.(*decision), nil, nil
+	}
+	e := v.env(r)
+	d, err := v.route(e)
+	if err != nil {
+		return nil, e, err // not kept: the next record is evaluated again
+	}
+	v.decisions.Store(k, &d)
+	return &d, e, nil
+}
+
 // route evaluates the rules against e.
 func (v *Version) route(e *Env) (decision, error) {
 	var d decision
@@ -150,12 +179,16 @@ func (v *Version) route(e *Env) (decision, error) {
 	return d, nil
 }
 
-// keyOf returns the key of r on channel c.
-func (c *channel) keyOf(e *Env, r *agent.Record) ([]byte, error) {
+// keyOf returns the key of r on channel c of version v. *e is r's
+// environment, built here when nil.
+func (c *channel) keyOf(e **Env, v *Version, r *agent.Record) ([]byte, error) {
 	if c.key == nil {
 		return r.Key, nil
 	}
-	out, err := run(c.key, e)
+	if *e == nil {
+		*e = v.env(r)
+	}
+	out, err := run(c.key, *e)
 	if err != nil {
 		return nil, err
 	}
@@ -223,8 +256,7 @@ type Decision struct {
 // without producing anything (for 'kswitch routes check'). The error is an
 // *EvalError: the record would go to the dead-letter channel.
 func (v *Version) Route(r *agent.Record) (Decision, error) {
-	e := v.env(r)
-	d, err := v.route(e)
+	d, e, err := v.decide(r)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -233,7 +265,7 @@ func (v *Version) Route(r *agent.Record) (Decision, error) {
 		out.Rules = append(out.Rules, r.name)
 	}
 	for _, t := range d.targets {
-		k, err := t.ch.keyOf(e, r)
+		k, err := t.ch.keyOf(&e, v, r)
 		if err != nil {
 			return Decision{}, &EvalError{Rule: cmp.Or(t.rule, "default"), Channel: t.ch.Name, Err: err}
 		}

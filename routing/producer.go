@@ -52,6 +52,9 @@ type producer struct {
 	// retired is set when the definition of the producer's cluster
 	// changed: messages it failed are sent again through a new producer.
 	retired atomic.Bool
+	// gone is set once the pool closes the producer or is about to (see
+	// acquireFor).
+	gone atomic.Bool
 }
 
 // send hands m to the producer. It blocks while sarama's input is full,
@@ -61,6 +64,13 @@ func (p *producer) send(ctx context.Context, stop <-chan struct{}, m *sarama.Pro
 	defer p.sendMu.RUnlock()
 	if p.closed {
 		return errClosed
+	}
+	// Most sends find room: try without the select over three channels,
+	// which costs several times more.
+	select {
+	case p.p.Input() <- m:
+		return nil
+	default:
 	}
 	select {
 	case p.p.Input() <- m:
@@ -164,6 +174,27 @@ func (p *pool) acquire(ctx context.Context, k producerKey, n int64, wait time.Du
 			return nil, fmt.Errorf("routing: the producer for cluster %s is still connecting", k)
 		}
 	}
+}
+
+// acquireFor is acquire(ctx, ch.pkey, 1, wait), first trying without a
+// lock the producer ch had last: its user count is raised, and then it is
+// used unless it is gone (closed by sweep or close) or retired. sweep
+// marks a producer gone before it reads the count that lets it close it,
+// and the count is raised here before gone is read, so one of the two
+// sees the other.
+func (p *pool) acquireFor(ctx context.Context, ch *channel, wait time.Duration) (*producer, error) {
+	if pr := ch.pr.Load(); pr != nil {
+		pr.users.Add(1)
+		if !pr.gone.Load() && !pr.retired.Load() {
+			return pr, nil
+		}
+		pr.users.Add(-1)
+	}
+	pr, err := p.acquire(ctx, ch.pkey, 1, wait)
+	if err == nil {
+		ch.pr.Store(pr)
+	}
+	return pr, err
 }
 
 // release lowers pr's user count by n.
@@ -270,10 +301,16 @@ func (p *pool) sweep(used map[producerKey]bool) {
 	var idle []*producer
 	p.mu.Lock()
 	for k, pr := range p.live {
-		if !used[k] && pr.users.Load() == 0 {
-			delete(p.live, k)
-			idle = append(idle, pr)
+		if used[k] {
+			continue
 		}
+		pr.gone.Store(true) // before the count is read: see acquireFor
+		if pr.users.Load() != 0 {
+			pr.gone.Store(false)
+			continue
+		}
+		delete(p.live, k)
+		idle = append(idle, pr)
 	}
 	for k, o := range p.opening {
 		if !used[k] && o.err != nil {
@@ -324,6 +361,9 @@ func (p *pool) close(ctx context.Context) error {
 	p.closed = true
 	live := slices.Collect(maps.Values(p.live))
 	live = append(live, p.retired...)
+	for _, pr := range live {
+		pr.gone.Store(true)
+	}
 	p.live, p.retired = map[producerKey]*producer{}, nil
 	p.mu.Unlock()
 	for _, pr := range live {

@@ -145,6 +145,9 @@ type outMsg struct {
 	lastErr      error
 	blocks       *source // set while it holds its partition
 	due          time.Time
+	// own is the delivery of a record's first produce, allocated with
+	// it: the others of the same record share it.
+	own delivery
 }
 
 // New checks cfg.Routing (the static layer), compiling its expressions,
@@ -270,8 +273,7 @@ func (r *Router) Handle(ctx context.Context, rec *agent.Record) error {
 		}
 	}
 	v := r.cur.Load()
-	e := v.env(rec)
-	d, err := v.route(e)
+	d, e, err := v.decide(rec)
 	if err != nil {
 		return r.deadLetter(ctx, v, rec, err)
 	}
@@ -281,13 +283,14 @@ func (r *Router) Handle(ctx context.Context, rec *agent.Record) error {
 		r.ack(rec)
 		return nil
 	}
-	out := make([]*outMsg, len(d.targets))
-	for i, t := range d.targets {
-		key, err := t.ch.keyOf(e, rec)
+	var buf [4]*outMsg // most records go to few channels: no allocation
+	out := buf[:0]
+	for _, t := range d.targets {
+		key, err := t.ch.keyOf(&e, v, rec)
 		if err != nil {
 			return r.deadLetter(ctx, v, rec, &EvalError{Rule: cmp.Or(t.rule, "default"), Channel: t.ch.Name, Err: err})
 		}
-		out[i] = r.newMsg(rec, t.ch, t.rule, key, nil)
+		out = append(out, r.newMsg(rec, t.ch, t.rule, key, nil))
 	}
 	if err := r.submit(ctx, rec, out); err != nil {
 		return err
@@ -347,18 +350,21 @@ func (r *Router) newMsg(rec *agent.Record, ch *channel, rule string, key []byte,
 	if ds == nil { // a channel of a version not installed by this router
 		ds = r.destState(ch.dest)
 	}
-	// One allocation for both: this is done for every record routed.
-	both := &struct {
-		om outMsg
-		m  sarama.ProducerMessage
-	}{om: outMsg{ch: ch, rule: rule, ds: ds, srcPartition: rec.Partition}}
-	om, m := &both.om, &both.m
+	// One allocation for all: this is done for every record routed. The
+	// key and value encoders are pointers into it, which as interface
+	// values need no allocation of their own.
+	all := &struct {
+		om         outMsg
+		m          sarama.ProducerMessage
+		key, value sarama.ByteEncoder
+	}{om: outMsg{ch: ch, rule: rule, ds: ds, srcPartition: rec.Partition}, key: key, value: rec.Value}
+	om, m := &all.om, &all.m
 	m.Topic, m.Timestamp, m.Metadata = ch.Topic, rec.Timestamp, om
 	if key != nil {
-		m.Key = sarama.ByteEncoder(key)
+		m.Key = &all.key
 	}
 	if rec.Value != nil {
-		m.Value = sarama.ByteEncoder(rec.Value)
+		m.Value = &all.value
 	}
 	if n := len(rec.Headers) + len(extra); n > 0 {
 		m.Headers = make([]sarama.RecordHeader, 0, n)
@@ -387,7 +393,7 @@ func (r *Router) submit(ctx context.Context, rec *agent.Record, msgs []*outMsg) 
 		}
 	}
 	for i, m := range msgs {
-		pr, err := r.pool.acquire(ctx, m.ch.pkey, 1, r.opts.OpenWait)
+		pr, err := r.pool.acquireFor(ctx, m.ch, r.opts.OpenWait)
 		if err != nil {
 			for _, done := range msgs[:i] {
 				r.pool.release(done.pr, 1)
@@ -400,7 +406,8 @@ func (r *Router) submit(ctx context.Context, rec *agent.Record, msgs []*outMsg) 
 		}
 		m.pr = pr
 	}
-	d := &delivery{rec: rec}
+	d := &msgs[0].own
+	d.rec = rec
 	d.pending.Store(int32(len(msgs)))
 	now := time.Now()
 	for i, m := range msgs {

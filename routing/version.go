@@ -7,6 +7,8 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -62,6 +64,11 @@ type Version struct {
 	defaults   []*channel
 	deadLetter *channel
 	needs      needs
+	// decisions holds, when every rule's match reads nothing but where a
+	// record comes from (its cluster, topic and partition), the decision
+	// of each partition seen: the rules run once per partition, not once
+	// per record. Nil otherwise. Keyed by partitionKey, values *decision.
+	decisions *sync.Map
 }
 
 type rule struct {
@@ -79,6 +86,9 @@ type channel struct {
 	dest    dest
 	pkey    producerKey
 	ds      *destState // set by the Router that installs the version
+	// pr is the producer last acquired for the channel, tried first by
+	// pool.acquireFor.
+	pr atomic.Pointer[producer]
 }
 
 // dest identifies where a channel's records go. Failures are tracked per
@@ -165,7 +175,7 @@ func Compile(spec Config, clusters map[string]config.Cluster) (*Version, error) 
 				errs = append(errs, fmt.Errorf("channels.%s.key: %s", name, exprError(err)))
 			} else {
 				c.key = p
-				w.walk(p)
+				w.walk(p, false)
 			}
 		}
 		if cl, ok := clusters[ch.Cluster]; ok {
@@ -183,7 +193,7 @@ func Compile(spec Config, clusters map[string]config.Cluster) (*Version, error) 
 				errs = append(errs, fmt.Errorf("rules[%d].match: %s", i, exprError(err)))
 			} else {
 				cr.match = p
-				w.walk(p)
+				w.walk(p, true)
 			}
 		}
 		for _, name := range r.Channels {
@@ -204,6 +214,9 @@ func Compile(spec Config, clusters map[string]config.Cluster) (*Version, error) 
 	}
 	v.spec = spec
 	v.needs = w.needs
+	if !w.perRecord {
+		v.decisions = new(sync.Map)
+	}
 	return v, nil
 }
 
@@ -234,33 +247,53 @@ func exprError(err error) string {
 }
 
 // usage finds which parts of the environment the expressions read, so
-// that a record's environment is built with only those.
-type usage struct{ needs }
+// that a record's environment is built with only those, and whether the
+// rules' matches read anything that changes from record to record.
+type usage struct {
+	needs
+	// perRecord is set when a rule's match reads more than the record's
+	// cluster, topic and partition (any other name, even a variable of
+	// its own, counts), or calls now().
+	perRecord bool
+	inMatch   bool // walking a rule's match
+}
 
 type needs struct {
 	key, value, json, headers bool
 }
 
-func (u *usage) walk(p *vm.Program) {
+// walk records what p reads; match says p is a rule's match expression.
+func (u *usage) walk(p *vm.Program, match bool) {
 	n := p.Node()
+	u.inMatch = match
 	ast.Walk(&n, u)
 }
 
 // Visit implements ast.Visitor.
 func (u *usage) Visit(n *ast.Node) {
-	id, ok := (*n).(*ast.IdentifierNode)
-	if !ok {
-		return
-	}
-	switch id.Value {
-	case "key", "Key":
-		u.key = true
-	case "value", "Value":
-		u.value = true
-	case "json", "JSON":
-		u.json = true
-	case "headers", "Headers":
-		u.headers = true
+	switch x := (*n).(type) {
+	case *ast.BuiltinNode:
+		if x.Name == "now" && u.inMatch {
+			u.perRecord = true
+		}
+	case *ast.IdentifierNode:
+		switch x.Value {
+		case "key", "Key":
+			u.key = true
+		case "value", "Value":
+			u.value = true
+		case "json", "JSON":
+			u.json = true
+		case "headers", "Headers":
+			u.headers = true
+		}
+		switch x.Value {
+		case "topic", "partition", "cluster":
+		default:
+			if u.inMatch {
+				u.perRecord = true
+			}
+		}
 	}
 }
 

@@ -256,3 +256,49 @@ func TestMerge(t *testing.T) {
 		t.Errorf("Merge with channels in routes: %v", err)
 	}
 }
+
+// The rules run once per partition when they read nothing but where a
+// record comes from; a rule that reads anything else (or now()) runs for
+// every record. Either way every record gets the decision of its own.
+func TestDecisionsKeptPerPartitionOnlyWhenTheRulesAllowIt(t *testing.T) {
+	at := func(cluster string, partition int32, offset int64) *agent.Record {
+		r := rec("orders", "k", "v")
+		r.Cluster, r.Partition, r.Offset = cluster, partition, offset
+		return r
+	}
+	for _, tc := range []struct {
+		name  string
+		match string
+		kept  bool
+		want  func(r *agent.Record) string // the channel of r
+	}{
+		{"partition", `partition == 1`, true, func(r *agent.Record) string { return map[bool]string{true: "x", false: "y"}[r.Partition == 1] }},
+		{"cluster and topic", `cluster == "B" && topic startsWith "ord"`, true, func(r *agent.Record) string { return map[bool]string{true: "x", false: "y"}[r.Cluster == "B"] }},
+		{"offset", `offset % 2 == 0`, false, func(r *agent.Record) string { return map[bool]string{true: "x", false: "y"}[r.Offset%2 == 0] }},
+		{"a variable", `let p = offset; p > 1`, false, func(r *agent.Record) string { return map[bool]string{true: "x", false: "y"}[r.Offset > 1] }},
+		{"now", `now().Year() > 3000 || partition == 1`, false, func(r *agent.Record) string { return map[bool]string{true: "x", false: "y"}[r.Partition == 1] }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := mustCompile(t, Config{Rules: []Rule{{Name: "r", Match: tc.match, Channels: []string{"x"}}}, Default: []string{"y"}})
+			if kept := v.decisions != nil; kept != tc.kept {
+				t.Fatalf("decisions kept per partition: %v, want %v", kept, tc.kept)
+			}
+			for round := range 2 { // the second round meets the kept decisions
+				for _, cl := range []string{"A", "B"} {
+					for p := range int32(3) {
+						for off := range int64(4) {
+							r := at(cl, p, off)
+							d, err := v.Route(r)
+							if err != nil {
+								t.Fatal(err)
+							}
+							if want := tc.want(r); len(d.Channels) != 1 || d.Channels[0] != want {
+								t.Fatalf("round %d, %s/%d@%d: channels %v, want [%s]", round, cl, p, off, d.Channels, want)
+							}
+						}
+					}
+				}
+			}
+		})
+	}
+}
