@@ -175,24 +175,24 @@ func (w *worker) consume(ctx context.Context, r *partitionRun) {
 				w.metrics.consumeErrors.Inc()
 			}
 		case msg, ok := <-r.pc.Messages():
-			if !ok || !w.deliver(ctx, log, r, msg) {
-				return
-			}
 			// The records sarama already holds are handed on without a
 			// select over every channel for each: a receive that does
-			// not wait is far cheaper.
-			for range burst {
-				select {
-				case msg, ok = <-r.pc.Messages():
-				default:
-					ok = false
-				}
-				if !ok || ctx.Err() != nil {
-					break
-				}
-				if !w.deliver(ctx, log, r, msg) {
+			// not wait is far cheaper. A record received is always
+			// delivered or the loop ends: one dropped while later ones
+			// are acknowledged would be committed past, and lost.
+			for n := 1; ; n++ {
+				if !ok || !w.deliver(ctx, log, r, msg) {
 					return
 				}
+				if n == burst || ctx.Err() != nil {
+					break
+				}
+				select {
+				case msg, ok = <-r.pc.Messages():
+					continue
+				default:
+				}
+				break
 			}
 		}
 	}
@@ -217,16 +217,21 @@ func (w *worker) deliver(ctx context.Context, log *zap.Logger, r *partitionRun, 
 			}
 		}
 	}
-	select {
-	case r.t.slots <- struct{}{}:
-	case <-ctx.Done():
-		return false
+	for {
+		// A pause that came while this record was read holds it too.
+		if r.gate.wait(ctx) != nil {
+			return false
+		}
+		full := r.t.deliver(rec)
+		if full == nil {
+			break
+		}
+		select { // maxInFlight records wait for the handler's acks
+		case <-full:
+		case <-ctx.Done():
+			return false
+		}
 	}
-	// A pause that came while this record was read holds it too.
-	if r.gate.wait(ctx) != nil {
-		return false
-	}
-	r.t.deliver(rec)
 	if !w.handle(ctx, log, rec) {
 		return false
 	}
