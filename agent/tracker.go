@@ -40,24 +40,35 @@ type tracker struct {
 	lastTS  time.Time  // timestamp of record next-1
 	last    []*pending // the acknowledged records just before next, at most offsets.MaxFingerprints
 	drained *sync.Cond
-	slots   chan struct{} // bounds delivered-but-unacked records
+	max     int           // bound on the records delivered and not acknowledged
+	out     int           // records delivered and not acknowledged
+	room    chan struct{} // closed by the next ack; nil unless deliver found no room
 }
 
 func newTracker(start int64, maxInFlight int) *tracker {
-	t := &tracker{next: start, slots: make(chan struct{}, maxInFlight)}
+	t := &tracker{next: start, max: maxInFlight}
 	t.drained = sync.NewCond(&t.mu)
 	return t
 }
 
-// deliver records that r is being handed to the handler. The caller must
-// hold a slot (acquired from t.slots) for it.
-func (t *tracker) deliver(r *Record) {
+// deliver records that r is being handed to the handler, and returns nil;
+// or, when the records delivered and not acknowledged number the bound,
+// it records nothing and returns a channel closed by the next ack.
+func (t *tracker) deliver(r *Record) (full <-chan struct{}) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.out >= t.max {
+		if t.room == nil {
+			t.room = make(chan struct{})
+		}
+		return t.room
+	}
+	t.out++
 	p := &r.pending // allocated with the record
 	*p = pending{offset: r.Offset, ts: r.Timestamp, key: r.Key, value: r.Value}
-	t.mu.Lock()
 	t.queue = append(t.queue, p)
-	t.mu.Unlock()
 	r.entry, r.t = p, t
+	return nil
 }
 
 func (t *tracker) ack(p *pending) {
@@ -67,7 +78,11 @@ func (t *tracker) ack(p *pending) {
 		return
 	}
 	p.acked = true
-	<-t.slots
+	t.out--
+	if t.room != nil {
+		close(t.room)
+		t.room = nil
+	}
 	n := 0
 	for n < len(t.queue) && t.queue[n].acked {
 		h := t.queue[n]

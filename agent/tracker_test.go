@@ -22,8 +22,9 @@ func TestTrackerPositionFingerprintsTheLastAckedRecords(t *testing.T) {
 	for i := range recs {
 		r := &Record{Offset: start + int64(i), Key: []byte("k" + strconv.Itoa(i)), Value: []byte("v" + strconv.Itoa(i)), Timestamp: ts.Add(time.Duration(i) * time.Millisecond)}
 		want[i] = offsets.FingerprintOf(r.Key, r.Value, r.Timestamp)
-		tr.slots <- struct{}{}
-		tr.deliver(r)
+		if tr.deliver(r) != nil {
+			t.Fatalf("record %d of %d refused", i+1, n)
+		}
 		recs[i] = r
 	}
 	check := func(step string, next int64, fps []offsets.Fingerprint) {
@@ -59,5 +60,49 @@ func TestTrackerPositionFingerprintsTheLastAckedRecords(t *testing.T) {
 	}
 	if !tr.waitDrained(time.Second) {
 		t.Fatal("not drained after every ack")
+	}
+}
+
+// TestTrackerBoundsRecordsNotAcknowledged checks that a tracker takes at
+// most its bound of records not acknowledged, and makes room at the next
+// ack, in any order.
+func TestTrackerBoundsRecordsNotAcknowledged(t *testing.T) {
+	const bound = 3
+	tr := newTracker(0, bound)
+	recs := make([]*Record, bound+2)
+	for i := range recs {
+		recs[i] = &Record{Offset: int64(i)}
+	}
+	for i := range bound {
+		if tr.deliver(recs[i]) != nil {
+			t.Fatalf("record %d refused below the bound", i)
+		}
+	}
+	full := tr.deliver(recs[bound])
+	if full == nil {
+		t.Fatalf("record %d taken beyond the bound of %d", bound, bound)
+	}
+	if again := tr.deliver(recs[bound]); again != full {
+		t.Fatal("a second refusal waits on another channel")
+	}
+	select {
+	case <-full:
+		t.Fatal("room made before any ack")
+	default:
+	}
+	recs[1].Ack() // out of order: no commit progress, but room
+	select {
+	case <-full:
+	default:
+		t.Fatal("no room after an ack")
+	}
+	if tr.deliver(recs[bound]) != nil {
+		t.Fatal("refused after an ack made room")
+	}
+	if tr.deliver(recs[bound+1]) == nil {
+		t.Fatal("taken beyond the bound after the room was used")
+	}
+	if next, _, _ := tr.position(); next != 0 {
+		t.Fatalf("position %d, want 0: offset 0 is not acknowledged", next)
 	}
 }
