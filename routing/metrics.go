@@ -20,7 +20,7 @@ type metrics struct {
 	dropped       *prometheus.CounterVec // reason
 	dead          *prometheus.CounterVec // reason
 	latency       *prometheus.HistogramVec
-	inFlight      *prometheus.GaugeVec   // channel
+	inFlight      *prometheus.Desc       // channel; collected by inFlightCollector
 	failures      *prometheus.CounterVec // channel
 	waits         *prometheus.CounterVec // reason
 	producers     prometheus.Gauge
@@ -57,10 +57,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Time from handing a record to a channel's producer to its acknowledgement, retries included, by channel.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}, []string{"channel"}),
-		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "kswitch_routing_in_flight",
-			Help: "Records handed to a channel's producer and not yet acknowledged, by channel.",
-		}, []string{"channel"}),
+		inFlight: prometheus.NewDesc("kswitch_routing_in_flight",
+			"Records handed to a channel's producer and not yet acknowledged, by channel.", []string{"channel"}, nil),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kswitch_routing_produce_failures_total",
 			Help: "Produces that failed past the producer's own retries (each is sent again, or dead-lettered), by channel.",
@@ -74,7 +72,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Producers open (one per destination cluster and compression/acks combination in use).",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.version, m.refused, m.routed, m.rules, m.dropped, m.dead, m.latency, m.inFlight, m.failures, m.waits, m.producers} {
+	for _, c := range []prometheus.Collector{m.version, m.refused, m.routed, m.rules, m.dropped, m.dead, m.latency, m.failures, m.waits, m.producers} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {
@@ -94,4 +92,23 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.dead.WithLabelValues(r)
 	}
 	return m, nil
+}
+
+// inFlightCollector exports kswitch_routing_in_flight from the
+// destinations' counts when scraped, so that routing a record touches no
+// gauge.
+type inFlightCollector struct{ r *Router }
+
+func (c inFlightCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.r.m.inFlight }
+
+func (c inFlightCollector) Collect(ch chan<- prometheus.Metric) {
+	byChannel := map[string]int64{}
+	c.r.mu.Lock()
+	for d, ds := range c.r.dests {
+		byChannel[d.channel] += ds.inFlight.Load()
+	}
+	c.r.mu.Unlock()
+	for name, n := range byChannel {
+		ch <- prometheus.MustNewConstMetric(c.r.m.inFlight, prometheus.GaugeValue, float64(n), name)
+	}
 }

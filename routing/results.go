@@ -210,14 +210,12 @@ func (r *Router) resend(om *outMsg) {
 		rule := cmp.Or(om.rule, "default")
 		dm := r.newMsg(rec, dl, rule, rec.Key, deadHeaders(rec, rule, om.lastErr))
 		r.settle(om)
-		r.inFlight.Add(1)
 		if om.blocks != nil {
 			r.unblock(om)
 		}
 		om.ch, om.ds, om.pr, om.msg, om.dead, om.failures = dl, dm.ds, pr, dm.msg, true, 0
 		om.msg.Metadata = om
 		om.ds.inFlight.Add(1)
-		om.ds.gauge.Inc()
 		r.m.dead.WithLabelValues("produce").Inc()
 	}
 	if om.pr.retired.Load() {

@@ -71,11 +71,10 @@ type Router struct {
 	m        *metrics
 	pool     *pool
 
-	cur      atomic.Pointer[Version]
-	ready    chan struct{}
-	started  atomic.Bool
-	closed   atomic.Bool
-	inFlight atomic.Int64 // messages not settled, across producers
+	cur     atomic.Pointer[Version]
+	ready   chan struct{}
+	started atomic.Bool
+	closed  atomic.Bool
 
 	loopCtx    context.Context // cancelled by Close to end the loop
 	loopCancel context.CancelFunc
@@ -114,7 +113,6 @@ type destState struct {
 	failing  atomic.Pointer[failure] // nil while it works
 
 	routed   prometheus.Counter
-	gauge    prometheus.Gauge
 	latency  prometheus.Observer
 	failures prometheus.Counter
 }
@@ -195,6 +193,9 @@ func New(cfg config.Config, sig func() signals.State, opts Options) (*Router, er
 		r.keys = keys.New(cfg.Fleet)
 	} else if opts.Etcd != nil {
 		return nil, errors.New("routing: the configuration has no fleet, whose etcd keys to follow")
+	}
+	if err := opts.Registerer.Register(inFlightCollector{r}); err != nil {
+		return nil, fmt.Errorf("routing: register kswitch_routing_in_flight: %w", err)
 	}
 	r.pool = newPool(cfg.Clusters, log)
 	r.pool.onResult = r.onResult
@@ -412,9 +413,7 @@ func (r *Router) submit(ctx context.Context, rec *agent.Record, msgs []*outMsg) 
 	now := time.Now()
 	for i, m := range msgs {
 		m.d, m.sent = d, now
-		r.inFlight.Add(1)
 		m.ds.inFlight.Add(1)
-		m.ds.gauge.Inc()
 		if err := m.pr.send(ctx, r.loopCtx.Done(), m.msg); err != nil {
 			// The record will not be acknowledged: ctx ended (the
 			// partition is revoked) or the router is closing.
@@ -427,13 +426,22 @@ func (r *Router) submit(ctx context.Context, rec *agent.Record, msgs []*outMsg) 
 	return nil
 }
 
-// settle forgets m, which will not be acknowledged: it no longer counts as
-// in flight on its producer and destination.
+// settle forgets m, acknowledged or not: it no longer counts as in flight
+// on its producer and destination.
 func (r *Router) settle(m *outMsg) {
 	r.pool.release(m.pr, 1)
 	m.ds.inFlight.Add(-1)
-	m.ds.gauge.Dec()
-	r.inFlight.Add(-1)
+}
+
+// inFlight returns the produces not settled, across destinations.
+func (r *Router) inFlight() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var n int64
+	for _, ds := range r.dests {
+		n += ds.inFlight.Load()
+	}
+	return n
 }
 
 // ack acknowledges rec.
@@ -452,7 +460,6 @@ func (r *Router) destState(d dest) *destState {
 	if ds == nil {
 		ds = &destState{dest: d,
 			routed:   r.m.routed.WithLabelValues(d.channel),
-			gauge:    r.m.inFlight.WithLabelValues(d.channel),
 			latency:  r.m.latency.WithLabelValues(d.channel),
 			failures: r.m.failures.WithLabelValues(d.channel),
 		}

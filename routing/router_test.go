@@ -552,6 +552,9 @@ func TestDestinationDown(t *testing.T) {
 		t.Logf("note: every record taken for B before the failure was acknowledged")
 	}
 	t.Logf("while B was down: partition 0 held at %d taken / %d acked; partition 1 acked %d more", stuck, acked0, w.acks.count("orders/1@")-c1)
+	if got, want := inFlightMetric(r, "b"), float64(stuck)-float64(acked0); got != want {
+		t.Errorf("kswitch_routing_in_flight{channel=b} = %v while B was down, want %v (taken, not acknowledged)", got, want)
+	}
 
 	w.kafkas["B"].Recover()
 	wait.For(t, 30*time.Second, "partition 0 flowing again", func() error {
@@ -578,6 +581,29 @@ func TestDestinationDown(t *testing.T) {
 	if f := metricValue(r.m.failures.WithLabelValues("b")); f == 0 {
 		t.Error("no produce failure counted")
 	}
+	if got := inFlightMetric(r, "b"); got != 0 {
+		t.Errorf("kswitch_routing_in_flight{channel=b} = %v with every record acknowledged", got)
+	}
+}
+
+// inFlightMetric returns kswitch_routing_in_flight of channel as r's
+// registry exports it (-1 when absent).
+func inFlightMetric(r *Router, channel string) float64 {
+	ch := make(chan prometheus.Metric, 100)
+	inFlightCollector{r}.Collect(ch)
+	close(ch)
+	for m := range ch {
+		var d dto.Metric
+		if err := m.Write(&d); err != nil {
+			panic(err)
+		}
+		for _, l := range d.Label {
+			if l.GetName() == "channel" && l.GetValue() == channel {
+				return d.Gauge.GetValue()
+			}
+		}
+	}
+	return -1
 }
 
 func TestChannelPauseHoldsRecords(t *testing.T) {

@@ -56,7 +56,7 @@ func (r *Router) Status() RouterStatus {
 	st := RouterStatus{
 		Version: v.Number, Since: v.Since, Source: v.Source, Mode: v.Mode(),
 		Rules: v.RuleNames(), Default: slices.Clone(v.spec.Default), DeadLetter: v.DeadLetter(),
-		InFlight: r.inFlight.Load(), Channels: []ChannelStatus{}, Producers: []string{},
+		InFlight: r.inFlight(), Channels: []ChannelStatus{}, Producers: []string{},
 	}
 	select {
 	case <-r.ready:
@@ -101,7 +101,7 @@ func (r *Router) Close(ctx context.Context) error {
 		r.closed.Store(true)
 		tick := time.NewTicker(10 * time.Millisecond)
 	drain:
-		for r.inFlight.Load() > 0 {
+		for r.inFlight() > 0 {
 			select {
 			case <-ctx.Done():
 				break drain
@@ -109,7 +109,7 @@ func (r *Router) Close(ctx context.Context) error {
 			}
 		}
 		tick.Stop()
-		left := r.inFlight.Load()
+		left := r.inFlight()
 		r.loopCancel()
 		<-r.loopDone
 		var errs []error
