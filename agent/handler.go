@@ -33,9 +33,8 @@ type Record struct {
 	// consumes this partition.
 	Generation int64
 
-	entry   *pending
-	t       *tracker
-	pending pending // what entry points to once delivered
+	t       *tracker // set once delivered
+	pending pending  // the tracker's state of the record
 }
 
 // Ack marks the record handled. It may be called from any goroutine, at
@@ -44,7 +43,7 @@ type Record struct {
 // it and every record before it are acknowledged.
 func (r *Record) Ack() {
 	if r.t != nil {
-		r.t.ack(r.entry)
+		r.t.ack(r)
 	}
 }
 
@@ -55,7 +54,9 @@ func (r *Record) Ack() {
 // concurrently. It should hand the record on and return quickly; it acks
 // the record (then or later, from any goroutine) once it is done with it.
 // An error means "not now": the same record is offered again after a
-// backoff, so delivery stays at-least-once and in order. ctx ends when the
+// backoff, so delivery stays at-least-once and in order. The record is
+// read-only: the agent fingerprints the last records before each commit
+// position from it. ctx ends when the
 // partition is revoked or the agent stops; records not acknowledged by
 // then are consumed again by the partition's next owner.
 type Handler interface {

@@ -7,26 +7,22 @@ import (
 	"github.com/kswitch/kswitch/offsets"
 )
 
-// pending is one record delivered to the handler and not yet passed by
-// the commit position.
+// pending is the tracker's state of one record delivered to the handler,
+// allocated with the record (Record.pending).
 type pending struct {
-	offset     int64
-	ts         time.Time
-	key, value []byte // kept for the fingerprint, computed only if needed
-	fp         offsets.Fingerprint
-	hashed     bool // fp is set
-	acked      bool
+	fp     offsets.Fingerprint
+	hashed bool // fp is set
+	acked  bool
 }
 
-// fingerprint returns p's fingerprint, hashing the record the first time:
+// fingerprint returns r's fingerprint, hashing the record the first time:
 // only the last offsets.MaxFingerprints records before a commit position
 // are ever fingerprinted, so the hot path (deliver, ack) hashes nothing.
-func (p *pending) fingerprint() offsets.Fingerprint {
-	if !p.hashed {
-		p.fp, p.hashed = offsets.FingerprintOf(p.key, p.value, p.ts), true
-		p.key, p.value = nil, nil
+func fingerprint(r *Record) offsets.Fingerprint {
+	if p := &r.pending; !p.hashed {
+		p.fp, p.hashed = offsets.FingerprintOf(r.Key, r.Value, r.Timestamp), true
 	}
-	return p.fp
+	return r.pending.fp
 }
 
 // tracker follows one partition's delivered and acknowledged records and
@@ -35,10 +31,10 @@ func (p *pending) fingerprint() offsets.Fingerprint {
 // loop delivers, any goroutine acks.
 type tracker struct {
 	mu      sync.Mutex
-	queue   []*pending // delivered, in offset order; head is the oldest unacked
-	next    int64      // committable: next offset to consume
-	lastTS  time.Time  // timestamp of record next-1
-	last    []*pending // the acknowledged records just before next, at most offsets.MaxFingerprints
+	queue   []*Record // delivered, in offset order; head is the oldest unacked
+	next    int64     // committable: next offset to consume
+	lastTS  time.Time // timestamp of record next-1
+	last    []*Record // the acknowledged records just before next, at most offsets.MaxFingerprints
 	drained *sync.Cond
 	max     int           // bound on the records delivered and not acknowledged
 	out     int           // records delivered and not acknowledged
@@ -64,39 +60,34 @@ func (t *tracker) deliver(r *Record) (full <-chan struct{}) {
 		return t.room
 	}
 	t.out++
-	p := &r.pending // allocated with the record
-	*p = pending{offset: r.Offset, ts: r.Timestamp, key: r.Key, value: r.Value}
-	t.queue = append(t.queue, p)
-	r.entry, r.t = p, t
+	r.pending = pending{}
+	t.queue = append(t.queue, r)
+	r.t = t
 	return nil
 }
 
-func (t *tracker) ack(p *pending) {
+func (t *tracker) ack(r *Record) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if p.acked {
+	if r.pending.acked {
 		return
 	}
-	p.acked = true
+	r.pending.acked = true
 	t.out--
 	if t.room != nil {
 		close(t.room)
 		t.room = nil
 	}
 	n := 0
-	for n < len(t.queue) && t.queue[n].acked {
+	for n < len(t.queue) && t.queue[n].pending.acked {
 		h := t.queue[n]
-		t.next, t.lastTS = h.offset+1, h.ts
+		t.next, t.lastTS = h.Offset+1, h.Timestamp
 		n++
 	}
 	if n > 0 {
-		// Keep the last MaxFingerprints records passed, and let go of
-		// the bytes of the others.
+		// Keep the last MaxFingerprints records passed.
 		last := append(t.last, t.queue[:n]...)
 		if drop := len(last) - offsets.MaxFingerprints; drop > 0 {
-			for _, p := range last[:drop] {
-				p.key, p.value = nil, nil
-			}
 			copy(last, last[drop:])
 			clear(last[offsets.MaxFingerprints:])
 			last = last[:offsets.MaxFingerprints]
@@ -115,8 +106,8 @@ func (t *tracker) ack(p *pending) {
 func (t *tracker) position() (next int64, ts time.Time, fps []offsets.Fingerprint) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for _, p := range t.last {
-		fps = append(fps, p.fingerprint())
+	for _, r := range t.last {
+		fps = append(fps, fingerprint(r))
 	}
 	return t.next, t.lastTS, fps
 }
