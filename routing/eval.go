@@ -121,7 +121,12 @@ func (v *Version) decide(r *agent.Record) (*decision, *Env, error) {
 		return &d, e, err
 	}
 	k := partitionKey{r.Cluster, cmp.Or(r.SourceTopic, r.Topic), r.Partition}
+	slot := &v.recent[uint32(k.partition)%uint32(len(v.recent))]
+	if kd := slot.Load(); kd != nil && kd.key == k {
+		return kd.d, nil, nil
+	}
 	if d, ok := v.decisions.Load(k); ok {
+		slot.Store(&keptDecision{k, d.(*decision)})
 		return d.(*decision), nil, nil
 	}
 	e := v.env(r)
@@ -130,7 +135,14 @@ func (v *Version) decide(r *agent.Record) (*decision, *Env, error) {
 		return nil, e, err // not kept: the next record is evaluated again
 	}
 	v.decisions.Store(k, &d)
+	slot.Store(&keptDecision{k, &d})
 	return &d, e, nil
+}
+
+// keptDecision is a partition's decision in Version.recent.
+type keptDecision struct {
+	key partitionKey
+	d   *decision
 }
 
 // route evaluates the rules against e.

@@ -69,6 +69,11 @@ type Version struct {
 	// of each partition seen: the rules run once per partition, not once
 	// per record. Nil otherwise. Keyed by partitionKey, values *decision.
 	decisions *sync.Map
+	// recent holds the decision last made for each partition number
+	// modulo its length, looked up before decisions: a few loads and
+	// comparisons of strings that share their bytes, where the map hashes
+	// the key.
+	recent *[64]atomic.Pointer[keptDecision]
 }
 
 type rule struct {
@@ -216,6 +221,7 @@ func Compile(spec Config, clusters map[string]config.Cluster) (*Version, error) 
 	v.needs = w.needs
 	if !w.perRecord {
 		v.decisions = new(sync.Map)
+		v.recent = new([64]atomic.Pointer[keptDecision])
 	}
 	return v, nil
 }
