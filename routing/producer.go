@@ -146,16 +146,7 @@ func (p *pool) acquire(ctx context.Context, k producerKey, n int64, wait time.Du
 			p.mu.Unlock()
 			return pr, nil
 		}
-		o := p.opening[k]
-		if o != nil && o.err != nil && time.Since(o.at) >= openRetry {
-			o = nil
-		}
-		if o == nil {
-			o = &opening{done: make(chan struct{})}
-			p.opening[k] = o
-			p.wg.Add(1)
-			go p.open(k, o)
-		}
+		o := p.startOpening(k)
 		p.mu.Unlock()
 
 		if timeout == nil {
@@ -195,6 +186,31 @@ func (p *pool) acquireFor(ctx context.Context, ch *channel, wait time.Duration) 
 		ch.pr.Store(pr)
 	}
 	return pr, err
+}
+
+// startOpening returns the opening of k, starting one unless one is under
+// way or failed less than openRetry ago. The caller holds p.mu and has
+// checked that k is not live.
+func (p *pool) startOpening(k producerKey) *opening {
+	o := p.opening[k]
+	if o != nil && (o.err == nil || time.Since(o.at) < openRetry) {
+		return o
+	}
+	o = &opening{done: make(chan struct{})}
+	p.opening[k] = o
+	p.wg.Add(1)
+	go p.open(k, o)
+	return o
+}
+
+// warm starts opening the producer of k in the background, unless it is
+// open or startOpening would not start it.
+func (p *pool) warm(k producerKey) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.closed && p.live[k] == nil {
+		p.startOpening(k)
+	}
 }
 
 // release lowers pr's user count by n.

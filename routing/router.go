@@ -492,6 +492,12 @@ func (r *Router) install(v *Version, number int64, src string) {
 	}
 	r.cur.Store(v)
 	r.m.version.Set(float64(number))
+	// The version's producers are opened now, not by its first records,
+	// which then do not wait for a connection; a destination that cannot
+	// be reached is logged before any record waits for it.
+	for k := range v.producers() {
+		r.pool.warm(k)
+	}
 	select {
 	case r.sweepKick <- struct{}{}:
 	default:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -328,13 +329,24 @@ func TestChannelOnAThirdClusterAtRunTime(t *testing.T) {
 	w.cfg.Routing = Config{Default: []string{"b"}, Channels: map[string]Channel{"b": {Cluster: "B", Topic: "b"}}}
 	k := keys.New(fleet)
 	r := w.start(nil)
+	// A version's producers are opened when it comes into force, before
+	// any record is routed.
+	wait.For(t, 10*time.Second, "B's producer open before any record", func() error {
+		if p := r.Status().Producers; len(p) != 1 || p[0] != "B" {
+			return fmt.Errorf("producers %v, want [B]", p)
+		}
+		return nil
+	})
 	w.handle(record("orders", 0, 0, ""), 10*time.Second)
-	if p := r.Status().Producers; len(p) != 1 || p[0] != "B" {
-		t.Fatalf("producers %v, want [B]", p)
-	}
 	w.put(k.Channel("fresh"), "cluster: C\ntopic: new\npartitioner: roundrobin\n")
 	rev := w.put(k.Routes(), "default: [fresh]\n")
 	w.waitVersion(rev)
+	wait.For(t, 10*time.Second, "C's producer open before any record", func() error {
+		if p := r.Status().Producers; !slices.Contains(p, "C") {
+			return fmt.Errorf("producers %v, want C among them", p)
+		}
+		return nil
+	})
 	for i := 1; i <= 30; i++ {
 		w.handle(record("orders", 0, int64(i), ""), 10*time.Second)
 	}
