@@ -70,8 +70,9 @@
 // One sarama AsyncProducer per destination cluster, idempotent (acks all),
 // is shared by the channels on it; channels that ask for another
 // compression or acks get one producer per such combination. A producer
-// opens on first use, in the background (Handle waits at most OpenWait for
-// it), and is closed, after its records are acknowledged, once no channel
+// opens in the background when a version that routes to it comes into
+// force (a record that finds it still connecting waits at most OpenWait),
+// and is closed, after its records are acknowledged, once no channel
 // that a rule, the default route or the dead-letter of the version in force
 // names is on it.
 package routing
