@@ -139,6 +139,7 @@ func (p *prober) probeLoop(ctx context.Context, name string, def config.Cluster,
 	}()
 	t := time.NewTicker(p.cfg.Failover.ProbeInterval)
 	defer t.Stop()
+	lastOK := time.Now() // the last contact, or the start of probing
 	for {
 		began := time.Now()
 		var err error
@@ -161,7 +162,10 @@ func (p *prober) probeLoop(ctx context.Context, name string, def config.Cluster,
 		if ctx.Err() != nil {
 			return
 		}
-		p.record(name, gen, time.Since(began), err)
+		if err == nil {
+			lastOK = time.Now()
+		}
+		p.record(name, gen, time.Since(began), time.Since(lastOK), err)
 		select {
 		case <-ctx.Done():
 			return
@@ -193,11 +197,12 @@ func (p *prober) probe(c sarama.Client, name string) error {
 	return nil // a cluster without topics answers metadata: reachable
 }
 
-func (p *prober) record(name string, gen int, latency time.Duration, err error) {
+func (p *prober) record(name string, gen int, latency, failing time.Duration, err error) {
 	v := coordinator.ClusterView{Reachable: err == nil}
 	if err == nil {
 		v.LatencyMs = max(1, latency.Milliseconds())
 	} else {
+		v.FailingMs = failing.Milliseconds()
 		msg := err.Error()
 		if len(msg) > maxProbeError {
 			msg = msg[:maxProbeError]

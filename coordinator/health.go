@@ -9,6 +9,13 @@ type ClusterView struct {
 	LatencyMs int64 `json:"ms,omitempty"`
 	// Error is the last failed probe's error, shortened.
 	Error string `json:"err,omitempty"`
+	// FailingMs is, when not Reachable, how long before this view was
+	// made the agent last reached the cluster (or began probing it): a
+	// duration on the agent's clock, which the leader subtracts from the
+	// time it sees the view, so that the failure window counts from the
+	// last contact rather than from the first failed probe, without
+	// comparing two machines' clocks.
+	FailingMs int64 `json:"fail_ms,omitempty"`
 }
 
 // AgentViews maps agent id → cluster name → that agent's view.

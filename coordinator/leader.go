@@ -546,9 +546,17 @@ func (l *Leader) Run(ctx context.Context, et election.Term) error {
 				}
 			}
 		}
+		// The moment an agent's failure window on the active cluster
+		// ends, the verdict (and who is cut off) is looked at again, not
+		// at the next tick.
+		var windowEnds <-chan time.Time
+		if d, ok := h.nextDown(time.Now(), t.active.Cluster, l.cfg.Failover.FailureWindow); ok {
+			windowEnds = time.After(d) // collected once it fires or is dropped (Go 1.23 timers)
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-windowEnds:
 		case <-memberCh:
 		case <-ak.changed:
 		case <-pn.changed:

@@ -34,7 +34,10 @@ func (h *health) observe(now time.Time, live []string, views AgentViews, cluster
 			v, ok := views[a][c]
 			if ok && !v.Reachable {
 				if _, was := ds[a]; !was {
-					ds[a] = now
+					// Since the agent's last contact, as far as it
+					// says: a duration, so no clock skew; the gossip
+					// delay only makes it later.
+					ds[a] = now.Add(-time.Duration(max(0, min(v.FailingMs, maxFailingMs))) * time.Millisecond)
 				}
 			} else {
 				delete(ds, a)
@@ -55,7 +58,25 @@ func (h *health) observe(now time.Time, live []string, views AgentViews, cluster
 	}
 }
 
+// maxFailingMs bounds how far back an agent's report moves the start of
+// its failure: a day, far beyond any failure window.
+const maxFailingMs = int64(24 * time.Hour / time.Millisecond)
+
 func quorum(n int) int { return n/2 + 1 }
+
+// nextDown returns how long after now the failure window of one more agent
+// that sees cluster down ends (when the verdict must be looked at again),
+// or false when none is pending.
+func (h *health) nextDown(now time.Time, cluster string, window time.Duration) (time.Duration, bool) {
+	var next time.Duration
+	found := false
+	for _, since := range h.downSince[cluster] {
+		if d := since.Add(window).Sub(now); d > 0 && (!found || d < next) {
+			next, found = d, true
+		}
+	}
+	return next, found
+}
 
 // down reports whether a quorum of live agents has seen cluster down for
 // at least window, with the count for messages.

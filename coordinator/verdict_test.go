@@ -83,3 +83,54 @@ func TestVerdictPinAndBreaker(t *testing.T) {
 		t.Errorf("during a switch: %+v %q", d, why)
 	}
 }
+
+// TestFailureWindowCountsFromTheAgentsLastContact checks that an agent's
+// failure counts from its last contact with the cluster, as the duration
+// it reports (FailingMs), not from the moment the leader first sees the
+// failure, and that nextDown says when the next window ends.
+func TestFailureWindowCountsFromTheAgentsLastContact(t *testing.T) {
+	const window = 3 * time.Second
+	live := []string{"a1", "a2", "a3"}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	views := func(failing map[string]time.Duration) AgentViews {
+		out := AgentViews{}
+		for _, a := range live {
+			v := ClusterView{Reachable: true}
+			if d, ok := failing[a]; ok {
+				v = ClusterView{Reachable: false, FailingMs: d.Milliseconds()}
+			}
+			out[a] = map[string]ClusterView{"A": v}
+		}
+		return out
+	}
+	h := newHealth()
+	// a1 last reached A 1.2 s before the leader sees its failure, a2 0.4 s,
+	// a3 still reaches it.
+	h.observe(t0, live, views(map[string]time.Duration{"a1": 1200 * time.Millisecond, "a2": 400 * time.Millisecond}), []string{"A"})
+	if d, ok := h.nextDown(t0, "A", window); !ok || d != 1800*time.Millisecond {
+		t.Fatalf("next window end in %v (%v), want 1.8s (a1's)", d, ok)
+	}
+	// Later reports of the same failure do not move its start.
+	later := t0.Add(2 * time.Second)
+	h.observe(later, live, views(map[string]time.Duration{"a1": 3200 * time.Millisecond, "a2": 2400 * time.Millisecond}), []string{"A"})
+	if d, ok := h.nextDown(later, "A", window); !ok || d != 600*time.Millisecond {
+		t.Fatalf("next window end in %v (%v), want 0.6s (a2's)", d, ok)
+	}
+	if down, n := h.down(later, "A", live, window); down {
+		t.Fatalf("down with %d agent(s) past the window at +2s: a quorum needs a2 too", n)
+	}
+	if down, n := h.down(t0.Add(2600*time.Millisecond), "A", live, window); !down || n != 2 {
+		t.Fatalf("not down at +2.6s (%d past the window): a1 and a2 last reached A 3 s before", n)
+	}
+	// Recovery forgets the failure; a report without a duration counts
+	// from when the leader sees it; a nonsense one is bounded.
+	h.observe(t0.Add(3*time.Second), live, views(nil), []string{"A"})
+	if _, ok := h.nextDown(t0.Add(3*time.Second), "A", window); ok {
+		t.Fatal("a window pending after every agent reached A again")
+	}
+	at := t0.Add(4 * time.Second)
+	h.observe(at, live, views(map[string]time.Duration{"a1": 0, "a2": -5 * time.Second, "a3": 1 << 62}), []string{"A"})
+	if d, ok := h.nextDown(at, "A", window); !ok || d != window {
+		t.Fatalf("next window end in %v (%v), want the whole window", d, ok)
+	}
+}
