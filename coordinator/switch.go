@@ -368,7 +368,8 @@ func (l *Leader) openTranslation(ctx context.Context, from, to string, log *zap.
 			syncs, x.syncs = c, c
 		}
 	}
-	x.tr = &offsets.Translator{Target: target, Syncs: syncs, Replication: rep, TimestampMargin: l.cfg.Failover.TimestampMargin}
+	x.tr = &offsets.Translator{Target: target, Syncs: syncs, Replication: rep, TimestampMargin: l.cfg.Failover.TimestampMargin,
+		SyncsCache: new(offsets.SyncsCache)}
 	return x, nil
 }
 

@@ -241,26 +241,6 @@ func keepSync(syncs []OffsetSync, s OffsetSync) []OffsetSync {
 	return append(syncs, s)
 }
 
-// readSyncs reads partition 0 of the offset-syncs topic from its oldest
-// offset to its end at call time and keeps the syncs of upstream
-// topic/partition.
-func readSyncs(ctx context.Context, client sarama.Client, syncsTopic, upstream string, partition int32, d *mm2Data) error {
-	return readAll(ctx, client, syncsTopic, 0, func(r fetchedRecord) bool {
-		if r.Value == nil { // a tombstone
-			return true
-		}
-		s, err := DecodeOffsetSync(r.Key, r.Value)
-		if err != nil {
-			d.skipped++
-			return true
-		}
-		if s.Topic == upstream && s.Partition == partition {
-			d.syncs = keepSync(d.syncs, s)
-		}
-		return true
-	})
-}
-
 // readCheckpoint reads partition 0 of the checkpoints topic (where
 // MirrorMaker 2 writes them) and keeps the last checkpoint of
 // group/topic/partition; a tombstone for the key forgets it.

@@ -192,6 +192,10 @@ type Translator struct {
 	// Timeout bounds each Translate call. Default (<= 0):
 	// DefaultTranslateTimeout.
 	Timeout time.Duration
+	// SyncsCache, when set, keeps what the calls have read of the
+	// offset-syncs topic for the next calls (share one across the
+	// partitions of one switch). Nil: each call reads the topic in full.
+	SyncsCache *SyncsCache
 }
 
 func (t *Translator) scanLimit() int {
@@ -382,10 +386,16 @@ func (c *translateCall) loadSyncs(ctx context.Context) {
 		c.mm2.syncsErr = err
 		return
 	}
-	if err := readSyncs(sctx, c.t.Syncs, topic, upstream, c.req.Partition, &c.mm2); err != nil {
-		c.mm2.syncsErr = fmt.Errorf("read %s: %w", topic, err)
-		c.mm2.syncs = nil
+	cache := c.t.SyncsCache
+	if cache == nil {
+		cache = new(SyncsCache)
 	}
+	syncs, skipped, err := cache.read(sctx, c.t.Syncs, topic, upstream, c.req.Partition)
+	if err != nil {
+		c.mm2.syncsErr = fmt.Errorf("read %s: %w", topic, err)
+		return
+	}
+	c.mm2.syncs, c.mm2.skipped = syncs, c.mm2.skipped+skipped
 }
 
 // fingerprint is method 1.

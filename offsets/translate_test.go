@@ -670,3 +670,43 @@ func produceLag(t *testing.T, k *testenv.Kafka, topic string, recs []lagRec) {
 		}
 	}
 }
+
+// TestTranslateMM2SharesTheSyncsRead checks that the Translate calls of
+// one switch share what they read of the offset-syncs topic: a later call
+// reads on from where the last one stopped and sees the syncs written
+// since, for its own partition.
+func TestTranslateMM2SharesTheSyncsRead(t *testing.T) {
+	e := newTrEnv(t)
+	recs := aRecs(100)
+	e.fill(t, recs, 100)
+	writeSyncs := func(from, to int64) {
+		for u := from; u < to; u += 10 {
+			for _, s := range []OffsetSync{{"orders", trPart, u, trFiller + u}, {"orders", 0, u, u + 1000}} {
+				k, v := EncodeOffsetSync(s.Topic, s.Partition, s.Upstream, s.Downstream)
+				produceRaw(t, e.pa, trSyncsTopic, 0, k, v)
+			}
+		}
+	}
+	writeSyncs(0, 50)
+	cache := new(SyncsCache)
+	tr := &Translator{Target: e.cb, Syncs: e.ca, Replication: trReplication, SyncsCache: cache}
+	noFP := func(off int) Commit {
+		p := positionAfter(recs, off)
+		p.Fingerprints = nil
+		return p
+	}
+	got := translate(t, tr, forward(noFP(45)))
+	wantTranslation(t, got, trFiller+41, MethodMM2, 4)
+	if cache.next != 10 {
+		t.Fatalf("the cache read up to offset %d of the syncs topic, want its end, 10", cache.next)
+	}
+	writeSyncs(50, 100)
+	got = translate(t, tr, forward(noFP(99)))
+	wantTranslation(t, got, trFiller+91, MethodMM2, 8)
+	if cache.next != 20 {
+		t.Fatalf("the cache read up to offset %d, want 20", cache.next)
+	}
+	if n := len(cache.syncs[syncKey{"orders", 0}]); n != 10 {
+		t.Fatalf("%d syncs kept for orders/0, want 10", n)
+	}
+}
