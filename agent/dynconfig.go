@@ -101,17 +101,23 @@ func (c configApplier) Apply(v dynconfig.Version, cfg config.Config) {
 		a.opts.OnConfig(cfg)
 	}
 	if w != nil {
-		u := configUpdate{version: v.Number, cfg: cfg}
-		for { // latest wins
-			select {
-			case w <- u:
-				return
-			default:
-			}
-			select {
-			case <-w:
-			default:
-			}
+		offerLatest(w, configUpdate{version: v.Number, cfg: cfg})
+	}
+}
+
+// offerLatest puts v in ch, a channel of capacity 1 read by one
+// goroutine, replacing a value not yet taken: the reader gets the latest.
+// It never blocks.
+func offerLatest[T any](ch chan T, v T) {
+	for {
+		select {
+		case ch <- v:
+			return
+		default:
+		}
+		select {
+		case <-ch: // replace what the reader has not taken yet
+		default:
 		}
 	}
 }

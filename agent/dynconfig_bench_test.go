@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -42,16 +43,22 @@ func BenchmarkDynamicSourceChange(b *testing.B) {
 	cli := testenv.EtcdClientT(b, e)
 	key := keys.New("orders").ConfigSource()
 	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	defer cancel()
 	seen := make(chan int64, 4*changes)
 	wch := cli.Watch(ctx, key)
-	go func() {
+	wg.Go(func() {
 		for wr := range wch {
 			for _, ev := range wr.Events {
-				seen <- ev.Kv.ModRevision
+				select {
+				case seen <- ev.Kv.ModRevision:
+				case <-ctx.Done():
+					return
+				}
 			}
 		}
-	}()
+	})
 
 	var watch, accepted, applied, consuming, removed []time.Duration
 	version := int64(0)

@@ -62,19 +62,7 @@ func sourceClusters(all map[string]config.Cluster) map[string]config.Cluster {
 // configuration version): the loops of changed clusters restart with a
 // fresh client, those of new clusters start and those of removed ones
 // stop. It never blocks; the latest definitions win.
-func (p *prober) setClusters(clusters map[string]config.Cluster) {
-	for {
-		select {
-		case p.reconf <- clusters:
-			return
-		default:
-		}
-		select {
-		case <-p.reconf: // replace what run has not taken yet
-		default:
-		}
-	}
-}
+func (p *prober) setClusters(clusters map[string]config.Cluster) { offerLatest(p.reconf, clusters) }
 
 // run probes until ctx ends.
 func (p *prober) run(ctx context.Context) {

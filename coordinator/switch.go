@@ -363,7 +363,7 @@ func (l *Leader) openTranslation(ctx context.Context, from, to string, log *zap.
 	syncs := target
 	if rep.OffsetSyncsCluster != to {
 		syncs = nil
-		if c, err := kafka.NewClientWith(rep.OffsetSyncsCluster, l.conf().clusters[rep.OffsetSyncsCluster],
+		if c, err := kafka.NewClientWith(rep.OffsetSyncsCluster, conf.clusters[rep.OffsetSyncsCluster],
 			kafka.Options{Dialer: l.dialer(rep.OffsetSyncsCluster), Timeout: l.cfg.Failover.ProbeTimeout}); err == nil {
 			syncs, x.syncs = c, c
 		}

@@ -104,6 +104,16 @@ func (r *Router) enqueue(om *outMsg, after time.Duration) {
 	}
 }
 
+// requeue queues om to be sent again after its backoff, or forgets it
+// when the router is closing.
+func (r *Router) requeue(om *outMsg) {
+	if r.loopCtx.Err() == nil {
+		r.enqueue(om, r.backoff(om.failures))
+	} else {
+		r.settle(om)
+	}
+}
+
 func (r *Router) block(om *outMsg, err error) {
 	src := source{om.d.rec.Cluster, om.d.rec.Topic, om.d.rec.Partition}
 	r.mu.Lock()
@@ -197,11 +207,7 @@ func (r *Router) resend(om *outMsg) {
 		dl := v.deadLetter
 		pr, err := r.pool.acquire(ctx, dl.pkey, 1, r.opts.OpenWait)
 		if err != nil {
-			if ctx.Err() == nil {
-				r.enqueue(om, r.backoff(om.failures))
-			} else {
-				r.settle(om)
-			}
+			r.requeue(om)
 			return
 		}
 		rec := om.d.rec
@@ -223,11 +229,7 @@ func (r *Router) resend(om *outMsg) {
 		// through a producer with the new one.
 		pr, err := r.pool.acquire(ctx, om.pr.key, 1, r.opts.OpenWait)
 		if err != nil {
-			if ctx.Err() == nil {
-				r.enqueue(om, r.backoff(om.failures))
-			} else {
-				r.settle(om)
-			}
+			r.requeue(om)
 			return
 		}
 		r.pool.release(om.pr, 1)
