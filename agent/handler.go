@@ -18,12 +18,16 @@ type Header struct {
 type Record struct {
 	// Cluster is the cluster the record was consumed from.
 	Cluster string
-	// Topic is the topic's name on Cluster; SourceTopic its logical name
-	// (its name on the primary), which stays the same across a switch to
-	// a standby that names replicas A.<topic>.
+	// Topic is the topic's name on Cluster; SourceTopic its logical name,
+	// the same for every physical copy of the topic on every cluster
+	// (orders for A's orders and B.orders, and B's A.orders and orders).
 	Topic       string
 	SourceTopic string
-	Partition   int32
+	// Origin is the cluster whose producers wrote the record: Cluster
+	// for its local topics, the other cluster for a MirrorMaker 2 copy
+	// (A for A.orders on B, B for B.orders on A).
+	Origin    string
+	Partition int32
 	Offset      int64
 	Key         []byte
 	Value       []byte

@@ -20,6 +20,7 @@ type partitionRun struct {
 	cluster    string
 	generation int64
 	logical    string // the topic's logical name
+	origin     string // the cluster whose producers write the topic
 	pc         sarama.PartitionConsumer
 	t          *tracker
 	cancel     context.CancelFunc
@@ -125,7 +126,7 @@ func (w *worker) startPartition(ctx context.Context, k *kafkaConn, gen int64, tp
 		// The committed position is gone (retention) or ahead of the log
 		// (a truncated or re-created topic): fall back to the configured
 		// initial offset, and say so.
-		initial, rerr := k.resolve(tp, w.initialOffset())
+		initial, rerr := k.resolve(tp, w.initialOffset(k.name, tp))
 		if rerr != nil {
 			return nil, rerr
 		}
@@ -139,8 +140,8 @@ func (w *worker) startPartition(ctx context.Context, k *kafkaConn, gen int64, tp
 		return nil, err
 	}
 	pctx, cancel := context.WithCancel(ctx)
-	logical, _ := w.naming.Logical(k.name, tp.Topic)
-	r := &partitionRun{tp: tp, cluster: k.name, logical: logical, generation: gen, pc: pc, t: newTracker(start, maxInFlight),
+	s := w.naming.Stream(k.name, tp.Topic)
+	r := &partitionRun{tp: tp, cluster: k.name, logical: s.Logical, origin: s.Origin, generation: gen, pc: pc, t: newTracker(start, maxInFlight),
 		cancel: cancel, done: make(chan struct{}), gate: newGate(paused)}
 	if paused {
 		// Stop fetching too, so a long pause holds no records in memory.
@@ -206,7 +207,7 @@ const burst = 256
 // open; false means ctx ended.
 func (w *worker) deliver(ctx context.Context, log *zap.Logger, r *partitionRun, msg *sarama.ConsumerMessage) bool {
 	rec := &Record{
-		Cluster: r.cluster, Topic: msg.Topic, SourceTopic: r.logical, Partition: msg.Partition, Offset: msg.Offset,
+		Cluster: r.cluster, Topic: msg.Topic, SourceTopic: r.logical, Origin: r.origin, Partition: msg.Partition, Offset: msg.Offset,
 		Key: msg.Key, Value: msg.Value, Timestamp: msg.Timestamp, Generation: r.generation,
 	}
 	if len(msg.Headers) > 0 {

@@ -179,8 +179,13 @@ type worker struct {
 	appliedRev int64
 }
 
-func (w *worker) initialOffset() int64 {
-	if w.initial == "newest" {
+// initialOffset is where partition tp of cluster starts without a
+// committed position: source.initial_offset, except for the topics
+// producers write on the standby (an outage's records, and their copies
+// on the primary), which start at their oldest offset: a copy that
+// appears in the middle of a run is consumed from its start.
+func (w *worker) initialOffset(cluster string, tp coordinator.TopicPartition) int64 {
+	if w.initial == "newest" && !w.naming.FromStandby(w.naming.Stream(cluster, tp.Topic)) {
 		return sarama.OffsetNewest
 	}
 	return sarama.OffsetOldest
@@ -549,8 +554,7 @@ func (w *worker) startPending(ctx context.Context) {
 	state := w.signals.State()
 	paused := map[coordinator.TopicPartition]bool{}
 	for _, tp := range w.pending {
-		logical, _ := w.naming.Logical(w.kafka.name, tp.Topic)
-		paused[tp], _ = state.Paused(logical, w.id)
+		paused[tp], _ = state.Paused(w.naming.Logical(w.kafka.name, tp.Topic), w.id)
 	}
 	var startAt []offsets.Commit
 	for _, tp := range w.pending {
@@ -563,7 +567,7 @@ func (w *worker) startPending(ctx context.Context) {
 			start := p.Offset
 			if !ok {
 				var err error
-				if start, err = w.kafka.resolve(tp, w.initialOffset()); err != nil {
+				if start, err = w.kafka.resolve(tp, w.initialOffset(w.kafka.name, tp)); err != nil {
 					results <- started{tp: tp, err: err}
 					return
 				}

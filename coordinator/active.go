@@ -72,12 +72,24 @@ type SwitchEvent struct {
 	// Abandoned, when set, says why the switch was given up: the fleet
 	// went back to From and Partitions is empty.
 	Abandoned string `json:"abandoned,omitempty"`
+	// Late is the unmirrored tail of a failback, over every partition
+	// (PartitionSwitch.Late), and LateBySeconds how late its oldest record
+	// is at the latest: from its timestamp to the end of this switch.
+	Late          int64   `json:"late,omitempty"`
+	LateBySeconds float64 `json:"late_by_seconds,omitempty"`
 }
 
 // PartitionSwitch is how one partition's position moved in a switch.
 type PartitionSwitch struct {
-	// Topic is the logical topic (its name on the primary).
-	Topic      string `json:"topic"`
+	// Topic is the logical topic.
+	Topic string `json:"topic"`
+	// Origin is the cluster whose producers write this physical topic
+	// (its local topic there); FromTopic and ToTopic are its names on the
+	// two clusters (orders and A.orders for the primary's records, B.orders
+	// and orders for the standby's under the prefix policy).
+	Origin     string `json:"origin,omitempty"`
+	FromTopic  string `json:"from_topic,omitempty"`
+	ToTopic    string `json:"to_topic,omitempty"`
 	Partition  int32  `json:"partition"`
 	FromOffset int64  `json:"from_offset"`
 	ToOffset   int64  `json:"to_offset"`
@@ -88,4 +100,16 @@ type PartitionSwitch struct {
 	// switch; they are delivered again if the replicator copies them.
 	Lagged int64  `json:"lagged,omitempty"`
 	Detail string `json:"detail,omitempty"`
+	// Late (failbacks) counts the records of the unmirrored tail: written
+	// to the primary before the failover this failback ends, not copied
+	// to the standby by then, so consumed only after the primary returned
+	// (from the standby once the replicator copied them, or from the
+	// primary after this switch). LateOldest is the oldest one's
+	// timestamp.
+	Late       int64     `json:"late,omitempty"`
+	LateOldest time.Time `json:"late_oldest,omitzero"`
+	// ToEnd is the target partition's end at the translation: at a
+	// failover, how far the replica held the primary's records (the
+	// failback that follows counts the unmirrored tail from it).
+	ToEnd int64 `json:"to_end,omitempty"`
 }

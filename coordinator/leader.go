@@ -642,38 +642,56 @@ func (l *Leader) publishTerm(ctx context.Context, t *term, a Assignment) error {
 }
 
 // caughtUp reports whether the primary holds the last record consumed on
-// the standby in every partition: the fingerprint translation from the
-// standby back to the primary must find it exactly.
+// the standby in every partition of every stream: the fingerprint
+// translation from the standby back to the primary must find it exactly.
+// For the primary's own records (B's A.orders back to A's orders) that is
+// the primary still holding what it wrote; for the records written on the
+// standby during the outage (B's orders to A's B.orders) it is MirrorMaker
+// 2's flow back having copied everything the fleet consumed. When not, the
+// reason names the partitions behind, and kswitch_failback_behind_partitions
+// counts them.
 func (l *Leader) caughtUp(ctx context.Context, t *term, log *zap.Logger) (bool, string) {
 	conf := l.conf()
 	primary, standby := conf.primary, t.active.Cluster
-	target, err := kafka.NewClientWith(primary, conf.clusters[primary], kafka.Options{Dialer: l.dialer(primary)})
+	x, err := l.openTranslation(ctx, standby, primary, log)
 	if err != nil {
 		return false, err.Error()
 	}
-	defer target.Close()
-	lctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
-	positions, _, err := l.store.List(lctx, standby)
-	cancel()
+	defer x.close()
+	positions, err := l.committed(ctx, standby, log)
 	if err != nil {
 		return false, err.Error()
 	}
-	tr := &offsets.Translator{Target: target, Replication: conf.cfg.Replication(standby), TimestampMargin: l.cfg.Failover.TimestampMargin}
-	for _, p := range positions {
-		logical, ok := conf.naming.Logical(standby, p.Topic)
-		if !ok || len(p.Fingerprints) == 0 {
-			continue
-		}
-		res, err := tr.Translate(ctx, offsets.TranslateRequest{From: standby, To: primary, Topic: logical, SourceTopic: logical,
-			Partition: p.Partition, Position: p.Commit, Group: l.cfg.Source.Group, Direction: offsets.Backward})
-		if err != nil {
-			return false, err.Error()
-		}
-		if res.Method != offsets.MethodFingerprint {
-			return false, fmt.Sprintf("%s/%d: the last record consumed on %s is not on %s yet", logical, p.Partition, standby, primary)
+	parts, _, terr := l.translate(ctx, x, positions, nil)
+	exact := map[TopicPartition]bool{}
+	for _, ps := range parts {
+		if ps.Method == string(offsets.MethodFingerprint) && ps.Lagged == 0 {
+			exact[TopicPartition{Topic: ps.ToTopic, Partition: ps.Partition}] = true
 		}
 	}
-	return true, ""
+	var behind []string
+	for _, tp := range slices.SortedFunc(maps.Keys(positions), TopicPartition.Compare) {
+		if len(positions[tp].Fingerprints) == 0 {
+			continue // nothing consumed there
+		}
+		s := conf.naming.Stream(standby, tp.Topic)
+		on := conf.naming.PartitionOn(standby, primary, tp)
+		if !exact[on] {
+			behind = append(behind, fmt.Sprintf("%s (%s on %s, written on %s) is not on %s's %s yet", tp, tp.Topic, standby, s.Origin, primary, on))
+		}
+	}
+	l.Metrics.failbackBehind(len(behind))
+	if len(behind) == 0 {
+		return true, ""
+	}
+	why := fmt.Sprintf("%d partitions behind: the last record consumed on %s", len(behind), behind[0])
+	if len(behind) > 1 {
+		why += fmt.Sprintf(", and %d more", len(behind)-1)
+	}
+	if terr != nil {
+		log.Debug("failback check: translation errors", zap.Error(terr))
+	}
+	return false, why
 }
 
 // evict frees the partitions of an agent that gossip declared dead without
@@ -836,19 +854,17 @@ func (d *discovery) partitions(ctx context.Context, conf *dynamic) ([]TopicParti
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: topics of cluster %s: %w", d.cluster, err)
 	}
-	// Topics are chosen by their logical name (their name on the
-	// primary), so a standby's replicas (A.orders) are found by the same
-	// topics and regex as the originals.
+	// Topics are chosen by their logical name, so every physical copy of
+	// a logical topic is found by the same topics and regex: orders and
+	// B.orders on the primary, A.orders and orders on a standby filled
+	// with the prefix policy.
 	want := map[string]bool{}
 	for _, t := range conf.source.Topics {
 		want[t] = false
 	}
 	var out []TopicPartition
 	for _, t := range all {
-		logical, ok := conf.naming.Logical(d.cluster, t)
-		if !ok {
-			continue
-		}
+		logical := conf.naming.Logical(d.cluster, t)
 		_, listed := want[logical]
 		internal := strings.HasPrefix(logical, "__")
 		if !listed && (conf.regex == nil || internal || !conf.regex.MatchString(logical)) {

@@ -17,6 +17,9 @@ type Metrics struct {
 	translation    *prometheus.CounterVec
 	reachable      *prometheus.GaugeVec
 	breakerOpen    prometheus.Gauge
+	behind         prometheus.Gauge
+	late           prometheus.Counter
+	lateBy         prometheus.Gauge
 	// refused is kswitch_refused_values_total, shared with the agent
 	// (internal/refused): kinds pin and history.
 	refused *prometheus.CounterVec
@@ -47,8 +50,21 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		breakerOpen: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kswitch_circuit_breaker_open", Help: "1 while automatic switching is off after too many failed or flapping switches.",
 		}),
+		behind: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kswitch_failback_behind_partitions",
+			Help: "Partitions whose last record consumed on the standby is not on the primary yet, at the last failback check (0: caught up); failback waits while it is above 0.",
+		}),
+		late: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kswitch_late_records_total",
+			Help: "Records of the primary's unmirrored tail counted at failbacks: written before the failover, not on the standby by then, consumed after the primary returned.",
+		}),
+		lateBy: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kswitch_late_records_max_seconds",
+			Help: "At the last failback with an unmirrored tail: from the oldest tail record's timestamp to the end of the failback (an upper bound of its lateness).",
+		}),
 	}
-	reg.MustRegister(m.activeCluster, m.lastSwitch, m.switchDuration, m.switchFailures, m.translation, m.reachable, m.breakerOpen)
+	reg.MustRegister(m.activeCluster, m.lastSwitch, m.switchDuration, m.switchFailures, m.translation, m.reachable, m.breakerOpen,
+		m.behind, m.late, m.lateBy)
 	var err error
 	if m.refused, err = refused.Counter(reg); err != nil {
 		panic(err)
@@ -81,6 +97,13 @@ func (m *Metrics) observe(views AgentViews, a Active) {
 	}
 }
 
+// failbackBehind records the last failback check. m may be nil.
+func (m *Metrics) failbackBehind(n int) {
+	if m != nil {
+		m.behind.Set(float64(n))
+	}
+}
+
 func (m *Metrics) breaker(until time.Time) {
 	if time.Now().Before(until) {
 		m.breakerOpen.Set(1)
@@ -96,6 +119,10 @@ func (m *Metrics) switched(ev SwitchEvent, took time.Duration, err error) {
 	}
 	m.switchDuration.Observe(took.Seconds())
 	m.lastSwitch.Set(float64(ev.Finished.Unix()))
+	if ev.Late > 0 {
+		m.late.Add(float64(ev.Late))
+		m.lateBy.Set(ev.LateBySeconds)
+	}
 }
 
 func (l *Leader) translated(method string) {

@@ -21,7 +21,7 @@ import (
 // prepared is what a planned switch readied before it revoked anything.
 type prepared struct {
 	x *translation
-	// hints are the pre-translated positions, by logical partition: where
+	// hints are the pre-translated positions, by partition on the target: where
 	// the positions committed during the preparation continue on the
 	// target, found by fingerprint.
 	hints map[TopicPartition]*offsets.Hint
@@ -103,7 +103,7 @@ func (l *Leader) prepare(ctx context.Context, t *term, to string, live func() []
 		p.hints = map[TopicPartition]*offsets.Hint{}
 		for _, ps := range parts {
 			if ps.Method == string(offsets.MethodFingerprint) && ps.Lagged == 0 {
-				p.hints[TopicPartition{Topic: ps.Topic, Partition: ps.Partition}] = &offsets.Hint{SourceOffset: ps.FromOffset, TargetOffset: ps.ToOffset}
+				p.hints[TopicPartition{Topic: ps.ToTopic, Partition: ps.Partition}] = &offsets.Hint{SourceOffset: ps.FromOffset, TargetOffset: ps.ToOffset}
 			}
 		}
 	}()

@@ -166,6 +166,7 @@ func (l *Leader) switchTo(ctx context.Context, t *term, to, reason string, auto,
 	}
 	ev.Phases["activate"] = time.Since(ta).Seconds()
 	ev.Finished = time.Now().UTC()
+	l.countLate(ctx, &ev, log)
 	if val, err := json.Marshal(ev); err == nil {
 		hctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
 		if _, err := t.Txn(hctx, nil, clientv3.OpPut(l.keys.HistoryEvent(ev.Epoch), string(val))); err != nil {
@@ -326,50 +327,84 @@ func (l *Leader) unacked(t *term, live []string) []string {
 	return out
 }
 
-// translation is what a switch translates positions with: clients of the
-// target (and of the offset-syncs cluster, when that is another), and the
-// source partitions found on the target. A planned switch opens it before
-// it revokes anything, so that the translation after the revoke runs on
-// connected clients with loaded metadata.
+// translation is what a switch translates positions with: a client of the
+// target, one Translator per MirrorMaker 2 flow between the two clusters,
+// and the source partitions found on the target. A planned switch opens it
+// before it revokes anything, so that the translation after the revoke
+// runs on connected clients with loaded metadata.
+//
+// A physical topic whose origin is `from` (A's orders, going to B's
+// A.orders) is translated forward along the flow into `to`; one whose
+// origin is `to` (A's B.orders, going back to B's orders) backward along
+// the flow into `from`.
 type translation struct {
 	from, to string
+	naming   Naming
 	target   sarama.Client
-	syncs    sarama.Client // when not target: closed with it
-	tr       *offsets.Translator
-	dir      offsets.Direction
+	// fwd translates along the flow into `to`, back along the flow into
+	// `from`.
+	fwd, back *offsets.Translator
+	// source is a client of `from`, opened only when a flow's
+	// offset-syncs live there (in a failover `from` is down, and opening
+	// it costs a connection timeout): at most once, on first use.
+	source *lazyClient
 	// tps are the source partitions on `to`, sorted.
 	tps []TopicPartition
 }
 
-// openTranslation connects to `to` (and the offset-syncs cluster) and lists
-// the source partitions there.
+// lazyClient opens a client on first use and keeps it (or the failure).
+type lazyClient struct {
+	once   sync.Once
+	open   func() (sarama.Client, error)
+	client sarama.Client
+}
+
+func (c *lazyClient) get() sarama.Client {
+	c.once.Do(func() {
+		if cl, err := c.open(); err == nil {
+			c.client = cl
+		}
+	})
+	return c.client
+}
+
+func (c *lazyClient) close() {
+	c.once.Do(func() {}) // no open after close
+	if c.client != nil {
+		_ = c.client.Close()
+	}
+}
+
+// openTranslation connects to `to` and lists the source partitions there.
 func (l *Leader) openTranslation(ctx context.Context, from, to string, log *zap.Logger) (*translation, error) {
 	conf := l.conf()
 	target, err := kafka.NewClientWith(to, conf.clusters[to], kafka.Options{Dialer: l.dialer(to)})
 	if err != nil {
 		return nil, err
 	}
-	x := &translation{from: from, to: to, target: target, dir: offsets.Forward}
+	x := &translation{from: from, to: to, naming: conf.naming, target: target}
+	x.source = &lazyClient{open: func() (sarama.Client, error) {
+		return kafka.NewClientWith(from, conf.clusters[from],
+			kafka.Options{Dialer: l.dialer(from), Timeout: l.cfg.Failover.ProbeTimeout})
+	}}
 	d := &discovery{leader: l, cluster: to, log: log, client: target, def: conf.clusters[to], missing: map[string]bool{}}
 	if x.tps, err = d.partitions(ctx, conf); err != nil {
 		x.close()
 		return nil, err
 	}
-	standby := to
-	if c := conf.clusters[to]; c.Role != "standby" {
-		standby, x.dir = from, offsets.Backward
-	}
-	rep := conf.cfg.Replication(standby)
-	syncs := target
-	if rep.OffsetSyncsCluster != to {
-		syncs = nil
-		if c, err := kafka.NewClientWith(rep.OffsetSyncsCluster, conf.clusters[rep.OffsetSyncsCluster],
-			kafka.Options{Dialer: l.dialer(rep.OffsetSyncsCluster), Timeout: l.cfg.Failover.ProbeTimeout}); err == nil {
-			syncs, x.syncs = c, c
+	flow := func(into string) *offsets.Translator {
+		rep := conf.cfg.Replication(into)
+		tr := &offsets.Translator{Target: target, Replication: rep, TimestampMargin: l.cfg.Failover.TimestampMargin,
+			SyncsCache: new(offsets.SyncsCache)}
+		switch rep.OffsetSyncsCluster {
+		case to:
+			tr.Syncs = target
+		case from:
+			tr.OpenSyncs = x.source.get
 		}
+		return tr
 	}
-	x.tr = &offsets.Translator{Target: target, Syncs: syncs, Replication: rep, TimestampMargin: l.cfg.Failover.TimestampMargin,
-		SyncsCache: new(offsets.SyncsCache)}
+	x.fwd, x.back = flow(to), flow(from)
 	return x, nil
 }
 
@@ -377,14 +412,27 @@ func (x *translation) close() {
 	if x == nil {
 		return
 	}
-	if x.syncs != nil {
-		_ = x.syncs.Close()
-	}
+	x.source.close()
 	_ = x.target.Close()
 }
 
-// committed returns the positions committed on cluster, by logical
-// partition.
+// request returns the translator and the request that translate position
+// pos of stream s from x.from to x.to, where the stream's partition is
+// tp on x.to.
+func (x *translation) request(s Stream, tp TopicPartition, pos offsets.Commit, group string, hint *offsets.Hint) (*offsets.Translator, offsets.TranslateRequest) {
+	req := offsets.TranslateRequest{From: x.from, To: x.to, Topic: tp.Topic, SourceTopic: x.naming.TopicOn(x.from, s),
+		Partition: tp.Partition, Position: pos, Hint: hint}
+	if _, forward := x.naming.Flow(x.from, x.to, s); !forward {
+		req.Direction = offsets.Backward
+		return x.back, req
+	}
+	// Checkpoints are the group's on the flow's target: only forward.
+	req.Direction, req.Group = offsets.Forward, group
+	return x.fwd, req
+}
+
+// committed returns the positions committed on cluster, by physical
+// partition there.
 func (l *Leader) committed(ctx context.Context, cluster string, log *zap.Logger) (map[TopicPartition]offsets.Position, error) {
 	lctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
 	positions, bad, err := l.store.List(lctx, cluster)
@@ -395,19 +443,18 @@ func (l *Leader) committed(ctx context.Context, cluster string, log *zap.Logger)
 	for _, b := range bad {
 		log.Warn("ignoring malformed committed offset", zap.Error(b))
 	}
-	byLogical := map[TopicPartition]offsets.Position{}
+	byPartition := make(map[TopicPartition]offsets.Position, len(positions))
 	for _, p := range positions {
-		if logical, ok := l.conf().naming.Logical(cluster, p.Topic); ok {
-			byLogical[TopicPartition{Topic: logical, Partition: p.Partition}] = p
-		}
+		byPartition[TopicPartition{Topic: p.Topic, Partition: p.Partition}] = p
 	}
-	return byLogical, nil
+	return byPartition, nil
 }
 
-// translate translates every partition of x.tps from its position in
-// positions (by logical partition), starting each fingerprint scan from
-// its hint when there is one. It returns each partition's outcome and the
-// commits to write on x.to; the error joins every partition's failure.
+// translate translates every partition of x.tps from the position of the
+// same stream's partition on x.from in positions, starting each
+// fingerprint scan from its hint (by partition on x.to) when there is one.
+// It returns each partition's outcome and the commits to write on x.to;
+// the error joins every partition's failure.
 func (l *Leader) translate(ctx context.Context, x *translation, positions map[TopicPartition]offsets.Position,
 	hints map[TopicPartition]*offsets.Hint) ([]PartitionSwitch, []offsets.Commit, error) {
 	type result struct {
@@ -418,14 +465,19 @@ func (l *Leader) translate(ctx context.Context, x *translation, positions map[To
 	results := make([]result, len(x.tps))
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 8)
-	naming := l.conf().naming
 	for i, tp := range x.tps {
-		logical, _ := naming.Logical(x.to, tp.Topic)
-		ltp := TopicPartition{Topic: logical, Partition: tp.Partition}
-		pos, ok := positions[ltp]
+		s := x.naming.Stream(x.to, tp.Topic)
+		fromTP := TopicPartition{Topic: x.naming.TopicOn(x.from, s), Partition: tp.Partition}
+		ps := PartitionSwitch{Topic: s.Logical, Origin: s.Origin, FromTopic: fromTP.Topic, ToTopic: tp.Topic, Partition: tp.Partition}
+		pos, ok := positions[fromTP]
 		if !ok {
-			results[i] = result{ps: PartitionSwitch{Topic: logical, Partition: tp.Partition, FromOffset: -1, ToOffset: -1, Method: "none", Rewound: -1,
-				Detail: "no committed position on " + x.from + ": starts at source.initial_offset"}}
+			start := "source.initial_offset"
+			if x.naming.FromStandby(s) {
+				start = "its oldest offset (a topic written on the standby)"
+			}
+			ps.FromOffset, ps.ToOffset, ps.Method, ps.Rewound = -1, -1, "none", -1
+			ps.Detail = "no committed position on " + x.from + ": starts at its committed position on " + x.to + " if any, else at " + start
+			results[i] = result{ps: ps}
 			continue
 		}
 		wg.Add(1)
@@ -433,10 +485,8 @@ func (l *Leader) translate(ctx context.Context, x *translation, positions map[To
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			res, err := x.tr.Translate(ctx, offsets.TranslateRequest{
-				From: x.from, To: x.to, Topic: tp.Topic, SourceTopic: logical, Partition: tp.Partition,
-				Position: pos.Commit, Group: l.cfg.Source.Group, Direction: x.dir, Hint: hints[ltp],
-			})
+			tr, req := x.request(s, tp, pos.Commit, l.cfg.Source.Group, hints[tp])
+			res, err := tr.Translate(ctx, req)
 			if err != nil {
 				results[i] = result{err: err}
 				return
@@ -446,8 +496,9 @@ func (l *Leader) translate(ctx context.Context, x *translation, positions map[To
 			if int64(len(c.Fingerprints)) > c.Offset {
 				c.Fingerprints = c.Fingerprints[int64(len(c.Fingerprints))-c.Offset:]
 			}
-			results[i] = result{commit: &c, ps: PartitionSwitch{Topic: logical, Partition: tp.Partition, FromOffset: pos.Offset,
-				ToOffset: res.Offset, Method: string(res.Method), Rewound: res.Rewound, Lagged: res.Lagged, Detail: res.Detail}}
+			ps.FromOffset, ps.ToOffset, ps.ToEnd = pos.Offset, res.Offset, res.End
+			ps.Method, ps.Rewound, ps.Lagged, ps.Detail = string(res.Method), res.Rewound, res.Lagged, res.Detail
+			results[i] = result{commit: &c, ps: ps}
 		}()
 	}
 	wg.Wait()

@@ -114,6 +114,9 @@ type Translation struct {
 	Lagged int64
 	// Detail says in one line why this method, and what fell back and why.
 	Detail string
+	// End is the target partition's end (high watermark) when it was
+	// translated.
+	End int64
 }
 
 // MethodError is why one method did not give a translation.
@@ -177,6 +180,12 @@ type Translator struct {
 	// offset-syncs topic (Replication.OffsetSyncsCluster); nil if unknown
 	// or unreachable, which disables offset-syncs.
 	Syncs sarama.Client
+	// OpenSyncs, when Syncs is nil, returns the offset-syncs cluster's
+	// client the first time a call needs it (nil if it cannot be opened):
+	// for a cluster that may be down, so that calls that never reach the
+	// mm2 method do not wait for a connection. It must be safe for
+	// concurrent use and return the same client every time.
+	OpenSyncs func() sarama.Client
 	// Replication names MirrorMaker 2's topics: OffsetSyncsTopic (on
 	// Syncs) and CheckpointsTopic (on the replica, so read through Target
 	// in Forward requests). An empty name disables that source.
@@ -313,6 +322,7 @@ func (c *translateCall) run(ctx context.Context) (Translation, error) {
 		return Translation{}, fail
 	}
 	done := func(tr Translation) (Translation, error) {
+		tr.End = c.end
 		for _, m := range fail.Methods {
 			tr.Detail += "; " + string(m.Method) + " failed: " + m.Err.Error()
 		}
@@ -363,8 +373,12 @@ func (c *translateCall) loadSyncs(ctx context.Context) {
 		return
 	}
 	c.syncsRead = true
+	client := c.t.Syncs
+	if client == nil && c.t.OpenSyncs != nil {
+		client = c.t.OpenSyncs()
+	}
 	switch {
-	case c.t.Syncs == nil:
+	case client == nil:
 		c.mm2.syncsErr = errors.New("no client for the offset-syncs cluster")
 		return
 	case c.t.Replication.OffsetSyncsTopic == "":
@@ -382,7 +396,7 @@ func (c *translateCall) loadSyncs(ctx context.Context) {
 	sctx, cancel := stage(ctx, 1.0/3)
 	defer cancel()
 	topic := c.t.Replication.OffsetSyncsTopic
-	if err := mustExist(sctx, c.t.Syncs, topic); err != nil {
+	if err := mustExist(sctx, client, topic); err != nil {
 		c.mm2.syncsErr = err
 		return
 	}
@@ -390,7 +404,7 @@ func (c *translateCall) loadSyncs(ctx context.Context) {
 	if cache == nil {
 		cache = new(SyncsCache)
 	}
-	syncs, skipped, err := cache.read(sctx, c.t.Syncs, topic, upstream, c.req.Partition)
+	syncs, skipped, err := cache.read(sctx, client, topic, upstream, c.req.Partition)
 	if err != nil {
 		c.mm2.syncsErr = fmt.Errorf("read %s: %w", topic, err)
 		return
@@ -1002,4 +1016,32 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// CountBefore reads topic/partition from offset from until offset stop
+// (stop < 0: its end) or the first record whose timestamp is not before
+// `before`, whichever comes first, and returns how many records it read
+// and the first one's timestamp. It reads at most limit records: more
+// says truncated. It counts the records of a replica's tail that were
+// written before a moment, such as the records a primary held at a
+// failover that its replica did not.
+func CountBefore(ctx context.Context, client sarama.Client, topic string, partition int32, from, stop int64, before time.Time, limit int64) (n int64, first time.Time, truncated bool, err error) {
+	if stop >= 0 && from >= stop {
+		return 0, time.Time{}, false, nil
+	}
+	_, err = readPartition(ctx, client, topic, partition, from, func(r fetchedRecord) bool {
+		if (stop >= 0 && r.Offset >= stop) || !r.Timestamp.Before(before) {
+			return false
+		}
+		if n == limit {
+			truncated = true
+			return false
+		}
+		if n == 0 {
+			first = r.Timestamp
+		}
+		n++
+		return true
+	})
+	return n, first, truncated, err
 }

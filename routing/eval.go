@@ -33,6 +33,11 @@ type Env struct {
 	Timestamp time.Time         `expr:"timestamp"`
 	// Cluster is the cluster the record was consumed from.
 	Cluster string `expr:"cluster"`
+	// PhysicalTopic is the topic's name on Cluster (A.orders for a copy
+	// of A's orders on B), and Origin the cluster whose producers wrote
+	// the record (A for both A's orders and B's A.orders).
+	PhysicalTopic string `expr:"physical_topic"`
+	Origin        string `expr:"origin"`
 }
 
 // env builds the environment of r, with only the parts the version's
@@ -40,7 +45,7 @@ type Env struct {
 func (v *Version) env(r *agent.Record) *Env {
 	e := &Env{
 		Topic: cmp.Or(r.SourceTopic, r.Topic), Partition: int(r.Partition), Offset: int(r.Offset),
-		Timestamp: r.Timestamp, Cluster: r.Cluster,
+		Timestamp: r.Timestamp, Cluster: r.Cluster, PhysicalTopic: r.Topic, Origin: cmp.Or(r.Origin, r.Cluster),
 	}
 	if v.needs.key {
 		e.Key = string(r.Key)
@@ -104,8 +109,9 @@ type decision struct {
 	dropRule string
 }
 
-// partitionKey identifies a consumed partition: the key of
-// Version.decisions.
+// partitionKey identifies a consumed partition by its physical topic (a
+// logical topic's copies are told apart by origin and physical_topic):
+// the key of Version.decisions.
 type partitionKey struct {
 	cluster, topic string
 	partition      int32
@@ -120,7 +126,7 @@ func (v *Version) decide(r *agent.Record) (*decision, *Env, error) {
 		d, err := v.route(e)
 		return &d, e, err
 	}
-	k := partitionKey{r.Cluster, cmp.Or(r.SourceTopic, r.Topic), r.Partition}
+	k := partitionKey{r.Cluster, r.Topic, r.Partition}
 	slot := &v.recent[uint32(k.partition)%uint32(len(v.recent))]
 	if kd := slot.Load(); kd != nil && kd.key == k {
 		return kd.d, nil, nil

@@ -294,7 +294,7 @@ func (u *usage) Visit(n *ast.Node) {
 			u.headers = true
 		}
 		switch x.Value {
-		case "topic", "partition", "cluster":
+		case "topic", "partition", "cluster", "physical_topic", "origin":
 		default:
 			if u.inMatch {
 				u.perRecord = true

@@ -145,27 +145,38 @@ type Cluster struct {
 	// SASL authenticates to the brokers.
 	SASL SASL `yaml:"sasl"`
 
-	// The fields below describe how a standby is filled by MirrorMaker 2
-	// (or a replicator that follows its conventions); they matter only on
-	// the standby.
+	// The fields below describe how MirrorMaker 2 (or a replicator that
+	// follows its conventions) fills this cluster with copies of the other
+	// source cluster's topics. On the standby they describe the flow
+	// primary → standby. On the primary they describe the flow back,
+	// standby → primary, which a real data-centre outage needs: producers
+	// that moved to the standby write its own topics, and MirrorMaker 2
+	// copies them to the primary (B's orders as B.orders on A). The
+	// policy is the standby's for both flows; the flow back exists only
+	// with the prefix policy (identity replication both ways would loop).
 
-	// ReplicationPolicy names the source topics on this cluster: "prefix"
+	// ReplicationPolicy names the copies on this cluster: "prefix"
 	// (MirrorMaker 2's default: topic orders of source alias A is A.orders)
-	// or "identity" (IdentityReplicationPolicy: the same name).
-	ReplicationPolicy string `yaml:"replication_policy" help:"standby topic naming: prefix (A.orders) or identity (orders)"`
-	// SourceAlias is the alias MirrorMaker 2 gives the primary, used by the
-	// prefix policy and in the internal topic names. Default: the primary's
-	// name in this file.
-	SourceAlias string `yaml:"source_alias" help:"MirrorMaker 2's alias of the primary (default: the primary's name)"`
-	// OffsetSyncsTopic is MirrorMaker 2's offset-syncs topic. Default
-	// mm2-offset-syncs.<this cluster's name>.internal on the source, or
+	// or "identity" (IdentityReplicationPolicy: the same name, one way
+	// only). Set it on the standby; on the primary it may only repeat
+	// prefix.
+	ReplicationPolicy string `yaml:"replication_policy" help:"topic naming of the copies on this cluster: prefix (A.orders) or identity (orders, one-way only); set on the standby"`
+	// SourceAlias is the alias MirrorMaker 2 gives the cluster this one is
+	// filled from, used by the prefix policy and in the internal topic
+	// names. Default: that cluster's name in this file (on the standby
+	// the primary's, on the primary the standby's).
+	SourceAlias string `yaml:"source_alias" help:"MirrorMaker 2's alias of the cluster copied into this one (default: its name here)"`
+	// OffsetSyncsTopic is MirrorMaker 2's offset-syncs topic of the flow
+	// into this cluster. Default mm2-offset-syncs.<this cluster's
+	// name>.internal on the source of the flow, or
 	// mm2-offset-syncs.<source alias>.internal with OffsetSyncsOn target
 	// (MirrorMaker 2 names it after the cluster at the other end).
-	OffsetSyncsTopic string `yaml:"offset_syncs_topic" help:"MirrorMaker 2 offset-syncs topic (default mm2-offset-syncs.<name>.internal, or mm2-offset-syncs.<source_alias>.internal with offset_syncs_on target)"`
-	// OffsetSyncsOn is the cluster that holds the offset-syncs topic:
-	// "source" (MirrorMaker 2's default) or "target"
-	// (offset-syncs.topic.location=target, readable when the source is down).
-	OffsetSyncsOn string `yaml:"offset_syncs_on" help:"where the offset-syncs topic lives: source or target"`
+	OffsetSyncsTopic string `yaml:"offset_syncs_topic" help:"MirrorMaker 2 offset-syncs topic of the flow into this cluster (default mm2-offset-syncs.<name>.internal, or mm2-offset-syncs.<source_alias>.internal with offset_syncs_on target)"`
+	// OffsetSyncsOn is the cluster that holds the offset-syncs topic of
+	// the flow into this one: "source" (MirrorMaker 2's default) or
+	// "target" (offset-syncs.topic.location=target, readable when the
+	// source is down).
+	OffsetSyncsOn string `yaml:"offset_syncs_on" help:"where the offset-syncs topic of the flow into this cluster lives: source or target"`
 	// CheckpointsTopic is MirrorMaker 2's checkpoints topic on this cluster.
 	// Default <source alias>.checkpoints.internal.
 	CheckpointsTopic string `yaml:"checkpoints_topic" help:"MirrorMaker 2 checkpoints topic (default <source_alias>.checkpoints.internal)"`
@@ -421,50 +432,63 @@ func (c Config) withRole(r Role) (string, Cluster, bool) {
 	return "", Cluster{}, false
 }
 
-// Replication describes how a standby is filled from the primary, with
-// every default resolved.
+// Replication describes one MirrorMaker 2 flow into a cluster, with every
+// default resolved.
 type Replication struct {
+	// From is the cluster the flow copies from; "" when there is none
+	// (the primary of a fleet without a standby, or under the identity
+	// policy, which is one way).
+	From string
 	// Policy is "prefix" or "identity".
 	Policy string
-	// SourceAlias is MirrorMaker 2's alias of the primary.
+	// SourceAlias is MirrorMaker 2's alias of From.
 	SourceAlias string
 	// OffsetSyncsTopic and OffsetSyncsCluster locate the offset-syncs.
 	OffsetSyncsTopic   string
 	OffsetSyncsCluster string
-	// CheckpointsTopic is on the standby.
+	// CheckpointsTopic is on the cluster the flow copies into.
 	CheckpointsTopic string
 }
 
-// Replication returns the replication settings of cluster target (a
-// standby) from the primary, defaults resolved: prefix policy, the
-// primary's name as alias, MirrorMaker 2's default topic names, offset-syncs
-// on the primary.
-func (c Config) Replication(target string) Replication {
+// Replication returns the settings of the flow into cluster into from the
+// other source cluster, defaults resolved: into the standby from the
+// primary; into the primary from the standby (prefix policy only). The
+// policy is the standby's (default prefix), the alias From's name,
+// MirrorMaker 2's default topic names, offset-syncs on From.
+func (c Config) Replication(into string) Replication {
 	primary, _ := c.Primary()
-	t := c.Clusters[target]
+	standby, sb, hasStandby := c.Standby()
+	t := c.Clusters[into]
 	r := Replication{
-		Policy: t.ReplicationPolicy, SourceAlias: t.SourceAlias,
+		Policy: sb.ReplicationPolicy, SourceAlias: t.SourceAlias,
 		OffsetSyncsTopic: t.OffsetSyncsTopic, CheckpointsTopic: t.CheckpointsTopic,
-		OffsetSyncsCluster: primary,
+		From: primary,
 	}
 	if r.Policy == "" {
 		r.Policy = "prefix"
 	}
+	if into == primary {
+		r.From = standby
+		if !hasStandby || r.Policy != "prefix" {
+			return Replication{Policy: r.Policy}
+		}
+	}
+	r.OffsetSyncsCluster = r.From
 	if r.SourceAlias == "" {
-		r.SourceAlias = primary
+		r.SourceAlias = r.From
 	}
 	// MirrorMaker 2 names the topic after the cluster at the other end:
 	// on the source it is mm2-offset-syncs.<target>.internal, with
 	// offset-syncs.topic.location=target it is
 	// mm2-offset-syncs.<source alias>.internal on the target.
 	if t.OffsetSyncsOn == "target" {
-		r.OffsetSyncsCluster = target
+		r.OffsetSyncsCluster = into
 	}
 	if r.OffsetSyncsTopic == "" {
 		if t.OffsetSyncsOn == "target" {
 			r.OffsetSyncsTopic = "mm2-offset-syncs." + r.SourceAlias + ".internal"
 		} else {
-			r.OffsetSyncsTopic = "mm2-offset-syncs." + target + ".internal"
+			r.OffsetSyncsTopic = "mm2-offset-syncs." + into + ".internal"
 		}
 	}
 	if r.CheckpointsTopic == "" {
@@ -473,7 +497,8 @@ func (c Config) Replication(target string) Replication {
 	return r
 }
 
-// RemoteTopic is the name of source topic on the standby target.
+// RemoteTopic is the name on the flow's target of topic, a local topic of
+// r.From.
 func (r Replication) RemoteTopic(topic string) string {
 	if r.Policy == "identity" {
 		return topic

@@ -324,6 +324,16 @@ func TestValidateErrors(t *testing.T) {
 		{"broker with named port", func(c *Config) {
 			c.Clusters["A"] = Cluster{Brokers: []string{"kafka1:kafka"}, Role: RolePrimary}
 		}, []string{`clusters.A.brokers[0]: "kafka1:kafka": port must be a number`}},
+		{"identity on the primary", func(c *Config) {
+			a := c.Clusters["A"]
+			a.ReplicationPolicy = "identity"
+			c.Clusters["A"] = a
+		}, []string{`config: clusters.A.replication_policy: "identity" on the primary: its replication fields describe MirrorMaker 2's copies of the standby's topics on it`}},
+		{"a flow back under the identity policy", func(c *Config) {
+			a, b := c.Clusters["A"], c.Clusters["B"]
+			a.OffsetSyncsOn, b.ReplicationPolicy = "target", "identity"
+			c.Clusters["A"], c.Clusters["B"] = a, b
+		}, []string{"config: clusters.A: replication fields on the primary describe a flow back from the standby, but clusters.B.replication_policy is identity, which is one way"}},
 		{"duplicate primary", func(c *Config) {
 			c.Clusters["B"] = Cluster{Brokers: []string{"b:1"}, Role: RolePrimary}
 		}, []string{`config: clusters.B.role: "primary" is also the role of cluster A; exactly one cluster may be primary (set the other to standby or sink)`}},
@@ -456,13 +466,14 @@ func TestValidateAccepts(t *testing.T) {
 		{"replication fields explicitly default", func(c *Config) {
 			setB(c, func(b *Cluster) { b.ReplicationPolicy, b.OffsetSyncsOn = "prefix", "source" })
 		}},
-		// Validate cannot warn, so replication fields on a cluster that is
-		// not the standby are accepted (and ignored).
+		// The primary's fields describe the flow back from the standby;
+		// Validate cannot warn, so those of a sink are accepted (and
+		// ignored).
 		{"replication fields on the primary and a sink", func(c *Config) {
 			a := c.Clusters["A"]
-			a.ReplicationPolicy, a.SourceAlias, a.OffsetSyncsOn = "identity", "X", "target"
+			a.ReplicationPolicy, a.SourceAlias, a.OffsetSyncsOn = "prefix", "X", "target"
 			c.Clusters["A"] = a
-			c.Clusters["S"] = Cluster{Brokers: []string{"s:1"}, Role: RoleSink, ReplicationPolicy: "prefix", CheckpointsTopic: "X.checkpoints.internal"}
+			c.Clusters["S"] = Cluster{Brokers: []string{"s:1"}, Role: RoleSink, ReplicationPolicy: "identity", CheckpointsTopic: "X.checkpoints.internal"}
 		}},
 		{"no standby with replication fields nowhere", func(c *Config) { delete(c.Clusters, "B") }},
 		{"manual failback", func(c *Config) { c.Failover.Failback = "manual" }},
@@ -864,6 +875,7 @@ func TestIntLeaf(t *testing.T) {
 func TestReplication(t *testing.T) {
 	c := valid(t) // A primary, B standby, no replication fields
 	want := Replication{
+		From:               "A",
 		Policy:             "prefix",
 		SourceAlias:        "A",
 		OffsetSyncsTopic:   "mm2-offset-syncs.B.internal",
@@ -877,11 +889,24 @@ func TestReplication(t *testing.T) {
 	if got := r.RemoteTopic("orders"); got != "A.orders" {
 		t.Errorf("prefix RemoteTopic(orders) = %q, want A.orders", got)
 	}
+	// The flow back, B → A: B's orders is B.orders on A.
+	back := Replication{
+		From:               "B",
+		Policy:             "prefix",
+		SourceAlias:        "B",
+		OffsetSyncsTopic:   "mm2-offset-syncs.A.internal",
+		OffsetSyncsCluster: "B",
+		CheckpointsTopic:   "B.checkpoints.internal",
+	}
+	if r := c.Replication("A"); r != back {
+		t.Errorf("Replication(A) defaults = %+v, want %+v", r, back)
+	}
 
 	// Explicit source alias: the prefix and the checkpoints topic follow it.
 	setB(&c, func(b *Cluster) { b.SourceAlias, b.OffsetSyncsOn = "east", "target" })
 	r = c.Replication("B")
 	want = Replication{
+		From:               "A",
 		Policy:             "prefix",
 		SourceAlias:        "east",
 		OffsetSyncsTopic:   "mm2-offset-syncs.east.internal", // named after the source when on the target
@@ -902,6 +927,7 @@ func TestReplication(t *testing.T) {
 	})
 	r = c.Replication("B")
 	want = Replication{
+		From:               "A",
 		Policy:             "identity",
 		SourceAlias:        "east",
 		OffsetSyncsTopic:   "syncs",
@@ -913,6 +939,10 @@ func TestReplication(t *testing.T) {
 	}
 	if got := r.RemoteTopic("orders"); got != "orders" {
 		t.Errorf("identity RemoteTopic(orders) = %q, want orders", got)
+	}
+	// Identity is one way: nothing flows back into A.
+	if r := c.Replication("A"); r.From != "" {
+		t.Errorf("Replication(A) under identity = %+v, want no flow", r)
 	}
 	if err := c.Validate(); err != nil {
 		t.Error(err)

@@ -187,12 +187,33 @@ func (c *Config) validateClusters(p *problems) {
 	if _, ok := byRole[RolePrimary]; !ok {
 		p.add("clusters", "no cluster has role primary; set role: primary on the cluster consumed from normally")
 	}
+	c.validateFlowBack(p, byRole[RolePrimary], byRole[RoleStandby])
+}
+
+// validateFlowBack checks the primary's replication fields, which describe
+// the flow standby → primary: its policy is the standby's, and it exists
+// only with the prefix policy.
+func (c *Config) validateFlowBack(p *problems, primary, standby string) {
+	if primary == "" {
+		return
+	}
+	pc, path := c.Clusters[primary], "clusters."+primary
+	if pc.ReplicationPolicy != "" && pc.ReplicationPolicy != "prefix" {
+		p.add(path+".replication_policy", "%q on the primary: its replication fields describe MirrorMaker 2's copies of the standby's topics on it (B.orders), which exist only with the prefix policy; set the policy on the standby, and leave this empty or prefix", pc.ReplicationPolicy)
+		return
+	}
+	if standby == "" || c.Clusters[standby].ReplicationPolicy != "identity" {
+		return
+	}
+	if pc.ReplicationPolicy != "" || pc.SourceAlias != "" || pc.OffsetSyncsTopic != "" || pc.OffsetSyncsOn != "" || pc.CheckpointsTopic != "" {
+		p.add(path, "replication fields on the primary describe a flow back from the standby, but clusters.%s.replication_policy is identity, which is one way (identity copies both ways would loop); remove them, or use the prefix policy", standby)
+	}
 }
 
 // validateReplication checks the MirrorMaker 2 fields of a cluster. They
-// matter only on the standby, but are checked on every cluster: they are
-// accepted (not refused) on another role, as Validate cannot warn, and a
-// bad value is wrong wherever it is.
+// matter on the standby and the primary, but are checked on every
+// cluster: they are accepted (not refused) on a sink, as Validate cannot
+// warn, and a bad value is wrong wherever it is.
 func validateReplication(p *problems, path string, cl Cluster) {
 	switch cl.ReplicationPolicy {
 	case "", "prefix", "identity":
@@ -205,7 +226,7 @@ func validateReplication(p *problems, path string, cl Cluster) {
 		p.add(path+".offset_syncs_on", "%q is not one of source, target (where MirrorMaker 2's offset-syncs.topic.location puts the topic); leave it empty for source", cl.OffsetSyncsOn)
 	}
 	if cl.SourceAlias != "" && !validTopicName(cl.SourceAlias) {
-		p.add(path+".source_alias", "%q is not usable in Kafka topic names (letters, digits, '.', '_' and '-'); write MirrorMaker 2's alias of the primary cluster, or leave it empty for the primary's name", cl.SourceAlias)
+		p.add(path+".source_alias", "%q is not usable in Kafka topic names (letters, digits, '.', '_' and '-'); write MirrorMaker 2's alias of the cluster copied into this one, or leave it empty for its name", cl.SourceAlias)
 	}
 	for _, t := range []struct{ field, value, def string }{
 		{"offset_syncs_topic", cl.OffsetSyncsTopic, "mm2-offset-syncs.<name>.internal"},

@@ -43,6 +43,13 @@ type Mirror struct {
 
 	copied atomic.Int64
 
+	// held is set between Hold and Release; roundMu is held by the loop
+	// for each round, so Hold can wait for the one under way; released
+	// wakes a held loop.
+	held     atomic.Bool
+	roundMu  sync.Mutex
+	released chan struct{}
+
 	// progress is closed, and replaced, whenever a partition's published
 	// position moves (see partition.pos).
 	progressMu sync.Mutex
@@ -99,6 +106,7 @@ func Start(ctx context.Context, cfg Config) (*Mirror, error) {
 		topics:   cfg.Topics,
 		done:     make(chan struct{}),
 		progress: make(chan struct{}),
+		released: make(chan struct{}, 1),
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	m.cancel = cancel
@@ -204,6 +212,26 @@ func (m *Mirror) Stop() {
 		m.dialer.closeAll()
 	})
 	<-m.done
+}
+
+// Hold stops copying until Release, as a replicator that falls behind
+// does: records the source takes meanwhile are not on the target. It
+// returns once the round under way (at most one fetch's wait, or a
+// request's timeout while a cluster hangs) has ended; records fetched and
+// not yet written stay unwritten until Release.
+func (m *Mirror) Hold() {
+	m.held.Store(true)
+	m.roundMu.Lock()
+	defer m.roundMu.Unlock()
+}
+
+// Release lets a held mirror copy again, from where it stopped.
+func (m *Mirror) Release() {
+	m.held.Store(false)
+	select {
+	case m.released <- struct{}{}:
+	default:
+	}
 }
 
 // Done is closed when the mirror has stopped, by Stop or because the
@@ -327,7 +355,20 @@ func (m *Mirror) run(ctx context.Context) {
 	}()
 	backoff := m.cfg.RetryBackoff
 	for {
+		for m.held.Load() {
+			select {
+			case <-ctx.Done():
+				return
+			case <-m.released:
+			}
+		}
+		m.roundMu.Lock()
+		if m.held.Load() { // held since the check: Hold may have returned
+			m.roundMu.Unlock()
+			continue
+		}
 		err := m.round(ctx)
+		m.roundMu.Unlock()
 		if ctx.Err() != nil {
 			return
 		}

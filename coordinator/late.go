@@ -1,0 +1,133 @@
+package coordinator
+
+import (
+	"context"
+	"time"
+
+	"github.com/IBM/sarama"
+	"go.uber.org/zap"
+
+	"github.com/kswitch/kswitch/internal/kafka"
+	"github.com/kswitch/kswitch/offsets"
+)
+
+// In a real data-centre outage the primary dies holding records that
+// MirrorMaker 2 had not copied to the standby yet: its unmirrored tail. The
+// fleet on the standby cannot see them; they are delivered late, never
+// lost: once the primary returns, either the replicator copies them to the
+// standby while the fleet still consumes there, or the failback's
+// translation (by the fingerprints of the last records consumed on the
+// standby) continues on the primary just before them. A failback counts
+// them, so that operators know how many records came late and how late.
+
+// lateLimit bounds the records read per partition to count the tail; a
+// larger tail is reported as at least this.
+const lateLimit = 1 << 20
+
+// lateTimeout bounds the whole count, which runs after the failback is
+// active (the fleet consumes meanwhile) and delays only its history entry.
+const lateTimeout = 10 * time.Second
+
+// countLate fills in ev's unmirrored tail when ev is a failback (standby →
+// primary) that ends the failover recorded just before it: for each of the
+// primary's own partitions, the records written before that failover
+// began that the standby did not hold at it, consumed after the primary
+// returned. They are the records of the standby's copy past its end at
+// the failover (copied late) up to where the fleet stopped there, and
+// those of the primary's topic from the failback's position on, both
+// while their timestamps are before the failover's start.
+func (l *Leader) countLate(ctx context.Context, ev *SwitchEvent, log *zap.Logger) {
+	conf := l.conf()
+	if ev.To != conf.primary || ev.From == "" || ev.From == ev.To {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, lateTimeout)
+	defer cancel()
+	prev, ok := l.readEvent(ctx, ev.Epoch-1)
+	if !ok || prev.From != ev.To || prev.To != ev.From || prev.Abandoned != "" {
+		return
+	}
+	// At the failover, per partition of the standby's copy: its end, and
+	// how many records the fleet had consumed on the primary past it
+	// (lagged: counted there as delivered again, not late).
+	type atFailover struct{ end, lagged int64 }
+	failover := map[TopicPartition]atFailover{}
+	for _, ps := range prev.Partitions {
+		if ps.Origin == ev.To && ps.Method != "none" {
+			failover[TopicPartition{Topic: ps.ToTopic, Partition: ps.Partition}] = atFailover{ps.ToEnd, ps.Lagged}
+		}
+	}
+	open := func(cluster string) sarama.Client {
+		c, err := kafka.NewClientWith(cluster, conf.clusters[cluster], kafka.Options{Dialer: l.dialer(cluster)})
+		if err != nil {
+			log.Warn("cannot count the unmirrored tail", zap.String("cluster", cluster), zap.Error(err))
+			return nil
+		}
+		return c
+	}
+	primary, standby := open(ev.To), open(ev.From)
+	for _, c := range []sarama.Client{primary, standby} {
+		if c != nil {
+			defer c.Close()
+		}
+	}
+	before := prev.Started
+	var oldest time.Time
+	for i := range ev.Partitions {
+		ps := &ev.Partitions[i]
+		if ps.Origin != ev.To || ps.Method == "none" {
+			continue
+		}
+		var n int64
+		count := func(c sarama.Client, topic string, from, stop int64) {
+			if c == nil || from < 0 {
+				return
+			}
+			k, first, cut, err := offsets.CountBefore(ctx, c, topic, ps.Partition, from, stop, before, lateLimit)
+			if err != nil {
+				log.Warn("cannot count the unmirrored tail", zap.String("topic", topic), zap.Int32("partition", ps.Partition), zap.Error(err))
+			}
+			if cut {
+				log.Warn("unmirrored tail larger than counted", zap.String("topic", topic), zap.Int32("partition", ps.Partition), zap.Int64("counted", k))
+			}
+			if k > 0 {
+				n += k
+				if ps.LateOldest.IsZero() || first.Before(ps.LateOldest) {
+					ps.LateOldest = first
+				}
+			}
+		}
+		at, ok := failover[TopicPartition{Topic: ps.FromTopic, Partition: ps.Partition}]
+		if ok {
+			count(standby, ps.FromTopic, at.end, ps.FromOffset) // copied after the failover, consumed on the standby
+		}
+		count(primary, ps.ToTopic, ps.ToOffset, -1) // consumed from the primary after this switch
+		// Both counts begin with the records the fleet had consumed
+		// before the failover that the standby lacked (its lagged ones).
+		ps.Late = max(0, n-at.lagged)
+		if ps.Late == 0 {
+			ps.LateOldest = time.Time{}
+		}
+		ev.Late += ps.Late
+		if ps.Late > 0 && (oldest.IsZero() || ps.LateOldest.Before(oldest)) {
+			oldest = ps.LateOldest
+		}
+	}
+	if ev.Late > 0 {
+		ev.LateBySeconds = ev.Finished.Sub(oldest).Seconds()
+		log.Info("the primary's unmirrored tail: records written before the failover that the standby did not hold, consumed after the primary returned",
+			zap.Int64("late_records", ev.Late), zap.Time("oldest", oldest), zap.Float64("late_by_seconds_at_most", ev.LateBySeconds))
+	}
+}
+
+// readEvent reads history/<epoch>.
+func (l *Leader) readEvent(ctx context.Context, epoch int64) (SwitchEvent, bool) {
+	rctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
+	defer cancel()
+	resp, err := l.etcd.Get(rctx, l.keys.HistoryEvent(epoch))
+	if err != nil || len(resp.Kvs) == 0 {
+		return SwitchEvent{}, false
+	}
+	ev, err := ParseSwitchEvent(resp.Kvs[0].Value)
+	return ev, err == nil
+}
