@@ -28,11 +28,11 @@ type Record struct {
 	// (A for A.orders on B, B for B.orders on A).
 	Origin    string
 	Partition int32
-	Offset      int64
-	Key         []byte
-	Value       []byte
-	Headers     []Header
-	Timestamp   time.Time
+	Offset    int64
+	Key       []byte
+	Value     []byte
+	Headers   []Header
+	Timestamp time.Time
 	// Generation is the assignment generation under which the agent
 	// consumes this partition.
 	Generation int64
