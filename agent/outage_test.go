@@ -1,0 +1,390 @@
+package agent_test
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kswitch/kswitch/agent"
+	"github.com/kswitch/kswitch/coordinator"
+	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/internal/mirror"
+	"github.com/kswitch/kswitch/internal/testenv"
+	"github.com/kswitch/kswitch/internal/wait"
+)
+
+// A real data-centre outage: A is gone for everyone, so its producers move
+// to B and write B's own orders; MirrorMaker 2 runs both ways with its
+// default naming (A's orders is A.orders on B, B's orders is B.orders on
+// A). The fleet consumes every physical copy of orders on the active
+// cluster: 4 partitions of each of two topics.
+const outagePartitions = 2 * failoverPartitions
+
+// twoWay is A and B, each with its own orders, and the mirrors A → B and
+// B → A, with offsets that differ on every copy (fillers).
+type twoWay struct {
+	etcd   *testenv.Etcd
+	a, b   *testenv.Kafka
+	ab, ba *mirror.Mirror
+}
+
+func startTwoWay(t *testing.T) *twoWay {
+	t.Helper()
+	topics := map[string]int32{"orders": failoverPartitions}
+	d := &twoWay{
+		etcd: testenv.StartEtcdT(t),
+		a:    testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: topics}),
+		b:    testenv.StartKafkaT(t, "B", testenv.KafkaOptions{Topics: topics}),
+	}
+	start := func(src, dst *testenv.Kafka, prefill int) *mirror.Mirror {
+		from := src.Name()
+		m, err := mirror.Start(context.Background(), mirror.Config{
+			Source: src.Brokers(), Target: dst.Brokers(), SourceName: from, TargetName: dst.Name(),
+			Topics: []string{"orders"}, RemoteTopic: func(t string) string { return from + "." + t },
+			TargetPrefill:    prefill,
+			OffsetSyncsTopic: "mm2-offset-syncs." + from + ".internal", OffsetSyncsOnTarget: true,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(m.Stop)
+		return m
+	}
+	d.ab, d.ba = start(d.a, d.b, 17), start(d.b, d.a, 5)
+	return d
+}
+
+func (d *twoWay) config(id string) config.Config {
+	cfg := (&dc{etcd: d.etcd, a: d.a, b: d.b}).config(id)
+	// Both flows keep their offset-syncs on their target (readable while
+	// the source is down).
+	cfg.Clusters["A"] = config.Cluster{Brokers: d.a.Brokers(), Role: config.RolePrimary, OffsetSyncsOn: "target"}
+	return cfg
+}
+
+// skipFillers acknowledges the mirrors' filler records without handing
+// them to h: they are no producer's records.
+func skipFillers(h agent.Handler) agent.Handler {
+	return agent.HandlerFunc(func(ctx context.Context, r *agent.Record) error {
+		for _, hd := range r.Headers {
+			if string(hd.Key) == mirror.FillerHeader {
+				r.Ack()
+				return nil
+			}
+		}
+		return h.Handle(ctx, r)
+	})
+}
+
+// waitOwning waits until the agents consume cluster and own, together,
+// every partition of both physical topics.
+func waitOwning(t *testing.T, timeout time.Duration, cluster string, agents ...*agent.Agent) {
+	t.Helper()
+	wait.For(t, timeout, fmt.Sprintf("the fleet consumes %d partitions of %s", outagePartitions, cluster), func() error {
+		total := 0
+		for _, a := range agents {
+			st := a.Status()
+			if st.Active != cluster {
+				return fmt.Errorf("%s consumes %q", a.ID(), st.Active)
+			}
+			total += len(st.Owned)
+		}
+		if total != outagePartitions {
+			return fmt.Errorf("%d of %d partitions owned", total, outagePartitions)
+		}
+		return nil
+	})
+}
+
+// waitProduced waits until p has written n more records than when called.
+func waitProduced(t *testing.T, p *producer, n int64, what string) {
+	t.Helper()
+	from := p.next.Load()
+	wait.For(t, 20*time.Second, what, func() error {
+		if got := p.next.Load() - from; got < n {
+			return fmt.Errorf("%d of %d written", got, n)
+		}
+		return nil
+	})
+}
+
+// written returns every producer record on the clusters' local topics.
+func (d *twoWay) written(t *testing.T) map[string]bool {
+	ids := idsOn(t, d.a, "orders")
+	maps.Copy(ids, idsOn(t, d.b, "orders"))
+	return ids
+}
+
+// TestOutageProducersMoveAndMirrorBothWays: A dies for everyone while the
+// mirror A → B lags behind (its unmirrored tail: records A acknowledged
+// but had not copied to B); the producers move to B; the fleet fails over
+// to B and consumes A.orders and B's own orders; A returns, the producers
+// move back, and the fleet fails back only once A's B.orders holds what it
+// consumed from B's orders (the failback gate says why it waits). Every
+// acknowledged record is handled, A's tail after the failback, and the
+// failback counts the tail exactly.
+func TestOutageProducersMoveAndMirrorBothWays(t *testing.T) {
+	d := startTwoWay(t)
+	cli := testenv.EtcdClientT(t, d.etcd)
+	l := newLedger()
+	var agents []*agent.Agent
+	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
+		agents = append(agents, startConsumer(t, d.config(id), skipFillers(l.handler(id))))
+	}
+	waitOwning(t, 20*time.Second, "A", agents...)
+	pa := startProducer(t, d.a.Brokers(), "orders", 0)
+	waitProduced(t, pa, 300, "records written to A")
+
+	// The mirror A → B falls behind while the fleet has consumed no
+	// further than B holds (paused), so that what A takes from now on is
+	// its unmirrored tail and nobody consumed it before A died.
+	put := func(key, val string) int64 {
+		t.Helper()
+		resp, err := cli.Put(context.Background(), key, val)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Header.Revision
+	}
+	waitAllPaused(t, put(fleetKeys.FleetSignal(), "pause"), agents...)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	if err := d.ab.CaughtUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	d.ab.Hold()
+	waitProduced(t, pa, 200, "the unmirrored tail written to A")
+
+	cfg := d.config("x")
+	d.a.Fail()
+	pa.halt()
+	onB := idsOn(t, d.b, "A.orders")
+	var tail []string
+	for i := range pa.next.Load() {
+		if id := fmt.Sprint(i); !onB[id] {
+			tail = append(tail, id)
+		}
+	}
+	t.Logf("A failed after writing %d records, %d of them not on B (the unmirrored tail)", pa.next.Load(), len(tail))
+	if len(tail) < 200 {
+		t.Fatalf("the tail is %d records; the set-up wrote 200 after the mirror stopped", len(tail))
+	}
+	put(fleetKeys.FleetSignal(), "start")
+
+	// The producers move to B.
+	pb := startProducer(t, d.b.Brokers(), "orders", 1_000_000)
+	waitOwning(t, cfg.Failover.FailureWindow+10*time.Second, "B", agents...)
+	waitProduced(t, pb, 300, "records written to B")
+	waitAllHandled(t, l, onB, 20*time.Second)
+	wait.For(t, 20*time.Second, "B's own records handled", func() error {
+		if l.timesHandled("1000200") == 0 {
+			return fmt.Errorf("record 1000200 not handled")
+		}
+		return nil
+	})
+
+	// A returns, but the flow back B → A is behind: the fleet stays on B
+	// and the leader says why.
+	d.ba.Hold()
+	d.a.Recover()
+	pb.halt()
+	pa2 := startProducer(t, d.a.Brokers(), "orders", 2_000_000)
+	leader := leaderOf(t, agents...)
+	wait.For(t, cfg.Failover.FailbackStable+20*time.Second, "the leader waiting for B.orders on A", func() error {
+		st := leader.Status().Coordinator
+		if st == nil || !strings.Contains(st.Verdict, "not caught up") || !strings.Contains(st.Verdict, "B.orders") {
+			return fmt.Errorf("verdict %+v", st)
+		}
+		return nil
+	})
+	t.Logf("leader: %s", leader.Status().Coordinator.Verdict)
+	if c, err := activeOf2(agents...); err != nil || c != "B" {
+		t.Fatalf("the fleet left B before A held B's records: %s %v", c, err)
+	}
+	d.ba.Release()
+	waitOwning(t, 20*time.Second, "A", agents...)
+	waitProduced(t, pa2, 300, "records written to A after it returned")
+	pa2.halt()
+	// The mirror A → B catches up again: the next outage finds B whole.
+	d.ab.Release()
+
+	all := d.written(t)
+	waitAllHandled(t, l, all, 30*time.Second)
+	evs := readHistory(t, cli)
+	logEvents(t, evs)
+	if len(evs) != 2 {
+		t.Fatalf("history has %d switches, want the failover and the failback", len(evs))
+	}
+	failover, failback := evs[0], evs[1]
+	for _, ev := range evs {
+		for _, ps := range ev.Partitions {
+			t.Logf("epoch %d %s/%d (from %s): %s %d → %s %d by %s, lagged %d, late %d", ev.Epoch, ps.Topic, ps.Partition, ps.Origin,
+				ps.FromTopic, ps.FromOffset, ps.ToTopic, ps.ToOffset, ps.Method, ps.Lagged, ps.Late)
+		}
+	}
+	// Every stream moves: A's orders to B's A.orders, and on the way
+	// back B's orders to A's B.orders and B's A.orders to A's orders,
+	// each by fingerprint.
+	if n := len(failover.Partitions); n != outagePartitions {
+		t.Errorf("the failover moved %d partitions, want %d", n, outagePartitions)
+	}
+	for _, ps := range failback.Partitions {
+		want := map[string][2]string{"A": {"A.orders", "orders"}, "B": {"orders", "B.orders"}}[ps.Origin]
+		if ps.FromTopic != want[0] || ps.ToTopic != want[1] || ps.Method != "fingerprint" {
+			t.Errorf("failback of %s/%d from %s: %s → %s by %s, want %s → %s by fingerprint",
+				ps.Topic, ps.Partition, ps.Origin, ps.FromTopic, ps.ToTopic, ps.Method, want[0], want[1])
+		}
+	}
+	if failback.Late != int64(len(tail)) {
+		t.Errorf("the failback counted %d late records, want the %d of A's unmirrored tail", failback.Late, len(tail))
+	}
+	t.Logf("%d records written (%d to A before it failed, %d to B, %d to A after), 0 lost, %d duplicates; late %d, by at most %.1fs",
+		len(all), pa.next.Load(), pb.next.Load()-1_000_000, pa2.next.Load()-2_000_000, l.duplicates(), failback.Late, failback.LateBySeconds)
+	if dups, lagged := l.duplicates(), lagged(evs); int64(dups) > lagged {
+		t.Errorf("%d duplicates, more than the %d records the replicas lagged by", dups, lagged)
+	}
+	l.check(t)
+}
+
+// TestOutageLeaderKilledMidSwitchThenASecondOutage: the same outage, with
+// the leader killed in the middle of the failover, and A failing again
+// right after the failback, when the fleet's positions in B's records are
+// on A's B.orders and must go back to B's orders.
+func TestOutageLeaderKilledMidSwitchThenASecondOutage(t *testing.T) {
+	d := startTwoWay(t)
+	cli := testenv.EtcdClientT(t, d.etcd)
+	l := newLedger()
+	gates := map[string]*gate{}
+	var agents []*agent.Agent
+	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
+		g := &gate{}
+		gates[id] = g
+		agents = append(agents, startConsumer(t, d.config(id), skipFillers(g.handler(l, id))))
+	}
+	waitOwning(t, 20*time.Second, "A", agents...)
+	cfg := d.config("x")
+	pa := startProducer(t, d.a.Brokers(), "orders", 0)
+	waitProduced(t, pa, 300, "records written to A")
+
+	// Outage 1, with the sinks stalled so the switch waits in its revoke,
+	// and the leader killed there.
+	leader := leaderOf(t, agents...)
+	rest := slices.DeleteFunc(slices.Clone(agents), func(a *agent.Agent) bool { return a == leader })
+	stallAll(t, gates)
+	d.a.Fail()
+	pa.halt()
+	pb := startProducer(t, d.b.Brokers(), "orders", 1_000_000)
+	switching := waitSwitching(t, cli, cfg.Failover.FailureWindow)
+	t.Logf("switch under way: %+v; killing the leader %s", switching, leader.ID())
+	aborted := make(chan struct{})
+	go func() {
+		defer close(aborted)
+		leader.Abort()
+	}()
+	wait.For(t, 5*time.Second, "the leader down", func() error {
+		if _, _, err := readyz(leader); err == nil {
+			return fmt.Errorf("%s still answers", leader.ID())
+		}
+		return nil
+	})
+	held := gates[leader.ID()].open()
+	<-aborted
+	for _, a := range rest {
+		gates[a.ID()].open()
+	}
+	waitOwning(t, cfg.Etcd.SessionTTL+cfg.Failover.FailureWindow+10*time.Second, "B", rest...)
+	waitProduced(t, pb, 200, "records written to B")
+
+	// A returns, the producers move back, the fleet fails back.
+	d.a.Recover()
+	pb.halt()
+	pa2 := startProducer(t, d.a.Brokers(), "orders", 2_000_000)
+	waitOwning(t, cfg.Failover.FailbackStable+20*time.Second, "A", rest...)
+	waitProduced(t, pa2, 100, "records written to A after it returned")
+
+	// Outage 2, right after the failback: the positions of B's records
+	// are on A's B.orders now, and go back to B's orders.
+	d.a.Fail()
+	pa2.halt()
+	pb2 := startProducer(t, d.b.Brokers(), "orders", 3_000_000)
+	waitOwning(t, cfg.Failover.FailureWindow+10*time.Second, "B", rest...)
+	waitProduced(t, pb2, 200, "records written to B in the second outage")
+	d.a.Recover()
+	pb2.halt()
+	pa3 := startProducer(t, d.a.Brokers(), "orders", 4_000_000)
+	waitOwning(t, cfg.Failover.FailbackStable+20*time.Second, "A", rest...)
+	waitProduced(t, pa3, 100, "records written to A after the second outage")
+	pa3.halt()
+
+	all := d.written(t)
+	waitAllHandled(t, l, all, 30*time.Second)
+	evs := readHistory(t, cli)
+	logEvents(t, evs)
+	if len(evs) != 4 {
+		t.Fatalf("history has %d switches, want two failovers and two failbacks", len(evs))
+	}
+	if !strings.Contains(evs[0].Reason, "resumed by") {
+		t.Errorf("the first failover (%q) was not resumed by a new leader", evs[0].Reason)
+	}
+	// The second failover takes B's records back from A's B.orders to
+	// B's orders, against the flow B → A.
+	for _, ps := range evs[2].Partitions {
+		if ps.Origin == "B" && (ps.FromTopic != "B.orders" || ps.ToTopic != "orders" || ps.Method == "none") {
+			t.Errorf("second failover of %s/%d from B: %s → %s by %s, want B.orders → orders translated", ps.Topic, ps.Partition, ps.FromTopic, ps.ToTopic, ps.Method)
+		}
+	}
+	_, dups, dupFirst := l.result(0)
+	t.Logf("%d records written over two outages, 0 lost, %d duplicates (first handled by %v); the killed leader held %d unacknowledged, the replicas lagged by %d",
+		len(all), dups, dupFirst, held, lagged(evs))
+	if int64(dups) > int64(held)+lagged(evs) {
+		t.Errorf("%d duplicates, more than the %d records the killed leader held and the %d the replicas lagged by", dups, held, lagged(evs))
+	}
+	l.check(t)
+}
+
+// lagged sums what the switches' targets lacked of what the fleet had
+// consumed: records delivered again once the replicator copies them.
+func lagged(evs []coordinator.SwitchEvent) int64 {
+	var n int64
+	for _, ev := range evs {
+		for _, ps := range ev.Partitions {
+			n += ps.Lagged
+		}
+	}
+	return n
+}
+
+// activeOf2 is activeOf for the two physical topics of an outage.
+func activeOf2(agents ...*agent.Agent) (string, error) {
+	cluster, total := "", 0
+	for _, a := range agents {
+		st := a.Status()
+		if cluster != "" && st.Active != cluster {
+			return "", fmt.Errorf("%s consumes %s, others %s", a.ID(), st.Active, cluster)
+		}
+		cluster = st.Active
+		total += len(st.Owned)
+	}
+	if total != outagePartitions {
+		return cluster, fmt.Errorf("%d of %d partitions owned", total, outagePartitions)
+	}
+	return cluster, nil
+}
+
+// waitAllPaused waits until every agent obeys the signals at revision rev:
+// nothing paused is handed on any more.
+func waitAllPaused(t *testing.T, rev int64, agents ...*agent.Agent) {
+	t.Helper()
+	wait.For(t, 10*time.Second, "every agent paused", func() error {
+		for _, a := range agents {
+			if a.SignalsApplied() < rev {
+				return fmt.Errorf("%s obeys revision %d, the pause is %d", a.ID(), a.SignalsApplied(), rev)
+			}
+		}
+		return nil
+	})
+}
