@@ -202,6 +202,17 @@ func TestOutageProducersMoveAndMirrorBothWays(t *testing.T) {
 		return nil
 	})
 	t.Logf("leader: %s", leader.Status().Coordinator.Verdict)
+	// Operators see it too: kswitch status (from etcd alone) and a metric.
+	wait.For(t, 10*time.Second, "the wait in kswitch status and the metric", func() error {
+		out := kswitch(t, "status", "--etcd", strings.Join(d.etcd.Endpoints(), ","), "--fleet", "orders")
+		if !strings.Contains(out, "failback: waiting:") || !strings.Contains(out, "B.orders") {
+			return fmt.Errorf("kswitch status says:\n%s", out)
+		}
+		if n, ok := metricValue(leader, "kswitch_failback_behind_partitions", nil); !ok || n != failoverPartitions {
+			return fmt.Errorf("kswitch_failback_behind_partitions %v (%v), want %d", n, ok, failoverPartitions)
+		}
+		return nil
+	})
 	if c, err := activeOf2(agents...); err != nil || c != "B" {
 		t.Fatalf("the fleet left B before A held B's records: %s %v", c, err)
 	}
@@ -241,6 +252,9 @@ func TestOutageProducersMoveAndMirrorBothWays(t *testing.T) {
 	}
 	if failback.Late != int64(len(tail)) {
 		t.Errorf("the failback counted %d late records, want the %d of A's unmirrored tail", failback.Late, len(tail))
+	}
+	if n, ok := metricValue(leader, "kswitch_late_records_total", nil); !ok || n != float64(len(tail)) {
+		t.Errorf("kswitch_late_records_total %v (%v), want %d", n, ok, len(tail))
 	}
 	t.Logf("%d records written (%d to A before it failed, %d to B, %d to A after), 0 lost, %d duplicates; late %d, by at most %.1fs",
 		len(all), pa.next.Load(), pb.next.Load()-1_000_000, pa2.next.Load()-2_000_000, l.duplicates(), failback.Late, failback.LateBySeconds)

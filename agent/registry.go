@@ -216,6 +216,9 @@ type FleetView struct {
 	// Config is the dynamic configuration version in force and the
 	// leader's last refusal.
 	Config dynconfig.State `json:"config"`
+	// Failback is the leader's last failback check while the fleet is
+	// on the standby (nil otherwise): why it does not fail back yet.
+	Failback *coordinator.FailbackCheck `json:"failback,omitempty"`
 }
 
 // PartitionView is one partition of a FleetView.
@@ -265,6 +268,15 @@ func ReadFleet(ctx context.Context, c *clientv3.Client, fleet string) (FleetView
 			v.Refused = append(v.Refused, err.Error())
 		} else {
 			v.Active = &a
+		}
+	}
+	if resp, err := c.Get(ctx, k.Failback()); err != nil {
+		return v, fmt.Errorf("agent: read %s: %w", k.Failback(), err)
+	} else if len(resp.Kvs) > 0 && v.Active != nil {
+		if fb, err := coordinator.ParseFailbackCheck(resp.Kvs[0].Value); err != nil {
+			v.Refused = append(v.Refused, err.Error())
+		} else if fb.Standby == v.Active.Cluster && fb.Epoch == v.Active.Epoch && v.Active.Phase == coordinator.PhaseActive {
+			v.Failback = &fb
 		}
 	}
 	resp, err := c.Get(ctx, k.Assignment())

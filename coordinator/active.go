@@ -49,6 +49,35 @@ func ParseActive(val []byte) (Active, error) {
 	return a, nil
 }
 
+// FailbackCheck is the value of state/failback: the leader's last check
+// of whether the primary holds everything the fleet consumed on the
+// standby (the failback gate), written when its outcome changes.
+type FailbackCheck struct {
+	// Standby and Epoch are the active cluster and epoch checked: the
+	// value is stale once the fleet is elsewhere.
+	Standby string `json:"standby"`
+	Epoch   int64  `json:"epoch"`
+	// CaughtUp is the outcome; Reason says why not, Behind counts the
+	// partitions behind.
+	CaughtUp bool      `json:"caught_up"`
+	Reason   string    `json:"reason,omitempty"`
+	Behind   int       `json:"behind"`
+	Checked  time.Time `json:"checked"`
+	Leader   string    `json:"leader"`
+}
+
+// ParseFailbackCheck decodes a state/failback value.
+func ParseFailbackCheck(val []byte) (FailbackCheck, error) {
+	var c FailbackCheck
+	if len(val) > 64<<10 {
+		return c, fmt.Errorf("coordinator: state/failback is %d bytes, over the 64 KiB limit", len(val))
+	}
+	if err := json.Unmarshal(val, &c); err != nil {
+		return c, fmt.Errorf("coordinator: state/failback is not valid JSON: %w", err)
+	}
+	return c, nil
+}
+
 // SwitchEvent is one entry of history/: a cluster switch as it happened.
 type SwitchEvent struct {
 	Epoch    int64     `json:"epoch"`

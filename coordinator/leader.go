@@ -651,16 +651,37 @@ func (l *Leader) publishTerm(ctx context.Context, t *term, a Assignment) error {
 // reason names the partitions behind, and kswitch_failback_behind_partitions
 // counts them.
 func (l *Leader) caughtUp(ctx context.Context, t *term, log *zap.Logger) (bool, string) {
+	ok, why, behind := l.checkCaughtUp(ctx, t, log)
+	l.Metrics.failbackBehind(behind)
+	c := FailbackCheck{Standby: t.active.Cluster, Epoch: t.active.Epoch, CaughtUp: ok, Reason: why, Behind: behind}
+	if last := t.failback; last == nil || last.Standby != c.Standby || last.Epoch != c.Epoch || last.CaughtUp != ok || last.Reason != why {
+		c.Checked, c.Leader = time.Now().UTC(), t.ID
+		if val, err := json.Marshal(c); err == nil {
+			wctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
+			if _, err := t.Txn(wctx, nil, clientv3.OpPut(l.keys.Failback(), string(val))); err != nil {
+				log.Debug("cannot record the failback check in state/failback", zap.Error(err))
+			} else {
+				t.failback = &c
+			}
+			cancel()
+		}
+	}
+	return ok, why
+}
+
+// checkCaughtUp is caughtUp's check; behind is -1 when it could not be
+// made.
+func (l *Leader) checkCaughtUp(ctx context.Context, t *term, log *zap.Logger) (bool, string, int) {
 	conf := l.conf()
 	primary, standby := conf.primary, t.active.Cluster
 	x, err := l.openTranslation(ctx, standby, primary, log)
 	if err != nil {
-		return false, err.Error()
+		return false, err.Error(), -1
 	}
 	defer x.close()
 	positions, err := l.committed(ctx, standby, log)
 	if err != nil {
-		return false, err.Error()
+		return false, err.Error(), -1
 	}
 	parts, _, terr := l.translate(ctx, x, positions, nil)
 	exact := map[TopicPartition]bool{}
@@ -680,9 +701,8 @@ func (l *Leader) caughtUp(ctx context.Context, t *term, log *zap.Logger) (bool, 
 			behind = append(behind, fmt.Sprintf("%s (%s on %s, written on %s) is not on %s's %s yet", tp, tp.Topic, standby, s.Origin, primary, on))
 		}
 	}
-	l.Metrics.failbackBehind(len(behind))
 	if len(behind) == 0 {
-		return true, ""
+		return true, "", 0
 	}
 	why := fmt.Sprintf("%d partitions behind: the last record consumed on %s", len(behind), behind[0])
 	if len(behind) > 1 {
@@ -691,7 +711,7 @@ func (l *Leader) caughtUp(ctx context.Context, t *term, log *zap.Logger) (bool, 
 	if terr != nil {
 		log.Debug("failback check: translation errors", zap.Error(terr))
 	}
-	return false, why
+	return false, why, len(behind)
 }
 
 // evict frees the partitions of an agent that gossip declared dead without

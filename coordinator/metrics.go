@@ -99,7 +99,7 @@ func (m *Metrics) observe(views AgentViews, a Active) {
 
 // failbackBehind records the last failback check. m may be nil.
 func (m *Metrics) failbackBehind(n int) {
-	if m != nil {
+	if m != nil && n >= 0 {
 		m.behind.Set(float64(n))
 	}
 }

@@ -32,6 +32,9 @@ type term struct {
 	// listed by its translation: the first assignment there needs no
 	// discovery round.
 	found []TopicPartition
+	// failback is the failback check this term last wrote to
+	// state/failback.
+	failback *FailbackCheck
 }
 
 // writeActive publishes a, fenced by the term and the revision it replaces.

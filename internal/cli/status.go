@@ -224,7 +224,15 @@ func printFleet(w io.Writer, v agent.FleetView, now time.Time) {
 	if cv := v.Config.Version; cv.Number > 0 {
 		config = fmt.Sprintf("version %d, accepted %s (changed: %s)", cv.Number, cv.At.Format(time.RFC3339), strings.Join(cv.Changed, ", "))
 	}
-	fmt.Fprintf(w, "fleet:   %s\nleader:  %s\nactive:  %s\nconfig:  %s\nagents:  %d\n\n", v.Fleet, leader, active, config, len(v.Agents))
+	fmt.Fprintf(w, "fleet:   %s\nleader:  %s\nactive:  %s\n", v.Fleet, leader, active)
+	if fb := v.Failback; fb != nil {
+		state := "the primary holds everything consumed here"
+		if !fb.CaughtUp {
+			state = "waiting: " + fb.Reason
+		}
+		fmt.Fprintf(w, "failback: %s (checked %s)\n", state, fb.Checked.Format(time.RFC3339))
+	}
+	fmt.Fprintf(w, "config:  %s\nagents:  %d\n\n", config, len(v.Agents))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "AGENT\tLEADER\tHTTP\tGOSSIP\tVERSION\tAGE")
 	for _, a := range v.Agents {

@@ -78,6 +78,11 @@ func (f Fleet) Active() string { return f.State() + "active" }
 // Assignment is the key of the partition assignment.
 func (f Fleet) Assignment() string { return f.State() + "assignment" }
 
+// Failback holds the leader's last failback check while the fleet is on
+// the standby: whether the primary holds what was consumed there, and why
+// not.
+func (f Fleet) Failback() string { return f.State() + "failback" }
+
 // Acks is the prefix of the per-agent generation acknowledgements.
 func (f Fleet) Acks() string { return f.prefix + "acks/" }
 
