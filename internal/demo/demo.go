@@ -1,13 +1,17 @@
 // Package demo runs kswitch's live demonstration in one process: an
-// embedded etcd; Kafka clusters A, B and C (kfake), with the in-process
-// mirror keeping B a replica of A; a producer writing numbered records to
-// A; and a fleet of agents, each run as 'kswitch agent' runs it (see
-// internal/member), routing every record to a channel on C. A scripted
-// story is narrated as a timeline: a pause and start through an etcd key,
-// cluster A failing for the fleet (failover to B with translated
-// offsets), an agent killed, A returning (failback). The summary is read
-// from C, as a consumer downstream would see it: every record delivered,
-// lost or duplicated, and how long deliveries stopped at each event.
+// embedded etcd; Kafka clusters A, B and C (kfake), with in-process
+// mirrors both ways as MirrorMaker 2 runs them for a real data-centre
+// outage (A's orders is A.orders on B, B's orders is B.orders on A); a
+// producer writing numbered records to A, which moves to B while A is
+// down and back when it returns; and a fleet of agents, each run as
+// 'kswitch agent' runs it (see internal/member), routing every record to
+// a channel on C. A scripted story is narrated as a timeline: a pause and
+// start through an etcd key, A's data centre failing for everyone with an
+// unmirrored tail (failover to B with translated offsets), an agent
+// killed, A returning (failback, the tail delivered late). The summary is
+// read from C, as a consumer downstream would see it: every record of
+// each producer delivered, lost or duplicated, and how long deliveries
+// stopped at each event.
 package demo
 
 import (
@@ -29,7 +33,6 @@ import (
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/internal/config"
-	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/internal/keys"
 	"github.com/kswitch/kswitch/internal/member"
 	"github.com/kswitch/kswitch/internal/mirror"
@@ -56,21 +59,33 @@ type Options struct {
 
 const (
 	fleet      = "demo"
-	topic      = "orders"     // on A; A.orders on B
+	topic      = "orders"     // on A and on B; A.orders on B and B.orders on A are the mirrors' copies
 	partitions = 6            // of orders, and of outTopic on C
 	channel    = "out"        // the routing channel on C
 	outTopic   = "orders-out" // its topic
+	// fromB numbers the records the producer writes to B while A is
+	// down, so that C shows which producer wrote each.
+	fromB = 1_000_000
 )
 
 // Summary is the demo's result, read from C.
 type Summary struct {
-	// Produced is the number of records A acknowledged to the producer.
-	Produced int
+	// Produced is the number of records A and B acknowledged to the
+	// producer; ProducedA and ProducedB split it by cluster, and
+	// DeliveredA and DeliveredB count those of each on C.
+	Produced               int
+	ProducedA, ProducedB   int
+	DeliveredA, DeliveredB int
+	// Late is A's unmirrored tail, as the failback counted it: records A
+	// took before it failed that B did not have, consumed after A
+	// returned; LateBy is how late at most.
+	Late   int64
+	LateBy time.Duration
 	// Delivered is how many of them are on C; OnC counts every record on
 	// C, duplicates included.
 	Delivered, OnC int
-	// Lost is Produced - Delivered: records A acknowledged that never
-	// reached C. Duplicated is OnC - Delivered.
+	// Lost is Produced - Delivered: records A or B acknowledged that
+	// never reached C. Duplicated is OnC - Delivered.
 	Lost, Duplicated int
 	// PauseApply is from the pause signal's write to the last record to
 	// reach C before deliveries stopped.
@@ -117,7 +132,7 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	}
 	err = errors.Join(err, serr)
 	if err == nil && sum.Lost > 0 {
-		err = fmt.Errorf("demo: %d records lost: A acknowledged them and they never reached C", sum.Lost)
+		err = fmt.Errorf("demo: %d records lost: A or B acknowledged them and they never reached C", sum.Lost)
 	}
 	if err == nil && o.KeepRunning {
 		d.keepRunning(ctx)
@@ -135,23 +150,24 @@ type demo struct {
 	dir     string
 	etcd    *testenv.Etcd
 	a, b, c *testenv.Kafka
-	mirror  *mirror.Mirror
+	ab, ba  *mirror.Mirror // A → B and B → A
 	cli     *clientv3.Client
 	fleet   []*fleetMember // live members, in start order
-	prod    *producer
+	prod    *producer      // the producer's current stint
+	stints  []*producer    // its stints before, stopped
 	c2      *reader
 
 	// Measured by the story, from C's arrivals.
 	pauseApply, failover, failback time.Duration
+	late                           int64
+	lateBy                         time.Duration
 	// shown is the epoch of the last switch printed.
 	shown int64
 }
 
-// fleetMember is one agent with its router, and the link its connections
-// to A go through (cut to make A fail for the fleet).
+// fleetMember is one agent with its router.
 type fleetMember struct {
-	m    *member.Member
-	link *testenv.Link
+	m *member.Member
 }
 
 func (f *fleetMember) agent() *agent.Agent { return f.m.Agent() }
@@ -174,23 +190,35 @@ func (d *demo) setUp(ctx context.Context) error {
 	if d.a, err = testenv.StartKafka("A", testenv.KafkaOptions{DataDir: d.dir + "/A", Topics: map[string]int32{topic: partitions}}); err != nil {
 		return fmt.Errorf("demo: start Kafka A: %w", err)
 	}
-	if d.b, err = testenv.StartKafka("B", testenv.KafkaOptions{DataDir: d.dir + "/B"}); err != nil {
+	if d.b, err = testenv.StartKafka("B", testenv.KafkaOptions{DataDir: d.dir + "/B", Topics: map[string]int32{topic: partitions}}); err != nil {
 		return fmt.Errorf("demo: start Kafka B: %w", err)
 	}
 	if d.c, err = testenv.StartKafka("C", testenv.KafkaOptions{DataDir: d.dir + "/C", Topics: map[string]int32{outTopic: partitions}}); err != nil {
 		return fmt.Errorf("demo: start Kafka C: %w", err)
 	}
-	d.say("etcd %s; Kafka A %s (topic %s, %d partitions), B %s, C %s (topic %s)",
-		d.etcd.Endpoints()[0], d.a.Brokers()[0], topic, partitions, d.b.Brokers()[0], d.c.Brokers()[0], outTopic)
-	if d.mirror, err = mirror.Start(ctx, mirror.Config{
-		Source: d.a.Brokers(), Target: d.b.Brokers(), SourceName: "A", TargetName: "B",
-		Topics: []string{topic}, RemoteTopic: func(t string) string { return "A." + t },
-		TargetPrefill: 100, OffsetSyncsTopic: "mm2-offset-syncs.A.internal", OffsetSyncsOnTarget: true,
-		Logger: d.o.Logger.Named("mirror"),
-	}); err != nil {
-		return fmt.Errorf("demo: start the mirror: %w", err)
+	d.say("etcd %s; Kafka A %s and B %s (topic %s on each, %d partitions), C %s (topic %s)",
+		d.etcd.Endpoints()[0], d.a.Brokers()[0], d.b.Brokers()[0], topic, partitions, d.c.Brokers()[0], outTopic)
+	mirrorOf := func(src, dst *testenv.Kafka, prefill int) (*mirror.Mirror, error) {
+		from := src.Name()
+		m, err := mirror.Start(ctx, mirror.Config{
+			Source: src.Brokers(), Target: dst.Brokers(), SourceName: from, TargetName: dst.Name(),
+			Topics: []string{topic}, RemoteTopic: func(t string) string { return from + "." + t },
+			TargetPrefill: prefill, OffsetSyncsTopic: "mm2-offset-syncs." + from + ".internal", OffsetSyncsOnTarget: true,
+			Logger: d.o.Logger.Named("mirror-" + from),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("demo: start the mirror %s → %s: %w", from, dst.Name(), err)
+		}
+		return m, nil
 	}
-	d.say("mirror A → B, like MirrorMaker 2: A's %s is A.%s on B, whose offsets run 100 ahead", topic, topic)
+	if d.ab, err = mirrorOf(d.a, d.b, 100); err != nil {
+		return err
+	}
+	if d.ba, err = mirrorOf(d.b, d.a, 50); err != nil {
+		return err
+	}
+	d.say("mirrors both ways, like MirrorMaker 2 for a data-centre outage: A's %s is A.%s on B (offsets 100 ahead), B's %s is B.%s on A (50 ahead); the fleet consumes both copies on the active cluster",
+		topic, topic, topic, topic)
 	if d.c2, err = startReader(d.c.Brokers(), outTopic, partitions); err != nil {
 		return err
 	}
@@ -202,9 +230,25 @@ func (d *demo) setUp(ctx context.Context) error {
 			return err
 		}
 	}
-	d.prod = startProducer(d.a.Brokers(), d.o.Rate, 0)
+	d.prod = startProducer("A", d.a.Brokers(), d.o.Rate, 0)
 	d.say("producer: %d records/s to A, numbered from 0", d.o.Rate)
 	return nil
+}
+
+// moveProducer stops the producer's stint and starts the next on cluster
+// k, numbered from `from`.
+func (d *demo) moveProducer(k *testenv.Kafka, from int64) {
+	d.prod.stop()
+	d.stints = append(d.stints, d.prod)
+	d.prod = startProducer(k.Name(), k.Brokers(), d.o.Rate, from)
+}
+
+// producers returns every stint of the producer.
+func (d *demo) producers() []*producer {
+	if d.prod == nil {
+		return d.stints
+	}
+	return append(slices.Clone(d.stints), d.prod)
 }
 
 // config is the configuration of agent id.
@@ -218,7 +262,9 @@ func (d *demo) config(id string) config.Config {
 	cfg.Etcd.SessionTTL = 2 * time.Second
 	cfg.Etcd.RequestTimeout = time.Second
 	cfg.Clusters = map[string]config.Cluster{
-		"A": {Brokers: d.a.Brokers(), Role: config.RolePrimary},
+		// Both flows keep their offset-syncs on their target, readable
+		// while the source is down.
+		"A": {Brokers: d.a.Brokers(), Role: config.RolePrimary, OffsetSyncsOn: "target"},
 		"B": {Brokers: d.b.Brokers(), Role: config.RoleStandby, OffsetSyncsOn: "target"},
 		"C": {Brokers: d.c.Brokers(), Role: config.RoleSink},
 	}
@@ -239,18 +285,11 @@ func (d *demo) config(id string) config.Config {
 }
 
 func (d *demo) startMember(ctx context.Context, id string) error {
-	link := testenv.NewLink()
-	m, err := member.New(d.config(id), agent.Options{Logger: d.o.Logger.Named(id),
-		KafkaDialer: func(cluster string) kafka.Dialer {
-			if cluster == "A" {
-				return link
-			}
-			return nil // not a nil *Link: that would be a non-nil Dialer
-		}})
+	m, err := member.New(d.config(id), agent.Options{Logger: d.o.Logger.Named(id)})
 	if err != nil {
 		return err
 	}
-	f := &fleetMember{m: m, link: link}
+	f := &fleetMember{m: m}
 	if err := m.Start(ctx); err != nil {
 		return err
 	}
@@ -295,17 +334,18 @@ func (d *demo) leader() *agent.Agent {
 }
 
 // consuming reports whether every live agent applied an assignment on
-// cluster, all partitions are owned, and each agent has its share.
+// cluster, all partitions of both copies of the topic are owned, and
+// each agent has its share.
 func (d *demo) consuming(cluster string) bool {
 	n := 0
 	for _, f := range d.fleet {
 		st := f.agent().Status()
-		if st.Active != cluster || len(st.Owned) < partitions/len(d.fleet) {
+		if st.Active != cluster || len(st.Owned) < 2*partitions/len(d.fleet) {
 			return false
 		}
 		n += len(st.Owned)
 	}
-	return n == partitions
+	return n == 2*partitions
 }
 
 func (d *demo) story(ctx context.Context) error {
@@ -328,7 +368,9 @@ func (d *demo) story(ctx context.Context) error {
 	d.say("steady: %d records written to A, %d on C, %.0f/s reaching C",
 		d.prod.count(), d.c2.count(), float64(d.c2.count()-onC)/time.Since(began).Seconds())
 
-	// 2. Pause and start through the signal key.
+	// 2. Pause through the signal key. While the fleet is paused, the
+	// mirror A → B falls behind: what A takes now is its unmirrored tail,
+	// which nobody has consumed (the pause makes sure of that).
 	d.say("an operator pauses the fleet:  %s put %s pause", etcdctl, k.FleetSignal())
 	paused := time.Now()
 	if _, err := d.cli.Put(ctx, k.FleetSignal(), "pause # demo"); err != nil {
@@ -344,40 +386,30 @@ func (d *demo) story(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
+	d.ab.Hold()
 	written := d.prod.count()
+	d.say("meanwhile the mirror A → B falls behind (as MirrorMaker 2 does under load): what A takes from now on is not on B")
 	if err := d.sleep(ctx, d.phase/2); err != nil {
 		return err
 	}
-	started := time.Now()
-	last, ok := d.c2.last(paused, started)
-	if ok {
+	if last, ok := d.c2.last(paused, time.Now()); ok {
 		d.pauseApply = last.Sub(paused)
-		d.say("paused: the last record reached C %v after the put", d.pauseApply.Round(time.Millisecond))
+		d.say("paused: the last record reached C %v after the put; then nothing, while A received %d more",
+			d.pauseApply.Round(time.Millisecond), d.prod.count()-written)
 	} else {
-		d.say("paused: no record reached C after the put")
-	}
-	d.say("then nothing for %v, while A received %d more", started.Sub(paused.Add(d.pauseApply)).Round(100*time.Millisecond), d.prod.count()-written)
-	d.say("and starts it again:           %s put %s start", etcdctl, k.FleetSignal())
-	if _, err := d.cli.Put(ctx, k.FleetSignal(), "start"); err != nil {
-		return fmt.Errorf("demo: write the start signal: %w", err)
-	}
-	var resumed time.Time
-	if err := d.await(ctx, 5*time.Second, "records reach C again", func() bool {
-		resumed, ok = d.c2.first(started, "")
-		return ok
-	}); err != nil {
-		return err
-	}
-	d.say("records reach C again %v after the put", resumed.Sub(started).Round(time.Millisecond))
-	if err := d.sleep(ctx, d.phase/2); err != nil {
-		return err
+		d.say("paused: no record reached C after the put, while A received %d more", d.prod.count()-written)
 	}
 
-	// 3. Cluster A fails for the fleet.
-	d.say("cluster A fails for the fleet: every connection from the agents to A is cut (the producer and the mirror, next to A, keep going)")
+	// 3. A's data centre fails for everyone: the agents, the producer,
+	// the mirrors. The producer moves to B.
+	d.say("cluster A's data centre fails: A refuses every connection, from the agents, the producer and both mirrors")
 	failed := time.Now()
-	for _, f := range d.fleet {
-		f.link.Cut()
+	d.a.Fail()
+	d.moveProducer(d.b, fromB)
+	d.say("the producer moves to B: %d records/s to B's own %s, numbered from %d", d.o.Rate, topic, fromB)
+	d.say("and the operator starts the fleet again: %s put %s start", etcdctl, k.FleetSignal())
+	if _, err := d.cli.Put(ctx, k.FleetSignal(), "start"); err != nil {
+		return fmt.Errorf("demo: write the start signal: %w", err)
 	}
 	quorum, failing := len(d.fleet)/2+1, 0
 	if err := d.await(ctx, 10*time.Second, "A's failure detected", func() bool {
@@ -393,14 +425,15 @@ func (d *demo) story(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	d.say("detected: the probes of %d of %d agents fail to reach A (%v after the cut); the leader's verdict waits for the failure window, 1.5s",
+	d.say("detected: the probes of %d of %d agents fail to reach A (%v after it failed); the leader's verdict waits for the failure window, 1.5s",
 		failing, len(d.fleet), time.Since(failed).Round(time.Millisecond))
 	if err := d.await(ctx, 20*time.Second, "the fleet consumes B", func() bool { return d.consuming("B") }); err != nil {
 		return err
 	}
-	d.say("failover: every agent consumes B %v after A failed", time.Since(failed).Round(time.Millisecond))
+	d.say("failover: every agent consumes B (A.%s and B's own %s) %v after A failed", topic, topic, time.Since(failed).Round(time.Millisecond))
 	d.printSwitch(ctx, "B")
 	var fromB time.Time
+	var ok bool
 	if err := d.await(ctx, 10*time.Second, "a record consumed from B reaches C", func() bool {
 		fromB, ok = d.c2.first(failed, "B")
 		return ok
@@ -436,20 +469,25 @@ func (d *demo) story(ctx context.Context) error {
 	}
 	d.say("its partitions moved in %v (gossip found it dead, or its 2s etcd session expired): %s", time.Since(killed).Round(time.Millisecond), strings.Join(moved, ", "))
 
-	// 5. A comes back.
+	// 5. A comes back with its data, the unmirrored tail included. The
+	// producer moves back; the mirrors catch up.
 	if err := d.sleep(ctx, d.phase/2); err != nil {
 		return err
 	}
-	d.say("cluster A is reachable again; failback waits until A has been healthy for 3s and has caught up with what was consumed from B")
 	back := time.Now()
-	for _, f := range d.fleet {
-		f.link.Heal()
-	}
+	d.a.Recover()
+	d.ab.Release()
+	d.moveProducer(d.a, d.stints[0].next())
+	d.say("cluster A is back with its data; the producer moves back to A; the mirrors copy A's tail to B and B's records to B.%s on A", topic)
+	d.say("failback waits until A has been healthy for 3s and holds everything consumed on B, B's own records included (B.%s on A)", topic)
 	if err := d.await(ctx, 60*time.Second, "failback to A", func() bool { return d.consuming("A") }); err != nil {
 		return err
 	}
-	d.say("failback: every agent consumes A again %v after A came back", time.Since(back).Round(time.Millisecond))
-	d.printSwitch(ctx, "A")
+	d.say("failback: every agent consumes A (%s and B.%s) again %v after A came back", topic, topic, time.Since(back).Round(time.Millisecond))
+	ev := d.printSwitch(ctx, "A")
+	d.late, d.lateBy = ev.Late, time.Duration(ev.LateBySeconds*float64(time.Second))
+	d.say("A's unmirrored tail: %d records A took before it failed and B did not have, delivered late (by at most %v), not lost",
+		d.late, d.lateBy.Round(100*time.Millisecond))
 	var fromA time.Time
 	if err := d.await(ctx, 10*time.Second, "a record consumed from A reaches C", func() bool {
 		fromA, ok = d.c2.first(back, "A")
@@ -466,8 +504,12 @@ func (d *demo) story(ctx context.Context) error {
 		return err
 	}
 	d.prod.stop()
-	d.say("producer stopped after %d records; waiting for C to have them all", d.prod.count())
-	if err := d.await(ctx, 30*time.Second, "every record on C", func() bool { return d.c2.hasAll(d.prod.ids()) }); err != nil {
+	var ids []int64
+	for _, p := range d.producers() {
+		ids = append(ids, p.ids()...)
+	}
+	d.say("producer stopped after %d records (A and B); waiting for C to have them all", len(ids))
+	if err := d.await(ctx, 30*time.Second, "every record on C", func() bool { return d.c2.hasAll(ids) }); err != nil {
 		d.say("%v", err) // the summary says which are missing
 	}
 	return nil
@@ -485,7 +527,7 @@ func owned(a *agent.Agent) string {
 // printSwitch shows the switch to cluster to from history/: it waits for
 // the latest event to be a switch to to, newer than the last one shown.
 // The leader may write it a little after the agents consume to.
-func (d *demo) printSwitch(ctx context.Context, to string) {
+func (d *demo) printSwitch(ctx context.Context, to string) coordinator.SwitchEvent {
 	var ev coordinator.SwitchEvent
 	err := d.await(ctx, 10*time.Second, "the switch to "+to+" in history/", func() bool {
 		resp, err := d.cli.Get(ctx, keys.New(fleet).SwitchHistory(), clientv3.WithLastKey()...)
@@ -496,20 +538,27 @@ func (d *demo) printSwitch(ctx context.Context, to string) {
 	})
 	if err != nil {
 		d.say("    (%v)", err)
-		return
+		return coordinator.SwitchEvent{}
 	}
 	d.shown = ev.Epoch
 	d.say("    switch %s → %s (epoch %d): %s; revoke %.0f ms, translate %.0f ms", ev.From, ev.To, ev.Epoch, ev.Reason,
 		1000*ev.Phases["revoke"], 1000*ev.Phases["translate"])
 	for _, p := range ev.Partitions {
-		d.say("      %s/%d: offset %d on %s → %d on %s by %s (rewound %d)", p.Topic, p.Partition, p.FromOffset, ev.From, p.ToOffset, ev.To, p.Method, p.Rewound)
+		if p.Method == "none" {
+			d.say("      %s/%d written on %s: nothing consumed from %s's %s yet; %s's %s from its start", p.Topic, p.Partition, p.Origin,
+				ev.From, p.FromTopic, ev.To, p.ToTopic)
+			continue
+		}
+		d.say("      %s/%d written on %s: %s's %s offset %d → %s's %s offset %d by %s (rewound %d)", p.Topic, p.Partition, p.Origin,
+			ev.From, p.FromTopic, p.FromOffset, ev.To, p.ToTopic, p.ToOffset, p.Method, p.Rewound)
 	}
+	return ev
 }
 
 // summarize reads C to the end of every partition and counts what
-// reached it of what A acknowledged.
+// reached it of what A and B acknowledged.
 func (d *demo) summarize(ctx context.Context) (Summary, error) {
-	s := Summary{PauseApply: d.pauseApply, Failover: d.failover, Failback: d.failback}
+	s := Summary{PauseApply: d.pauseApply, Failover: d.failover, Failback: d.failback, Late: d.late, LateBy: d.lateBy}
 	if d.prod == nil || d.c2 == nil {
 		return s, nil
 	}
@@ -522,13 +571,22 @@ func (d *demo) summarize(ctx context.Context) (Summary, error) {
 		return s, err
 	}
 	seen := d.c2.counts()
-	ids := d.prod.ids()
-	s.Produced = len(ids)
-	for _, id := range ids {
-		if seen[id] > 0 {
-			s.Delivered++
+	for _, p := range d.producers() {
+		for _, id := range p.ids() {
+			delivered := 0
+			if seen[id] > 0 {
+				delivered = 1
+			}
+			if p.cluster == "B" {
+				s.ProducedB++
+				s.DeliveredB += delivered
+			} else {
+				s.ProducedA++
+				s.DeliveredA += delivered
+			}
 		}
 	}
+	s.Produced, s.Delivered = s.ProducedA+s.ProducedB, s.DeliveredA+s.DeliveredB
 	for _, n := range seen {
 		s.OnC += n
 	}
@@ -541,10 +599,13 @@ func (d *demo) summarize(ctx context.Context) (Summary, error) {
 func (d *demo) printSummary(s Summary) {
 	fmt.Fprintln(d.o.Out)
 	tw := tabwriter.NewWriter(d.o.Out, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "records written to A (acknowledged)\t%d\n", s.Produced)
-	fmt.Fprintf(tw, "delivered to C (read back from C)\t%d\n", s.Delivered)
+	fmt.Fprintf(tw, "records written to A (acknowledged)\t%d\n", s.ProducedA)
+	fmt.Fprintf(tw, "  of which delivered to C (read back from C)\t%d\n", s.DeliveredA)
+	fmt.Fprintf(tw, "records written to B during the outage\t%d\n", s.ProducedB)
+	fmt.Fprintf(tw, "  of which delivered to C\t%d\n", s.DeliveredB)
 	fmt.Fprintf(tw, "lost\t%d\n", s.Lost)
 	fmt.Fprintf(tw, "duplicated\t%d\n", s.Duplicated)
+	fmt.Fprintf(tw, "late: A's unmirrored tail, delivered after A returned\t%d (by at most %v)\n", s.Late, s.LateBy.Round(100*time.Millisecond))
 	if s.PauseApply > 0 {
 		fmt.Fprintf(tw, "pause applied (put → last record on C)\t%v\n", s.PauseApply.Round(time.Millisecond))
 	} else {
@@ -554,7 +615,8 @@ func (d *demo) printSummary(s Summary) {
 	fmt.Fprintf(tw, "failback (A back → first record from A on C)\t%s\n", measured(s.Failback))
 	tw.Flush()
 	if s.Duplicated > 0 {
-		fmt.Fprintln(d.o.Out, "(duplicates: delivery is at least once; a killed agent's last records reached C before their offsets were committed, and its partitions' next owners delivered them again)")
+		fmt.Fprintln(d.o.Out, "(duplicates: delivery is at least once; a killed agent's last records reached C before their offsets were committed, and its partitions' next owners delivered them again;"+
+			" records the fleet took from A just before it failed that B did not have (the failover's lagged) are delivered again after A returns)")
 	}
 }
 
@@ -569,7 +631,7 @@ func measured(t time.Duration) string {
 
 // keepRunning writes again and prints what to try, until ctx ends.
 func (d *demo) keepRunning(ctx context.Context) {
-	d.prod = startProducer(d.a.Brokers(), d.o.Rate, d.prod.next())
+	d.moveProducer(d.a, d.prod.next())
 	k := keys.New(fleet)
 	etcdctl := "etcdctl --endpoints " + d.etcd.Endpoints()[0]
 	out := d.o.Out
@@ -612,8 +674,10 @@ func (d *demo) close() {
 	if d.c2 != nil {
 		d.c2.stop()
 	}
-	if d.mirror != nil {
-		d.mirror.Stop()
+	for _, m := range []*mirror.Mirror{d.ab, d.ba} {
+		if m != nil {
+			m.Stop()
+		}
 	}
 	if d.cli != nil {
 		d.cli.Close()

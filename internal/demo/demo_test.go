@@ -83,11 +83,16 @@ func TestDemo(t *testing.T) {
 		"put /kswitch/demo/signals/fleet pause",
 		"paused: ",
 		"put /kswitch/demo/signals/fleet start",
+		"the mirror A → B falls behind",
+		"cluster A's data centre fails",
+		"the producer moves to B",
 		"detected: the probes of ",
 		"switch A → B (epoch ",
+		"written on B: ",
 		"the first record consumed from B reached C",
 		"is killed (no clean stop)",
 		"switch B → A (epoch ",
+		"A's unmirrored tail: ",
 		"the first record consumed from A again reached C",
 		"read C back: every partition of orders-out to its end",
 	} {
@@ -114,6 +119,14 @@ func TestDemo(t *testing.T) {
 	}
 	if s.Lost != 0 || s.Delivered != s.Produced {
 		t.Errorf("%d of %d records A acknowledged were read back from C (%d lost)", s.Delivered, s.Produced, s.Lost)
+	}
+	// The outage's story: the producer wrote to B while A was down, and
+	// A returned with records B never had.
+	if s.ProducedB == 0 || s.DeliveredB != s.ProducedB {
+		t.Errorf("%d of the %d records written to B during the outage were read back from C", s.DeliveredB, s.ProducedB)
+	}
+	if s.Late == 0 {
+		t.Error("the failback counted no unmirrored tail, though A took records while the mirror A → B was held")
 	}
 	if s.OnC != s.Delivered+s.Duplicated {
 		t.Errorf("C holds %d records, %d distinct and %d duplicates", s.OnC, s.Delivered, s.Duplicated)

@@ -8,10 +8,12 @@ import (
 	"github.com/IBM/sarama"
 )
 
-// producer writes numbered records (key and value: the number) to A at a
-// steady rate, retrying while A is unreachable, and remembers which
-// numbers A acknowledged. It owns one goroutine, ended by stop.
+// producer writes numbered records (key and value: the number) to the
+// topic on one cluster at a steady rate, retrying while the cluster is
+// unreachable, and remembers which numbers it acknowledged. It owns one
+// goroutine, ended by stop.
 type producer struct {
+	cluster string
 	mu    sync.Mutex
 	acked []int64
 	after int64 // the number after the last acknowledged
@@ -20,9 +22,9 @@ type producer struct {
 	once  sync.Once
 }
 
-// startProducer writes from number from on.
-func startProducer(brokers []string, rate int, from int64) *producer {
-	p := &producer{quit: make(chan struct{}), done: make(chan struct{}), after: from}
+// startProducer writes to cluster from number from on.
+func startProducer(cluster string, brokers []string, rate int, from int64) *producer {
+	p := &producer{cluster: cluster, quit: make(chan struct{}), done: make(chan struct{}), after: from}
 	go func() {
 		defer close(p.done)
 		p.run(brokers, rate, from)
@@ -82,21 +84,21 @@ func (p *producer) stop() {
 	<-p.done
 }
 
-// count returns how many records A acknowledged.
+// count returns how many records the cluster acknowledged.
 func (p *producer) count() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.acked)
 }
 
-// ids returns the numbers A acknowledged.
+// ids returns the numbers the cluster acknowledged.
 func (p *producer) ids() []int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return append([]int64(nil), p.acked...)
 }
 
-// next returns the number after the last one A acknowledged.
+// next returns the number after the last one the cluster acknowledged.
 func (p *producer) next() int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
