@@ -14,12 +14,12 @@ import (
 // goroutine, ended by stop.
 type producer struct {
 	cluster string
-	mu    sync.Mutex
-	acked []int64
-	after int64 // the number after the last acknowledged
-	quit  chan struct{}
-	done  chan struct{}
-	once  sync.Once
+	mu      sync.Mutex
+	acked   []int64
+	after   int64 // the number after the last acknowledged
+	quit    chan struct{}
+	done    chan struct{}
+	once    sync.Once
 }
 
 // startProducer writes to cluster from number from on.
