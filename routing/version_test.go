@@ -261,9 +261,17 @@ func TestMerge(t *testing.T) {
 // record comes from; a rule that reads anything else (or now()) runs for
 // every record. Either way every record gets the decision of its own.
 func TestDecisionsKeptPerPartitionOnlyWhenTheRulesAllowIt(t *testing.T) {
-	at := func(cluster string, partition int32, offset int64) *agent.Record {
+	// Each cluster holds two copies of orders: its own (origin the
+	// cluster) and the other's (A.orders on B, B.orders on A), with the
+	// same partition numbers, decided apart.
+	other := map[string]string{"A": "B", "B": "A"}
+	at := func(cluster string, copied bool, partition int32, offset int64) *agent.Record {
 		r := rec("orders", "k", "v")
-		r.Cluster, r.Partition, r.Offset = cluster, partition, offset
+		r.Cluster, r.Partition, r.Offset, r.Origin = cluster, partition, offset, cluster
+		if copied {
+			r.Origin = other[cluster]
+			r.Topic = r.Origin + ".orders"
+		}
 		return r
 	}
 	for _, tc := range []struct {
@@ -277,6 +285,8 @@ func TestDecisionsKeptPerPartitionOnlyWhenTheRulesAllowIt(t *testing.T) {
 		{"offset", `offset % 2 == 0`, false, func(r *agent.Record) string { return map[bool]string{true: "x", false: "y"}[r.Offset%2 == 0] }},
 		{"a variable", `let p = offset; p > 1`, false, func(r *agent.Record) string { return map[bool]string{true: "x", false: "y"}[r.Offset > 1] }},
 		{"now", `now().Year() > 3000 || partition == 1`, false, func(r *agent.Record) string { return map[bool]string{true: "x", false: "y"}[r.Partition == 1] }},
+		{"origin", `origin == "B"`, true, func(r *agent.Record) string { return map[bool]string{true: "x", false: "y"}[r.Origin == "B"] }},
+		{"physical topic", `physical_topic == "orders"`, true, func(r *agent.Record) string { return map[bool]string{true: "x", false: "y"}[r.Topic == "orders"] }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			v := mustCompile(t, Config{Rules: []Rule{{Name: "r", Match: tc.match, Channels: []string{"x"}}}, Default: []string{"y"}})
@@ -286,14 +296,16 @@ func TestDecisionsKeptPerPartitionOnlyWhenTheRulesAllowIt(t *testing.T) {
 			for round := range 2 { // the second round meets the kept decisions
 				for _, cl := range []string{"A", "B"} {
 					for p := range int32(3) {
-						for off := range int64(4) {
-							r := at(cl, p, off)
-							d, err := v.Route(r)
-							if err != nil {
-								t.Fatal(err)
-							}
-							if want := tc.want(r); len(d.Channels) != 1 || d.Channels[0] != want {
-								t.Fatalf("round %d, %s/%d@%d: channels %v, want [%s]", round, cl, p, off, d.Channels, want)
+						for _, copied := range []bool{false, true} {
+							for off := range int64(4) {
+								r := at(cl, copied, p, off)
+								d, err := v.Route(r)
+								if err != nil {
+									t.Fatal(err)
+								}
+								if want := tc.want(r); len(d.Channels) != 1 || d.Channels[0] != want {
+									t.Fatalf("round %d, %s %s/%d@%d: channels %v, want [%s]", round, cl, r.Topic, p, off, d.Channels, want)
+								}
 							}
 						}
 					}

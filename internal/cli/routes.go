@@ -191,7 +191,9 @@ channels it would go to:
    "timestamp": "2026-01-02T03:04:05Z", "cluster": "A"}
 
 A string value is the record's bytes; any other JSON value is its JSON text.
-Every field is optional.`,
+A record of a copy names it with "physical_topic" and "origin" (topic is the
+logical name): {"topic": "orders", "physical_topic": "B.orders", "origin":
+"B", "cluster": "A"}. Every field is optional.`,
 		Example: `  kswitch routes check -f routes.yaml --config kswitch.yaml
   kswitch routes check -f routes.yaml --config kswitch.yaml --sample records.jsonl`,
 		Args: cobra.NoArgs,
@@ -242,10 +244,15 @@ type sampleRecord struct {
 	Value     json.RawMessage   `json:"value"`
 	Headers   map[string]string `json:"headers"`
 	Timestamp time.Time         `json:"timestamp"`
+	// PhysicalTopic and Origin describe a copy (B.orders on A, written
+	// on B); by default the record is from topic's local topic.
+	PhysicalTopic string `json:"physical_topic"`
+	Origin        string `json:"origin"`
 }
 
 func (s sampleRecord) record() (*agent.Record, error) {
-	r := &agent.Record{Cluster: s.Cluster, Topic: s.Topic, SourceTopic: s.Topic, Partition: s.Partition, Offset: s.Offset, Timestamp: s.Timestamp}
+	r := &agent.Record{Cluster: s.Cluster, Topic: cmp.Or(s.PhysicalTopic, s.Topic), SourceTopic: s.Topic, Origin: s.Origin,
+		Partition: s.Partition, Offset: s.Offset, Timestamp: s.Timestamp}
 	if s.Key != nil {
 		r.Key = []byte(*s.Key)
 	}
