@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -186,6 +187,16 @@ func TestOutageProducersMoveAndMirrorBothWays(t *testing.T) {
 		}
 		return nil
 	})
+
+	// A pause of the logical topic holds every copy of it: B's own orders
+	// too. Nothing of B's records is handled while B takes 100 more.
+	waitAllPaused(t, put(fleetKeys.TopicSignal("orders"), "pause"), agents...)
+	before := l.handledFrom(1_000_000)
+	waitProduced(t, pb, 100, "records written to B while orders is paused")
+	if after := l.handledFrom(1_000_000); after != before {
+		t.Errorf("%d of B's records handled while the topic was paused", after-before)
+	}
+	put(fleetKeys.TopicSignal("orders"), "start")
 
 	// A returns, but the flow back B → A is behind: the fleet stays on B
 	// and the leader says why.
@@ -401,4 +412,18 @@ func waitAllPaused(t *testing.T, rev int64, agents ...*agent.Agent) {
 		}
 		return nil
 	})
+}
+
+// handledFrom counts the distinct records handled whose number is at
+// least from.
+func (l *ledger) handledFrom(from int) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for id := range l.seen {
+		if v, err := strconv.Atoi(id); err == nil && v >= from {
+			n++
+		}
+	}
+	return n
 }
