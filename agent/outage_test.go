@@ -236,7 +236,14 @@ func TestOutageProducersMoveAndMirrorBothWays(t *testing.T) {
 
 	all := d.written(t)
 	waitAllHandled(t, l, all, 30*time.Second)
-	evs := readHistory(t, cli)
+	var evs []coordinator.SwitchEvent
+	wait.For(t, 30*time.Second, "the failback's tail counted", func() error {
+		evs = readHistory(t, cli)
+		if len(evs) < 2 || !evs[1].LateCounted {
+			return fmt.Errorf("%d switches in history/, the tail not counted", len(evs))
+		}
+		return nil
+	})
 	logEvents(t, evs)
 	if len(evs) != 2 {
 		t.Fatalf("history has %d switches, want the failover and the failback", len(evs))

@@ -106,6 +106,10 @@ type SwitchEvent struct {
 	// is at the latest: from its timestamp to the end of this switch.
 	Late          int64   `json:"late,omitempty"`
 	LateBySeconds float64 `json:"late_by_seconds,omitempty"`
+	// LateCounted says the tail was counted: the leader writes a
+	// failback's entry first without it, and again once it has read the
+	// tail (a term that ends first leaves it unset).
+	LateCounted bool `json:"late_counted,omitempty"`
 }
 
 // PartitionSwitch is how one partition's position moved in a switch.

@@ -2,11 +2,13 @@ package coordinator
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/IBM/sarama"
 	"go.uber.org/zap"
 
+	"github.com/kswitch/kswitch/election"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/offsets"
 )
@@ -24,28 +26,47 @@ import (
 // larger tail is reported as at least this.
 const lateLimit = 1 << 20
 
-// lateTimeout bounds the whole count, which runs after the failback is
-// active (the fleet consumes meanwhile) and delays only its history entry.
-const lateTimeout = 10 * time.Second
+// lateTimeout bounds the count. It runs beside the leader's loop, after
+// the failback is active (the fleet consumes meanwhile), and then writes
+// the failback's history entry again with the count.
+const lateTimeout = 30 * time.Second
 
-// countLate fills in ev's unmirrored tail when ev is a failback (standby →
-// primary) that ends the failover recorded just before it: for each of the
-// primary's own partitions, the records written before that failover
-// began that the standby did not hold at it, consumed after the primary
-// returned. They are the records of the standby's copy past its end at
-// the failover (copied late) up to where the fleet stopped there, and
-// those of the primary's topic from the failback's position on, both
-// while their timestamps are before the failover's start.
-func (l *Leader) countLate(ctx context.Context, ev *SwitchEvent, log *zap.Logger) {
-	conf := l.conf()
-	if ev.To != conf.primary || ev.From == "" || ev.From == ev.To {
+// countLate counts ev's unmirrored tail when ev is a failback (standby →
+// primary) that ends the failover recorded just before it, in a goroutine
+// of l.bg that ends with the term; when done it writes history/<epoch>
+// again with the count and LateCounted set.
+func (l *Leader) countLate(ctx context.Context, term election.Term, ev SwitchEvent, log *zap.Logger) {
+	if conf := l.conf(); ev.To != conf.primary || ev.From == "" || ev.From == ev.To {
 		return
 	}
+	ev.Partitions = slices.Clone(ev.Partitions) // the caller keeps its own
+	l.bg.Add(1)
+	go func() {
+		defer l.bg.Done()
+		if !l.late(ctx, &ev, log) {
+			return
+		}
+		ev.LateCounted = true
+		l.record(ctx, term, ev, log)
+		l.Metrics.lateRecords(ev)
+	}()
+}
+
+// late fills in ev's unmirrored tail, and reports whether ev ends a
+// failover: for each of the primary's own partitions, the records written
+// before that failover began that the standby did not hold at it,
+// consumed after the primary returned. They are the records of the
+// standby's copy past its end at the failover (copied late) up to where
+// the fleet stopped there, and those of the primary's topic from the
+// failback's position on, both while their timestamps are before the
+// failover's start.
+func (l *Leader) late(ctx context.Context, ev *SwitchEvent, log *zap.Logger) bool {
+	conf := l.conf()
 	ctx, cancel := context.WithTimeout(ctx, lateTimeout)
 	defer cancel()
 	prev, ok := l.readEvent(ctx, ev.Epoch-1)
 	if !ok || prev.From != ev.To || prev.To != ev.From || prev.Abandoned != "" {
-		return
+		return false
 	}
 	// At the failover, per partition of the standby's copy: its end, and
 	// how many records the fleet had consumed on the primary past it
@@ -115,9 +136,10 @@ func (l *Leader) countLate(ctx context.Context, ev *SwitchEvent, log *zap.Logger
 	}
 	if ev.Late > 0 {
 		ev.LateBySeconds = ev.Finished.Sub(oldest).Seconds()
-		log.Info("the primary's unmirrored tail: records written before the failover that the standby did not hold, consumed after the primary returned",
-			zap.Int64("late_records", ev.Late), zap.Time("oldest", oldest), zap.Float64("late_by_seconds_at_most", ev.LateBySeconds))
 	}
+	log.Info("the primary's unmirrored tail: records written before the failover that the standby did not hold, consumed after the primary returned",
+		zap.Int64("epoch", ev.Epoch), zap.Int64("late_records", ev.Late), zap.Time("oldest", oldest), zap.Float64("late_by_seconds_at_most", ev.LateBySeconds))
+	return ctx.Err() == nil
 }
 
 // readEvent reads history/<epoch>.

@@ -97,6 +97,14 @@ func (m *Metrics) observe(views AgentViews, a Active) {
 	}
 }
 
+// lateRecords counts a failback's unmirrored tail. m may be nil.
+func (m *Metrics) lateRecords(ev SwitchEvent) {
+	if m != nil && ev.Late > 0 {
+		m.late.Add(float64(ev.Late))
+		m.lateBy.Set(ev.LateBySeconds)
+	}
+}
+
 // failbackBehind records the last failback check. m may be nil.
 func (m *Metrics) failbackBehind(n int) {
 	if m != nil && n >= 0 {
@@ -119,10 +127,6 @@ func (m *Metrics) switched(ev SwitchEvent, took time.Duration, err error) {
 	}
 	m.switchDuration.Observe(took.Seconds())
 	m.lastSwitch.Set(float64(ev.Finished.Unix()))
-	if ev.Late > 0 {
-		m.late.Add(float64(ev.Late))
-		m.lateBy.Set(ev.LateBySeconds)
-	}
 }
 
 func (l *Leader) translated(method string) {

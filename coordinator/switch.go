@@ -169,16 +169,23 @@ func (l *Leader) switchTo(ctx context.Context, t *term, to, reason string, auto,
 	}
 	ev.Phases["activate"] = time.Since(ta).Seconds()
 	ev.Finished = time.Now().UTC()
-	l.countLate(ctx, &ev, log)
-	if val, err := json.Marshal(ev); err == nil {
-		hctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
-		if _, err := t.Txn(hctx, nil, clientv3.OpPut(l.keys.HistoryEvent(ev.Epoch), string(val))); err != nil {
-			log.Warn("could not record the switch in history/", zap.Error(err))
-		}
-		cancel()
-	}
+	l.record(ctx, t.Term, ev, log)
+	l.countLate(ctx, t.Term, ev, log)
 	log.Info("switched clusters", zap.Duration("took", ev.Finished.Sub(ev.Started)), zap.Int("partitions", len(parts)))
 	return ev, nil
+}
+
+// record writes ev to history/<epoch>, fenced by the term.
+func (l *Leader) record(ctx context.Context, term election.Term, ev SwitchEvent, log *zap.Logger) {
+	val, err := json.Marshal(ev)
+	if err != nil {
+		return
+	}
+	hctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
+	defer cancel()
+	if _, err := term.Txn(hctx, nil, clientv3.OpPut(l.keys.HistoryEvent(ev.Epoch), string(val))); err != nil {
+		log.Warn("could not record the switch in history/", zap.Int64("epoch", ev.Epoch), zap.Error(err))
+	}
 }
 
 // maxSwitchOps bounds the operations of one switch transaction, under

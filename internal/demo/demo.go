@@ -485,6 +485,14 @@ func (d *demo) story(ctx context.Context) error {
 	}
 	d.say("failback: every agent consumes A (%s and B.%s) again %v after A came back", topic, topic, time.Since(back).Round(time.Millisecond))
 	ev := d.printSwitch(ctx, "A")
+	// The leader counts the tail after the switch, beside its loop, and
+	// records the count in the switch's history entry.
+	if err := d.await(ctx, 30*time.Second, "the unmirrored tail counted", func() bool {
+		resp, err := d.cli.Get(ctx, keys.New(fleet).HistoryEvent(ev.Epoch))
+		return err == nil && len(resp.Kvs) == 1 && json.Unmarshal(resp.Kvs[0].Value, &ev) == nil && ev.LateCounted
+	}); err != nil {
+		return err
+	}
 	d.late, d.lateBy = ev.Late, time.Duration(ev.LateBySeconds*float64(time.Second))
 	d.say("A's unmirrored tail: %d records A took before it failed and B did not have, delivered late (by at most %v), not lost",
 		d.late, d.lateBy.Round(100*time.Millisecond))
