@@ -434,3 +434,53 @@ func (l *ledger) handledFrom(from int) int {
 	}
 	return n
 }
+
+// TestACopyThatAppearsMidRunIsConsumedFromItsStart: a fleet that starts
+// on A with initial_offset newest skips what A's orders held before it
+// started; B's records copied to A later (MirrorMaker 2's flow back
+// started after the fleet) are consumed from their start, every one.
+func TestACopyThatAppearsMidRunIsConsumedFromItsStart(t *testing.T) {
+	topics := map[string]int32{"orders": failoverPartitions}
+	d := &twoWay{
+		etcd: testenv.StartEtcdT(t),
+		a:    testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: topics}),
+		b:    testenv.StartKafkaT(t, "B", testenv.KafkaOptions{Topics: topics}),
+	}
+	produce(t, d.a, "orders", 0, 100)               // before the fleet: skipped (newest)
+	produce(t, d.b, "orders", 1_000_000, 1_000_100) // B's records, not on A yet
+	l := newLedger()
+	var agents []*agent.Agent
+	for _, id := range []string{"agent-1", "agent-2"} {
+		cfg := d.config(id)
+		cfg.Source.InitialOffset = "newest"
+		agents = append(agents, startConsumer(t, cfg, l.handler(id)))
+	}
+	waitConsuming(t, 20*time.Second, "A", agents...) // A's orders only: there is no B.orders yet
+	produce(t, d.a, "orders", 200, 300)
+
+	// MirrorMaker 2's flow back starts: B.orders appears on A.
+	m, err := mirror.Start(context.Background(), mirror.Config{
+		Source: d.b.Brokers(), Target: d.a.Brokers(), SourceName: "B", TargetName: "A",
+		Topics: []string{"orders"}, RemoteTopic: func(t string) string { return "B." + t },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Stop)
+	waitOwning(t, 20*time.Second, "A", agents...)
+	want := map[string]bool{}
+	for i := range 100 {
+		want[strconv.Itoa(200+i)] = true
+		want[strconv.Itoa(1_000_000+i)] = true
+	}
+	waitAllHandled(t, l, want, 20*time.Second)
+	for i := range 100 {
+		if n := l.timesHandled(strconv.Itoa(i)); n != 0 {
+			t.Fatalf("record %d, written to A before the fleet started with initial_offset newest, was handled", i)
+		}
+	}
+	if dups := l.duplicates(); dups != 0 {
+		t.Errorf("%d duplicates", dups)
+	}
+	l.check(t)
+}
