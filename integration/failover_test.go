@@ -432,8 +432,15 @@ func offsetEvent(ev event, cluster, topic string) (int32, committedOffset, bool)
 // lastSwitch returns the newest history event, which must go from → to.
 func lastSwitch(t *testing.T, tl *timeline, from, to string) switchEvent {
 	t.Helper()
+	return lastSwitchOf(t, tl, from, to, ordersPartitions, 10*time.Second)
+}
+
+// lastSwitchOf is lastSwitch for a switch of n partitions, waited for up
+// to timeout.
+func lastSwitchOf(t *testing.T, tl *timeline, from, to string, n int, timeout time.Duration) switchEvent {
+	t.Helper()
 	var ev switchEvent
-	wait.For(t, 10*time.Second, "history/ records the switch "+from+" → "+to, func() error {
+	wait.For(t, timeout, "history/ records the switch "+from+" → "+to, func() error {
 		events, err := tl.history()
 		if err != nil {
 			return err
@@ -442,7 +449,7 @@ func lastSwitch(t *testing.T, tl *timeline, from, to string) switchEvent {
 			return fmt.Errorf("no switch in history/")
 		}
 		ev = events[len(events)-1]
-		if ev.From != from || ev.To != to || len(ev.Partitions) != ordersPartitions {
+		if ev.From != from || ev.To != to || len(ev.Partitions) != n {
 			return fmt.Errorf("the last switch is %s → %s with %d partitions", ev.From, ev.To, len(ev.Partitions))
 		}
 		return nil

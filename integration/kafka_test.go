@@ -310,6 +310,24 @@ var (
 // orders, intervals of a second, offset-syncs for every record, kept on b.
 func startMirrorMaker(t *testing.T, env kafkaEnv, a, b *kafkaBroker, policy replicationPolicy) *mirrorMaker {
 	t.Helper()
+	return startMirrorMakerWith(t, env, a, b, policy, false)
+}
+
+// startMirrorMakerWith is startMirrorMaker, with the flow back from b to
+// a as well when twoWay (one process, two flows, each configured like
+// the other): b's orders is copied to a as B.orders, its offset-syncs
+// kept on a (mm2-offset-syncs.B.internal), its checkpoints of group
+// orders in B.checkpoints.internal on a. Only with the default policy:
+// identity names both ways would copy each record round and round.
+func startMirrorMakerWith(t *testing.T, env kafkaEnv, a, b *kafkaBroker, policy replicationPolicy, twoWay bool) *mirrorMaker {
+	t.Helper()
+	if twoWay && policy != prefixPolicy {
+		t.Fatalf("MirrorMaker 2 both ways needs the default replication policy, not %s", policy.class)
+	}
+	back := "B->A.enabled = false\nB->A.emit.heartbeats.enabled = false\n"
+	if twoWay {
+		back = "B->A.enabled = true\nB->A.topics = orders\nB->A.groups = orders\n"
+	}
 	dir := t.TempDir()
 	conf := filepath.Join(dir, "mm2.properties")
 	props := fmt.Sprintf(`clusters = A, B
@@ -318,9 +336,7 @@ B.bootstrap.servers = %s
 A->B.enabled = true
 A->B.topics = orders
 A->B.groups = orders
-B->A.enabled = false
-B->A.emit.heartbeats.enabled = false
-replication.policy.class = %s
+%sreplication.policy.class = %s
 # one broker per cluster
 replication.factor = 1
 checkpoints.topic.replication.factor = 1
@@ -329,7 +345,8 @@ offset-syncs.topic.replication.factor = 1
 offset.storage.replication.factor = 1
 status.storage.replication.factor = 1
 config.storage.replication.factor = 1
-# the offset syncs on B, where they can be read while A is down
+# the offset syncs on the target of each flow (B for A->B), where they
+# can be read while the source is down
 offset-syncs.topic.location = target
 # a sync per record, checkpoints and topic/group discovery every second
 offset.lag.max = 0
@@ -341,7 +358,7 @@ sync.group.offsets.enabled = false
 B.offset.flush.interval.ms = 1000
 # every plugin has a ServiceLoader manifest: skip the classpath scan
 plugin.discovery = service_load
-`, a.addr, b.addr, policy.class)
+`, a.addr, b.addr, back, policy.class)
 	if err := os.WriteFile(conf, []byte(props), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -419,6 +436,14 @@ type producer struct {
 
 func startProducer(t *testing.T, addr, topic string, perSecond int) *producer {
 	t.Helper()
+	return startNamedProducer(t, "", addr, topic, perSecond)
+}
+
+// startNamedProducer is startProducer for one of several producers (or
+// stints of one) in a scenario: its records are k-<name>-<i> and
+// r-<name>-<i>, its kcat logs to kcat-producer-<name>.log.
+func startNamedProducer(t *testing.T, name, addr, topic string, perSecond int) *producer {
+	t.Helper()
 	// An OS pipe, not io.Pipe: once kcat is gone, writes fail (EPIPE)
 	// instead of blocking.
 	r, w, err := os.Pipe()
@@ -426,9 +451,13 @@ func startProducer(t *testing.T, addr, topic string, perSecond int) *producer {
 		t.Fatal(err)
 	}
 	pr := &producer{stdin: w, stop: make(chan struct{}), done: make(chan struct{})}
+	procName, tag := "kcat-producer", ""
+	if name != "" {
+		procName, tag = procName+"-"+name, "-"+name+"-"
+	}
 	// -E: keep going when the broker is down ("all brokers down" is not
 	// fatal); the idempotent producer retries until message.timeout.ms.
-	pr.proc = startProcWith(t, procOptions{Stdin: r}, "kcat-producer", "kcat", "-P", "-E", "-b", addr, "-t", topic, "-K", "\t",
+	pr.proc = startProcWith(t, procOptions{Stdin: r}, procName, "kcat", "-P", "-E", "-b", addr, "-t", topic, "-K", "\t",
 		"-X", "enable.idempotence=true", "-X", "linger.ms=5", "-X", "message.timeout.ms=600000")
 	r.Close()
 	go func() {
@@ -447,7 +476,7 @@ func startProducer(t *testing.T, addr, topic string, perSecond int) *producer {
 			pr.mu.Lock()
 			from := pr.next
 			for i := from; i < due; i++ {
-				fmt.Fprintf(&b, "k%07d\tr%07d\n", i, i)
+				fmt.Fprintf(&b, "k%s%07d\tr%s%07d\n", tag, i, tag, i)
 			}
 			pr.handing = max(pr.handing, due)
 			pr.mu.Unlock()
@@ -489,6 +518,15 @@ func (pr *producer) close() {
 	<-pr.done
 	pr.proc.expected.Store(true) // kcat ends at the end of its input
 	_ = pr.stdin.Close()         // a second Close returns an error: ignored
+}
+
+// crash kills kcat (SIGKILL) and stops feeding it: a producer that dies
+// with its data centre. What it held unacknowledged is gone; what the
+// broker acknowledged is on the broker, which the verdict reads back.
+func (pr *producer) crash(t *testing.T) {
+	t.Helper()
+	stopProc(t, pr.proc, syscall.SIGKILL)
+	pr.close()
 }
 
 // finish closes the producer and waits for kcat to deliver everything.

@@ -53,7 +53,7 @@ func writeReport(dir string) error {
 	}
 	var md strings.Builder
 	md.WriteString("# kswitch integration report\n\n")
-	fmt.Fprintf(&md, "%s. %s (KRaft, one node each) A and B, MirrorMaker 2 A → B, etcd ×3, kswitch agents ×3, kcat; "+
+	fmt.Fprintf(&md, "%s. %s (KRaft, one node each) A and B, MirrorMaker 2 A → B (both ways in the outage), etcd ×3, kswitch agents ×3, kcat; "+
 		"lost and duplicated counted from the channel topic read back with kcat (integration/README.md).\n\n",
 		time.Now().UTC().Format(time.RFC3339), filepath.Base(os.Getenv("KSWITCH_TEST_KAFKA_DIR")))
 	md.WriteString("| scenario | covers | passed | records | lost | duplicates (unreplicated at the fault / after a hand-over) | detected s | switched s | first record on B s | failback s | methods |\n")

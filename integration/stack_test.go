@@ -23,6 +23,10 @@ type stack struct {
 	a, b   *kafkaBroker
 	mm     *mirrorMaker // nil when started without
 	policy replicationPolicy
+	// twoWay: B has its own topic orders too, MirrorMaker 2 copies it to
+	// A (B.orders), and the agents are told where that flow keeps its
+	// offset-syncs (a real data-centre outage, outage_test.go).
+	twoWay bool
 	tl     *timeline
 	began  time.Time
 }
@@ -31,7 +35,16 @@ type stack struct {
 // the start-up times to timed.
 func startStack(t *testing.T, timed func(string, time.Duration), policy replicationPolicy, mirror bool) *stack {
 	t.Helper()
-	st := &stack{env: kafkaTools(t), policy: policy, began: time.Now()}
+	return startStackWith(t, timed, policy, mirror, false)
+}
+
+// startStackWith is startStack, with MirrorMaker 2 both ways when twoWay
+// (mirror is implied): orders is created on B too, and the stack is ready
+// once A.orders is on B and B.orders on A.
+func startStackWith(t *testing.T, timed func(string, time.Duration), policy replicationPolicy, mirror, twoWay bool) *stack {
+	t.Helper()
+	mirror = mirror || twoWay
+	st := &stack{env: kafkaTools(t), policy: policy, twoWay: twoWay, began: time.Now()}
 	logs := logDir(t)
 
 	// Kafka A and B format their storage while etcd starts.
@@ -59,26 +72,37 @@ func startStack(t *testing.T, timed func(string, time.Duration), policy replicat
 	timed("kafka_a_ready", st.a.waitReady(t, 2*time.Minute))
 	timed("kafka_b_ready", st.b.waitReady(t, 2*time.Minute))
 	st.a.createTopic(t, "orders", ordersPartitions)
+	if twoWay {
+		// Where the producers write while A is down.
+		st.b.createTopic(t, "orders", ordersPartitions)
+	}
 	// The fleet's channel: one copy of every delivery, on B, which never
 	// fails in these tests.
 	st.b.createTopic(t, "delivered", ordersPartitions)
 
 	if mirror {
-		st.mm = startMirrorMaker(t, st.env, st.a, st.b, policy)
-		wait.For(t, 2*time.Minute, "MirrorMaker 2 creates "+policy.remote+" on B", func() error {
-			if !st.mm.proc.running() {
-				return fmt.Errorf("MirrorMaker 2 exited: %v", st.mm.proc.err)
+		st.mm = startMirrorMakerWith(t, st.env, st.a, st.b, policy, twoWay)
+		created := func(on *kafkaBroker, topic string) func() error {
+			return func() error {
+				if !st.mm.proc.running() {
+					return fmt.Errorf("MirrorMaker 2 exited: %v", st.mm.proc.err)
+				}
+				ends, err := endOffsets(on.addr, topic)
+				if err != nil {
+					return err
+				}
+				if len(ends) != ordersPartitions {
+					return fmt.Errorf("%s on %s has %d partitions", topic, on.name, len(ends))
+				}
+				return nil
 			}
-			ends, err := endOffsets(st.b.addr, policy.remote)
-			if err != nil {
-				return err
-			}
-			if len(ends) != ordersPartitions {
-				return fmt.Errorf("%s on B has %d partitions", policy.remote, len(ends))
-			}
-			return nil
-		})
+		}
+		wait.For(t, 2*time.Minute, "MirrorMaker 2 creates "+policy.remote+" on B", created(st.b, policy.remote))
 		timed("mirrormaker_topic_on_b", time.Since(st.mm.began))
+		if twoWay {
+			wait.For(t, time.Minute, "MirrorMaker 2 creates B.orders on A", created(st.a, "B.orders"))
+			timed("mirrormaker_topic_on_a", time.Since(st.mm.began))
+		}
 	}
 	timed("stack_ready", time.Since(st.began))
 	st.tl = startTimeline(t, st.etcd.endpoints())
@@ -87,9 +111,16 @@ func startStack(t *testing.T, timed func(string, time.Duration), policy replicat
 
 // agentConfig is the configuration of the fleet's agents on the stack.
 func (st *stack) agentConfig() agentConfig {
+	// A's replication fields describe the flow back, B → A: its
+	// offset-syncs are on A (the default name for that location,
+	// mm2-offset-syncs.B.internal); the policy is B's.
+	back := ""
+	if st.twoWay {
+		back = ", offset_syncs_on: target"
+	}
 	return agentConfig{
 		Endpoints: st.etcd.endpoints(),
-		Clusters: fmt.Sprintf(`  A: {brokers: [%s], role: primary, version: %q}
+		Clusters: fmt.Sprintf(`  A: {brokers: [%s], role: primary, version: %q%s}
   B:
     brokers: [%s]
     role: standby
@@ -99,7 +130,7 @@ func (st *stack) agentConfig() agentConfig {
     offset_syncs_on: target
     offset_syncs_topic: %s
     checkpoints_topic: A.checkpoints.internal
-`, st.a.addr, kafkaVersion, st.b.addr, kafkaVersion, st.policy.kswitch, st.policy.syncTopic),
+`, st.a.addr, kafkaVersion, back, st.b.addr, kafkaVersion, st.policy.kswitch, st.policy.syncTopic),
 		Source: "  topics: [orders]\n  group: orders\n  initial_offset: oldest\n  refresh_interval: 2s\n  commit_interval: 500ms\n",
 		Failover: fmt.Sprintf("  probe_interval: %s\n  probe_timeout: 1s\n  failure_window: %s\n  failback: auto\n  failback_stable: %s\n",
 			probeInterval, failureWindow, failbackStable),

@@ -50,17 +50,35 @@ type switchEvent struct {
 	Finished   time.Time          `json:"finished"`
 	Phases     map[string]float64 `json:"phases_seconds"`
 	Partitions []partitionSwitch  `json:"partitions"`
+	// Late (failbacks) counts the primary's unmirrored tail: records
+	// written before the failover, not on the standby by then, consumed
+	// after the primary returned; LateBySeconds bounds how late.
+	Late          int64   `json:"late"`
+	LateBySeconds float64 `json:"late_by_seconds"`
+	// LateCounted: the tail was counted. The leader writes a failback's
+	// entry first without the count, and again with it.
+	LateCounted bool `json:"late_counted"`
 }
 
 // partitionSwitch is how a switch moved one partition's position.
 type partitionSwitch struct {
-	Topic      string `json:"topic"` // logical: the name on A
+	Topic string `json:"topic"` // logical: the name on A
+	// Origin is the cluster whose producers write the physical topic;
+	// FromTopic and ToTopic are its names on the clusters left and
+	// joined.
+	Origin     string `json:"origin"`
+	FromTopic  string `json:"from_topic"`
+	ToTopic    string `json:"to_topic"`
 	Partition  int32  `json:"partition"`
 	FromOffset int64  `json:"from_offset"`
 	ToOffset   int64  `json:"to_offset"`
 	Method     string `json:"method"`
 	Rewound    int64  `json:"rewound"`
-	Detail     string `json:"detail"`
+	// Lagged counts the records consumed that the target lacked at the
+	// switch; Late those of the unmirrored tail (failbacks).
+	Lagged int64  `json:"lagged"`
+	Late   int64  `json:"late"`
+	Detail string `json:"detail"`
 }
 
 // event is one change under the fleet's prefix as the suite's watch saw it.

@@ -34,6 +34,10 @@ import (
 // segment says the fleet delivered the records [From, To) of
 // Topic/Partition on Cluster.
 type segment struct {
+	// Origin is the cluster whose producers write the physical topic (a
+	// stream: A's orders and its copy A.orders on B are one), when a
+	// scenario has producers on both; empty otherwise.
+	Origin    string
 	Cluster   string
 	Topic     string
 	Partition int32
@@ -44,6 +48,14 @@ type segment struct {
 // events (oldest first) and the final committed offsets on the cluster the
 // fleet ends on. topicOn names the logical topic on a cluster.
 func segments(events []switchEvent, topicOn func(cluster string) string, partitions int32, last string, final map[int32]int64) ([]segment, error) {
+	return streamSegments(events, "", topicOn, partitions, last, final)
+}
+
+// streamSegments is segments for the stream written on origin (the
+// partitions of the switch events with that origin), or for the only one
+// when origin is empty. topicOn names the stream's physical topic on a
+// cluster.
+func streamSegments(events []switchEvent, origin string, topicOn func(cluster string) string, partitions int32, last string, final map[int32]int64) ([]segment, error) {
 	var out []segment
 	for p := range partitions {
 		cur, start := "A", int64(0) // source.initial_offset oldest on a new topic
@@ -51,15 +63,17 @@ func segments(events []switchEvent, topicOn func(cluster string) string, partiti
 			if ev.From != cur {
 				return nil, fmt.Errorf("switch %d leaves %s, but the fleet was on %s", ev.Epoch, ev.From, cur)
 			}
-			i := slices.IndexFunc(ev.Partitions, func(ps partitionSwitch) bool { return ps.Topic == "orders" && ps.Partition == p })
+			i := slices.IndexFunc(ev.Partitions, func(ps partitionSwitch) bool {
+				return ps.Topic == "orders" && ps.Partition == p && (origin == "" || ps.Origin == origin)
+			})
 			if i < 0 {
-				return nil, fmt.Errorf("switch %d has no translation for orders/%d", ev.Epoch, p)
+				return nil, fmt.Errorf("switch %d has no translation for orders/%d (written on %q)", ev.Epoch, p, origin)
 			}
 			ps := ev.Partitions[i]
 			if ps.FromOffset >= 0 {
-				out = append(out, segment{Cluster: cur, Topic: topicOn(cur), Partition: p, From: start, To: ps.FromOffset})
+				out = append(out, segment{Origin: origin, Cluster: cur, Topic: topicOn(cur), Partition: p, From: start, To: ps.FromOffset})
 			} else if start != 0 {
-				return nil, fmt.Errorf("switch %d: orders/%d had no committed position on %s, yet the fleet started it at %d", ev.Epoch, p, cur, start)
+				return nil, fmt.Errorf("switch %d: orders/%d (written on %q) had no committed position on %s, yet the fleet started it at %d", ev.Epoch, p, origin, cur, start)
 			}
 			cur, start = ev.To, max(ps.ToOffset, 0)
 		}
@@ -70,14 +84,14 @@ func segments(events []switchEvent, topicOn func(cluster string) string, partiti
 		if !ok {
 			end = start
 		}
-		out = append(out, segment{Cluster: cur, Topic: topicOn(cur), Partition: p, From: start, To: end})
+		out = append(out, segment{Origin: origin, Cluster: cur, Topic: topicOn(cur), Partition: p, From: start, To: end})
 	}
 	return out, nil
 }
 
 // delivery is one record as the fleet delivered it, by position.
 type delivery struct {
-	Segment int // index of its partition's segment: 0 before the first switch
+	Segment int // index of its stream partition's segment: 0 before the first switch
 	segment
 	Offset int64
 	Value  string
@@ -119,20 +133,67 @@ func (v verdict) ok() bool {
 // replicatedAtFault is B's end offset per partition when A failed
 // (nothing could reach B after that until A was back); handOvers the
 // offsets at which each partition changed owner, by cluster
-// (timeline.handOvers).
+// (timeline.handOvers). Every record on A must be delivered.
 func judge(segs []segment, content map[string]map[int32][]kRecord, delivered map[int32][]kRecord, replicatedAtFault map[int32]int64,
 	handOvers map[string]map[int32]map[int64]bool) (verdict, error) {
-	var v verdict
-	onA := map[string]bool{}
+	in := judgeInput{
+		segs: segs, content: map[physical]map[int32][]kRecord{}, written: map[string]bool{}, delivered: delivered,
+		handOvers: map[physical]map[int32]map[int64]bool{},
+		// A record consumed on A that had not reached B when A failed,
+		// consumed again on B once MirrorMaker 2 copied it.
+		unreplicated: func(ds []delivery) bool {
+			return len(ds) == 2 && ds[0].Segment == 0 && ds[0].Cluster == "A" && ds[1].Segment == 1 && ds[1].Cluster == "B" &&
+				ds[1].Offset >= replicatedAtFault[ds[1].Partition]
+		},
+	}
 	for _, recs := range content["A"] {
 		for _, r := range recs {
-			onA[r.Value] = true
+			in.written[r.Value] = true
 		}
 	}
-	v.Records = len(onA)
+	for _, s := range segs {
+		pt := physical{s.Cluster, s.Topic}
+		in.content[pt] = content[s.Cluster]
+		in.handOvers[pt] = handOvers[s.Cluster]
+	}
+	return judgeStreams(in)
+}
+
+// physical is a physical topic on a cluster.
+type physical struct{ Cluster, Topic string }
+
+// judgeInput is what judgeStreams decides on.
+type judgeInput struct {
+	// segs are the committed ranges (segments, streamSegments).
+	segs []segment
+	// content is what kcat read back of each physical topic the segments
+	// name.
+	content map[physical]map[int32][]kRecord
+	// written are the values every one of which must be delivered: what
+	// the producers wrote, read back from the topics they wrote.
+	written map[string]bool
+	// delivered is the channel topic read back.
+	delivered map[int32][]kRecord
+	// unreplicated reports whether the deliveries of a record delivered
+	// twice, both held by the committed ranges (in segment order), are an
+	// allowed duplicate: a record the target of a switch lacked at the
+	// switch, delivered again once the replicator copied it.
+	unreplicated func(ds []delivery) bool
+	// handOvers are the offsets at which each partition changed owner
+	// (timeline.handOvers), by physical topic.
+	handOvers map[physical]map[int32]map[int64]bool
+}
+
+// judgeStreams computes the verdict: a written value missing from the
+// channel is lost; a value delivered more often than the committed ranges
+// hold it must be part of a run redelivered from a hand-over; one the
+// ranges hold twice must be an allowed unreplicated duplicate.
+func judgeStreams(in judgeInput) (verdict, error) {
+	var v verdict
+	v.Records = len(in.written)
 
 	got := map[string]int{}
-	for _, recs := range delivered {
+	for _, recs := range in.delivered {
 		for _, r := range recs {
 			got[r.Value]++
 			v.Delivered++
@@ -140,12 +201,17 @@ func judge(segs []segment, content map[string]map[int32][]kRecord, delivered map
 	}
 
 	// The deliveries the committed ranges account for.
+	type streamPartition struct {
+		origin    string
+		partition int32
+	}
 	byID := map[string][]delivery{}
-	nth := map[int32]int{}
-	for _, s := range segs {
-		idx := nth[s.Partition]
-		nth[s.Partition]++
-		recs := content[s.Cluster][s.Partition]
+	nth := map[streamPartition]int{}
+	for _, s := range in.segs {
+		sp := streamPartition{s.Origin, s.Partition}
+		idx := nth[sp]
+		nth[sp]++
+		recs := in.content[physical{s.Cluster, s.Topic}][s.Partition]
 		if s.To > s.From && (len(recs) == 0 || recs[len(recs)-1].Offset < s.To-1) {
 			return v, fmt.Errorf("the fleet committed %s %s/%d up to %d, past the records kcat read back (%d)", s.Cluster, s.Topic, s.Partition, s.To, len(recs))
 		}
@@ -158,7 +224,7 @@ func judge(segs []segment, content map[string]map[int32][]kRecord, delivered map
 		}
 	}
 
-	for _, id := range sortedKeys(onA) {
+	for _, id := range sortedKeys(in.written) {
 		if got[id] == 0 {
 			v.LostCount++
 			if len(v.Lost) < 20 {
@@ -171,7 +237,7 @@ func judge(segs []segment, content map[string]map[int32][]kRecord, delivered map
 	// are placed by the one delivery the ranges hold, and must form runs of
 	// offsets that each start where the partition was handed over.
 	type place struct {
-		cluster   string
+		physical
 		partition int32
 	}
 	redelivered := map[place]map[int64]int{} // offset → extra deliveries
@@ -180,7 +246,7 @@ func judge(segs []segment, content map[string]map[int32][]kRecord, delivered map
 		extra := got[id] - len(ds)
 		switch {
 		case extra > 0 && len(ds) == 1:
-			pl := place{ds[0].Cluster, ds[0].Partition}
+			pl := place{physical{ds[0].Cluster, ds[0].Topic}, ds[0].Partition}
 			if redelivered[pl] == nil {
 				redelivered[pl] = map[int64]int{}
 			}
@@ -195,8 +261,7 @@ func judge(segs []segment, content map[string]map[int32][]kRecord, delivered map
 		if len(ds) < 2 {
 			continue // judged below, as a hand-over
 		}
-		if got[id] == 2 && len(ds) == 2 && ds[0].Segment == 0 && ds[0].Cluster == "A" && ds[1].Segment == 1 && ds[1].Cluster == "B" &&
-			ds[1].Offset >= replicatedAtFault[ds[1].Partition] {
+		if got[id] == len(ds) && in.unreplicated != nil && in.unreplicated(ds) {
 			v.DuplicatesUnreplicated++
 			continue
 		}
@@ -218,13 +283,13 @@ func judge(segs []segment, content map[string]map[int32][]kRecord, delivered map
 			for _, x := range offsets[i : i+run] {
 				n += extra[x]
 			}
-			if handOvers[pl.cluster][pl.partition][o] {
+			if in.handOvers[pl.physical][pl.partition][o] {
 				v.DuplicatesHandOver += n
 				continue
 			}
 			if len(v.BadDuplicates) < 20 {
-				v.BadDuplicates = append(v.BadDuplicates, fmt.Sprintf("%s/%d: %d records from offset %d delivered again, but the partition was not handed over there (hand-overs at %v)",
-					pl.cluster, pl.partition, run, o, slices.Sorted(maps.Keys(handOvers[pl.cluster][pl.partition]))))
+				v.BadDuplicates = append(v.BadDuplicates, fmt.Sprintf("%s %s/%d: %d records from offset %d delivered again, but the partition was not handed over there (hand-overs at %v)",
+					pl.Cluster, pl.Topic, pl.partition, run, o, slices.Sorted(maps.Keys(in.handOvers[pl.physical][pl.partition]))))
 			}
 		}
 	}
