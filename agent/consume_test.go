@@ -32,6 +32,7 @@ type ledger struct {
 	genHolder  map[string]string                     // "topic/partition@generation" -> agent
 	lastOffset map[string]int64                      // "agent topic/partition@generation" -> last offset
 	gen        map[string]int64                      // record id -> generation it was first handled under
+	firstAt    map[string]time.Time                  // record id -> when it was first handled
 	violations []string
 }
 
@@ -45,6 +46,7 @@ func newLedger() *ledger {
 		seen: map[string]int{}, first: map[string]string{},
 		lastGen:   map[coordinator.TopicPartition]holder{},
 		genHolder: map[string]string{}, lastOffset: map[string]int64{}, gen: map[string]int64{},
+		firstAt: map[string]time.Time{},
 	}
 }
 
@@ -66,6 +68,7 @@ func (l *ledger) record(id string, r *agent.Record) {
 	if _, ok := l.first[key]; !ok {
 		l.first[key] = id
 		l.gen[key] = r.Generation
+		l.firstAt[key] = time.Now()
 	}
 	// A partition's records come from one agent at a time, each owner
 	// under a later generation than the one before: a delivery under an

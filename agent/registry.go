@@ -53,6 +53,16 @@ func ParseRegistration(id string, val []byte) (Registration, error) {
 	return r, nil
 }
 
+// parseRegistrationKV is ParseRegistration of an etcd key-value: a
+// registration is an agent's only while its session lease keeps it, so
+// one written without a lease (by hand) is refused.
+func parseRegistrationKV(id string, kv *mvccpb.KeyValue) (Registration, error) {
+	if kv.Lease == 0 {
+		return Registration{}, fmt.Errorf("agent: registration of %q has no lease: an agent registers on its session lease, so this one was written by hand and is not a member (delete it)", id)
+	}
+	return ParseRegistration(id, kv.Value)
+}
+
 // ReadRegistrations lists the registered agents of a fleet, sorted by id.
 // Values that do not parse are skipped and described in refused, so a
 // caller can show the good ones and warn about the rest.
@@ -66,7 +76,7 @@ func ReadRegistrations(ctx context.Context, c *clientv3.Client, k keys.Fleet) (r
 		if !ok {
 			continue
 		}
-		r, err := ParseRegistration(id, kv.Value)
+		r, err := parseRegistrationKV(id, kv)
 		if err != nil {
 			refused = append(refused, err.Error())
 			continue
@@ -148,7 +158,7 @@ func (r *registry) run(ctx context.Context) {
 func (r *registry) Reset(kvs []*mvccpb.KeyValue, _ int64) {
 	regs := map[string]Registration{}
 	for _, kv := range kvs {
-		if reg, ok := r.parse(kv.Key, kv.Value); ok {
+		if reg, ok := r.parse(kv); ok {
 			regs[reg.ID] = reg
 		}
 	}
@@ -171,7 +181,7 @@ func (r *registry) Apply(evs []*clientv3.Event) {
 			delete(r.regs, id)
 			continue
 		}
-		if reg, ok := r.parse(ev.Kv.Key, ev.Kv.Value); ok {
+		if reg, ok := r.parse(ev.Kv); ok {
 			r.regs[id] = reg
 		} else {
 			delete(r.regs, id)
@@ -180,14 +190,14 @@ func (r *registry) Apply(evs []*clientv3.Event) {
 	r.notify()
 }
 
-func (r *registry) parse(key, val []byte) (Registration, bool) {
-	id, ok := r.keys.AgentID(string(key))
+func (r *registry) parse(kv *mvccpb.KeyValue) (Registration, bool) {
+	id, ok := r.keys.AgentID(string(kv.Key))
 	if !ok {
 		return Registration{}, false
 	}
-	reg, err := ParseRegistration(id, val)
+	reg, err := parseRegistrationKV(id, kv)
 	if err != nil {
-		r.log.Warn("ignoring malformed agent registration", zap.String("key", string(key)), zap.Error(err))
+		r.log.Warn("ignoring agent registration", zap.String("key", string(kv.Key)), zap.Error(err))
 		r.onBad()
 		return Registration{}, false
 	}

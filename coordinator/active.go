@@ -32,6 +32,10 @@ type Active struct {
 	// Automatic is set when the health verdict (not a pin) decided the
 	// switch, so that a leader resuming it counts it for the breaker.
 	Automatic bool `json:"automatic,omitempty"`
+
+	// unwritten marks a value the leader recovered (state/active absent
+	// or unusable): it writes it at once.
+	unwritten bool
 }
 
 // ParseActive decodes and checks a state/active value.

@@ -43,6 +43,11 @@ type Assignment struct {
 	Warm string `json:"warm,omitempty"`
 }
 
+// maxGeneration bounds the generations a value may carry: a stranger's
+// number near the int64 limit must not leave the leader no generation
+// above it.
+const maxGeneration = 1 << 53
+
 // maxAssignmentSize bounds what an agent parses from state/assignment.
 const maxAssignmentSize = 4 << 20
 
@@ -57,8 +62,8 @@ func ParseAssignment(val []byte) (Assignment, error) {
 	if err := json.Unmarshal(val, &a); err != nil {
 		return a, fmt.Errorf("coordinator: assignment is not valid JSON: %w", err)
 	}
-	if a.Generation <= 0 {
-		return a, fmt.Errorf("coordinator: assignment generation %d is not positive", a.Generation)
+	if a.Generation <= 0 || a.Generation > maxGeneration {
+		return a, fmt.Errorf("coordinator: assignment generation %d is out of range (1 to 2^53)", a.Generation)
 	}
 	seen := map[TopicPartition]string{}
 	for _, m := range []map[string][]TopicPartition{a.Owned, a.Revoking} {

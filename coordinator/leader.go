@@ -196,8 +196,12 @@ func (a *acks) Apply(evs []*clientv3.Event) {
 func (a *acks) put(m map[string]int64, kv *mvccpb.KeyValue) {
 	id := strings.TrimPrefix(string(kv.Key), a.keys.Acks())
 	g, err := strconv.ParseInt(strings.TrimSpace(string(kv.Value)), 10, 64)
-	if err != nil || g < 0 {
-		a.log.Warn("ignoring malformed acknowledgement", zap.String("key", string(kv.Key)), zap.ByteString("value", kv.Value))
+	if err != nil || g < 0 || kv.Lease == 0 {
+		// An agent acknowledges on its session lease: a value without
+		// one was written by hand, and must not move generations.
+		a.log.Warn("ignoring malformed acknowledgement (a generation on the agent's lease)", zap.String("key", string(kv.Key)),
+			zap.ByteString("value", kv.Value), zap.Bool("lease", kv.Lease != 0))
+		delete(m, id)
 		return
 	}
 	m[id] = g
@@ -320,10 +324,19 @@ func (l *Leader) Run(ctx context.Context, et election.Term) error {
 	defer wg.Wait()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	wg.Add(2)
+	asg, act := newKeyWatch(), newKeyWatch()
+	wg.Add(4)
 	go func() {
 		defer wg.Done()
 		_ = etcdwatch.Follow(ctx, l.etcd, l.keys.Acks(), true, l.cfg.Etcd.RequestTimeout, ak, nil)
+	}()
+	go func() {
+		defer wg.Done()
+		_ = etcdwatch.Follow(ctx, l.etcd, l.keys.Assignment(), false, l.cfg.Etcd.RequestTimeout, asg, nil)
+	}()
+	go func() {
+		defer wg.Done()
+		_ = etcdwatch.Follow(ctx, l.etcd, l.keys.Active(), false, l.cfg.Etcd.RequestTimeout, act, nil)
 	}()
 	go func() {
 		defer wg.Done()
@@ -347,11 +360,14 @@ func (l *Leader) Run(ctx context.Context, et election.Term) error {
 		case <-time.After(time.Second):
 		}
 	}
-	if t.activeRev == 0 {
-		t.active.Epoch = 1
-		t.active.Since = time.Now().UTC()
+	if t.active.unwritten {
+		repair := t.activeRev != 0 // a value was there: unusable
+		t.active.unwritten = false
 		if err := l.writeActive(ctx, t, t.active); err != nil {
 			return err
+		}
+		if repair {
+			l.Metrics.repaired("active")
 		}
 	}
 
@@ -519,6 +535,13 @@ func (l *Leader) Run(ctx context.Context, et election.Term) error {
 		}
 		lastVerdict = why
 
+		if err := l.repairState(ctx, t, ak, asg, act, log); err != nil {
+			if errors.Is(err, election.ErrNotLeader) {
+				return err
+			}
+			log.Warn("cannot repair the fleet's state; re-reading it", zap.Error(err))
+			l.reread(ctx, t, ak, log)
+		}
 		if discovering != t.active.Cluster {
 			discover(t.active.Cluster)
 		}
@@ -560,6 +583,8 @@ func (l *Leader) Run(ctx context.Context, et election.Term) error {
 		case <-memberCh:
 		case <-ak.changed:
 		case <-pn.changed:
+		case <-asg.changed:
+		case <-act.changed:
 		case <-probe.C:
 		case id := <-l.members.Dead():
 			l.evict(ctx, et, id, log)
@@ -787,9 +812,9 @@ func (l *Leader) discoverLoop(ctx context.Context, cluster string, log *zap.Logg
 }
 
 // readAssignment reads state/assignment and its revision. A value that
-// does not parse is replaced by the next publication; its generation is
-// taken past every acknowledged one so agents never see a generation go
-// backwards.
+// does not parse, or none, is replaced by the next publication; its
+// generation is taken past every acknowledged one so agents never see a
+// generation go backwards.
 func (l *Leader) readAssignment(ctx context.Context, ak *acks) (Assignment, int64, error) {
 	rctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
 	defer cancel()
@@ -798,17 +823,15 @@ func (l *Leader) readAssignment(ctx context.Context, ak *acks) (Assignment, int6
 		return Assignment{}, 0, err
 	}
 	if len(resp.Kvs) == 0 {
-		return Assignment{}, 0, nil
+		// Never written, or deleted: the next generation is above every
+		// one an agent applied, which agents would otherwise ignore.
+		return Assignment{Generation: maxAck(ak)}, 0, nil
 	}
 	kv := resp.Kvs[0]
 	a, err := ParseAssignment(kv.Value)
 	if err != nil {
 		l.log.Warn("state/assignment is malformed; the next generation replaces it", zap.Error(err))
-		var maxGen int64
-		for _, g := range ak.snapshot() {
-			maxGen = max(maxGen, g)
-		}
-		return Assignment{Generation: maxGen}, kv.ModRevision, nil
+		return Assignment{Generation: maxAck(ak)}, kv.ModRevision, nil
 	}
 	return a, kv.ModRevision, nil
 }

@@ -18,6 +18,7 @@ type Metrics struct {
 	reachable      *prometheus.GaugeVec
 	breakerOpen    prometheus.Gauge
 	behind         prometheus.Gauge
+	repairs        *prometheus.CounterVec
 	late           prometheus.Counter
 	lateBy         prometheus.Gauge
 	// refused is kswitch_refused_values_total, shared with the agent
@@ -50,6 +51,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		breakerOpen: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kswitch_circuit_breaker_open", Help: "1 while automatic switching is off after too many failed or flapping switches.",
 		}),
+		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kswitch_state_repairs_total",
+			Help: "Times the leader wrote its view of a state key again after someone else changed or deleted it, by key (assignment, active).",
+		}, []string{"key"}),
 		behind: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kswitch_failback_behind_partitions",
 			Help: "Partitions whose last record consumed on the standby is not on the primary yet, at the last failback check (0: caught up); failback waits while it is above 0.",
@@ -64,7 +69,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	reg.MustRegister(m.activeCluster, m.lastSwitch, m.switchDuration, m.switchFailures, m.translation, m.reachable, m.breakerOpen,
-		m.behind, m.late, m.lateBy)
+		m.behind, m.late, m.lateBy, m.repairs)
 	var err error
 	if m.refused, err = refused.Counter(reg); err != nil {
 		panic(err)
@@ -94,6 +99,13 @@ func (m *Metrics) observe(views AgentViews, a Active) {
 	m.activeCluster.Reset()
 	if a.Phase == PhaseActive {
 		m.activeCluster.WithLabelValues(a.Cluster).Set(1)
+	}
+}
+
+// repaired counts a repair of state/<key>. m may be nil.
+func (m *Metrics) repaired(key string) {
+	if m != nil {
+		m.repairs.WithLabelValues(key).Inc()
 	}
 }
 

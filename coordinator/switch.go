@@ -55,8 +55,10 @@ func (l *Leader) writeActive(ctx context.Context, t *term, a Active) error {
 	return nil
 }
 
-// readActive reads state/active; absent, the primary is active (epoch 0,
-// to be written by the first publication).
+// readActive reads state/active. When it is absent, malformed or names a
+// cluster this configuration lacks, the active cluster and epoch are
+// recovered from what else the fleet recorded (recoverActive), and the
+// result is marked to be written back at once.
 func (l *Leader) readActive(ctx context.Context) (Active, int64, error) {
 	rctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
 	defer cancel()
@@ -64,22 +66,63 @@ func (l *Leader) readActive(ctx context.Context) (Active, int64, error) {
 	if err != nil {
 		return Active{}, 0, err
 	}
-	primary := l.conf().primary
-	if len(resp.Kvs) == 0 {
-		return Active{Cluster: primary, Phase: PhaseActive, Reason: "initial"}, 0, nil
+	var rev int64
+	why := "absent"
+	if len(resp.Kvs) > 0 {
+		rev = resp.Kvs[0].ModRevision
+		a, err := ParseActive(resp.Kvs[0].Value)
+		if _, known := l.conf().clusters[a.Cluster]; err == nil && known {
+			return a, rev, nil
+		} else if err != nil {
+			why = err.Error()
+		} else {
+			why = "names cluster " + a.Cluster + ", which this configuration lacks"
+		}
 	}
-	a, err := ParseActive(resp.Kvs[0].Value)
+	a, err := l.recoverActive(rctx)
 	if err != nil {
-		// A stranger's value: keep consuming where the assignment says,
-		// and overwrite it at the next write.
-		l.log.Warn("refusing malformed state/active; assuming the primary until the next switch", zap.Error(err))
-		return Active{Cluster: primary, Phase: PhaseActive, Reason: "state/active was malformed"}, resp.Kvs[0].ModRevision, nil
+		return Active{}, 0, err
 	}
-	if _, ok := l.conf().clusters[a.Cluster]; !ok {
-		l.log.Warn("state/active names a cluster this configuration lacks; assuming the primary", zap.String("cluster", a.Cluster))
-		return Active{Cluster: primary, Phase: PhaseActive, Epoch: a.Epoch, Reason: "unknown cluster " + a.Cluster}, resp.Kvs[0].ModRevision, nil
+	if rev != 0 || a.Epoch > 1 {
+		l.log.Warn("state/active is unusable; recovered the active cluster and epoch from state/assignment and history/",
+			zap.String("found", why), zap.String("active", a.Cluster), zap.Int64("epoch", a.Epoch))
 	}
-	return a, resp.Kvs[0].ModRevision, nil
+	return a, rev, nil
+}
+
+// recoverActive returns the fleet's active cluster and epoch as the rest
+// of its state records them, marked to be written: the cluster of
+// state/assignment (where agents consume now), else the target of the
+// last switch in history/, else the primary; the epoch of the last switch
+// in history/ (1 if none), so that the next switch takes the epoch after
+// every recorded one and never overwrites an entry.
+func (l *Leader) recoverActive(ctx context.Context) (Active, error) {
+	conf := l.conf()
+	a := Active{Cluster: conf.primary, Epoch: 1, Phase: PhaseActive, Reason: "initial", Since: time.Now().UTC(), unwritten: true}
+	resp, err := l.etcd.Get(ctx, l.keys.SwitchHistory(), clientv3.WithLastKey()...)
+	if err != nil {
+		return a, err
+	}
+	if len(resp.Kvs) > 0 {
+		if ev, err := ParseSwitchEvent(resp.Kvs[0].Value); err == nil && ev.Epoch > 0 {
+			a.Epoch, a.Cluster, a.Reason = ev.Epoch, ev.To, "recovered from history/"
+			if ev.Abandoned != "" {
+				a.Cluster = ev.From
+			}
+		}
+	}
+	if resp, err = l.etcd.Get(ctx, l.keys.Assignment()); err != nil {
+		return a, err
+	}
+	if len(resp.Kvs) > 0 {
+		if asg, err := ParseAssignment(resp.Kvs[0].Value); err == nil && asg.Cluster != "" {
+			a.Cluster, a.Reason = asg.Cluster, "recovered from state/assignment"
+		}
+	}
+	if _, ok := conf.clusters[a.Cluster]; !ok {
+		a.Cluster = conf.primary
+	}
+	return a, nil
 }
 
 // switchTo moves the fleet to cluster to, or resumes a switch that a
@@ -360,6 +403,9 @@ type translation struct {
 	source *lazyClient
 	// tps are the source partitions on `to`, sorted.
 	tps []TopicPartition
+	// unconsumed is source.initial_offset: where a partition nothing was
+	// consumed from yet continues (offsets.TranslateRequest.Unconsumed).
+	unconsumed string
 }
 
 // lazyClient opens a client on first use and keeps it (or the failure).
@@ -392,7 +438,7 @@ func (l *Leader) openTranslation(ctx context.Context, from, to string, log *zap.
 	if err != nil {
 		return nil, err
 	}
-	x := &translation{from: from, to: to, naming: conf.naming, target: target}
+	x := &translation{from: from, to: to, naming: conf.naming, target: target, unconsumed: conf.source.InitialOffset}
 	x.source = &lazyClient{open: func() (sarama.Client, error) {
 		return kafka.NewClientWith(from, conf.clusters[from],
 			kafka.Options{Dialer: l.dialer(from), Timeout: l.cfg.Failover.ProbeTimeout})
@@ -431,7 +477,11 @@ func (x *translation) close() {
 // tp on x.to.
 func (x *translation) request(s Stream, tp TopicPartition, pos offsets.Commit, group string, hint *offsets.Hint) (*offsets.Translator, offsets.TranslateRequest) {
 	req := offsets.TranslateRequest{From: x.from, To: x.to, Topic: tp.Topic, SourceTopic: x.naming.TopicOn(x.from, s),
-		Partition: tp.Partition, Position: pos, Hint: hint}
+		Partition: tp.Partition, Position: pos, Hint: hint, Unconsumed: x.unconsumed}
+	if x.naming.FromStandby(s) {
+		// Records written on the standby are never skipped.
+		req.Unconsumed = "oldest"
+	}
 	if _, forward := x.naming.Flow(x.from, x.to, s); !forward {
 		req.Direction = offsets.Backward
 		return x.back, req

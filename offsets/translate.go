@@ -79,6 +79,12 @@ type TranslateRequest struct {
 	Group string
 	// Direction is Forward or Backward.
 	Direction Direction
+	// Unconsumed is where a position without a timestamp (nothing
+	// consumed there yet, so nothing to find) continues when fingerprints
+	// and MirrorMaker 2 give nothing: "newest", the target's end (as a
+	// consumer starting there with initial_offset newest would), or
+	// "oldest" (the default).
+	Unconsumed string
 	// Hint, when set, is an earlier translation of the same partition,
 	// such as one made by the fingerprint method while the source was
 	// still being consumed: the fingerprint scan starts from it instead of
@@ -611,8 +617,12 @@ func (c *translateCall) viaMM2(ctx context.Context) (Translation, error) {
 func (c *translateCall) timestamp(ctx context.Context) (Translation, error) {
 	ts := c.req.Position.Timestamp
 	if ts.IsZero() {
+		if c.req.Unconsumed == "newest" {
+			return Translation{Offset: c.end, Method: MethodTimestamp, Rewound: 0,
+				Detail: "timestamp: the position has no timestamp (nothing consumed there yet): the target's end, as for source.initial_offset newest"}, nil
+		}
 		return Translation{Offset: c.oldest, Method: MethodTimestamp, Rewound: -1,
-			Detail: "timestamp: the position has no timestamp: the oldest offset"}, nil
+			Detail: "timestamp: the position has no timestamp (nothing consumed there yet): the target's oldest offset"}, nil
 	}
 	off, err := c.atTimestamp(ctx)
 	if err != nil {

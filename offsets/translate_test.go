@@ -526,9 +526,17 @@ func TestTranslateTimestamp(t *testing.T) {
 	if !strings.Contains(got.Detail, "no fingerprints") {
 		t.Errorf("Detail %q does not say why fingerprint was not used", got.Detail)
 	}
-	// No timestamp: the oldest offset.
+	// No timestamp (nothing consumed yet): the oldest offset, or the end
+	// when the source starts at the newest.
 	got = translate(t, tr, forward(noFP(0)))
 	wantTranslation(t, got, 0, MethodTimestamp, -1)
+	req := forward(noFP(0))
+	req.Unconsumed = "newest"
+	got = translate(t, tr, req)
+	wantTranslation(t, got, trFiller+100, MethodTimestamp, 0)
+	if !strings.Contains(got.Detail, "nothing consumed there yet") {
+		t.Errorf("Detail %q does not say why the end", got.Detail)
+	}
 	// Newer than every record: the end.
 	p := noFP(60)
 	p.Timestamp = trBase.Add(24 * time.Hour)

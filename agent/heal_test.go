@@ -1,0 +1,357 @@
+package agent_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kswitch/kswitch/agent"
+	"github.com/kswitch/kswitch/coordinator"
+	"github.com/kswitch/kswitch/internal/testenv"
+	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/offsets"
+)
+
+// committedSum is the sum of the fleet's committed offsets on cluster.
+func committedSum(t *testing.T, cli *clientv3.Client, cluster string) int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	ps, _, err := offsets.NewStore(cli, fleetKeys).List(ctx, cluster)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, p := range ps {
+		n += p.Offset
+	}
+	return n
+}
+
+// waitCommitting waits until the fleet's committed offsets on cluster grow
+// by at least n: etcd accepts the agents' commits.
+func waitCommitting(t *testing.T, cli *clientv3.Client, cluster string, n int64, what string) {
+	t.Helper()
+	from := committedSum(t, cli, cluster)
+	wait.For(t, 10*time.Second, "commits accepted "+what, func() error {
+		if got := committedSum(t, cli, cluster) - from; got < n {
+			return fmt.Errorf("committed offsets grew by %d", got)
+		}
+		return nil
+	})
+}
+
+// TestLeaderHealsTheAssignment: state/assignment deleted, overwritten with
+// garbage, and overwritten with a well-formed assignment of a higher
+// generation that gives every partition to an agent that does not exist.
+// Each time the leader writes its own again within a loop turn (counted in
+// kswitch_state_repairs_total), the agents' commits are accepted again and
+// every partition is consumed. Then it is deleted and the leader stops:
+// its successor starts above every generation an agent applied. Nothing is
+// lost; the records delivered twice are those the ghost's generation took
+// from their owners before they could commit them.
+func TestLeaderHealsTheAssignment(t *testing.T) {
+	d := startDC(t)
+	cli := testenv.EtcdClientT(t, d.etcd)
+	l := newLedger()
+	var agents []*agent.Agent
+	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
+		agents = append(agents, startConsumer(t, d.config(id), l.handler(id)))
+	}
+	waitConsuming(t, 20*time.Second, "A", agents...)
+	p := startProducer(t, d.a.Brokers(), "orders", 0)
+	leader := leaderOf(t, agents...)
+	repairs := func() float64 {
+		v, _ := metricValue(leader, "kswitch_state_repairs_total", map[string]string{"key": "assignment"})
+		return v
+	}
+	ghost := `{"generation": 1000000, "cluster": "A", "owned": {"ghost": [` +
+		`{"topic":"orders","partition":0},{"topic":"orders","partition":1},{"topic":"orders","partition":2},{"topic":"orders","partition":3}]}}`
+	damaged := map[string]time.Time{}
+	for _, damage := range []struct {
+		name string
+		do   func(ctx context.Context) error
+	}{
+		{"deleted", func(ctx context.Context) error { _, err := cli.Delete(ctx, fleetKeys.Assignment()); return err }},
+		{"garbage", func(ctx context.Context) error {
+			_, err := cli.Put(ctx, fleetKeys.Assignment(), "\x00 not json")
+			return err
+		}},
+		{"a ghost owns everything", func(ctx context.Context) error { _, err := cli.Put(ctx, fleetKeys.Assignment(), ghost); return err }},
+	} {
+		waitCommitting(t, cli, "A", 20, "before: "+damage.name)
+		before := repairs()
+		damaged[damage.name] = time.Now()
+		if err := damage.do(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		wait.For(t, 5*time.Second, "the leader repairs state/assignment "+damage.name, func() error {
+			if r := repairs(); r <= before {
+				return fmt.Errorf("%v repairs", r)
+			}
+			return nil
+		})
+		waitConsuming(t, 10*time.Second, "A", agents...)
+		waitCommitting(t, cli, "A", 20, "after: "+damage.name)
+		t.Logf("state/assignment %s: repaired, the fleet consumes and commits", damage.name)
+	}
+
+	// Deleted once more, and the leader stops at once: it may repair it
+	// first or not; its successor publishes above every generation
+	// applied, which the survivors take.
+	deletedAt := time.Now()
+	if _, err := cli.Delete(context.Background(), fleetKeys.Assignment()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	if err := leader.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	rest := slices.DeleteFunc(slices.Clone(agents), func(a *agent.Agent) bool { return a == leader })
+	waitConsuming(t, 15*time.Second, "A", rest...)
+	waitCommitting(t, cli, "A", 20, "under the next leader")
+	p.halt()
+	want := map[string]bool{}
+	for i := range p.next.Load() {
+		want[strconv.FormatInt(i, 10)] = true
+	}
+	waitAllHandled(t, l, want, 20*time.Second)
+	// Delivered again are only records whose commit the damage refused:
+	// the ghost's generation took every partition from its owner at once
+	// (not through revoking, as the leader moves partitions), so the
+	// owners could not commit what they had handled since their last
+	// commit; and from the last deletion until the next leader's first
+	// generation every commit is refused (the commit fence is the
+	// assignment's revision), the stopping leader's final one included,
+	// while the next leader, finding no assignment, plans afresh and
+	// moves partitions. A deletion or garbage the leader repairs costs
+	// nothing: the agents keep the last good assignment meanwhile.
+	ghostAt := damaged["a ghost owns everything"]
+	dups := l.dupsFirstHandled()
+	for id, at := range dups {
+		ghost := !at.Before(ghostAt.Add(-time.Second)) && !at.After(ghostAt.Add(100*time.Millisecond))
+		stopped := !at.Before(deletedAt.Add(-time.Second))
+		if !ghost && !stopped {
+			t.Errorf("record %s delivered again, first handled by %s %v from the ghost's write and %v from the deletion: not one whose commit the damage refused",
+				id, l.firstHandler(id), at.Sub(ghostAt).Round(time.Millisecond), at.Sub(deletedAt).Round(time.Millisecond))
+		}
+	}
+	t.Logf("%d records, 0 lost, %d duplicates, all first handled just before the ghost's generation or after the last deletion", len(want), len(dups))
+	l.check(t)
+}
+
+// TestARegistrationWithoutALeaseIsNoMember: agents/<x> written by hand (no
+// lease) is refused: the leader never plans with it, and every partition
+// stays with the live agents.
+func TestARegistrationWithoutALeaseIsNoMember(t *testing.T) {
+	d := startDC(t)
+	cli := testenv.EtcdClientT(t, d.etcd)
+	l := newLedger()
+	var agents []*agent.Agent
+	for _, id := range []string{"agent-1", "agent-2"} {
+		agents = append(agents, startConsumer(t, d.config(id), l.handler(id)))
+	}
+	waitConsuming(t, 20*time.Second, "A", agents...)
+	if _, err := cli.Put(context.Background(), fleetKeys.Agent("ghost"),
+		`{"id":"ghost","http":"127.0.0.1:1","gossip":"127.0.0.1:2","version":"x","started":"2026-01-01T00:00:00Z"}`); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, 5*time.Second, "the registration refused", func() error {
+		if v, _ := metricValue(agents[0], "kswitch_refused_values_total", map[string]string{"kind": "registration"}); v < 1 {
+			return fmt.Errorf("not refused yet")
+		}
+		return nil
+	})
+	// A planning round (a new agent) must not give the ghost anything.
+	agents = append(agents, startConsumer(t, d.config("agent-3"), l.handler("agent-3")))
+	waitBalanced(t, failoverPartitions, agents...)
+	a, err := readAssignment(cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := a.Owned["ghost"]; ok {
+		t.Errorf("generation %d gives partitions to the ghost: %v", a.Generation, a.Owned)
+	}
+	for _, ag := range agents {
+		for _, r := range ag.Status().Agents {
+			if r.ID == "ghost" {
+				t.Errorf("%s lists the ghost as registered", ag.ID())
+			}
+		}
+	}
+}
+
+// TestUnusableActiveStateIsRecoveredNotSwitchedAgain: while the fleet is
+// pinned on B, state/active is overwritten with garbage and the leader
+// changes. The new leader recovers B and the epoch from state/assignment
+// and history/, writes them back, and switches nothing: no second switch
+// "A → B" from A's old positions, no history entry overwritten.
+func TestUnusableActiveStateIsRecoveredNotSwitchedAgain(t *testing.T) {
+	d := startDC(t)
+	cli := testenv.EtcdClientT(t, d.etcd)
+	l := newLedger()
+	var agents []*agent.Agent
+	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
+		agents = append(agents, startConsumer(t, d.config(id), l.handler(id)))
+	}
+	waitConsuming(t, 20*time.Second, "A", agents...)
+	p := startProducer(t, d.a.Brokers(), "orders", 0)
+	if _, err := cli.Put(context.Background(), fleetKeys.Pin(), "B"); err != nil {
+		t.Fatal(err)
+	}
+	waitConsuming(t, 20*time.Second, "B", agents...)
+	pinned, err := readActive(cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	leader := leaderOf(t, agents...)
+	if _, err := cli.Put(context.Background(), fleetKeys.Active(), "{not json"); err != nil {
+		t.Fatal(err)
+	}
+	// The leader writes its own back at once.
+	wait.For(t, 5*time.Second, "the leader repairs state/active", func() error {
+		a, err := readActive(cli)
+		if err != nil {
+			return err
+		}
+		if a.Cluster != "B" || a.Epoch != pinned.Epoch {
+			return fmt.Errorf("state/active %+v", a)
+		}
+		return nil
+	})
+	// Garbage again, and the leader stops before it can repair: the next
+	// one recovers from state/assignment and history/.
+	if _, err := cli.Put(context.Background(), fleetKeys.Active(), "{not json"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	if err := leader.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	rest := slices.DeleteFunc(slices.Clone(agents), func(a *agent.Agent) bool { return a == leader })
+	next := leaderOf(t, rest...)
+	wait.For(t, 10*time.Second, "state/active recovered by "+next.ID(), func() error {
+		a, err := readActive(cli)
+		if err != nil {
+			return err
+		}
+		if a.Cluster != "B" || a.Epoch != pinned.Epoch || a.Leader != next.ID() {
+			return fmt.Errorf("state/active %+v", a)
+		}
+		return nil
+	})
+	waitConsuming(t, 10*time.Second, "B", rest...)
+	onB := idsOn(t, d.b, "A.orders")
+	p.halt()
+	waitAllHandled(t, l, onB, 20*time.Second)
+	evs := readHistory(t, cli)
+	logEvents(t, evs)
+	if len(evs) != 1 || evs[0].Epoch != pinned.Epoch {
+		t.Errorf("history has %d switches (want the pin's alone, epoch %d)", len(evs), pinned.Epoch)
+	}
+	if dups := l.duplicates(); dups != 0 {
+		t.Errorf("%d duplicates: the fleet switched again from old positions", dups)
+	}
+	l.check(t)
+}
+
+func readAssignment(cli *clientv3.Client) (coordinator.Assignment, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, fleetKeys.Assignment())
+	if err != nil {
+		return coordinator.Assignment{}, err
+	}
+	if len(resp.Kvs) == 0 {
+		return coordinator.Assignment{}, fmt.Errorf("no state/assignment")
+	}
+	return coordinator.ParseAssignment(resp.Kvs[0].Value)
+}
+
+// dupsFirstHandled returns the records handled more than once, with when
+// each was first handled.
+func (l *ledger) dupsFirstHandled() map[string]time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := map[string]time.Time{}
+	for id, n := range l.seen {
+		if n > 1 {
+			out[id] = l.firstAt[id]
+		}
+	}
+	return out
+}
+
+// TestASwitchBeforeAnythingWasConsumedKeepsNewest: a fleet started with
+// initial_offset newest that has consumed nothing yet (its positions carry
+// no timestamp and no fingerprints, and the replicator writes no
+// offset-syncs) is pinned to B. It continues at B's end, as it would have
+// started there: nothing written before it started is consumed, instead
+// of all of B from the oldest offset.
+func TestASwitchBeforeAnythingWasConsumedKeepsNewest(t *testing.T) {
+	d := startDCWith(t, false)
+	cli := testenv.EtcdClientT(t, d.etcd)
+	produce(t, d.a, "orders", 0, 200)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	if err := d.mirror.CaughtUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	l := newLedger()
+	var agents []*agent.Agent
+	for _, id := range []string{"agent-1", "agent-2"} {
+		cfg := d.config(id)
+		cfg.Source.InitialOffset = "newest"
+		agents = append(agents, startConsumer(t, cfg, l.handler(id)))
+	}
+	waitConsuming(t, 20*time.Second, "A", agents...)
+	waitCommitted(t, cli, "A", failoverPartitions)
+	if _, err := cli.Put(context.Background(), fleetKeys.Pin(), "B"); err != nil {
+		t.Fatal(err)
+	}
+	waitConsuming(t, 20*time.Second, "B", agents...)
+	evs := readHistory(t, cli)
+	logEvents(t, evs)
+	for _, ev := range evs {
+		for _, ps := range ev.Partitions {
+			t.Logf("%s/%d: %s %d → %s %d by %s: %s", ps.Topic, ps.Partition, ps.FromTopic, ps.FromOffset, ps.ToTopic, ps.ToOffset, ps.Method, ps.Detail)
+		}
+	}
+	produce(t, d.a, "orders", 1000, 1050)
+	want := map[string]bool{}
+	for i := 1000; i < 1050; i++ {
+		want[strconv.Itoa(i)] = true
+	}
+	waitAllHandled(t, l, want, 20*time.Second)
+	for i := range 200 {
+		if l.timesHandled(strconv.Itoa(i)) > 0 {
+			t.Fatalf("record %d, written before the fleet started with initial_offset newest, was consumed after the switch", i)
+		}
+	}
+}
+
+// waitCommitted waits until n partitions have a committed position on
+// cluster.
+func waitCommitted(t *testing.T, cli *clientv3.Client, cluster string, n int) {
+	t.Helper()
+	wait.For(t, 10*time.Second, "positions committed", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		ps, _, err := offsets.NewStore(cli, fleetKeys).List(ctx, cluster)
+		if err != nil {
+			return err
+		}
+		if len(ps) < n {
+			return fmt.Errorf("%d of %d", len(ps), n)
+		}
+		return nil
+	})
+}
