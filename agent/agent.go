@@ -203,7 +203,14 @@ func (a *Agent) Start(ctx context.Context) error {
 		default:
 		}
 	})
-	ml, err := newMemberlist(a.id, a.cfg.Agent.Gossip, a.cfg.Agent.GossipAdvertise, a.mlog, a.gossip, &healthMeta{views: a.prober.view})
+	keys, err := a.cfg.Agent.GossipKeys()
+	if err != nil {
+		client.Close()
+		ln.Close()
+		return fmt.Errorf("agent: %w", err)
+	}
+	ml, err := newMemberlist(gossipOptions{id: a.id, bind: a.cfg.Agent.Gossip, advertise: a.cfg.Agent.GossipAdvertise,
+		label: "kswitch/" + a.cfg.Fleet, keys: keys}, a.mlog, a.gossip, &healthMeta{views: a.prober.view})
 	if err != nil {
 		client.Close()
 		ln.Close()
@@ -626,6 +633,7 @@ func (f fleetView) Live() []string                                { return f.a.r
 func (f fleetView) Subscribe(ctx context.Context) <-chan struct{} { return f.a.registry.Subscribe(ctx) }
 func (f fleetView) Dead() <-chan string                           { return f.a.gossip.dead }
 func (f fleetView) GossipAlive(id string) bool                    { return f.a.gossip.alive(id) }
+func (f fleetView) Answers(ctx context.Context, id string) bool   { return f.a.answers(ctx, id) }
 func (f fleetView) Views() coordinator.AgentViews                 { return f.a.gossip.views() }
 
 func (a *Agent) newWorker(s *concurrency.Session) *worker {

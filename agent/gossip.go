@@ -3,11 +3,13 @@ package agent
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log"
 	"net"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -162,13 +164,35 @@ func (a *Agent) gossipHealthLoop(ctx context.Context, changed <-chan struct{}, i
 	}
 }
 
+// gossipOptions are the settings of this agent's gossip node.
+type gossipOptions struct {
+	id, bind, advertise string
+	// label is sent with every packet and stream and required of every
+	// one received: agents of other fleets on the same network never
+	// merge with this one.
+	label string
+	// keys encrypt gossip when set: the first is used to send, every one
+	// to receive; unencrypted packets are refused.
+	keys [][]byte
+}
+
 // newMemberlist creates this agent's gossip node. bind and advertise are
 // host:port; port 0 binds a free port (the same for TCP and UDP).
-func newMemberlist(id, bind, advertise string, mlog *memberlistLog, events memberlist.EventDelegate, meta memberlist.Delegate) (*memberlist.Memberlist, error) {
+func newMemberlist(o gossipOptions, mlog *memberlistLog, events memberlist.EventDelegate, meta memberlist.Delegate) (*memberlist.Memberlist, error) {
+	id, bind, advertise := o.id, o.bind, o.advertise
 	c := memberlist.DefaultLANConfig()
 	c.Name = id
 	c.Events = events
 	c.Delegate = meta
+	c.Label = o.label
+	if len(o.keys) > 0 {
+		kr, err := memberlist.NewKeyring(o.keys[1:], o.keys[0])
+		if err != nil {
+			return nil, fmt.Errorf("agent: gossip keys: %w", err)
+		}
+		c.Keyring = kr
+		c.GossipVerifyIncoming, c.GossipVerifyOutgoing = true, true
+	}
 	host, port, err := splitHostPort(bind)
 	if err != nil {
 		return nil, fmt.Errorf("agent: gossip address %q: %w", bind, err)
@@ -269,4 +293,48 @@ func (m *memberlistLog) Write(p []byte) (int, error) {
 		m.log.Debug(msg)
 	}
 	return len(p), nil
+}
+
+// answerTimeout bounds the HTTP request that confirms a gossip death.
+const answerTimeout = time.Second
+
+// answers reports whether agent id's HTTP endpoint, at the address it
+// registered, answers a GET of /healthz within answerTimeout, whatever
+// the status. HTTPS when this agent serves HTTPS (the fleet's agents
+// share their TLS settings); the certificate is not checked: only
+// whether something answers there (a TLS alert counts: a listener that
+// requires client certificates answers with one), and trusting an answer
+// can only keep an agent, never evict it.
+func (a *Agent) answers(ctx context.Context, id string) bool {
+	var addr string
+	for _, r := range a.registry.list() {
+		if r.ID == id {
+			addr = r.HTTP
+		}
+	}
+	if addr == "" {
+		return false
+	}
+	scheme := "http"
+	tr := &http.Transport{DisableKeepAlives: true, Proxy: nil}
+	if a.cfg.Agent.HTTPTLS.On() {
+		scheme = "https"
+		tr.TLSClientConfig = &tls.Config{InsecureSkipVerify: true} //nolint:gosec // liveness only, see above
+	}
+	defer tr.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(ctx, answerTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+"://"+addr+"/healthz", nil)
+	if err != nil {
+		return false
+	}
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		// A listener that requires client certificates refuses the
+		// handshake with an alert: it answered.
+		var alert tls.AlertError
+		return errors.As(err, &alert) || strings.Contains(err.Error(), "remote error: tls")
+	}
+	resp.Body.Close()
+	return true
 }

@@ -41,6 +41,11 @@ type Membership interface {
 	Dead() <-chan string
 	// GossipAlive reports whether gossip considers the agent alive now.
 	GossipAlive(id string) bool
+	// Answers reports whether the agent's HTTP endpoint answers now. A
+	// gossip death is acted on only when it does not: gossip packets can
+	// be forged, an answer over TCP from the registered address cannot
+	// be by the same stranger.
+	Answers(ctx context.Context, id string) bool
 	// Views returns every gossip member's view of the Kafka clusters.
 	Views() AgentViews
 }
@@ -740,9 +745,10 @@ func (l *Leader) checkCaughtUp(ctx context.Context, t *term, log *zap.Logger) (b
 }
 
 // evict frees the partitions of an agent that gossip declared dead without
-// waiting for its session lease to expire: the leader deletes its
-// registration (fenced: only while this term lasts and the registration is
-// still on the lease it had) and revokes that lease. An agent that is in
+// waiting for its session lease to expire, once the agent's HTTP endpoint
+// confirms it by not answering: the leader deletes its registration
+// (fenced: only while this term lasts and the registration is still on
+// the lease it had) and revokes that lease. An agent that is in
 // fact alive sees its lease gone, stops consuming at once, and registers
 // again. With agent.death_detection "lease" it does nothing: the lease
 // expires by itself.
@@ -752,6 +758,11 @@ func (l *Leader) evict(ctx context.Context, term election.Term, id string, log *
 	}
 	if id == term.ID || l.members.GossipAlive(id) {
 		return // a stale notice: the agent is back in gossip
+	}
+	if l.members.Answers(ctx, id) {
+		log.Warn("gossip reports an agent dead, but it answers over HTTP: not evicting it (its session lease decides)", zap.String("agent_reported_dead", id))
+		l.Metrics.deathRefuted()
+		return
 	}
 	l.evictLease(ctx, term, id, log)
 }

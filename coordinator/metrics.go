@@ -19,6 +19,7 @@ type Metrics struct {
 	breakerOpen    prometheus.Gauge
 	behind         prometheus.Gauge
 	repairs        *prometheus.CounterVec
+	refuted        prometheus.Counter
 	late           prometheus.Counter
 	lateBy         prometheus.Gauge
 	// refused is kswitch_refused_values_total, shared with the agent
@@ -51,6 +52,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		breakerOpen: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kswitch_circuit_breaker_open", Help: "1 while automatic switching is off after too many failed or flapping switches.",
 		}),
+		refuted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kswitch_gossip_deaths_refuted_total",
+			Help: "Gossip reports of an agent's death the leader did not act on, because the agent answered over HTTP (a stale or forged report).",
+		}),
 		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kswitch_state_repairs_total",
 			Help: "Times the leader wrote its view of a state key again after someone else changed or deleted it, by key (assignment, active).",
@@ -69,7 +74,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	reg.MustRegister(m.activeCluster, m.lastSwitch, m.switchDuration, m.switchFailures, m.translation, m.reachable, m.breakerOpen,
-		m.behind, m.late, m.lateBy, m.repairs)
+		m.behind, m.late, m.lateBy, m.repairs, m.refuted)
 	var err error
 	if m.refused, err = refused.Counter(reg); err != nil {
 		panic(err)
@@ -99,6 +104,13 @@ func (m *Metrics) observe(views AgentViews, a Active) {
 	m.activeCluster.Reset()
 	if a.Phase == PhaseActive {
 		m.activeCluster.WithLabelValues(a.Cluster).Set(1)
+	}
+}
+
+// deathRefuted counts a gossip death report not acted on. m may be nil.
+func (m *Metrics) deathRefuted() {
+	if m != nil {
+		m.refuted.Inc()
 	}
 }
 

@@ -90,6 +90,13 @@ type Agent struct {
 	// for NAT or containers. Empty means the address actually bound for
 	// Gossip.
 	GossipAdvertise string `yaml:"gossip_advertise" help:"host:port other agents use to reach this agent's gossip (default: the bound gossip address)"`
+	// GossipKeyFile is a file of memberlist encryption keys, base64, one
+	// per line (16, 24 or 32 bytes: AES-128, -192 or -256). The first
+	// encrypts what this agent sends; every one is tried on what it
+	// receives, so keys rotate without a split: add the new key second on
+	// every agent, then make it first everywhere, then remove the old one.
+	// Empty: gossip is not encrypted (see docs/SECURITY.md).
+	GossipKeyFile string `yaml:"gossip_key_file" help:"file of base64 gossip encryption keys, one per line, the first used to send (empty: no encryption)"`
 	// HTTPTLS turns the HTTP listener into HTTPS, optionally requiring
 	// client certificates.
 	HTTPTLS ServerTLS `yaml:"http_tls"`

@@ -3,6 +3,7 @@ package config
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -179,6 +180,37 @@ func (e Etcd) Credentials() (string, Secret, error) {
 	return e.Username, pass, err
 }
 
+// GossipKeys reads agent.gossip_key_file: the keys, the first being the
+// one to send with; none when the field is empty.
+func (a Agent) GossipKeys() ([][]byte, error) {
+	if a.GossipKeyFile == "" {
+		return nil, nil
+	}
+	data, err := os.ReadFile(a.GossipKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("config: agent.gossip_key_file: %w", err)
+	}
+	var keys [][]byte
+	for i, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		k, err := base64.StdEncoding.DecodeString(line)
+		if err != nil {
+			return nil, fmt.Errorf("config: agent.gossip_key_file: %s line %d is not base64: %v (make one with: head -c 32 /dev/urandom | base64)", a.GossipKeyFile, i+1, err)
+		}
+		if n := len(k); n != 16 && n != 24 && n != 32 {
+			return nil, fmt.Errorf("config: agent.gossip_key_file: %s line %d is a %d-byte key; a gossip key is 16, 24 or 32 bytes (make one with: head -c 32 /dev/urandom | base64)", a.GossipKeyFile, i+1, n)
+		}
+		keys = append(keys, k)
+	}
+	if len(keys) == 0 {
+		return nil, fmt.Errorf("config: agent.gossip_key_file: %s holds no key", a.GossipKeyFile)
+	}
+	return keys, nil
+}
+
 // readSecret returns inline, or the content of file without its trailing
 // newline when file is set. Errors name path (the section).
 func readSecret(inline Secret, file, path string) (Secret, error) {
@@ -200,6 +232,9 @@ func readSecret(inline Secret, file, path string) (Secret, error) {
 // are readable and parse, and that the fields that go together are set
 // together.
 func (c *Config) validateSecurity(p *problems) {
+	if _, err := c.Agent.GossipKeys(); err != nil {
+		p.add("agent.gossip_key_file", "%s", strings.TrimPrefix(err.Error(), "config: agent.gossip_key_file: "))
+	}
 	e := c.Etcd
 	switch {
 	case e.Password != "" && e.PasswordFile != "":
