@@ -67,6 +67,9 @@ type Options struct {
 	// preparation of planned switches (coordinator.Leader.BreakBeforeMake):
 	// the baseline of the planned-switch benchmark.
 	BreakBeforeMake bool
+	// NoCommitHold turns off the hold of delivery while commits fail
+	// (commitHold): the baseline of BenchmarkEtcdOutage.
+	NoCommitHold bool
 	// OnConfig, when set, is called with the configuration in force each
 	// time a dynamic configuration version (source and clusters from etcd,
 	// accepted by the leader) is applied: the routing sink takes the new
@@ -120,6 +123,7 @@ type Agent struct {
 	owned      atomic.Pointer[[]coordinator.TopicPartition] // set by the worker
 	current    atomic.Pointer[concurrency.Session]          // while registered
 	active     atomic.Pointer[string]                       // cluster of the applied assignment
+	hold       atomic.Pointer[commitHold]                   // the current worker's
 	// dyn is the dynamic configuration version in force.
 	dyn dynConfig
 	// signalsApplied is the etcd revision of the signals every running
@@ -374,6 +378,12 @@ func (a *Agent) Ready() (bool, string) {
 	}
 	if !s.registered {
 		return false, s.reason
+	}
+	if h := a.hold.Load(); h != nil {
+		if since := h.failingSince(); !since.IsZero() {
+			return false, fmt.Sprintf("commits to etcd have not succeeded for %s: delivery held, so that a crash now delivers no more records again",
+				time.Since(since).Round(time.Millisecond))
+		}
 	}
 	if p := a.active.Load(); p != nil && a.prober != nil {
 		if v, ok := a.prober.view()[*p]; ok && !v.Reachable {
@@ -639,7 +649,10 @@ func (f fleetView) Views() coordinator.AgentViews                 { return f.a.g
 func (a *Agent) newWorker(s *concurrency.Session) *worker {
 	reconf := make(chan configUpdate, 1)
 	version, cfg := a.dyn.attach(reconf)
+	hold := newCommitHold(holdBound(a.cfg.Source.CommitInterval), a.opts.NoCommitHold)
+	a.hold.Store(hold)
 	return &worker{
+		hold: hold,
 		reconf: reconf, configVersion: version, clusters: cfg.Clusters, initial: cfg.Source.InitialOffset,
 		cfg: a.cfg, id: a.id, keys: a.keys, log: a.log, etcd: a.client, store: a.store,
 		handler: a.opts.Handler, metrics: a.metrics, drain: a.opts.DrainTimeout,

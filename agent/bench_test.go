@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/agent"
+	"github.com/kswitch/kswitch/internal/config"
 	"github.com/kswitch/kswitch/internal/keys"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
@@ -212,4 +213,24 @@ func plannedSwitchGaps(b *testing.B, n int, breakBeforeMake bool, dups *int, pha
 		cancel()
 	}
 	return gaps
+}
+
+// BenchmarkEtcdOutage measures the records delivered twice after a 30 s
+// etcd outage, 3 agents consuming about 400 records/s with the default
+// session TTL (5 s) and a commit interval of 200 ms: with the hold of
+// delivery while commits fail (commitHold), and, as the baseline in the
+// same run, without it (Options.NoCommitHold), where agents deliver until
+// their sessions end.
+func BenchmarkEtcdOutage(b *testing.B) {
+	const down = 30 * time.Second
+	conf := func(c *config.Config) { c.Etcd.SessionTTL = config.Default().Etcd.SessionTTL }
+	for range b.N {
+		held, _ := etcdOutage(b, down, false, conf, nil)
+		base, _ := etcdOutage(b, down, true, conf, nil)
+		h, n := held.duplicates(), base.duplicates()
+		b.ReportMetric(float64(h), "dups-held")
+		b.ReportMetric(float64(n), "dups-baseline")
+		fmt.Printf("etcd outage of %v, 3 agents: %d records delivered again with the hold of delivery, %d without (%.1fx fewer)\n",
+			down, h, n, float64(n)/float64(max(h, 1)))
+	}
 }

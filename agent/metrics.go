@@ -30,6 +30,7 @@ type metrics struct {
 	generation      prometheus.Gauge
 	gossipDropped   prometheus.Counter
 	paused          *prometheus.GaugeVec
+	deliveryHeld    prometheus.Gauge
 	signalApply     prometheus.Histogram
 	configVersion   prometheus.Gauge
 }
@@ -88,6 +89,10 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		paused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "kswitch_paused", Help: "1 for each signal scope (fleet, topic/<t>, agent/<id>, channel/<c>) that pauses now.",
 		}, []string{"scope"}),
+		deliveryHeld: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kswitch_delivery_held",
+			Help: "1 while this agent hands no record on because its commits to etcd have not succeeded for longer than the hold's bound (one commit interval after the first commit attempt that did not succeed).",
+		}),
 		signalApply: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kswitch_signal_apply_seconds",
 			Help:    "Time from this agent seeing a pause signal in etcd to every affected partition having stopped delivering.",
@@ -110,6 +115,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	if m.badValues, err = refused.Counter(reg); err != nil {
 		panic(err)
 	}
+	reg.MustRegister(m.deliveryHeld)
 	reg.MustRegister(m.isLeader, m.leaderChanges, m.ready, m.agents, m.gossipMembers, m.etcdErrors, info,
 		m.records, m.consumeErrors, m.handlerErrors, m.commits, m.commitErrors, m.ownedPartitions, m.generation, m.gossipDropped, m.paused, m.signalApply, m.configVersion,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -162,7 +162,7 @@ func (w *worker) consume(ctx context.Context, r *partitionRun) {
 		// A paused partition hands nothing on: records sarama already
 		// fetched wait here, unacknowledged, so nothing is committed past
 		// them.
-		if r.gate.wait(ctx) != nil {
+		if r.gate.wait(ctx) != nil || w.hold.wait(ctx) != nil {
 			return
 		}
 		select {

@@ -149,6 +149,9 @@ type worker struct {
 	// commit, a release or an acknowledgement. It holds the latest batch.
 	mirrorq chan mirrorJob
 
+	// hold stops delivery while commits do not succeed (commitHold).
+	hold *commitHold
+
 	// warmed receives the outcome of the warm-up in flight (at most one).
 	warmed chan warmResult
 
@@ -226,6 +229,11 @@ func (w *worker) run(ctx context.Context) error {
 		default:
 		}
 		w.publishOwned()
+	}()
+	w.bg.Add(1)
+	go func() {
+		defer w.bg.Done()
+		w.watchCommits(ctx)
 	}()
 	// Signals are read before anything is consumed: an agent that
 	// restarts during a pause must not deliver a record.
@@ -622,8 +630,10 @@ func (w *worker) commit(ctx context.Context, tps []coordinator.TopicPartition) e
 		commits = append(commits, offsets.Commit{Cluster: r.cluster, Topic: tp.Topic, Partition: tp.Partition, Offset: next, Timestamp: ts, Fingerprints: fps})
 	}
 	if len(commits) == 0 {
+		w.committedAll()
 		return nil
 	}
+	w.hold.attempt(time.Now())
 	fence := offsets.Fence{
 		AgentKey: w.keys.Agent(w.id), Lease: w.lease,
 		AssignmentKey: w.keys.Assignment(), AssignmentRev: w.appliedRev,
@@ -651,11 +661,40 @@ func (w *worker) commit(ctx context.Context, tps []coordinator.TopicPartition) e
 	for _, c := range commits {
 		w.committed[coordinator.TopicPartition{Topic: c.Topic, Partition: c.Partition}] = c.Offset
 	}
+	w.committedAll()
 	w.metrics.commits.Add(float64(len(commits)))
 	if w.kafka != nil {
 		w.enqueueMirror(mirrorJob{mirror: w.kafka.mirror, commits: commits}, false)
 	}
 	return nil
+}
+
+// committedAll notes that every position is committed, which releases a
+// hold of delivery.
+func (w *worker) committedAll() {
+	if held := w.hold.succeeded(time.Now()); held > 0 {
+		w.log.Info("commits succeed again: delivery resumes", zap.Duration("held", held))
+		w.metrics.deliveryHeld.Set(0)
+	}
+}
+
+// watchCommits holds delivery once commits have gone without success for
+// longer than the hold's bound (commitHold), until ctx ends.
+func (w *worker) watchCommits(ctx context.Context) {
+	t := time.NewTicker(min(max(w.hold.bound/4, 10*time.Millisecond), 50*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			if held, since := w.hold.check(now); held {
+				w.log.Warn("commits to etcd have not succeeded: holding delivery until one does, so that no more records are delivered again after a crash",
+					zap.Duration("failing_for", now.Sub(since)), zap.Duration("bound", w.hold.bound))
+				w.metrics.deliveryHeld.Set(1)
+			}
+		}
+	}
 }
 
 // enqueueMirror queues positions for the Kafka group, merged with those
