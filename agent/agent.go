@@ -652,7 +652,7 @@ func (a *Agent) newWorker(s *concurrency.Session) *worker {
 	hold := newCommitHold(holdBound(a.cfg.Source.CommitInterval), a.opts.NoCommitHold)
 	a.hold.Store(hold)
 	return &worker{
-		hold: hold,
+		hold:   hold,
 		reconf: reconf, configVersion: version, clusters: cfg.Clusters, initial: cfg.Source.InitialOffset,
 		cfg: a.cfg, id: a.id, keys: a.keys, log: a.log, etcd: a.client, store: a.store,
 		handler: a.opts.Handler, metrics: a.metrics, drain: a.opts.DrainTimeout,
