@@ -817,25 +817,7 @@ func TestLeaderKilledMidSwitchIsResumedByTheNext(t *testing.T) {
 	// nothing it does from then on lands; once its HTTP server is gone
 	// too, the switch it began can no longer be completed by it.
 	killed := time.Now()
-	aborted := make(chan struct{})
-	go func() {
-		defer close(aborted)
-		leader.Abort()
-	}()
-	wait.For(t, 5*time.Second, "the leader down", func() error {
-		if _, _, err := readyz(leader); err == nil {
-			return fmt.Errorf("%s still answers", leader.ID())
-		}
-		return nil
-	})
-	// What the dead leader held is never acknowledged by anyone alive;
-	// acking it now only lets its drain (and so Abort) end.
-	lost := gates[leader.ID()].open()
-	<-aborted
-	// The survivors' sinks recover: they release, commit and acknowledge.
-	for _, a := range rest {
-		gates[a.ID()].open()
-	}
+	lost := abortStalledLeader(t, leader, gates)
 
 	waitConsuming(t, cfg.Etcd.SessionTTL+cfg.Failover.FailureWindow+10*time.Second, "B", rest...)
 	p.halt()
@@ -875,6 +857,36 @@ func TestLeaderKilledMidSwitchIsResumedByTheNext(t *testing.T) {
 		t.Errorf("%d duplicates, more than the %d records the killed leader held", dups, lost)
 	}
 	ho.check(t, l)
+}
+
+// abortStalledLeader crashes leader while every agent's sink is stalled
+// (stallAll): once its HTTP server is gone it can complete nothing more;
+// then the sinks recover. It returns how many records the dead leader
+// held unacknowledged: its partitions' next owners deliver them again.
+func abortStalledLeader(t *testing.T, leader *agent.Agent, gates map[string]*gate) int {
+	t.Helper()
+	aborted := make(chan struct{})
+	go func() {
+		defer close(aborted)
+		leader.Abort()
+	}()
+	wait.For(t, 5*time.Second, "the leader down", func() error {
+		if _, _, err := readyz(leader); err == nil {
+			return fmt.Errorf("%s still answers", leader.ID())
+		}
+		return nil
+	})
+	// What the dead leader held is never acknowledged by anyone alive;
+	// acking it now only lets its drain (and so Abort) end.
+	held := gates[leader.ID()].open()
+	<-aborted
+	// The survivors' sinks recover: they release, commit and acknowledge.
+	for id, g := range gates {
+		if id != leader.ID() {
+			g.open()
+		}
+	}
+	return held
 }
 
 // kswitch runs the CLI in process.

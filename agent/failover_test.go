@@ -87,6 +87,11 @@ func (d *dc) config(id string) config.Config {
 // activeOf returns the cluster every agent consumes, or an error while they
 // disagree or own nothing.
 func activeOf(agents ...*agent.Agent) (string, error) {
+	return activeOfN(failoverPartitions, agents...)
+}
+
+// activeOfN is activeOf for a fleet of n partitions.
+func activeOfN(n int, agents ...*agent.Agent) (string, error) {
 	cluster, total := "", 0
 	for _, a := range agents {
 		st := a.Status()
@@ -96,8 +101,8 @@ func activeOf(agents ...*agent.Agent) (string, error) {
 		cluster = st.Active
 		total += len(st.Owned)
 	}
-	if total != failoverPartitions {
-		return "", fmt.Errorf("%d of %d partitions owned", total, failoverPartitions)
+	if total != n {
+		return "", fmt.Errorf("%d of %d partitions owned", total, n)
 	}
 	return cluster, nil
 }

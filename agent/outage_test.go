@@ -86,18 +86,11 @@ func skipFillers(h agent.Handler) agent.Handler {
 func waitOwning(t *testing.T, timeout time.Duration, cluster string, agents ...*agent.Agent) {
 	t.Helper()
 	wait.For(t, timeout, fmt.Sprintf("the fleet consumes %d partitions of %s", outagePartitions, cluster), func() error {
-		total := 0
-		for _, a := range agents {
-			st := a.Status()
-			if st.Active != cluster {
-				return fmt.Errorf("%s consumes %q", a.ID(), st.Active)
-			}
-			total += len(st.Owned)
+		c, err := activeOfN(outagePartitions, agents...)
+		if err == nil && c != cluster {
+			err = fmt.Errorf("active %s", c)
 		}
-		if total != outagePartitions {
-			return fmt.Errorf("%d of %d partitions owned", total, outagePartitions)
-		}
-		return nil
+		return err
 	})
 }
 
@@ -224,7 +217,7 @@ func TestOutageProducersMoveAndMirrorBothWays(t *testing.T) {
 		}
 		return nil
 	})
-	if c, err := activeOf2(agents...); err != nil || c != "B" {
+	if c, err := activeOfN(outagePartitions, agents...); err != nil || c != "B" {
 		t.Fatalf("the fleet left B before A held B's records: %s %v", c, err)
 	}
 	d.ba.Release()
@@ -312,22 +305,7 @@ func TestOutageLeaderKilledMidSwitchThenASecondOutage(t *testing.T) {
 	pb := startProducer(t, d.b.Brokers(), "orders", 1_000_000)
 	switching := waitSwitching(t, cli, cfg.Failover.FailureWindow)
 	t.Logf("switch under way: %+v; killing the leader %s", switching, leader.ID())
-	aborted := make(chan struct{})
-	go func() {
-		defer close(aborted)
-		leader.Abort()
-	}()
-	wait.For(t, 5*time.Second, "the leader down", func() error {
-		if _, _, err := readyz(leader); err == nil {
-			return fmt.Errorf("%s still answers", leader.ID())
-		}
-		return nil
-	})
-	held := gates[leader.ID()].open()
-	<-aborted
-	for _, a := range rest {
-		gates[a.ID()].open()
-	}
+	held := abortStalledLeader(t, leader, gates)
 	waitOwning(t, cfg.Etcd.SessionTTL+cfg.Failover.FailureWindow+10*time.Second, "B", rest...)
 	waitProduced(t, pb, 200, "records written to B")
 
@@ -390,22 +368,6 @@ func lagged(evs []coordinator.SwitchEvent) int64 {
 	return n
 }
 
-// activeOf2 is activeOf for the two physical topics of an outage.
-func activeOf2(agents ...*agent.Agent) (string, error) {
-	cluster, total := "", 0
-	for _, a := range agents {
-		st := a.Status()
-		if cluster != "" && st.Active != cluster {
-			return "", fmt.Errorf("%s consumes %s, others %s", a.ID(), st.Active, cluster)
-		}
-		cluster = st.Active
-		total += len(st.Owned)
-	}
-	if total != outagePartitions {
-		return cluster, fmt.Errorf("%d of %d partitions owned", total, outagePartitions)
-	}
-	return cluster, nil
-}
 
 // waitAllPaused waits until every agent obeys the signals at revision rev:
 // nothing paused is handed on any more.
