@@ -368,7 +368,6 @@ func lagged(evs []coordinator.SwitchEvent) int64 {
 	return n
 }
 
-
 // waitAllPaused waits until every agent obeys the signals at revision rev:
 // nothing paused is handed on any more.
 func waitAllPaused(t *testing.T, rev int64, agents ...*agent.Agent) {
