@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"testing"
@@ -453,4 +454,57 @@ func TestDeliveryHeldWhileCommitsFail(t *testing.T) {
 	// consumes again, under a new session, from its committed offsets in
 	// the generation it had applied, which the ledger's rule of offsets
 	// increasing per agent and generation does not allow for.
+}
+
+// TestStrangerWritesUnderState: while records flow, a stranger writes at
+// random under state/, agents/ and acks/ (garbage, deletions, well-formed
+// values naming agents that do not exist, generations out of range), 60
+// writes over about three seconds. The leader repairs what it owns, the
+// agents refuse the rest, and once the stranger stops every partition is
+// consumed again within two loop turns' worth of time and nothing is lost.
+func TestStrangerWritesUnderState(t *testing.T) {
+	d := startDC(t)
+	cli := testenv.EtcdClientT(t, d.etcd)
+	l := newLedger()
+	var agents []*agent.Agent
+	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
+		agents = append(agents, startConsumer(t, d.config(id), l.handler(id)))
+	}
+	waitConsuming(t, 20*time.Second, "A", agents...)
+	p := startProducer(t, d.a.Brokers(), "orders", 0)
+	rng := rand.New(rand.NewPCG(21, 15))
+	values := []string{
+		"", "\x00garbage", "{}", "null", `{"generation": -1}`, `{"generation": 9007199254740993, "cluster": "A"}`,
+		`{"generation": 5000000, "cluster": "A", "owned": {"ghost": [{"topic":"orders","partition":1}]}}`,
+		`{"cluster": "B", "epoch": 99, "phase": "switching"}`, `{"cluster": "Z", "epoch": 1, "phase": "active"}`,
+		`{"id":"ghost","http":"127.0.0.1:1"}`, "18446744073709551615", "3",
+	}
+	keys := []string{fleetKeys.Assignment(), fleetKeys.Active(), fleetKeys.Agent("ghost"), fleetKeys.Ack("ghost"), fleetKeys.Ack("agent-1")}
+	for range 60 {
+		key, val := keys[rng.IntN(len(keys))], values[rng.IntN(len(values))]
+		var err error
+		if rng.IntN(4) == 0 {
+			_, err = cli.Delete(context.Background(), key)
+		} else {
+			_, err = cli.Put(context.Background(), key, val)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond) // the stranger's pace: the experiment, not a wait
+	}
+	// Loop turns are at most a probe interval apart.
+	waitConsuming(t, 2*d.config("x").Failover.ProbeInterval+5*time.Second, "A", agents...)
+	waitCommitting(t, cli, "A", 20, "after the stranger")
+	p.halt()
+	want := map[string]bool{}
+	for i := range p.next.Load() {
+		want[strconv.FormatInt(i, 10)] = true
+	}
+	waitAllHandled(t, l, want, 20*time.Second)
+	a, err := readActive(cli)
+	if err != nil || a.Cluster != "A" {
+		t.Errorf("state/active %+v %v after the stranger, want A", a, err)
+	}
+	t.Logf("%d records, 0 lost, %d duplicates", len(want), l.duplicates())
 }
