@@ -67,6 +67,12 @@ type Options struct {
 	// preparation of planned switches (coordinator.Leader.BreakBeforeMake):
 	// the baseline of the planned-switch benchmark.
 	BreakBeforeMake bool
+	// StuckAfter is how long a partition's committable position may stand
+	// still while records handed to the handler wait for their
+	// acknowledgement before the agent reports the handler stuck
+	// (/readyz 503, kswitch_stuck_partitions). Default: 30 s or ten
+	// commit intervals, whichever is longer.
+	StuckAfter time.Duration
 	// NoCommitHold turns off the hold of delivery while commits fail
 	// (commitHold): the baseline of BenchmarkEtcdOutage.
 	NoCommitHold bool
@@ -124,6 +130,7 @@ type Agent struct {
 	current    atomic.Pointer[concurrency.Session]          // while registered
 	active     atomic.Pointer[string]                       // cluster of the applied assignment
 	hold       atomic.Pointer[commitHold]                   // the current worker's
+	stuck      atomic.Pointer[string]                       // the current worker's stuck partitions, "" if none
 	// dyn is the dynamic configuration version in force.
 	dyn dynConfig
 	// signalsApplied is the etcd revision of the signals every running
@@ -150,6 +157,9 @@ func New(cfg config.Config, opts Options) (*Agent, error) {
 	log = log.With(zap.String("agent", cfg.Agent.ID), zap.String("fleet", cfg.Fleet))
 	if opts.Handler == nil {
 		opts.Handler = &CountingHandler{Log: log}
+	}
+	if opts.StuckAfter <= 0 {
+		opts.StuckAfter = max(30*time.Second, 10*cfg.Source.CommitInterval)
 	}
 	if opts.DrainTimeout <= 0 {
 		opts.DrainTimeout = 5 * time.Second
@@ -378,6 +388,9 @@ func (a *Agent) Ready() (bool, string) {
 	}
 	if !s.registered {
 		return false, s.reason
+	}
+	if r := a.stuck.Load(); r != nil && *r != "" {
+		return false, *r
 	}
 	if h := a.hold.Load(); h != nil {
 		if since := h.failingSince(); !since.IsZero() {
@@ -651,8 +664,11 @@ func (a *Agent) newWorker(s *concurrency.Session) *worker {
 	version, cfg := a.dyn.attach(reconf)
 	hold := newCommitHold(holdBound(a.cfg.Source.CommitInterval), a.opts.NoCommitHold)
 	a.hold.Store(hold)
+	none := ""
+	a.stuck.Store(&none)
 	return &worker{
-		hold:   hold,
+		hold:  hold,
+		stuck: &a.stuck, stuckAfter: a.opts.StuckAfter,
 		reconf: reconf, configVersion: version, clusters: cfg.Clusters, initial: cfg.Source.InitialOffset,
 		cfg: a.cfg, id: a.id, keys: a.keys, log: a.log, etcd: a.client, store: a.store,
 		handler: a.opts.Handler, metrics: a.metrics, drain: a.opts.DrainTimeout,

@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -507,4 +509,53 @@ func TestStrangerWritesUnderState(t *testing.T) {
 		t.Errorf("state/active %+v %v after the stranger, want A", a, err)
 	}
 	t.Logf("%d records, 0 lost, %d duplicates", len(want), l.duplicates())
+}
+
+// TestAStuckHandlerIsReported: a handler that stops acknowledging the
+// records of one partition makes the agent unready, naming the partition
+// and how long (kswitch_stuck_partitions); once it acknowledges again
+// the agent is ready.
+func TestAStuckHandlerIsReported(t *testing.T) {
+	e := testenv.StartEtcdT(t)
+	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 2}})
+	var mu sync.Mutex
+	var held []*agent.Record
+	stuck := true
+	h := agent.HandlerFunc(func(_ context.Context, r *agent.Record) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if r.Partition == 0 && stuck {
+			held = append(held, r)
+			return nil
+		}
+		r.Ack()
+		return nil
+	})
+	a := startFleetAgent(t, consumeConfig(e, k, "agent-1"), agent.Options{Handler: h, StuckAfter: time.Second})
+	waitBalanced(t, 2, a)
+	produce(t, k, "orders", 0, 20)
+	wait.For(t, 10*time.Second, "the agent unready, naming the stuck partition", func() error {
+		code, reason, err := readyz(a)
+		if err != nil || code != 503 || !strings.Contains(reason, "orders/0") || !strings.Contains(reason, "not acknowledged for") {
+			return fmt.Errorf("/readyz %d %q %v", code, reason, err)
+		}
+		if v, _ := metricValue(a, "kswitch_stuck_partitions", nil); v != 1 {
+			return fmt.Errorf("kswitch_stuck_partitions %v", v)
+		}
+		return nil
+	})
+	_, reason, _ := readyz(a)
+	t.Logf("/readyz: %s", reason)
+	mu.Lock()
+	stuck = false
+	for _, r := range held {
+		r.Ack()
+	}
+	mu.Unlock()
+	wait.For(t, 10*time.Second, "the agent ready again", func() error {
+		if code, reason, err := readyz(a); err != nil || code != 200 {
+			return fmt.Errorf("/readyz %d %q %v", code, reason, err)
+		}
+		return nil
+	})
 }

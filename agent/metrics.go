@@ -31,6 +31,7 @@ type metrics struct {
 	gossipDropped   prometheus.Counter
 	paused          *prometheus.GaugeVec
 	deliveryHeld    prometheus.Gauge
+	stuckPartitions prometheus.Gauge
 	signalApply     prometheus.Histogram
 	configVersion   prometheus.Gauge
 }
@@ -115,7 +116,11 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	if m.badValues, err = refused.Counter(reg); err != nil {
 		panic(err)
 	}
-	reg.MustRegister(m.deliveryHeld)
+	m.stuckPartitions = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "kswitch_stuck_partitions",
+		Help: "Partitions whose committable position has not moved for the stuck bound while records handed to the handler wait for their acknowledgement.",
+	})
+	reg.MustRegister(m.deliveryHeld, m.stuckPartitions)
 	reg.MustRegister(m.isLeader, m.leaderChanges, m.ready, m.agents, m.gossipMembers, m.etcdErrors, info,
 		m.records, m.consumeErrors, m.handlerErrors, m.commits, m.commitErrors, m.ownedPartitions, m.generation, m.gossipDropped, m.paused, m.signalApply, m.configVersion,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

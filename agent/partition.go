@@ -21,11 +21,15 @@ type partitionRun struct {
 	generation int64
 	logical    string // the topic's logical name
 	origin     string // the cluster whose producers write the topic
-	pc         sarama.PartitionConsumer
-	t          *tracker
-	cancel     context.CancelFunc
-	done       chan struct{}
-	gate       *gate
+	// movedAt is when the committable position last moved (or the
+	// partition started), next that position: owned by the worker's loop.
+	movedAt time.Time
+	next    int64
+	pc      sarama.PartitionConsumer
+	t       *tracker
+	cancel  context.CancelFunc
+	done    chan struct{}
+	gate    *gate
 }
 
 // gate holds a partition's delivery while it is paused. The worker sets

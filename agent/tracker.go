@@ -112,6 +112,14 @@ func (t *tracker) position() (next int64, ts time.Time, fps []offsets.Fingerprin
 	return t.next, t.lastTS, fps
 }
 
+// progress returns the committable position and how many delivered
+// records are not yet acknowledged in order.
+func (t *tracker) progress() (next int64, unacked int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.next, len(t.queue)
+}
+
 // unacked returns the number of delivered records not yet acknowledged
 // in order.
 func (t *tracker) unacked() int {

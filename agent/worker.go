@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -151,6 +152,10 @@ type worker struct {
 
 	// hold stops delivery while commits do not succeed (commitHold).
 	hold *commitHold
+	// stuck is the reason of checkStuck's last finding ("": none), for
+	// readiness; stuckAfter its bound.
+	stuck      *atomic.Pointer[string]
+	stuckAfter time.Duration
 
 	// warmed receives the outcome of the warm-up in flight (at most one).
 	warmed chan warmResult
@@ -290,10 +295,11 @@ func (w *worker) follow(ctx context.Context, tick <-chan time.Time, sig <-chan s
 			w.warmDone(ctx, res)
 		case u := <-w.reconf:
 			w.reconfigure(ctx, u)
-		case <-tick:
+		case now := <-tick:
 			if err := w.commit(ctx, slices.Collect(maps.Keys(w.parts))); errors.Is(err, errLeaseLost) {
 				return err
 			}
+			w.checkStuck(now)
 			w.startPending(ctx)
 		case wr, ok := <-wch:
 			if !ok {
@@ -667,6 +673,35 @@ func (w *worker) commit(ctx context.Context, tps []coordinator.TopicPartition) e
 		w.enqueueMirror(mirrorJob{mirror: w.kafka.mirror, commits: commits}, false)
 	}
 	return nil
+}
+
+// checkStuck notes, for readiness and kswitch_stuck_partitions, the
+// partitions whose handler holds records without acknowledging them: the
+// committable position has not moved for stuckAfter while records handed
+// on wait for their acknowledgement.
+func (w *worker) checkStuck(now time.Time) {
+	var stuck []string
+	for _, tp := range slices.SortedFunc(maps.Keys(w.parts), coordinator.TopicPartition.Compare) {
+		r := w.parts[tp]
+		next, unacked := r.t.progress()
+		if r.movedAt.IsZero() || next != r.next || unacked == 0 {
+			r.next, r.movedAt = next, now
+			continue
+		}
+		if d := now.Sub(r.movedAt); d > w.stuckAfter {
+			stuck = append(stuck, fmt.Sprintf("%s (offset %d, %d records handed on, not acknowledged for %s)", tp, next, unacked, d.Round(time.Second)))
+		}
+	}
+	reason := ""
+	if len(stuck) > 0 {
+		reason = fmt.Sprintf("the handler acknowledges nothing on %d partitions: %s", len(stuck), strings.Join(stuck, ", "))
+	}
+	if old := w.stuck.Swap(&reason); old == nil || *old != reason {
+		w.metrics.stuckPartitions.Set(float64(len(stuck)))
+		if reason != "" {
+			w.log.Warn("partitions stuck in the handler", zap.Strings("partitions", stuck), zap.Duration("after", w.stuckAfter))
+		}
+	}
 }
 
 // committedAll notes that every position is committed, which releases a

@@ -236,6 +236,9 @@ type LeaderStatus struct {
 	Pin     string    `json:"pin,omitempty"`
 	Breaker time.Time `json:"breaker_open_until,omitzero"`
 	CutOff  []string  `json:"cut_off,omitempty"`
+	// Unassigned lists the discovered partitions that no agent consumes
+	// or is releasing, with how long: the fleet's stalled partitions.
+	Unassigned []string `json:"unassigned,omitempty"`
 }
 
 // Status returns the leader's last verdict, or nil when this agent has not
@@ -426,6 +429,7 @@ func (l *Leader) Run(ctx context.Context, et election.Term) error {
 	failedEpoch := int64(-1)
 	var lastVerdict string
 	var lastCaughtUpCheck time.Time
+	unowned := &stalled{since: map[TopicPartition]time.Time{}, metrics: l.Metrics}
 	caughtUpResult, caughtUpWhy := false, "not checked yet"
 	for {
 		now := time.Now()
@@ -554,7 +558,8 @@ func (l *Leader) Run(ctx context.Context, et election.Term) error {
 		// partitions: they would only stall them.
 		cut := h.cutOff(now, t.active.Cluster, l.cfg.Failover.FailureWindow)
 		ready := readyOn(t.active.Cluster)
-		l.status.Store(&LeaderStatus{Active: t.active, Verdict: why, Pin: pn.get(), Breaker: br.openUntil, CutOff: slices.Sorted(maps.Keys(cut))})
+		l.status.Store(&LeaderStatus{Active: t.active, Verdict: why, Pin: pn.get(), Breaker: br.openUntil, CutOff: slices.Sorted(maps.Keys(cut)),
+			Unassigned: unowned.note(now, partitions, t.current)})
 		if partitions != nil {
 			next, changed := Plan(PlanInput{Current: t.current, Partitions: partitions, Cluster: t.active.Cluster, Live: ready, Acks: ak.snapshot()})
 			if changed {

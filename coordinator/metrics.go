@@ -20,6 +20,7 @@ type Metrics struct {
 	behind         prometheus.Gauge
 	repairs        *prometheus.CounterVec
 	refuted        prometheus.Counter
+	unassignedN    prometheus.Gauge
 	late           prometheus.Counter
 	lateBy         prometheus.Gauge
 	// refused is kswitch_refused_values_total, shared with the agent
@@ -52,6 +53,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		breakerOpen: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kswitch_circuit_breaker_open", Help: "1 while automatic switching is off after too many failed or flapping switches.",
 		}),
+		unassignedN: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kswitch_unassigned_partitions",
+			Help: "Discovered partitions of the active cluster that no agent consumes or is releasing, as the leader sees them (the fleet's stalled partitions).",
+		}),
 		refuted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kswitch_gossip_deaths_refuted_total",
 			Help: "Gossip reports of an agent's death the leader did not act on, because the agent answered over HTTP (a stale or forged report).",
@@ -74,7 +79,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	reg.MustRegister(m.activeCluster, m.lastSwitch, m.switchDuration, m.switchFailures, m.translation, m.reachable, m.breakerOpen,
-		m.behind, m.late, m.lateBy, m.repairs, m.refuted)
+		m.behind, m.late, m.lateBy, m.repairs, m.refuted, m.unassignedN)
 	var err error
 	if m.refused, err = refused.Counter(reg); err != nil {
 		panic(err)
@@ -104,6 +109,13 @@ func (m *Metrics) observe(views AgentViews, a Active) {
 	m.activeCluster.Reset()
 	if a.Phase == PhaseActive {
 		m.activeCluster.WithLabelValues(a.Cluster).Set(1)
+	}
+}
+
+// unassigned records how many partitions have no consumer. m may be nil.
+func (m *Metrics) unassigned(n int) {
+	if m != nil {
+		m.unassignedN.Set(float64(n))
 	}
 }
 

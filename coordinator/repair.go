@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -120,4 +121,43 @@ func maxAck(ak *acks) int64 {
 		g = max(g, v)
 	}
 	return g
+}
+
+// stalled follows the discovered partitions that no agent consumes or
+// releases: the leader's fleet-level verdict of what is not moving.
+type stalled struct {
+	since   map[TopicPartition]time.Time
+	metrics *Metrics
+}
+
+// note updates the partitions without a consumer in a (over the
+// discovered ones) and returns them with how long, sorted.
+func (s *stalled) note(now time.Time, discovered []TopicPartition, a Assignment) []string {
+	held := map[TopicPartition]bool{}
+	for _, m := range []map[string][]TopicPartition{a.Owned, a.Revoking} {
+		for _, tps := range m {
+			for _, tp := range tps {
+				held[tp] = true
+			}
+		}
+	}
+	var out []string
+	seen := map[TopicPartition]bool{}
+	for _, tp := range discovered {
+		if held[tp] {
+			continue
+		}
+		seen[tp] = true
+		if _, ok := s.since[tp]; !ok {
+			s.since[tp] = now
+		}
+		out = append(out, fmt.Sprintf("%s for %s", tp, now.Sub(s.since[tp]).Round(time.Second)))
+	}
+	for tp := range s.since {
+		if !seen[tp] {
+			delete(s.since, tp)
+		}
+	}
+	s.metrics.unassigned(len(out))
+	return out
 }
