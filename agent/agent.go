@@ -669,6 +669,10 @@ func (a *Agent) newWorker(s *concurrency.Session) *worker {
 	return &worker{
 		hold:  hold,
 		stuck: &a.stuck, stuckAfter: a.opts.StuckAfter,
+		reachable: func(cluster string) bool {
+			v, ok := a.prober.view()[cluster]
+			return !ok || v.Reachable
+		},
 		reconf: reconf, configVersion: version, clusters: cfg.Clusters, initial: cfg.Source.InitialOffset,
 		cfg: a.cfg, id: a.id, keys: a.keys, log: a.log, etcd: a.client, store: a.store,
 		handler: a.opts.Handler, metrics: a.metrics, drain: a.opts.DrainTimeout,

@@ -150,6 +150,9 @@ type worker struct {
 	// commit, a release or an acknowledgement. It holds the latest batch.
 	mirrorq chan mirrorJob
 
+	// reachable reports whether this agent's last probe reached a
+	// cluster (true when it has not probed it).
+	reachable func(cluster string) bool
 	// hold stops delivery while commits do not succeed (commitHold).
 	hold *commitHold
 	// stuck is the reason of checkStuck's last finding ("": none), for
@@ -511,6 +514,15 @@ func (w *worker) release(ctx context.Context, tps []coordinator.TopicPartition, 
 // on the next commit tick.
 func (w *worker) startPending(ctx context.Context) {
 	if len(w.pending) == 0 {
+		return
+	}
+	// A cluster this agent's probe cannot reach would hold the loop for a
+	// client's whole retry budget per attempt, while the next assignment
+	// (a switch away from that cluster, often) waits to be applied: the
+	// partitions start once the probe reaches it again.
+	if w.reachable != nil && !w.reachable(w.applied.Cluster) {
+		w.log.Debug("not starting partitions: this agent's probe cannot reach the cluster", zap.String("cluster", w.applied.Cluster),
+			zap.Int("partitions", len(w.pending)))
 		return
 	}
 	if w.kafka == nil {
