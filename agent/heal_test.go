@@ -62,13 +62,7 @@ func waitCommitting(t *testing.T, cli *clientv3.Client, cluster string, n int64,
 func TestLeaderHealsTheAssignment(t *testing.T) {
 	d := startDC(t)
 	cli := testenv.EtcdClientT(t, d.etcd)
-	l := newLedger()
-	var agents []*agent.Agent
-	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
-		agents = append(agents, startConsumer(t, d.config(id), l.handler(id)))
-	}
-	waitConsuming(t, 20*time.Second, "A", agents...)
-	p := startProducer(t, d.a.Brokers(), "orders", 0)
+	l, agents, p := flowingFleet(t, d)
 	leader := leaderOf(t, agents...)
 	repairs := func() float64 {
 		v, _ := metricValue(leader, "kswitch_state_repairs_total", map[string]string{"key": "assignment"})
@@ -199,13 +193,7 @@ func TestARegistrationWithoutALeaseIsNoMember(t *testing.T) {
 func TestUnusableActiveStateIsRecoveredNotSwitchedAgain(t *testing.T) {
 	d := startDC(t)
 	cli := testenv.EtcdClientT(t, d.etcd)
-	l := newLedger()
-	var agents []*agent.Agent
-	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
-		agents = append(agents, startConsumer(t, d.config(id), l.handler(id)))
-	}
-	waitConsuming(t, 20*time.Second, "A", agents...)
-	p := startProducer(t, d.a.Brokers(), "orders", 0)
+	l, agents, p := flowingFleet(t, d)
 	if _, err := cli.Put(context.Background(), fleetKeys.Pin(), "B"); err != nil {
 		t.Fatal(err)
 	}
@@ -467,13 +455,7 @@ func TestDeliveryHeldWhileCommitsFail(t *testing.T) {
 func TestStrangerWritesUnderState(t *testing.T) {
 	d := startDC(t)
 	cli := testenv.EtcdClientT(t, d.etcd)
-	l := newLedger()
-	var agents []*agent.Agent
-	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
-		agents = append(agents, startConsumer(t, d.config(id), l.handler(id)))
-	}
-	waitConsuming(t, 20*time.Second, "A", agents...)
-	p := startProducer(t, d.a.Brokers(), "orders", 0)
+	l, agents, p := flowingFleet(t, d)
 	rng := rand.New(rand.NewPCG(21, 15))
 	values := []string{
 		"", "\x00garbage", "{}", "null", `{"generation": -1}`, `{"generation": 9007199254740993, "cluster": "A"}`,
@@ -558,4 +540,17 @@ func TestAStuckHandlerIsReported(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// flowingFleet starts agent-1..3 on d, handing records to a ledger, waits
+// until they consume A, and starts a producer to A.
+func flowingFleet(t *testing.T, d *dc) (*ledger, []*agent.Agent, *producer) {
+	t.Helper()
+	l := newLedger()
+	var agents []*agent.Agent
+	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
+		agents = append(agents, startConsumer(t, d.config(id), l.handler(id)))
+	}
+	waitConsuming(t, 20*time.Second, "A", agents...)
+	return l, agents, startProducer(t, d.a.Brokers(), "orders", 0)
 }
