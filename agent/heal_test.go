@@ -106,19 +106,11 @@ func TestLeaderHealsTheAssignment(t *testing.T) {
 	if _, err := cli.Delete(context.Background(), fleetKeys.Assignment()); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	if err := leader.Stop(ctx); err != nil {
-		t.Fatal(err)
-	}
-	cancel()
-	rest := slices.DeleteFunc(slices.Clone(agents), func(a *agent.Agent) bool { return a == leader })
+	rest := stopLeader(t, leader, agents)
 	waitConsuming(t, 15*time.Second, "A", rest...)
 	waitCommitting(t, cli, "A", 20, "under the next leader")
 	p.halt()
-	want := map[string]bool{}
-	for i := range p.next.Load() {
-		want[strconv.FormatInt(i, 10)] = true
-	}
+	want := p.written()
 	waitAllHandled(t, l, want, 20*time.Second)
 	// Delivered again are only records whose commit the damage refused:
 	// the ghost's generation took every partition from its owner at once
@@ -223,12 +215,7 @@ func TestUnusableActiveStateIsRecoveredNotSwitchedAgain(t *testing.T) {
 	if _, err := cli.Put(context.Background(), fleetKeys.Active(), "{not json"); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	if err := leader.Stop(ctx); err != nil {
-		t.Fatal(err)
-	}
-	cancel()
-	rest := slices.DeleteFunc(slices.Clone(agents), func(a *agent.Agent) bool { return a == leader })
+	rest := stopLeader(t, leader, agents)
 	next := leaderOf(t, rest...)
 	wait.For(t, 10*time.Second, "state/active recovered by "+next.ID(), func() error {
 		a, err := readActive(cli)
@@ -384,10 +371,7 @@ func etcdOutage(t testing.TB, down time.Duration, noHold bool, conf func(*config
 	}
 	waitBalanced(t, 4, agents...)
 	p.halt()
-	want := map[string]bool{}
-	for i := range p.next.Load() {
-		want[strconv.FormatInt(i, 10)] = true
-	}
+	want := p.written()
 	wait.For(t, 60*time.Second, "every record handled after the outage", func() error {
 		for id := range want {
 			if l.timesHandled(id) == 0 {
@@ -481,10 +465,7 @@ func TestStrangerWritesUnderState(t *testing.T) {
 	waitConsuming(t, 2*d.config("x").Failover.ProbeInterval+5*time.Second, "A", agents...)
 	waitCommitting(t, cli, "A", 20, "after the stranger")
 	p.halt()
-	want := map[string]bool{}
-	for i := range p.next.Load() {
-		want[strconv.FormatInt(i, 10)] = true
-	}
+	want := p.written()
 	waitAllHandled(t, l, want, 20*time.Second)
 	a, err := readActive(cli)
 	if err != nil || a.Cluster != "A" {
@@ -553,4 +534,24 @@ func flowingFleet(t *testing.T, d *dc) (*ledger, []*agent.Agent, *producer) {
 	}
 	waitConsuming(t, 20*time.Second, "A", agents...)
 	return l, agents, startProducer(t, d.a.Brokers(), "orders", 0)
+}
+
+// stopLeader stops leader cleanly and returns the other agents.
+func stopLeader(t *testing.T, leader *agent.Agent, agents []*agent.Agent) []*agent.Agent {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := leader.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return slices.DeleteFunc(slices.Clone(agents), func(a *agent.Agent) bool { return a == leader })
+}
+
+// written returns the ids p wrote and Kafka acknowledged, after halt.
+func (p *producer) written() map[string]bool {
+	ids := map[string]bool{}
+	for i := p.started; i < p.next.Load(); i++ {
+		ids[strconv.FormatInt(i, 10)] = true
+	}
+	return ids
 }

@@ -219,11 +219,15 @@ func (w *worker) run(ctx context.Context) error {
 		defer close(mdone)
 		w.mirrorLoop(mctx)
 	}()
+	// The commit watchdog lives exactly as long as run: run may return
+	// (the lease lost) before ctx ends.
+	hctx, hcancel := context.WithCancel(ctx)
 	defer func() {
 		// The mirror goroutine ends before the Kafka client it uses is
 		// closed.
 		mcancel()
 		<-mdone
+		hcancel()
 		w.bg.Wait()
 		if w.kafka != nil {
 			w.kafka.close()
@@ -238,10 +242,12 @@ func (w *worker) run(ctx context.Context) error {
 		}
 		w.publishOwned()
 	}()
+	w.metrics.deliveryHeld.Set(0) // a new session: nothing held, nothing stuck yet
+	w.metrics.stuckPartitions.Set(0)
 	w.bg.Add(1)
 	go func() {
 		defer w.bg.Done()
-		w.watchCommits(ctx)
+		w.watchCommits(hctx)
 	}()
 	// Signals are read before anything is consumed: an agent that
 	// restarts during a pause must not deliver a record.

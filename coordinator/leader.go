@@ -81,10 +81,12 @@ type Leader struct {
 	BreakBeforeMake bool
 	// status is the leader's last verdict, for /status.
 	status atomic.Pointer[LeaderStatus]
-	// bg owns the goroutines that talk to Kafka. They may outlive a term
-	// by the length of one Kafka call (bounded by the client's timeouts),
-	// so that a dead cluster never delays the end of a term; the caller
-	// waits for bg when it shuts down.
+	// bg owns the goroutines that talk to Kafka (discovery, the count of
+	// a failback's late tail) and those that confirm and carry out an
+	// eviction. They may outlive a term by the length of one call (bounded
+	// by the client's timeouts; the eviction's calls end with the term's
+	// ctx), so that a dead cluster or agent never delays the end of a
+	// term; the caller waits for bg when it shuts down.
 	bg *sync.WaitGroup
 }
 
@@ -597,7 +599,14 @@ func (l *Leader) Run(ctx context.Context, et election.Term) error {
 		case <-act.changed:
 		case <-probe.C:
 		case id := <-l.members.Dead():
-			l.evict(ctx, et, id, log)
+			// The death is confirmed over HTTP first (up to a second for
+			// a hung agent): not on the loop. The eviction is fenced by
+			// the term, which ctx ends with.
+			l.bg.Add(1)
+			go func() {
+				defer l.bg.Done()
+				l.evict(ctx, et, id, log)
+			}()
 		case ps := <-found:
 			if !slices.Equal(ps, partitions) {
 				log.Info("source partitions", zap.String("cluster", t.active.Cluster), zap.Int("partitions", len(ps)))
@@ -709,7 +718,10 @@ func (l *Leader) caughtUp(ctx context.Context, t *term, log *zap.Logger) (bool, 
 func (l *Leader) checkCaughtUp(ctx context.Context, t *term, log *zap.Logger) (bool, string, int) {
 	conf := l.conf()
 	primary, standby := conf.primary, t.active.Cluster
-	x, err := l.openTranslation(ctx, standby, primary, log)
+	// The check runs every 2 s while failback waits: discovery's warning
+	// of a configured topic missing on the primary is the discovery
+	// loop's to give, once, not this check's each time.
+	x, err := l.openTranslation(ctx, standby, primary, zap.NewNop())
 	if err != nil {
 		return false, err.Error(), -1
 	}

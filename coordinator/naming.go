@@ -17,15 +17,21 @@ import (
 // is named by its logical name and its origin; partition numbers are the
 // same on every cluster.
 type Naming struct {
-	cfg              config.Config
 	primary, standby string
+	// into is the flow into each cluster (config.Replication), resolved
+	// once: every name lookup needs it.
+	into map[string]config.Replication
 }
 
 // NewNaming returns the naming of cfg's clusters.
 func NewNaming(cfg config.Config) Naming {
 	p, _ := cfg.Primary()
 	s, _, _ := cfg.Standby()
-	return Naming{cfg: cfg, primary: p, standby: s}
+	n := Naming{primary: p, standby: s, into: make(map[string]config.Replication, len(cfg.Clusters))}
+	for name := range cfg.Clusters {
+		n.into[name] = cfg.Replication(name)
+	}
+	return n
 }
 
 // Stream is a physical topic's identity on every cluster: its logical
@@ -40,7 +46,7 @@ func (n Naming) TopicOn(cluster string, s Stream) string {
 	if cluster == s.Origin {
 		return s.Logical
 	}
-	return n.cfg.Replication(cluster).RemoteTopic(s.Logical)
+	return n.into[cluster].RemoteTopic(s.Logical)
 }
 
 // Stream returns what physical topic is on cluster. A topic that is not a
@@ -48,7 +54,7 @@ func (n Naming) TopicOn(cluster string, s Stream) string {
 // alias is taken for a local topic whose name has a dot; discovery
 // matches the logical name against the configured topics and regex).
 func (n Naming) Stream(cluster, topic string) Stream {
-	r := n.cfg.Replication(cluster)
+	r := n.into[cluster]
 	switch {
 	case r.From == "":
 		// The primary without a flow back (no standby, or identity):
