@@ -62,6 +62,16 @@
 // reports rather than skipping the record. A version that fixes the rule
 // lets it continue.
 //
+// Every expression has a cost bound (budget.go): at most MaxRuleNodes
+// nodes; ranges and builtins such as repeat within expr's memory budget;
+// and per record at most MaxIterations runs of closure bodies (all, filter,
+// map, reduce, ...), MaxBuiltBytes built by them and MaxEvalTime on the
+// clock. A version whose expression exceeds the bound already on two test
+// records (empty, and 1 KiB of JSON) is refused; a record on which it is
+// exceeded goes to the dead-letter channel (reason budget in
+// kswitch_routing_dead_lettered_total), so one costly rule cannot stop
+// consumption, and a version that replaces it always takes effect.
+//
 // Delivery is at least once: a record whose produce is retried can arrive
 // twice, and after a retry it can arrive after records that followed it.
 //

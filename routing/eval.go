@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -38,6 +39,11 @@ type Env struct {
 	// the record (A for both A's orders and B's A.orders).
 	PhysicalTopic string `expr:"physical_topic"`
 	Origin        string `expr:"origin"`
+
+	// Budget is what the running evaluation has spent: the argument of
+	// the calls every closure body is wrapped in (budget.go).
+	Budget *evalBudget `expr:"kswitch_budget"`
+	budget evalBudget
 }
 
 // env builds the environment of r, with only the parts the version's
@@ -218,14 +224,27 @@ var vms = sync.Pool{New: func() any { return new(vm.VM) }}
 
 // run evaluates p over e; its error is on one line.
 func run(p *vm.Program, e *Env) (any, error) {
+	e.budget = evalBudget{}
+	e.Budget = &e.budget
 	m := vms.Get().(*vm.VM)
 	out, err := m.Run(p, e)
 	vms.Put(m)
 	if err != nil {
+		if errors.Is(err, ErrBudget) || strings.Contains(err.Error(), "memory budget exceeded") {
+			return nil, budgetError{exprError(err)}
+		}
 		return nil, errors.New(exprError(err))
 	}
 	return out, nil
 }
+
+// budgetError is an evaluation that exceeded its budget, on one line.
+type budgetError struct{ msg string }
+
+func (e budgetError) Error() string { return e.msg }
+
+// Is makes a budgetError an ErrBudget.
+func (e budgetError) Is(target error) bool { return target == ErrBudget }
 
 // toBytes converts an expression's value to a record key: strings and
 // bytes as they are, nil as no key, numbers and booleans in their usual

@@ -50,7 +50,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"reason"}),
 		dead: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kswitch_routing_dead_lettered_total",
-			Help: "Records sent to the dead-letter channel: reason evaluation (a rule or key expression failed) or produce (the destination refused the record for good).",
+			Help: "Records sent to the dead-letter channel: reason evaluation (a rule or key expression failed), budget (an expression exceeded its evaluation budget on the record) or produce (the destination refused the record for good).",
 		}, []string{"reason"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kswitch_routing_produce_seconds",
@@ -88,7 +88,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{DropRule, DropNoMatch} {
 		m.dropped.WithLabelValues(r)
 	}
-	for _, r := range []string{"evaluation", "produce"} {
+	for _, r := range []string{"evaluation", "budget", "produce"} {
 		m.dead.WithLabelValues(r)
 	}
 	return m, nil

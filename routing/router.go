@@ -327,7 +327,11 @@ func (r *Router) deadLetter(ctx context.Context, v *Version, rec *agent.Record, 
 	if err := r.submit(ctx, rec, []*outMsg{m}); err != nil {
 		return err
 	}
-	r.m.dead.WithLabelValues("evaluation").Inc()
+	reason := "evaluation"
+	if errors.Is(err, ErrBudget) {
+		reason = "budget"
+	}
+	r.m.dead.WithLabelValues(reason).Inc()
 	r.log.Debug("record dead-lettered", zap.String("source", sourceOf(rec)), zap.String("rule", rule), zap.Error(err))
 	return nil
 }

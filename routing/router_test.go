@@ -382,6 +382,7 @@ func TestInvalidVersionRefused(t *testing.T) {
 		{k.Routes(), "rules: [{name: all, channels: [nowhere]}]\n", `rules[0].channels[0]: channel "nowhere" is not defined`},
 		{k.Routes(), "rules: [{name: all, match: 'topic ==', channels: [b]}]\n", "rules[0].match: unexpected token EOF"},
 		{k.Routes(), "rules: [{name: all, chanels: [b]}]\n", `routes line 1: unknown field "chanels"`},
+		{k.Routes(), "rules: [{name: all, match: 'reduce(1..999999, #acc + value, \"\") != \"\"', channels: [b]}]\n", "rules[0].match: refused, it is too costly already on a test record"},
 		{k.Channel("x"), "cluster: Z\ntopic: t\n", `channels.x.cluster: "Z" is not a configured cluster`},
 	} {
 		rev := w.put(bad.key, bad.value)
@@ -416,10 +417,10 @@ func TestInvalidVersionRefused(t *testing.T) {
 		good = w.put(k.Routes(), goodRoutes+"# after refusal "+strconv.FormatInt(rev, 10)+"\n")
 		w.waitVersion(good)
 	}
-	if got := metricValue(r.m.refused); got != 4 {
-		t.Errorf("refused = %v, want 4", got)
+	if got := metricValue(r.m.refused); got != 5 {
+		t.Errorf("refused = %v, want 5", got)
 	}
-	for kind, want := range map[string]float64{refused.Routes: 3, refused.Channel: 1} {
+	for kind, want := range map[string]float64{refused.Routes: 4, refused.Channel: 1} {
 		if got := metricValue(r.m.refusedValues.WithLabelValues(kind)); got != want {
 			t.Errorf("%s{kind=%q} = %v, want %v", refused.Name, kind, got, want)
 		}
@@ -465,6 +466,51 @@ func TestEvaluationErrorGoesToDeadLetter(t *testing.T) {
 	}
 	if got := metricValue(r.m.dead.WithLabelValues("evaluation")); got != 1 {
 		t.Errorf("dead_lettered{evaluation} = %v", got)
+	}
+}
+
+// TestRuleOverBudgetIsDeadLettered: a rule cheap on the records it was
+// tested on but too costly on a large one sends that record to the
+// dead-letter channel with the reason, while the others route on, and a
+// rule that replaces it takes effect.
+func TestRuleOverBudgetIsDeadLettered(t *testing.T) {
+	w := newWorld(t, map[string][]string{"B": {"b", "dead"}}, "A", "B").withEtcd()
+	w.cfg.Routing = Config{
+		// reduce builds len(value)²/2 bytes: 33 MB for 8 KiB.
+		Rules:      []Rule{{Name: "costly", Match: `len(value) <= 4096 || reduce(1..len(value), #acc + "x", "") != ""`, Channels: []string{"b"}}},
+		DeadLetter: "dead",
+		Channels:   map[string]Channel{"b": {Cluster: "B", Topic: "b"}, "dead": {Cluster: "B", Topic: "dead"}},
+	}
+	r := w.start(nil)
+	var small, large []*agent.Record
+	for i := range 6 {
+		rec := record("orders", 0, int64(i), "")
+		if i%2 == 1 {
+			rec.Value = []byte(fmt.Sprintf("%08d", i) + strings.Repeat("x", 8<<10))
+			large = append(large, rec)
+		} else {
+			small = append(small, rec)
+		}
+		w.handle(rec, 10*time.Second)
+	}
+	dead := w.read("B", "dead", len(large))
+	for _, d := range dead {
+		if !strings.HasPrefix(header(d, HeaderError), "routing: rule costly: the expression exceeded its evaluation budget: closures built more than 16 MiB") {
+			t.Errorf("dead letter %s: error header %q", header(d, HeaderSource), header(d, HeaderError))
+		}
+	}
+	if len(dead) != len(large) || len(values(w.read("B", "b", len(small)))) != len(small) {
+		t.Fatalf("%d dead letters, want %d", len(dead), len(large))
+	}
+	if got := metricValue(r.m.dead.WithLabelValues("budget")); got != float64(len(large)) {
+		t.Errorf("dead_lettered{budget} = %v, want %d", got, len(large))
+	}
+	rev := w.put(keys.New(fleet).Routes(), "rules: [{name: cheap, channels: [b]}]\n")
+	w.waitVersion(rev)
+	rec := record("orders", 0, 6, strings.Repeat("y", 8<<10))
+	w.handle(rec, 10*time.Second)
+	if onB := values(w.read("B", "b", len(small)+1)); !onB[string(rec.Value)] {
+		t.Errorf("a large record after the rule was replaced is not on b (%d records there)", len(onB))
 	}
 }
 

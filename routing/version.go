@@ -175,7 +175,10 @@ func Compile(spec Config, clusters map[string]config.Cluster) (*Version, error) 
 		spec.Channels[name] = ch
 		c := &channel{Channel: ch, dest: dest{name, ch.Cluster, ch.Topic}, pkey: producerKey{ch.Cluster, ch.Compression, ch.Acks}}
 		if ch.Key != config.KeepKey {
-			p, err := expr.Compile(ch.Key, expr.Env(Env{}))
+			p, err := expr.Compile(ch.Key, compileOptions()...)
+			if err == nil {
+				err = probe(p)
+			}
 			if err != nil {
 				errs = append(errs, fmt.Errorf("channels.%s.key: %s", name, exprError(err)))
 			} else {
@@ -193,7 +196,10 @@ func Compile(spec Config, clusters map[string]config.Cluster) (*Version, error) 
 	for i, r := range spec.Rules {
 		cr := &rule{name: r.Name, drop: r.Drop}
 		if strings.TrimSpace(r.Match) != "" {
-			p, err := expr.Compile(r.Match, expr.Env(Env{}), expr.AsBool())
+			p, err := expr.Compile(r.Match, compileOptions(expr.AsBool())...)
+			if err == nil {
+				err = probe(p)
+			}
 			if err != nil {
 				errs = append(errs, fmt.Errorf("rules[%d].match: %s", i, exprError(err)))
 			} else {
@@ -294,7 +300,7 @@ func (u *usage) Visit(n *ast.Node) {
 			u.headers = true
 		}
 		switch x.Value {
-		case "topic", "partition", "cluster", "physical_topic", "origin":
+		case "topic", "partition", "cluster", "physical_topic", "origin", budgetVar, stepFunc:
 		default:
 			if u.inMatch {
 				u.perRecord = true
