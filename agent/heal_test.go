@@ -523,6 +523,72 @@ func TestAStuckHandlerIsReported(t *testing.T) {
 	})
 }
 
+// TestAStalledPartitionIsReported: a cluster that answers every fetch
+// with nothing while records are written makes /readyz 503 naming the
+// partitions, their offsets and ends; once it delivers again every record
+// arrives and the agent is ready.
+func TestAStalledPartitionIsReported(t *testing.T) {
+	e := testenv.StartEtcdT(t)
+	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 2}})
+	var mu sync.Mutex
+	seen := map[string]int{}
+	h := agent.HandlerFunc(func(_ context.Context, r *agent.Record) error {
+		mu.Lock()
+		seen[fmt.Sprintf("%d@%d", r.Partition, r.Offset)]++
+		mu.Unlock()
+		r.Ack()
+		return nil
+	})
+	handled := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(seen)
+	}
+	a := startFleetAgent(t, consumeConfig(e, k, "agent-1"), agent.Options{Handler: h, StuckAfter: time.Second})
+	waitBalanced(t, 2, a)
+	produce(t, k, "orders", 0, 10)
+	wait.For(t, 10*time.Second, "the first 10 records handled", func() error {
+		if n := handled(); n != 10 {
+			return fmt.Errorf("%d handled", n)
+		}
+		return nil
+	})
+	k.Starve()
+	wait.For(t, 10*time.Second, "a fetch answered empty (none waiting since before)", func() error {
+		if k.Starved() < 2 {
+			return fmt.Errorf("%d starved fetches", k.Starved())
+		}
+		return nil
+	})
+	produce(t, k, "orders", 10, 50)
+	wait.For(t, 15*time.Second, "the agent unready, naming both stalled partitions", func() error {
+		code, reason, err := readyz(a)
+		if err != nil || code != 503 || !strings.Contains(reason, "2 partitions make no progress while records wait") ||
+			!strings.Contains(reason, "orders/0 (offset ") || !strings.Contains(reason, "orders/1 (offset ") || !strings.Contains(reason, ", end ") {
+			return fmt.Errorf("/readyz %d %q %v", code, reason, err)
+		}
+		if v, _ := metricValue(a, "kswitch_stalled_partitions", nil); v != 2 {
+			return fmt.Errorf("kswitch_stalled_partitions %v", v)
+		}
+		return nil
+	})
+	_, reason, _ := readyz(a)
+	t.Logf("/readyz: %s", reason)
+	k.Recover()
+	wait.For(t, 15*time.Second, "every record handled and the agent ready again", func() error {
+		if n := handled(); n != 50 {
+			return fmt.Errorf("%d of 50 handled", n)
+		}
+		if code, reason, err := readyz(a); err != nil || code != 200 {
+			return fmt.Errorf("/readyz %d %q %v", code, reason, err)
+		}
+		if v, _ := metricValue(a, "kswitch_stalled_partitions", nil); v != 0 {
+			return fmt.Errorf("kswitch_stalled_partitions %v", v)
+		}
+		return nil
+	})
+}
+
 // flowingFleet starts agent-1..3 on d, handing records to a ledger, waits
 // until they consume A, and starts a producer to A.
 func flowingFleet(t *testing.T, d *dc) (*ledger, []*agent.Agent, *producer) {

@@ -32,6 +32,9 @@ type metrics struct {
 	paused          *prometheus.GaugeVec
 	deliveryHeld    prometheus.Gauge
 	stuckPartitions prometheus.Gauge
+	// stalledPartitions counts the partitions that make no progress while
+	// records wait on the cluster.
+	stalledPartitions prometheus.Gauge
 	signalApply     prometheus.Histogram
 	configVersion   prometheus.Gauge
 }
@@ -120,7 +123,11 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		Name: "kswitch_stuck_partitions",
 		Help: "Partitions whose committable position has not moved for the stuck bound while records handed to the handler wait for their acknowledgement.",
 	})
-	reg.MustRegister(m.deliveryHeld, m.stuckPartitions)
+	m.stalledPartitions = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "kswitch_stalled_partitions",
+		Help: "Partitions whose position has not moved for the stuck bound, nothing waiting in the handler, while the cluster holds records past it.",
+	})
+	reg.MustRegister(m.deliveryHeld, m.stuckPartitions, m.stalledPartitions)
 	reg.MustRegister(m.isLeader, m.leaderChanges, m.ready, m.agents, m.gossipMembers, m.etcdErrors, info,
 		m.records, m.consumeErrors, m.handlerErrors, m.commits, m.commitErrors, m.ownedPartitions, m.generation, m.gossipDropped, m.paused, m.signalApply, m.configVersion,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

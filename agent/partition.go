@@ -25,6 +25,10 @@ type partitionRun struct {
 	// partition started), next that position: owned by the worker's loop.
 	movedAt time.Time
 	next    int64
+	// end is the partition's end offset as last asked at endAt by the
+	// stall check (-1: not asked since the position last moved).
+	end   int64
+	endAt time.Time
 	pc      sarama.PartitionConsumer
 	t       *tracker
 	cancel  context.CancelFunc

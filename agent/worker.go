@@ -159,6 +159,9 @@ type worker struct {
 	// readiness; stuckAfter its bound.
 	stuck      *atomic.Pointer[string]
 	stuckAfter time.Duration
+	// stuckCount and stalledCount are checkStuck's last counts, to log
+	// and set the gauges when they change.
+	stuckCount, stalledCount int
 
 	// warmed receives the outcome of the warm-up in flight (at most one).
 	warmed chan warmResult
@@ -244,6 +247,7 @@ func (w *worker) run(ctx context.Context) error {
 	}()
 	w.metrics.deliveryHeld.Set(0) // a new session: nothing held, nothing stuck yet
 	w.metrics.stuckPartitions.Set(0)
+	w.metrics.stalledPartitions.Set(0)
 	w.bg.Add(1)
 	go func() {
 		defer w.bg.Done()
@@ -693,31 +697,56 @@ func (w *worker) commit(ctx context.Context, tps []coordinator.TopicPartition) e
 	return nil
 }
 
-// checkStuck notes, for readiness and kswitch_stuck_partitions, the
-// partitions whose handler holds records without acknowledging them: the
-// committable position has not moved for stuckAfter while records handed
-// on wait for their acknowledgement.
+// checkStuck notes, for readiness and kswitch_stuck_partitions /
+// kswitch_stalled_partitions, the partitions that do not move: their
+// committable position has stood still for stuckAfter while records
+// handed on wait for the handler's acknowledgement (stuck), or while
+// nothing was handed on although the cluster holds records past it
+// (stalled: its end offset is asked for then, at most once per half
+// stuckAfter, and only while this agent's probe reaches the cluster).
+// Paused partitions are neither.
 func (w *worker) checkStuck(now time.Time) {
-	var stuck []string
+	var stuck, stalled []string
 	for _, tp := range slices.SortedFunc(maps.Keys(w.parts), coordinator.TopicPartition.Compare) {
 		r := w.parts[tp]
 		next, unacked := r.t.progress()
-		if r.movedAt.IsZero() || next != r.next || unacked == 0 {
-			r.next, r.movedAt = next, now
+		if r.movedAt.IsZero() || next != r.next || r.gate.isPaused() {
+			r.next, r.movedAt, r.end = next, now, -1
 			continue
 		}
-		if d := now.Sub(r.movedAt); d > w.stuckAfter {
+		d := now.Sub(r.movedAt)
+		if d <= w.stuckAfter {
+			continue
+		}
+		if unacked > 0 {
 			stuck = append(stuck, fmt.Sprintf("%s (offset %d, %d records handed on, not acknowledged for %s)", tp, next, unacked, d.Round(time.Second)))
+			continue
+		}
+		if now.Sub(r.endAt) > w.stuckAfter/2 && w.kafka != nil && (w.reachable == nil || w.reachable(r.cluster)) {
+			if end, err := w.kafka.client.GetOffset(tp.Topic, tp.Partition, sarama.OffsetNewest); err == nil {
+				r.end = end
+			}
+			r.endAt = now
+		}
+		if r.end > next {
+			stalled = append(stalled, fmt.Sprintf("%s (offset %d, end %d, no progress for %s)", tp, next, r.end, d.Round(time.Second)))
 		}
 	}
-	reason := ""
+	var reasons []string
 	if len(stuck) > 0 {
-		reason = fmt.Sprintf("the handler acknowledges nothing on %d partitions: %s", len(stuck), strings.Join(stuck, ", "))
+		reasons = append(reasons, fmt.Sprintf("the handler acknowledges nothing on %d partitions: %s", len(stuck), strings.Join(stuck, ", ")))
 	}
-	if old := w.stuck.Swap(&reason); old == nil || *old != reason {
+	if len(stalled) > 0 {
+		reasons = append(reasons, fmt.Sprintf("%d partitions make no progress while records wait on the cluster: %s", len(stalled), strings.Join(stalled, ", ")))
+	}
+	reason := strings.Join(reasons, "; ")
+	w.stuck.Store(&reason)
+	if len(stuck) != int(w.stuckCount) || len(stalled) != int(w.stalledCount) {
+		w.stuckCount, w.stalledCount = len(stuck), len(stalled)
 		w.metrics.stuckPartitions.Set(float64(len(stuck)))
+		w.metrics.stalledPartitions.Set(float64(len(stalled)))
 		if reason != "" {
-			w.log.Warn("partitions stuck in the handler", zap.Strings("partitions", stuck), zap.Duration("after", w.stuckAfter))
+			w.log.Warn("partitions do not move", zap.String("reason", reason), zap.Duration("after", w.stuckAfter))
 		}
 	}
 }

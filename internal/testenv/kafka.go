@@ -76,6 +76,7 @@ const (
 	faultNone faultMode = iota // requests are served
 	faultFail                  // each request closes its connection
 	faultHang                  // requests are swallowed, never answered
+	faultStarve                // fetches are answered with no records
 )
 
 func (m faultMode) String() string {
@@ -86,6 +87,8 @@ func (m faultMode) String() string {
 		return "fail"
 	case faultHang:
 		return "hang"
+	case faultStarve:
+		return "starve"
 	default:
 		return "faultMode(" + strconv.Itoa(int(m)) + ")"
 	}
@@ -105,6 +108,8 @@ type Kafka struct {
 	opts  KafkaOptions // a copy, with defaults filled in
 	ports []int
 	mode  atomic.Int32 // a faultMode; read by the control function on kfake's goroutines
+	// starved counts the fetches answered empty under Starve.
+	starved atomic.Int64
 
 	mu sync.RWMutex
 	c  *kfake.Cluster // nil while stopped
@@ -265,7 +270,24 @@ func (k *Kafka) Fail() { k.mode.Store(int32(faultFail)) }
 // recover when their timeout closes it and they reconnect.
 func (k *Kafka) Hang() { k.mode.Store(int32(faultHang)) }
 
-// Recover lifts Fail or Hang: requests from now on are served normally.
+// Starve makes the cluster answer every fetch at once with no records and
+// no error, after a short wait (starveWait), while it serves everything
+// else: records can be produced and their offsets listed, but consumers
+// make no progress. A broker that answers and delivers nothing; the
+// partitions' lag grows. A fetch already waiting for records when Starve
+// is called is still answered with them: wait until Starved has grown by
+// the number of consumers before relying on it.
+func (k *Kafka) Starve() { k.mode.Store(int32(faultStarve)) }
+
+// Starved returns how many fetches were answered empty under Starve.
+func (k *Kafka) Starved() int64 { return k.starved.Load() }
+
+// starveWait is how long a starved fetch waits before its empty answer, so
+// that consumers do not spin.
+const starveWait = 50 * time.Millisecond
+
+// Recover lifts Fail, Hang or Starve: requests from now on are served
+// normally.
 func (k *Kafka) Recover() { k.mode.Store(int32(faultNone)) }
 
 // CreateTopic creates a topic with partitions partitions (<= 0: the cluster
@@ -354,8 +376,17 @@ func (k *Kafka) start() (*kfake.Cluster, error) {
 	// One permanent control for all requests. Unhandled (mode none) it
 	// stays installed and kfake serves the request; handled, it must ask
 	// to be kept or kfake drops it after one request.
-	c.Control(func(kmsg.Request) (kmsg.Response, error, bool) {
+	c.Control(func(req kmsg.Request) (kmsg.Response, error, bool) {
 		switch faultMode(k.mode.Load()) {
+		case faultStarve:
+			c.KeepControl()
+			f, ok := req.(*kmsg.FetchRequest)
+			if !ok {
+				return nil, nil, false
+			}
+			c.SleepControl(func() { time.Sleep(starveWait) })
+			k.starved.Add(1)
+			return emptyFetch(f), nil, true
 		case faultFail:
 			c.KeepControl()
 			return nil, errInjectedFailure, true // kfake closes the connection
@@ -367,6 +398,25 @@ func (k *Kafka) start() (*kfake.Cluster, error) {
 		}
 	})
 	return c, nil
+}
+
+// emptyFetch answers f with every partition it asks for, without records
+// or error.
+func emptyFetch(f *kmsg.FetchRequest) *kmsg.FetchResponse {
+	resp := f.ResponseKind().(*kmsg.FetchResponse)
+	resp.Version = f.Version
+	for _, t := range f.Topics {
+		rt := kmsg.NewFetchResponseTopic()
+		rt.Topic, rt.TopicID = t.Topic, t.TopicID
+		for _, p := range t.Partitions {
+			rp := kmsg.NewFetchResponseTopicPartition()
+			rp.Partition = p.Partition
+			rp.HighWatermark, rp.LastStableOffset, rp.LogStartOffset = -1, -1, -1
+			rt.Partitions = append(rt.Partitions, rp)
+		}
+		resp.Topics = append(resp.Topics, rt)
+	}
+	return resp
 }
 
 // zapKfakeLogger adapts zap to kfake.Logger. kfake logs every request at
