@@ -35,8 +35,8 @@ type metrics struct {
 	// stalledPartitions counts the partitions that make no progress while
 	// records wait on the cluster.
 	stalledPartitions prometheus.Gauge
-	signalApply     prometheus.Histogram
-	configVersion   prometheus.Gauge
+	signalApply       prometheus.Histogram
+	configVersion     prometheus.Gauge
 }
 
 // setPaused shows which signal scopes pause now.

@@ -73,10 +73,10 @@ type KafkaOptions struct {
 type faultMode int32
 
 const (
-	faultNone faultMode = iota // requests are served
-	faultFail                  // each request closes its connection
-	faultHang                  // requests are swallowed, never answered
-	faultStarve                // fetches are answered with no records
+	faultNone   faultMode = iota // requests are served
+	faultFail                    // each request closes its connection
+	faultHang                    // requests are swallowed, never answered
+	faultStarve                  // fetches are answered with no records
 )
 
 func (m faultMode) String() string {
