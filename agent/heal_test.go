@@ -589,6 +589,80 @@ func TestAStalledPartitionIsReported(t *testing.T) {
 	})
 }
 
+// TestStalledPartitionsAreListed: agent-1 and agent-2 own the two
+// partitions and lose their link to A, agent-3 (idle) still reaches it.
+// Two of three agents down is no quorum to move partitions, so they wait:
+// the leader lists both in state/stalled, kswitch status's view shows
+// them, and every agent's readiness says why (agent-3: it owns nothing
+// while they have no consumer). Once the link heals the list goes and
+// every record arrives.
+func TestStalledPartitionsAreListed(t *testing.T) {
+	e := testenv.StartEtcdT(t)
+	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 2}})
+	cli := testenv.EtcdClientT(t, e)
+	l := newLedger()
+	link := testenv.NewLink()
+	var agents []*agent.Agent
+	for _, id := range []string{"agent-1", "agent-2"} {
+		agents = append(agents, startFleetAgent(t, consumeConfig(e, k, id), agent.Options{Handler: l.handler(id), KafkaDialer: through(link, "A")}))
+	}
+	waitBalanced(t, 2, agents...)
+	idle := startFleetAgent(t, consumeConfig(e, k, "agent-3"), agent.Options{Handler: l.handler("agent-3")})
+	agents = append(agents, idle)
+	produce(t, k, "orders", 0, 20)
+	wait.For(t, 10*time.Second, "20 records handled", func() error {
+		if missing, _, _ := l.result(20); len(missing) > 0 {
+			return fmt.Errorf("%d of 20 not handled yet", len(missing))
+		}
+		return nil
+	})
+	if o := owned(agents...); o["agent-3"] != 0 {
+		t.Fatalf("agent-3 owns partitions: %v", o)
+	}
+	link.Cut()
+	produce(t, k, "orders", 20, 40)
+	var v agent.FleetView
+	wait.For(t, 30*time.Second, "state/stalled lists both partitions, every agent says why it is not ready", func() error {
+		var err error
+		if v, err = agent.ReadFleet(t.Context(), cli, "orders"); err != nil {
+			return err
+		}
+		if v.Stalled == nil || len(v.Stalled.Partitions) != 2 {
+			return fmt.Errorf("stalled %+v", v.Stalled)
+		}
+		v.AskReady(t.Context(), time.Second)
+		for id, want := range map[string]string{"agent-1": "cannot reach the active cluster A", "agent-2": "cannot reach the active cluster A",
+			"agent-3": "this agent owns no partition while 2 have had no consumer for over 5s"} {
+			if r := v.Ready[id]; !r.Answered || r.Ready || !strings.Contains(r.Reason, want) {
+				return fmt.Errorf("%s: %+v", id, r)
+			}
+		}
+		return nil
+	})
+	t.Logf("stalled: %s; agent-3: %s", v.Stalled.String(time.Now()), v.Ready["agent-3"].Reason)
+	link.Heal()
+	wait.For(t, 30*time.Second, "state/stalled gone, every record handled, every agent ready", func() error {
+		v, err := agent.ReadFleet(t.Context(), cli, "orders")
+		if err != nil {
+			return err
+		}
+		if v.Stalled != nil {
+			return fmt.Errorf("stalled %+v", v.Stalled)
+		}
+		if missing, _, _ := l.result(40); len(missing) > 0 {
+			return fmt.Errorf("%d of 40 not handled yet", len(missing))
+		}
+		v.AskReady(t.Context(), time.Second)
+		for id, r := range v.Ready {
+			if !r.Ready {
+				return fmt.Errorf("%s: %+v", id, r)
+			}
+		}
+		return nil
+	})
+	l.check(t)
+}
+
 // flowingFleet starts agent-1..3 on d, handing records to a ledger, waits
 // until they consume A, and starts a producer to A.
 func flowingFleet(t *testing.T, d *dc) (*ledger, []*agent.Agent, *producer) {

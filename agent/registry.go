@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -229,6 +231,58 @@ type FleetView struct {
 	// Failback is the leader's last failback check while the fleet is
 	// on the standby (nil otherwise): why it does not fail back yet.
 	Failback *coordinator.FailbackCheck `json:"failback,omitempty"`
+	// Stalled is the leader's list of partitions that no agent has
+	// consumed for over coordinator.StalledAfter (nil: none).
+	Stalled *coordinator.Stalled `json:"stalled,omitempty"`
+	// Ready is each agent's own answer on /readyz, filled by AskReady
+	// (kswitch status); empty when not asked.
+	Ready map[string]Readiness `json:"ready,omitempty"`
+}
+
+// Readiness is an agent's answer on /readyz.
+type Readiness struct {
+	// Answered is false when the agent did not answer (Reason says why).
+	Answered bool   `json:"answered"`
+	Ready    bool   `json:"ready"`
+	Reason   string `json:"reason,omitempty"`
+}
+
+// AskReady asks every registered agent's /readyz, in parallel, each within
+// timeout, and fills v.Ready.
+func (v *FleetView) AskReady(ctx context.Context, timeout time.Duration) {
+	v.Ready = make(map[string]Readiness, len(v.Agents))
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	hc := &http.Client{Timeout: timeout}
+	for _, a := range v.Agents {
+		wg.Go(func() {
+			r := askReady(ctx, hc, a.HTTP)
+			mu.Lock()
+			v.Ready[a.ID] = r
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+}
+
+// askReady asks one agent's /readyz at addr (host:port).
+func askReady(ctx context.Context, hc *http.Client, addr string) Readiness {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/readyz", nil)
+	if err != nil {
+		return Readiness{Reason: err.Error()}
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return Readiness{Reason: err.Error()}
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Reason string `json:"reason"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&body); err != nil {
+		return Readiness{Reason: fmt.Sprintf("/readyz %d: %v", resp.StatusCode, err)}
+	}
+	return Readiness{Answered: true, Ready: resp.StatusCode == http.StatusOK, Reason: body.Reason}
 }
 
 // PartitionView is one partition of a FleetView.
@@ -287,6 +341,15 @@ func ReadFleet(ctx context.Context, c *clientv3.Client, fleet string) (FleetView
 			v.Refused = append(v.Refused, err.Error())
 		} else if fb.Standby == v.Active.Cluster && fb.Epoch == v.Active.Epoch && v.Active.Phase == coordinator.PhaseActive {
 			v.Failback = &fb
+		}
+	}
+	if resp, err := c.Get(ctx, k.Stalled()); err != nil {
+		return v, fmt.Errorf("agent: read %s: %w", k.Stalled(), err)
+	} else if len(resp.Kvs) > 0 {
+		if st, err := coordinator.ParseStalled(resp.Kvs[0].Value); err != nil {
+			v.Refused = append(v.Refused, err.Error())
+		} else {
+			v.Stalled = &st
 		}
 	}
 	resp, err := c.Get(ctx, k.Assignment())

@@ -162,6 +162,9 @@ type worker struct {
 	// stuckCount and stalledCount are checkStuck's last counts, to log
 	// and set the gauges when they change.
 	stuckCount, stalledCount int
+	// idleReason is checkIdle's last finding, read at idleAt.
+	idleReason string
+	idleAt     time.Time
 
 	// warmed receives the outcome of the warm-up in flight (at most one).
 	warmed chan warmResult
@@ -312,7 +315,7 @@ func (w *worker) follow(ctx context.Context, tick <-chan time.Time, sig <-chan s
 			if err := w.commit(ctx, slices.Collect(maps.Keys(w.parts))); errors.Is(err, errLeaseLost) {
 				return err
 			}
-			w.checkStuck(now)
+			w.checkStuck(ctx, now)
 			w.startPending(ctx)
 		case wr, ok := <-wch:
 			if !ok {
@@ -705,7 +708,7 @@ func (w *worker) commit(ctx context.Context, tps []coordinator.TopicPartition) e
 // (stalled: its end offset is asked for then, at most once per half
 // stuckAfter, and only while this agent's probe reaches the cluster).
 // Paused partitions are neither.
-func (w *worker) checkStuck(now time.Time) {
+func (w *worker) checkStuck(ctx context.Context, now time.Time) {
 	var stuck, stalled []string
 	for _, tp := range slices.SortedFunc(maps.Keys(w.parts), coordinator.TopicPartition.Compare) {
 		r := w.parts[tp]
@@ -739,6 +742,9 @@ func (w *worker) checkStuck(now time.Time) {
 	if len(stalled) > 0 {
 		reasons = append(reasons, fmt.Sprintf("%d partitions make no progress while records wait on the cluster: %s", len(stalled), strings.Join(stalled, ", ")))
 	}
+	if r := w.checkIdle(ctx, now); r != "" {
+		reasons = append(reasons, r)
+	}
 	reason := strings.Join(reasons, "; ")
 	w.stuck.Store(&reason)
 	if len(stuck) != int(w.stuckCount) || len(stalled) != int(w.stalledCount) {
@@ -749,6 +755,40 @@ func (w *worker) checkStuck(now time.Time) {
 			w.log.Warn("partitions do not move", zap.String("reason", reason), zap.Duration("after", w.stuckAfter))
 		}
 	}
+}
+
+// idleCheckEvery is how often an agent that owns nothing reads
+// state/stalled.
+const idleCheckEvery = 2 * time.Second
+
+// checkIdle returns, for readiness, why an agent that owns no partition is
+// not doing its share: the leader's state/stalled lists partitions nobody
+// consumes. "" when it owns partitions or none are stalled. It reads the
+// key at most every idleCheckEvery and keeps the last finding.
+func (w *worker) checkIdle(ctx context.Context, now time.Time) string {
+	if len(w.parts) > 0 || len(w.pending) > 0 {
+		w.idleReason = ""
+		return ""
+	}
+	if now.Sub(w.idleAt) < idleCheckEvery {
+		return w.idleReason
+	}
+	w.idleAt = now
+	rctx, cancel := context.WithTimeout(ctx, w.cfg.Etcd.RequestTimeout)
+	defer cancel()
+	resp, err := w.etcd.Get(rctx, w.keys.Stalled())
+	if err != nil || len(resp.Kvs) == 0 {
+		w.idleReason = ""
+		return ""
+	}
+	st, err := coordinator.ParseStalled(resp.Kvs[0].Value)
+	if err != nil || len(st.Partitions) == 0 {
+		w.idleReason = ""
+		return ""
+	}
+	w.idleReason = fmt.Sprintf("this agent owns no partition while %d have had no consumer for over %s (state/stalled, by %s): %s",
+		len(st.Partitions), coordinator.StalledAfter, st.Leader, st.String(now))
+	return w.idleReason
 }
 
 // committedAll notes that every position is committed, which releases a

@@ -561,7 +561,8 @@ func (l *Leader) Run(ctx context.Context, et election.Term) error {
 		cut := h.cutOff(now, t.active.Cluster, l.cfg.Failover.FailureWindow)
 		ready := readyOn(t.active.Cluster)
 		l.status.Store(&LeaderStatus{Active: t.active, Verdict: why, Pin: pn.get(), Breaker: br.openUntil, CutOff: slices.Sorted(maps.Keys(cut)),
-			Unassigned: unowned.note(now, partitions, t.current)})
+			Unassigned: unowned.note(now, partitions, t.current, h.downFor(now, t.active.Cluster, l.cfg.Failover.FailureWindow))})
+		l.publishStalled(ctx, t, unowned, now, log)
 		if partitions != nil {
 			next, changed := Plan(PlanInput{Current: t.current, Partitions: partitions, Cluster: t.active.Cluster, Live: ready, Acks: ak.snapshot()})
 			if changed {

@@ -2,7 +2,11 @@ package coordinator
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -131,11 +135,16 @@ type stalled struct {
 }
 
 // note updates the partitions without a consumer in a (over the
-// discovered ones) and returns them with how long, sorted.
-func (s *stalled) note(now time.Time, discovered []TopicPartition, a Assignment) []string {
+// discovered ones: not owned or released by anyone, or by an agent in
+// cannot, which cannot reach the cluster) and returns them with how long,
+// sorted.
+func (s *stalled) note(now time.Time, discovered []TopicPartition, a Assignment, cannot map[string]bool) []string {
 	held := map[TopicPartition]bool{}
 	for _, m := range []map[string][]TopicPartition{a.Owned, a.Revoking} {
-		for _, tps := range m {
+		for id, tps := range m {
+			if cannot[id] {
+				continue
+			}
 			for _, tp := range tps {
 				held[tp] = true
 			}
@@ -160,4 +169,91 @@ func (s *stalled) note(now time.Time, discovered []TopicPartition, a Assignment)
 	}
 	s.metrics.unassigned(len(out))
 	return out
+}
+
+// StalledAfter is how long a discovered partition may have no consumer
+// before the leader lists it in state/stalled: longer than a rebalance
+// takes, so that the key changes only when something is wrong.
+const StalledAfter = 5 * time.Second
+
+// Stalled is the value of state/stalled: the leader's fleet-level verdict
+// of the partitions nobody consumes, for kswitch status and for agents
+// that own nothing (their /readyz says so). The key is advisory: the
+// leader writes it when the set changes and deletes it when empty.
+type Stalled struct {
+	Leader     string             `json:"leader"`
+	Noted      time.Time          `json:"noted"`
+	Partitions []StalledPartition `json:"partitions"`
+}
+
+// StalledPartition is a partition without a consumer since Since.
+type StalledPartition struct {
+	TopicPartition
+	Since time.Time `json:"since"`
+}
+
+// ParseStalled decodes a state/stalled value.
+func ParseStalled(val []byte) (Stalled, error) {
+	var s Stalled
+	if len(val) > 1<<20 {
+		return s, fmt.Errorf("coordinator: state/stalled is %d bytes, over the 1 MiB limit", len(val))
+	}
+	if err := json.Unmarshal(val, &s); err != nil {
+		return s, fmt.Errorf("coordinator: state/stalled: %w", err)
+	}
+	return s, nil
+}
+
+// String lists the partitions with how long they have had no consumer at
+// now, the longest first.
+func (s Stalled) String(now time.Time) string {
+	parts := slices.SortedFunc(slices.Values(s.Partitions), func(a, b StalledPartition) int { return a.Since.Compare(b.Since) })
+	out := make([]string, len(parts))
+	for i, p := range parts {
+		out[i] = fmt.Sprintf("%s for %s", p.TopicPartition, now.Sub(p.Since).Round(time.Second))
+	}
+	return strings.Join(out, ", ")
+}
+
+// over returns the partitions without a consumer for longer than
+// StalledAfter at now, sorted.
+func (s *stalled) over(now time.Time) []StalledPartition {
+	var out []StalledPartition
+	for _, tp := range slices.SortedFunc(maps.Keys(s.since), TopicPartition.Compare) {
+		if since := s.since[tp]; now.Sub(since) > StalledAfter {
+			out = append(out, StalledPartition{tp, since.UTC()})
+		}
+	}
+	return out
+}
+
+// publishStalled writes state/stalled when the set of partitions without a
+// consumer for longer than StalledAfter changed since the term last wrote
+// it (deleting it when empty). A failed write is tried again next turn.
+func (l *Leader) publishStalled(ctx context.Context, t *term, s *stalled, now time.Time, log *zap.Logger) {
+	over := s.over(now)
+	names := make([]string, len(over))
+	for i, p := range over {
+		names[i] = p.TopicPartition.String()
+	}
+	set := strings.Join(names, ",")
+	if t.stalled != nil && *t.stalled == set {
+		return
+	}
+	op := clientv3.OpDelete(l.keys.Stalled())
+	if len(over) > 0 {
+		val, err := json.Marshal(Stalled{Leader: t.ID, Noted: now.UTC(), Partitions: over})
+		if err != nil {
+			return
+		}
+		op = clientv3.OpPut(l.keys.Stalled(), string(val))
+		log.Warn("partitions have no consumer", zap.Strings("partitions", names), zap.Duration("over", StalledAfter))
+	}
+	wctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
+	defer cancel()
+	if _, err := t.Txn(wctx, nil, op); err != nil {
+		log.Debug("cannot record state/stalled", zap.Error(err))
+		return
+	}
+	t.stalled = &set
 }

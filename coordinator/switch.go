@@ -35,6 +35,9 @@ type term struct {
 	// failback is the failback check this term last wrote to
 	// state/failback.
 	failback *FailbackCheck
+	// stalled is the set of partitions the term last wrote to
+	// state/stalled (nil: not written yet in this term).
+	stalled *string
 }
 
 // writeActive publishes a, fenced by the term and the revision it replaces.

@@ -117,10 +117,17 @@ func (h *health) upFor(now time.Time, cluster string) time.Duration {
 // business, and moving partitions between agents that all fail to reach
 // the cluster would only churn.
 func (h *health) cutOff(now time.Time, cluster string, window time.Duration) map[string]bool {
-	out := map[string]bool{}
 	if !h.quorumUpNow(cluster) {
-		return out
+		return map[string]bool{}
 	}
+	return h.downFor(now, cluster, window)
+}
+
+// downFor returns the agents that have reported cluster unreachable for at
+// least window at now, whether or not the others reach it: the owners that
+// cannot consume their partitions there.
+func (h *health) downFor(now time.Time, cluster string, window time.Duration) map[string]bool {
+	out := map[string]bool{}
 	for a, since := range h.downSince[cluster] {
 		if now.Sub(since) >= window {
 			out[a] = true

@@ -130,7 +130,10 @@ func TestStatusShowsLeaderAndAgents(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("status: exit %d: %s", code, stderr)
 	}
-	for _, want := range []string{"leader:  " + leader() + " (fencing token", "agent-1", "agent-2", agents[0].HTTPAddr(), "AGE"} {
+	if len(v.Ready) != 2 || !v.Ready["agent-1"].Answered || !v.Ready["agent-2"].Answered {
+		t.Errorf("status -o json: the agents' own readiness is not there: %+v", v.Ready)
+	}
+	for _, want := range []string{"leader:  " + leader() + " (fencing token", "agent-1", "agent-2", agents[0].HTTPAddr(), "AGE", "READY"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status table has no %q:\n%s", want, out)
 		}

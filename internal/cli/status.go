@@ -131,7 +131,12 @@ func newStatusCmd(g *globals) *cobra.Command {
 		Long: `Show a fleet as recorded in etcd: who leads (with its fencing token), every
 registered agent with its HTTP and gossip addresses, version and age, the
 partition assignment (generation, cluster, agent → partitions) and each
-partition's committed offset. No agent needs to answer.
+partition's committed offset, and the leader's list of partitions that no
+agent has consumed for a while (state/stalled). No agent needs to answer;
+each is asked for its /readyz (--ask, on by default), and the READY column
+shows its answer: yes, or no with the agent's reason (a stuck handler,
+stalled partitions, commits held, no partition while others have no
+consumer), or '?' when it does not answer.
 
 With --config (or KSWITCH_CLUSTERS_<NAME>_BROKERS) naming the brokers of the
 assigned cluster, it also asks Kafka for each partition's end offset and
@@ -142,6 +147,8 @@ shows the lag; otherwise the lag column shows '-'.`,
 	}
 	ef.bind(cmd)
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
+	var ask bool
+	cmd.Flags().BoolVar(&ask, "ask", true, "ask each agent's /readyz (1 s each, in parallel) for the READY column; --ask=false reads etcd alone")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if err := checkOutput(output, "table", "json"); err != nil {
 			return err
@@ -162,6 +169,9 @@ shows the lag; otherwise the lag column shows '-'.`,
 					fmt.Fprintf(cmd.ErrOrStderr(), "warning: no lag: %v\n", err)
 				}
 			}
+		}
+		if ask {
+			v.AskReady(ctx, time.Second)
 		}
 		if output == "json" {
 			enc := json.NewEncoder(cmd.OutOrStdout())
@@ -232,17 +242,37 @@ func printFleet(w io.Writer, v agent.FleetView, now time.Time) {
 		}
 		fmt.Fprintf(w, "failback: %s (checked %s)\n", state, fb.Checked.Format(time.RFC3339))
 	}
+	if st := v.Stalled; st != nil {
+		fmt.Fprintf(w, "stalled: %d partitions have no consumer (noted by %s): %s\n", len(st.Partitions), st.Leader, st.String(now))
+	}
 	fmt.Fprintf(w, "config:  %s\nagents:  %d\n\n", config, len(v.Agents))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "AGENT\tLEADER\tHTTP\tGOSSIP\tVERSION\tAGE")
+	fmt.Fprintln(tw, "AGENT\tLEADER\tHTTP\tGOSSIP\tVERSION\tAGE\tREADY")
+	var notReady []string
 	for _, a := range v.Agents {
 		mark := ""
 		if a.ID == v.Leader {
 			mark = "*"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, mark, a.HTTP, a.Gossip, a.Version, now.Sub(a.Started).Round(time.Second))
+		ready := "-"
+		if r, ok := v.Ready[a.ID]; ok {
+			switch {
+			case !r.Answered:
+				ready = "?"
+				notReady = append(notReady, fmt.Sprintf("%s did not answer: %s", a.ID, r.Reason))
+			case r.Ready:
+				ready = "yes"
+			default:
+				ready = "no"
+				notReady = append(notReady, fmt.Sprintf("%s is not ready: %s", a.ID, r.Reason))
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, mark, a.HTTP, a.Gossip, a.Version, now.Sub(a.Started).Round(time.Second), ready)
 	}
 	tw.Flush()
+	for _, r := range notReady {
+		fmt.Fprintf(w, "  %s\n", r)
+	}
 	if a := v.Assignment; a != nil {
 		fmt.Fprintf(w, "\nassignment: generation %d on cluster %s, published %s by %s\n\n", a.Generation, a.Cluster,
 			a.Published.Format(time.RFC3339), a.Leader)

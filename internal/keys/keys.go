@@ -83,6 +83,10 @@ func (f Fleet) Assignment() string { return f.State() + "assignment" }
 // not.
 func (f Fleet) Failback() string { return f.State() + "failback" }
 
+// Stalled lists the discovered partitions that no agent has consumed for
+// longer than the leader's bound (coordinator.Stalled); absent when none.
+func (f Fleet) Stalled() string { return f.State() + "stalled" }
+
 // Acks is the prefix of the per-agent generation acknowledgements.
 func (f Fleet) Acks() string { return f.prefix + "acks/" }
 
