@@ -673,6 +673,10 @@ func (a *Agent) newWorker(s *concurrency.Session) *worker {
 			v, ok := a.prober.view()[cluster]
 			return !ok || v.Reachable
 		},
+		leaderToken: func() (int64, bool) {
+			l, ok := a.observer.Leader()
+			return l.Token, ok
+		},
 		reconf: reconf, configVersion: version, clusters: cfg.Clusters, initial: cfg.Source.InitialOffset,
 		cfg: a.cfg, id: a.id, keys: a.keys, log: a.log, etcd: a.client, store: a.store,
 		handler: a.opts.Handler, metrics: a.metrics, drain: a.opts.DrainTimeout,

@@ -33,6 +33,7 @@ type ledger struct {
 	lastOffset map[string]int64                      // "agent topic/partition@generation" -> last offset
 	gen        map[string]int64                      // record id -> generation it was first handled under
 	firstAt    map[string]time.Time                  // record id -> when it was first handled
+	perGen     map[int64]int                         // generation -> deliveries under it
 	violations []string
 }
 
@@ -46,8 +47,15 @@ func newLedger() *ledger {
 		seen: map[string]int{}, first: map[string]string{},
 		lastGen:   map[coordinator.TopicPartition]holder{},
 		genHolder: map[string]string{}, lastOffset: map[string]int64{}, gen: map[string]int64{},
-		firstAt: map[string]time.Time{},
+		firstAt: map[string]time.Time{}, perGen: map[int64]int{},
 	}
+}
+
+// handledUnder returns how many deliveries were made under generation gen.
+func (l *ledger) handledUnder(gen int64) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.perGen[gen]
 }
 
 // handler returns agent id's handler.
@@ -65,6 +73,7 @@ func (l *ledger) record(id string, r *agent.Record) {
 	tp := coordinator.TopicPartition{Topic: r.Topic, Partition: r.Partition}
 	key := string(r.Value)
 	l.seen[key]++
+	l.perGen[r.Generation]++
 	if _, ok := l.first[key]; !ok {
 		l.first[key] = id
 		l.gen[key] = r.Generation

@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -16,6 +17,7 @@ import (
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/internal/refused"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
 	"github.com/kswitch/kswitch/offsets"
@@ -472,6 +474,56 @@ func TestStrangerWritesUnderState(t *testing.T) {
 		t.Errorf("state/active %+v %v after the stranger, want A", a, err)
 	}
 	t.Logf("%d records, 0 lost, %d duplicates", len(want), l.duplicates())
+}
+
+// TestAnOlderTermsAssignmentIsIgnored: an assignment with a newer
+// generation but an older leader term's fencing token (an old value put
+// back by hand) is ignored by every agent, and the leader repairs it:
+// nothing is consumed under its generation and nothing is lost.
+func TestAnOlderTermsAssignmentIsIgnored(t *testing.T) {
+	d := startDC(t)
+	cli := testenv.EtcdClientT(t, d.etcd)
+	l, agents, p := flowingFleet(t, d)
+	cur, err := readAssignment(cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := cur
+	forged.Generation, forged.Token = cur.Generation+1, cur.Token-1
+	var all []coordinator.TopicPartition
+	for _, tps := range cur.Owned {
+		all = append(all, tps...)
+	}
+	forged.Owned = map[string][]coordinator.TopicPartition{"agent-1": all}
+	val, err := json.Marshal(forged)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refusedBefore := map[string]float64{}
+	for _, a := range agents {
+		refusedBefore[a.ID()], _ = metricValue(a, refused.Name, map[string]string{"kind": "assignment"})
+	}
+	if _, err := cli.Put(t.Context(), fleetKeys.Assignment(), string(val)); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, 10*time.Second, "every agent refused it and the leader repaired it", func() error {
+		for _, a := range agents {
+			if v, _ := metricValue(a, refused.Name, map[string]string{"kind": "assignment"}); v <= refusedBefore[a.ID()] {
+				return fmt.Errorf("%s: refused %v", a.ID(), v)
+			}
+		}
+		if now, err := readAssignment(cli); err != nil || now.Token != cur.Token || now.Generation <= forged.Generation {
+			return fmt.Errorf("state/assignment generation %d token %d %v", now.Generation, now.Token, err)
+		}
+		return nil
+	})
+	waitCommitting(t, cli, "A", 20, "after the repair")
+	p.halt()
+	waitAllHandled(t, l, p.written(), 20*time.Second)
+	if n := l.handledUnder(forged.Generation); n != 0 {
+		t.Errorf("%d records consumed under the forged generation %d", n, forged.Generation)
+	}
+	l.check(t)
 }
 
 // TestAStuckHandlerIsReported: a handler that stops acknowledging the

@@ -153,6 +153,9 @@ type worker struct {
 	// reachable reports whether this agent's last probe reached a
 	// cluster (true when it has not probed it).
 	reachable func(cluster string) bool
+	// leaderToken returns the current leader's fencing token as this
+	// agent's observer sees it (false: none known).
+	leaderToken func() (int64, bool)
 	// hold stops delivery while commits do not succeed (commitHold).
 	hold *commitHold
 	// stuck is the reason of checkStuck's last finding ("": none), for
@@ -296,7 +299,7 @@ func (w *worker) follow(ctx context.Context, tick <-chan time.Time, sig <-chan s
 		return err
 	}
 	if len(resp.Kvs) > 0 {
-		w.applyValue(ctx, resp.Kvs[0].Value, resp.Kvs[0].ModRevision)
+		w.applyValue(ctx, resp.Kvs[0].Value, resp.Kvs[0].ModRevision, false)
 	}
 	wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer wcancel()
@@ -329,17 +332,30 @@ func (w *worker) follow(ctx context.Context, tick <-chan time.Time, sig <-chan s
 					w.log.Warn("state/assignment was deleted; waiting for the leader to publish one")
 					continue
 				}
-				w.applyValue(ctx, ev.Kv.Value, ev.Kv.ModRevision)
+				w.applyValue(ctx, ev.Kv.Value, ev.Kv.ModRevision, true)
 			}
 		}
 	}
 }
 
-func (w *worker) applyValue(ctx context.Context, val []byte, rev int64) {
+// applyValue applies a state/assignment value at revision rev. A value
+// that changed while this worker watched (changed) must come from the
+// current leader's term or a later one: one that carries an older term's
+// fencing token was not written by the leader (an old value put back by
+// hand) and is ignored; the leader repairs the key within a loop turn. The
+// value read at start is taken whatever its term: a leader does not
+// republish an assignment it keeps.
+func (w *worker) applyValue(ctx context.Context, val []byte, rev int64, changed bool) {
 	a, err := coordinator.ParseAssignment(val)
 	if err != nil {
 		w.log.Warn("refusing malformed state/assignment; keeping the last good one", zap.Error(err),
 			zap.Int64("applied_generation", w.applied.Generation))
+		w.metrics.badValues.WithLabelValues("assignment").Inc()
+		return
+	}
+	if tok, ok := w.leaderToken(); changed && ok && a.Token < tok {
+		w.log.Warn("ignoring a state/assignment from an older leader term; the leader will repair it",
+			zap.Int64("token", a.Token), zap.Int64("leader_token", tok), zap.Int64("generation", a.Generation))
 		w.metrics.badValues.WithLabelValues("assignment").Inc()
 		return
 	}
