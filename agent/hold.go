@@ -39,14 +39,16 @@ func newCommitHold(bound time.Duration, off bool) *commitHold {
 	return h
 }
 
-// holdBound is how long commits may go without success before delivery
-// is held: one commit interval after the first attempt that did not
-// succeed, when the next one is due (a healthy commit takes milliseconds;
-// one slower than that holds delivery a moment, and loses nothing).
-// Records delivered twice after etcd is lost are then those handled in
-// about one and a half commit intervals, instead of until the session
-// ends (about the session TTL).
-func holdBound(commitInterval time.Duration) time.Duration { return commitInterval }
+// holdBound is how long a commit attempt may go without success before
+// delivery is held: a quarter of the commit interval, at least 50 ms (a
+// healthy commit takes milliseconds; one slower than that holds delivery
+// a moment, and loses nothing). Records delivered twice after etcd is lost
+// are then those handled between the last successful commit and the hold:
+// about 1.25 commit intervals, instead of until the session ends (about
+// the session TTL).
+func holdBound(commitInterval time.Duration) time.Duration {
+	return max(commitInterval/4, 50*time.Millisecond)
+}
 
 // attempt notes a commit attempt starting at now.
 func (h *commitHold) attempt(now time.Time) {
