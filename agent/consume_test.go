@@ -30,7 +30,7 @@ type ledger struct {
 	first      map[string]string                     // record id -> agent that handled it first
 	lastGen    map[coordinator.TopicPartition]holder // partition -> newest generation delivered, and by whom
 	genHolder  map[string]string                     // "topic/partition@generation" -> agent
-	lastOffset map[string]int64                      // "agent topic/partition@generation" -> last offset
+	lastOffset map[string]int64                      // "agent/session topic/partition@generation" -> last offset
 	gen        map[string]int64                      // record id -> generation it was first handled under
 	firstAt    map[string]time.Time                  // record id -> when it was first handled
 	perGen     map[int64]int                         // generation -> deliveries under it
@@ -95,9 +95,11 @@ func (l *ledger) record(id string, r *agent.Record) {
 		l.violations = append(l.violations, fmt.Sprintf("%s and %s both hold %s", h, id, gk))
 	}
 	l.genHolder[gk] = id
-	ok := id + " " + gk
+	// Within one session of one agent a partition's offsets only grow; a
+	// new session may consume again from the committed offset.
+	ok := fmt.Sprintf("%s/%x %s", id, r.Session, gk)
 	if last, seen := l.lastOffset[ok]; seen && r.Offset <= last {
-		l.violations = append(l.violations, fmt.Sprintf("%s handled %s offset %d after %d", id, tp, r.Offset, last))
+		l.violations = append(l.violations, fmt.Sprintf("%s handled %s offset %d after %d in one session", id, tp, r.Offset, last))
 	}
 	l.lastOffset[ok] = r.Offset
 }

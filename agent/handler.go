@@ -34,8 +34,12 @@ type Record struct {
 	Headers   []Header
 	Timestamp time.Time
 	// Generation is the assignment generation under which the agent
-	// consumes this partition.
+	// consumes this partition, and Session the etcd lease of the agent's
+	// session: an agent that lost its session and registered again may
+	// consume a partition again from its committed offset under the same
+	// generation, but never under the same session.
 	Generation int64
+	Session    int64
 
 	t       *tracker // set once delivered
 	pending pending  // the tracker's state of the record

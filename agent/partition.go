@@ -216,7 +216,7 @@ const burst = 256
 func (w *worker) deliver(ctx context.Context, log *zap.Logger, r *partitionRun, msg *sarama.ConsumerMessage) bool {
 	rec := &Record{
 		Cluster: r.cluster, Topic: msg.Topic, SourceTopic: r.logical, Origin: r.origin, Partition: msg.Partition, Offset: msg.Offset,
-		Key: msg.Key, Value: msg.Value, Timestamp: msg.Timestamp, Generation: r.generation,
+		Key: msg.Key, Value: msg.Value, Timestamp: msg.Timestamp, Generation: r.generation, Session: int64(w.lease),
 	}
 	if len(msg.Headers) > 0 {
 		rec.Headers = make([]Header, 0, len(msg.Headers))
