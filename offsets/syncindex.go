@@ -38,14 +38,15 @@ func (x *SyncsCache) read(ctx context.Context, client sarama.Client, topic, upst
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	from := x.next
-	if x.syncs != nil && x.topic == topic && x.next > 0 {
-		end, err := listOffset(ctx, client, topic, 0, sarama.OffsetNewest)
-		if err != nil {
-			return nil, 0, err
-		}
-		if end < x.next {
-			x.syncs = nil
-		}
+	// The end is listed first: a fetch at the end would wait for the
+	// broker's fetch wait before answering with nothing, and the calls of
+	// a switch (serialized here) would each pay it when nothing is new.
+	end, err := listOffset(ctx, client, topic, 0, sarama.OffsetNewest)
+	if err != nil {
+		return nil, 0, err
+	}
+	if x.syncs != nil && x.topic == topic && x.next > 0 && end < x.next {
+		x.syncs = nil
 	}
 	if x.syncs == nil || x.topic != topic {
 		oldest, err := listOffset(ctx, client, topic, 0, sarama.OffsetOldest)
@@ -53,6 +54,10 @@ func (x *SyncsCache) read(ctx context.Context, client sarama.Client, topic, upst
 			return nil, 0, err
 		}
 		x.topic, x.syncs, x.skipped, from = topic, map[syncKey][]OffsetSync{}, 0, oldest
+	}
+	if from >= end {
+		x.next = from
+		return slices.Clone(x.syncs[syncKey{upstream, partition}]), x.skipped, nil
 	}
 	next, err := readPartition(ctx, client, topic, 0, from, func(r fetchedRecord) bool {
 		if r.Value == nil { // a tombstone
