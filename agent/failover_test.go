@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -272,6 +273,48 @@ func TestFailoverToTheReplicaAndBack(t *testing.T) {
 	// translation reported as lagged. Nothing else may repeat.
 	if dups, lagged := l.duplicates(), logHistory(t, d.etcd); int64(dups) > lagged {
 		t.Errorf("%d duplicates after failback, more than the %d records the replica lagged by", dups, lagged)
+	}
+	l.check(t)
+}
+
+// TestFailoverWhenEveryBrokerRefuses: A's brokers stop (nothing listens:
+// every connection is refused), so every agent's probe sees a hard failure
+// and the fleet fails over after hard_failure_window, not the full
+// failure window; the history says why, and nothing that reached B is
+// lost or handled twice.
+func TestFailoverWhenEveryBrokerRefuses(t *testing.T) {
+	d := startDC(t)
+	cli := testenv.EtcdClientT(t, d.etcd)
+	l := newLedger()
+	var agents []*agent.Agent
+	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
+		agents = append(agents, startConsumer(t, d.config(id), l.handler(id)))
+	}
+	waitConsuming(t, 20*time.Second, "A", agents...)
+	p := startProducer(t, d.a.Brokers(), "orders", 0)
+	wait.For(t, 20*time.Second, "records flowing through A and mirrored to B", func() error {
+		if n := l.count(); n < 300 || d.mirror.Copied() < 300 {
+			return fmt.Errorf("%d handled, %d mirrored", n, d.mirror.Copied())
+		}
+		return nil
+	})
+	cfg := d.config("x")
+	began := time.Now()
+	d.a.Stop()
+	// The protocol's bound: a probe interval to notice, a retry on a fresh
+	// connection, the hard window, gossip and the switch itself.
+	bound := cfg.Failover.ProbeInterval + cfg.Failover.ProbeTimeout + cfg.Failover.HardFailureWindow + 2*time.Second
+	waitConsuming(t, bound, "B", agents...)
+	took := time.Since(began)
+	p.halt()
+	t.Logf("failover: consuming B %v after A stopped (hard failure window %v, failure window %v)", took, cfg.Failover.HardFailureWindow, cfg.Failover.FailureWindow)
+	h := readHistory(t, cli)
+	if len(h) != 1 || !strings.Contains(h[0].Reason, "every broker of A refused the connections of all 3 agents") {
+		t.Fatalf("history %+v, want one failover for a hard failure", h)
+	}
+	waitAllHandled(t, l, idsOn(t, d.b, "A.orders"), 20*time.Second)
+	if dups := l.duplicates(); dups != 0 {
+		t.Errorf("%d duplicates after a failover with fingerprint alignment", dups)
 	}
 	l.check(t)
 }

@@ -2,9 +2,13 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
+	"os"
 	"reflect"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -128,8 +132,10 @@ func (p *prober) probeLoop(ctx context.Context, name string, def config.Cluster,
 	t := time.NewTicker(p.cfg.Failover.ProbeInterval)
 	defer t.Stop()
 	lastOK := time.Now() // the last contact, or the start of probing
-	for {
-		began := time.Now()
+	// attempt probes with client, made first when nil; a failed client is
+	// closed (a timed-out sarama connection stays broken until it is
+	// closed: the next attempt starts afresh).
+	attempt := func() error {
 		var err error
 		if client == nil {
 			var d kafka.Dialer
@@ -137,15 +143,25 @@ func (p *prober) probeLoop(ctx context.Context, name string, def config.Cluster,
 				d = p.dialer(name)
 			}
 			client, err = kafka.NewClientWith(name, def, kafka.Options{Dialer: d, Timeout: p.cfg.Failover.ProbeTimeout})
-		}
-		if err == nil {
-			err = p.probe(client, name)
 			if err != nil {
-				// A timed-out sarama connection stays broken until it
-				// is closed: start afresh next time.
-				client.Close()
-				client = nil
+				return err
 			}
+		}
+		if err = p.probe(client, name); err != nil {
+			client.Close()
+			client = nil
+		}
+		return err
+	}
+	for {
+		began := time.Now()
+		reused := client != nil
+		err := attempt()
+		if err != nil && reused && time.Since(began) < p.cfg.Failover.ProbeTimeout/2 && ctx.Err() == nil {
+			// A connection that failed fast (closed, reset) says little:
+			// a fresh one tells a cluster that refuses connections (a
+			// hard failure) from a passing fault, at once.
+			err = attempt()
 		}
 		if ctx.Err() != nil {
 			return
@@ -160,6 +176,16 @@ func (p *prober) probeLoop(ctx context.Context, name string, def config.Cluster,
 		case <-t.C:
 		}
 	}
+}
+
+// refusedOnly reports whether err says the brokers refused the connection
+// and nothing timed out: nothing listens at their addresses.
+func refusedOnly(err error) bool {
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		return false
+	}
+	var ne net.Error
+	return !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, context.DeadlineExceeded) && !(errors.As(err, &ne) && ne.Timeout())
 }
 
 // probe asks for metadata, then the end offset of the first partition of
@@ -186,7 +212,7 @@ func (p *prober) probe(c sarama.Client, name string) error {
 }
 
 func (p *prober) record(name string, gen int, latency, failing time.Duration, err error) {
-	v := coordinator.ClusterView{Reachable: err == nil}
+	v := coordinator.ClusterView{Reachable: err == nil, Refused: err != nil && refusedOnly(err)}
 	if err == nil {
 		v.LatencyMs = max(1, latency.Milliseconds())
 	} else {
@@ -205,7 +231,7 @@ func (p *prober) record(name string, gen int, latency, failing time.Duration, er
 	prev, seen := p.views[name]
 	p.views[name] = v
 	p.mu.Unlock()
-	if !seen || prev.Reachable != v.Reachable {
+	if !seen || prev.Reachable != v.Reachable || prev.Refused != v.Refused {
 		if err != nil {
 			p.log.Warn("cluster unreachable", zap.String("cluster", name), zap.Error(err))
 		} else {

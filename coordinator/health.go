@@ -16,6 +16,10 @@ type ClusterView struct {
 	// last contact rather than from the first failed probe, without
 	// comparing two machines' clocks.
 	FailingMs int64 `json:"fail_ms,omitempty"`
+	// Refused is, when not Reachable, whether the last probe found every
+	// broker refusing connections and none timing out: a hard failure,
+	// judged over failover.hard_failure_window when every agent sees it.
+	Refused bool `json:"refused,omitempty"`
 }
 
 // AgentViews maps agent id → cluster name → that agent's view.

@@ -587,6 +587,9 @@ func (l *Leader) Run(ctx context.Context, et election.Term) error {
 		// at the next tick.
 		var windowEnds <-chan time.Time
 		if d, ok := h.nextDown(time.Now(), t.active.Cluster, l.cfg.Failover.FailureWindow); ok {
+			if hd, hok := h.nextDown(time.Now(), t.active.Cluster, l.cfg.Failover.HardFailureWindow); hok && l.cfg.Failover.HardFailureWindow > 0 {
+				d = min(d, hd)
+			}
 			windowEnds = time.After(d) // collected once it fires or is dropped (Go 1.23 timers)
 		}
 		select {

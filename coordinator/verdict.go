@@ -13,11 +13,12 @@ import (
 // clock skew out of the verdict.
 type health struct {
 	downSince map[string]map[string]time.Time // cluster → agent → since
+	refused   map[string]map[string]bool      // cluster → agent → its last failed probe was refused (ClusterView.Refused)
 	upSince   map[string]time.Time            // cluster → quorum up since
 }
 
 func newHealth() *health {
-	return &health{downSince: map[string]map[string]time.Time{}, upSince: map[string]time.Time{}}
+	return &health{downSince: map[string]map[string]time.Time{}, refused: map[string]map[string]bool{}, upSince: map[string]time.Time{}}
 }
 
 // observe records the views of the live agents at now.
@@ -28,11 +29,14 @@ func (h *health) observe(now time.Time, live []string, views AgentViews, cluster
 			ds = map[string]time.Time{}
 			h.downSince[c] = ds
 		}
+		rf := map[string]bool{}
+		h.refused[c] = rf
 		seen := map[string]bool{}
 		for _, a := range live {
 			seen[a] = true
 			v, ok := views[a][c]
 			if ok && !v.Reachable {
+				rf[a] = v.Refused
 				if _, was := ds[a]; !was {
 					// Since the agent's last contact, as far as it
 					// says: a duration, so no clock skew; the gossip
@@ -88,6 +92,22 @@ func (h *health) down(now time.Time, cluster string, live []string, window time.
 		}
 	}
 	return len(live) > 0 && n >= quorum(len(live)), n
+}
+
+// hardDown reports whether every live agent has seen cluster down for at
+// least window with every broker refusing connections: nothing listens, so
+// the short window is enough. False when window is 0.
+func (h *health) hardDown(now time.Time, cluster string, live []string, window time.Duration) bool {
+	if window <= 0 || len(live) == 0 {
+		return false
+	}
+	for _, a := range live {
+		since, ok := h.downSince[cluster][a]
+		if !ok || !h.refused[cluster][a] || now.Sub(since) < window {
+			return false
+		}
+	}
+	return true
 }
 
 // quorumUp reports whether a quorum of live agents reaches cluster now.
@@ -223,11 +243,17 @@ func verdict(in verdictInput) (decision, string) {
 	if other == "" {
 		return decision{}, "no standby configured"
 	}
-	if down, n := in.h.down(in.now, cur, in.live, in.cfg.FailureWindow); down {
+	down, n := in.h.down(in.now, cur, in.live, in.cfg.FailureWindow)
+	hard := !down && in.h.hardDown(in.now, cur, in.live, in.cfg.HardFailureWindow)
+	if down || hard {
 		if !in.h.quorumUpNow(other) {
 			return decision{}, fmt.Sprintf("%s is down but %s is not reachable by a quorum either", cur, other)
 		}
-		return decision{to: other, auto: true, reason: fmt.Sprintf("failover: %s unreachable from %d of %d agents for %s", cur, n, len(in.live), in.cfg.FailureWindow)}, ""
+		reason := fmt.Sprintf("failover: %s unreachable from %d of %d agents for %s", cur, n, len(in.live), in.cfg.FailureWindow)
+		if hard {
+			reason = fmt.Sprintf("failover: every broker of %s refused the connections of all %d agents for %s", cur, len(in.live), in.cfg.HardFailureWindow)
+		}
+		return decision{to: other, auto: true, reason: reason}, ""
 	}
 	if cur == in.standby && in.cfg.Failback == "auto" {
 		up := in.h.upFor(in.now, in.primary)

@@ -134,3 +134,51 @@ func TestFailureWindowCountsFromTheAgentsLastContact(t *testing.T) {
 		t.Fatalf("next window end in %v (%v), want the whole window", d, ok)
 	}
 }
+
+// TestHardFailureHasTheShortWindow: when every live agent finds every
+// broker of the active cluster refusing connections, the cluster is down
+// after hard_failure_window; if one agent's failure is anything else (a
+// timeout), or one agent reaches it, the full failure window applies; the
+// breaker still has the last word.
+func TestHardFailureHasTheShortWindow(t *testing.T) {
+	cfg := config.Default().Failover
+	cfg.FailureWindow, cfg.HardFailureWindow = 3*time.Second, 500*time.Millisecond
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	live := []string{"a1", "a2", "a3"}
+	views := func(refused ...bool) AgentViews {
+		v := AgentViews{}
+		for i, a := range live {
+			v[a] = map[string]ClusterView{"A": {Reachable: false, Refused: refused[i], FailingMs: 0}, "B": {Reachable: true}}
+		}
+		return v
+	}
+	onA := Active{Cluster: "A", Epoch: 1, Phase: PhaseActive}
+	decide := func(v AgentViews, after time.Duration, b *breaker) (decision, string) {
+		h := newHealth()
+		h.observe(t0, live, v, []string{"A", "B"})
+		return verdict(verdictInput{now: t0.Add(after), active: onA, primary: "A", standby: "B", live: live, h: h, b: b, cfg: cfg,
+			caughtUp: func() (bool, string) { return true, "" }})
+	}
+	closed := &breaker{cfg: cfg}
+	if d, why := decide(views(true, true, true), 400*time.Millisecond, closed); d.to != "" {
+		t.Errorf("refused everywhere for 400 ms: %+v %q, want no switch yet", d, why)
+	}
+	d, _ := decide(views(true, true, true), 500*time.Millisecond, closed)
+	if d.to != "B" || !d.auto || !strings.Contains(d.reason, "every broker of A refused the connections of all 3 agents for 500ms") {
+		t.Errorf("refused everywhere for 500 ms: %+v, want an automatic failover to B for a hard failure", d)
+	}
+	if d, _ := decide(views(true, false, true), 2*time.Second, closed); d.to != "" {
+		t.Errorf("one agent's failure is not a refusal, 2 s: %+v, want the full window", d)
+	}
+	if d, _ := decide(views(true, false, true), 3*time.Second, closed); d.to != "B" || !strings.Contains(d.reason, "unreachable from 3 of 3 agents for 3s") {
+		t.Errorf("one agent's failure is not a refusal, 3 s: %+v, want the ordinary failover", d)
+	}
+	open := &breaker{cfg: cfg, openUntil: t0.Add(time.Minute)}
+	if d, why := decide(views(true, true, true), time.Second, open); d.to != "" || !strings.Contains(why, "circuit breaker open") {
+		t.Errorf("hard failure with the breaker open: %+v %q, want no switch", d, why)
+	}
+	cfg.HardFailureWindow = 0
+	if d, _ := decide(views(true, true, true), 2*time.Second, &breaker{cfg: cfg}); d.to != "" {
+		t.Errorf("hard_failure_window 0, refused for 2 s: %+v, want the full window", d)
+	}
+}

@@ -217,6 +217,12 @@ type Failover struct {
 	// cluster before it is declared down; longer than ProbeInterval so that
 	// more than one probe decides.
 	FailureWindow time.Duration `yaml:"failure_window" help:"how long a cluster must be unreachable before it is declared down; must exceed failover.probe_interval"`
+	// HardFailureWindow is the failure window of a hard failure: every
+	// live agent's probe found every broker of the cluster refusing
+	// connections (nothing listens: the brokers are down, not slow). 0
+	// gives hard failures the FailureWindow too. Slow, hung or partial
+	// failures always wait for FailureWindow.
+	HardFailureWindow time.Duration `yaml:"hard_failure_window" help:"how long every agent must have seen the cluster refuse connections before it is declared down; 0: failover.failure_window"`
 	// ProbeTimeout bounds each probe request (metadata, fetch).
 	ProbeTimeout time.Duration `yaml:"probe_timeout" help:"timeout of each probe request"`
 	// TimestampMargin is how far before the last consumed record's
@@ -337,6 +343,7 @@ func Default() Config {
 		Failover: Failover{
 			ProbeInterval:     500 * time.Millisecond,
 			FailureWindow:     3 * time.Second,
+			HardFailureWindow: 500 * time.Millisecond,
 			ProbeTimeout:      time.Second,
 			TimestampMargin:   5 * time.Second,
 			Failback:          "auto",

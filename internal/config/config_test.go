@@ -380,6 +380,8 @@ func TestValidateErrors(t *testing.T) {
 		{"bad log level", func(c *Config) { c.Log.Level = "verbose" }, []string{`log.level: "verbose" is not one of debug, info, warn, error`}},
 		{"bad log format", func(c *Config) { c.Log.Format = "text" }, []string{`log.format: "text"`}},
 		{"failure window not above probe interval", func(c *Config) { c.Failover.FailureWindow = 500 * time.Millisecond }, []string{"failover.failure_window: 500ms must be longer than failover.probe_interval (500ms)"}},
+		{"hard failure window above the failure window", func(c *Config) { c.Failover.HardFailureWindow = 4 * time.Second },
+			[]string{"failover.hard_failure_window: 4s must be between 0 (hard failures wait for failover.failure_window too) and failover.failure_window (3s)"}},
 		{"bad replication policy", func(c *Config) { setB(c, func(b *Cluster) { b.ReplicationPolicy = "default" }) },
 			[]string{`config: clusters.B.replication_policy: "default" is not a replication policy; use prefix`}},
 		{"bad offset_syncs_on", func(c *Config) { setB(c, func(b *Cluster) { b.OffsetSyncsOn = "standby" }) },

@@ -83,6 +83,10 @@ func (c *Config) validateFailover(p *problems) {
 		p.add("failover.probe_timeout", "%q must not exceed failover.failure_window (%s): a probe that cannot time out inside the window cannot decide it; lower it or lengthen the window",
 			f.ProbeTimeout, f.FailureWindow)
 	}
+	if f.HardFailureWindow < 0 || f.HardFailureWindow > f.FailureWindow {
+		p.add("failover.hard_failure_window", "%s must be between 0 (hard failures wait for failover.failure_window too) and failover.failure_window (%s)",
+			f.HardFailureWindow, f.FailureWindow)
+	}
 	if f.TimestampMargin < 0 {
 		p.add("failover.timestamp_margin", "%q must not be negative; use 0s for no rewind", f.TimestampMargin)
 	}
