@@ -127,6 +127,7 @@ type Agent struct {
 	session    atomic.Pointer[sessionState]
 	lastLeader election.Leader
 	owned      atomic.Pointer[[]coordinator.TopicPartition] // set by the worker
+	budget     atomic.Pointer[byteBudget]                   // the current worker's bytes in flight
 	current    atomic.Pointer[concurrency.Session]          // while registered
 	active     atomic.Pointer[string]                       // cluster of the applied assignment
 	hold       atomic.Pointer[commitHold]                   // the current worker's
@@ -175,6 +176,10 @@ func New(cfg config.Config, opts Options) (*Agent, error) {
 		metrics: newMetrics(reg),
 	}
 	a.leaderMetrics = coordinator.NewMetrics(reg)
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kswitch_in_flight_bytes",
+		Help: "Bytes (keys, values, headers) of the records handed to the handler and not yet acknowledged; bounded by source.max_in_flight_mib.",
+	}, func() float64 { return float64(a.budget.Load().inUse()) }))
 	a.dyn.cfg = cfg
 	a.session.Store(&sessionState{reason: "starting: not yet registered in etcd"})
 	unknown := "not yet checked"
@@ -666,9 +671,12 @@ func (a *Agent) newWorker(s *concurrency.Session) *worker {
 	a.hold.Store(hold)
 	none := ""
 	a.stuck.Store(&none)
+	budget := newByteBudget(int64(a.cfg.Source.MaxInFlightMiB) << 20)
+	a.budget.Store(budget)
 	return &worker{
-		hold:  hold,
-		stuck: &a.stuck, stuckAfter: a.opts.StuckAfter,
+		hold:   hold,
+		budget: budget,
+		stuck:  &a.stuck, stuckAfter: a.opts.StuckAfter,
 		reachable: func(cluster string) bool {
 			v, ok := a.prober.view()[cluster]
 			return !ok || v.Reachable

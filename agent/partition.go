@@ -149,7 +149,7 @@ func (w *worker) startPartition(ctx context.Context, k *kafkaConn, gen int64, tp
 	}
 	pctx, cancel := context.WithCancel(ctx)
 	s := w.naming.Stream(k.name, tp.Topic)
-	r := &partitionRun{tp: tp, cluster: k.name, logical: s.Logical, origin: s.Origin, generation: gen, pc: pc, t: newTracker(start, maxInFlight),
+	r := &partitionRun{tp: tp, cluster: k.name, logical: s.Logical, origin: s.Origin, generation: gen, pc: pc, t: newTracker(start, maxInFlight, w.budget),
 		cancel: cancel, done: make(chan struct{}), gate: newGate(paused)}
 	if paused {
 		// Stop fetching too, so a long pause holds no records in memory.
@@ -235,7 +235,7 @@ func (w *worker) deliver(ctx context.Context, log *zap.Logger, r *partitionRun, 
 		if full == nil {
 			break
 		}
-		select { // maxInFlight records wait for the handler's acks
+		select { // maxInFlight records, or the agent's byte budget, wait for the handler's acks
 		case <-full:
 		case <-ctx.Done():
 			return false
@@ -285,5 +285,7 @@ func (r *partitionRun) stop(drain time.Duration, bg *sync.WaitGroup) (drained bo
 		for range r.pc.Errors() {
 		}
 	}()
-	return r.t.waitDrained(drain)
+	drained = r.t.waitDrained(drain)
+	r.t.close()
+	return drained
 }

@@ -13,6 +13,7 @@ type pending struct {
 	fp     offsets.Fingerprint
 	hashed bool // fp is set
 	acked  bool
+	size   int64 // the bytes taken from the agent's budget
 }
 
 // fingerprint returns r's fingerprint, hashing the record the first time:
@@ -39,17 +40,29 @@ type tracker struct {
 	max     int           // bound on the records delivered and not acknowledged
 	out     int           // records delivered and not acknowledged
 	room    chan struct{} // closed by the next ack; nil unless deliver found no room
+	budget  *byteBudget   // the agent's bytes in flight; nil: unbounded
+	closed  bool          // close was called: acks give nothing back
 }
 
-func newTracker(start int64, maxInFlight int) *tracker {
-	t := &tracker{next: start, max: maxInFlight}
+func newTracker(start int64, maxInFlight int, budget *byteBudget) *tracker {
+	t := &tracker{next: start, max: maxInFlight, budget: budget}
 	t.drained = sync.NewCond(&t.mu)
 	return t
 }
 
+// recordSize is what a record counts against the byte budget.
+func recordSize(r *Record) int64 {
+	n := len(r.Key) + len(r.Value)
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return int64(n)
+}
+
 // deliver records that r is being handed to the handler, and returns nil;
-// or, when the records delivered and not acknowledged number the bound,
-// it records nothing and returns a channel closed by the next ack.
+// or, when the records delivered and not acknowledged number the bound or
+// the agent's byte budget has no room for r, it records nothing and
+// returns a channel closed when there may be room.
 func (t *tracker) deliver(r *Record) (full <-chan struct{}) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -59,11 +72,34 @@ func (t *tracker) deliver(r *Record) (full <-chan struct{}) {
 		}
 		return t.room
 	}
+	size := recordSize(r)
+	if wait := t.budget.take(size); wait != nil {
+		return wait
+	}
 	t.out++
-	r.pending = pending{}
+	r.pending = pending{size: size}
 	t.queue = append(t.queue, r)
 	r.t = t
 	return nil
+}
+
+// close gives back to the budget what the records not acknowledged yet
+// took: the partition has stopped, and an ack that comes later gives
+// nothing back.
+func (t *tracker) close() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return
+	}
+	t.closed = true
+	var n int64
+	for _, r := range t.queue {
+		if !r.pending.acked {
+			n += r.pending.size
+		}
+	}
+	t.budget.give(n)
 }
 
 func (t *tracker) ack(r *Record) {
@@ -74,6 +110,9 @@ func (t *tracker) ack(r *Record) {
 	}
 	r.pending.acked = true
 	t.out--
+	if !t.closed {
+		t.budget.give(r.pending.size)
+	}
 	if t.room != nil {
 		close(t.room)
 		t.room = nil
@@ -150,4 +189,60 @@ func (t *tracker) waitDrained(timeout time.Duration) bool {
 		t.drained.Wait()
 	}
 	return true
+}
+
+// byteBudget bounds the bytes of the records an agent has handed to its
+// handler and not yet had acknowledged, over all its partitions
+// (source.max_in_flight_mib). Safe for concurrent use; a nil budget
+// bounds nothing.
+type byteBudget struct {
+	mu   sync.Mutex
+	max  int64
+	used int64
+	room chan struct{} // closed by the next give; nil unless take found no room
+}
+
+func newByteBudget(max int64) *byteBudget { return &byteBudget{max: max} }
+
+// take takes n bytes and returns nil, or returns a channel closed when
+// bytes are given back. A record larger than the whole budget is taken
+// when nothing else is in flight, so that it cannot wait forever.
+func (b *byteBudget) take(n int64) <-chan struct{} {
+	if b == nil {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.used > 0 && b.used+n > b.max {
+		if b.room == nil {
+			b.room = make(chan struct{})
+		}
+		return b.room
+	}
+	b.used += n
+	return nil
+}
+
+// give gives n bytes back.
+func (b *byteBudget) give(n int64) {
+	if b == nil || n == 0 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.used -= n
+	if b.room != nil {
+		close(b.room)
+		b.room = nil
+	}
+}
+
+// inUse returns the bytes taken.
+func (b *byteBudget) inUse() int64 {
+	if b == nil {
+		return 0
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.used
 }

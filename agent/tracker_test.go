@@ -15,7 +15,7 @@ import (
 // records before it, in offset order, whatever the order of the acks.
 func TestTrackerPositionFingerprintsTheLastAckedRecords(t *testing.T) {
 	const start, n = 100, 30
-	tr := newTracker(start, n)
+	tr := newTracker(start, n, nil)
 	ts := time.UnixMilli(1_700_000_000_000)
 	recs := make([]*Record, n)
 	want := make([]offsets.Fingerprint, n)
@@ -68,7 +68,7 @@ func TestTrackerPositionFingerprintsTheLastAckedRecords(t *testing.T) {
 // ack, in any order.
 func TestTrackerBoundsRecordsNotAcknowledged(t *testing.T) {
 	const bound = 3
-	tr := newTracker(0, bound)
+	tr := newTracker(0, bound, nil)
 	recs := make([]*Record, bound+2)
 	for i := range recs {
 		recs[i] = &Record{Offset: int64(i)}
@@ -104,5 +104,49 @@ func TestTrackerBoundsRecordsNotAcknowledged(t *testing.T) {
 	}
 	if next, _, _ := tr.position(); next != 0 {
 		t.Fatalf("position %d, want 0: offset 0 is not acknowledged", next)
+	}
+}
+
+// TestByteBudgetBoundsTheBytesInFlight: partitions share the agent's byte
+// budget; a record waits while the budget has no room for it, until an
+// ack gives bytes back; a record larger than the whole budget passes when
+// nothing else is in flight; a stopped partition gives back what its
+// unacknowledged records took, and a later ack gives nothing twice.
+func TestByteBudgetBoundsTheBytesInFlight(t *testing.T) {
+	b := newByteBudget(100)
+	p0, p1 := newTracker(0, 1000, b), newTracker(0, 1000, b)
+	rec := func(off int64, size int) *Record { return &Record{Offset: off, Value: make([]byte, size)} }
+	r0, r1 := rec(0, 60), rec(0, 30)
+	if p0.deliver(r0) != nil || p1.deliver(r1) != nil || b.inUse() != 90 {
+		t.Fatalf("90 bytes of 100 not delivered: in use %d", b.inUse())
+	}
+	r2 := rec(1, 20)
+	wait := p1.deliver(r2)
+	if wait == nil {
+		t.Fatal("a record over the budget was delivered")
+	}
+	r0.Ack()
+	select {
+	case <-wait:
+	default:
+		t.Fatal("an ack did not wake the record waiting for room")
+	}
+	if p1.deliver(r2) != nil || b.inUse() != 50 {
+		t.Fatalf("after the ack: in use %d, want 50", b.inUse())
+	}
+	p1.close()
+	if b.inUse() != 0 {
+		t.Fatalf("after the partition stopped: in use %d, want 0", b.inUse())
+	}
+	r1.Ack()
+	if b.inUse() != 0 {
+		t.Fatalf("an ack after close gave back again: in use %d", b.inUse())
+	}
+	huge := rec(1, 500)
+	if p0.deliver(huge) != nil {
+		t.Fatal("a record larger than the budget waits with nothing in flight")
+	}
+	if p0.deliver(rec(2, 1)) == nil {
+		t.Fatal("a record was delivered beside one larger than the budget")
 	}
 }

@@ -153,6 +153,9 @@ type worker struct {
 	// reachable reports whether this agent's last probe reached a
 	// cluster (true when it has not probed it).
 	reachable func(cluster string) bool
+	// budget bounds the bytes handed to the handler and not yet
+	// acknowledged (source.max_in_flight_mib).
+	budget *byteBudget
 	// leaderToken returns the current leader's fencing token as this
 	// agent's observer sees it (false: none known).
 	leaderToken func() (int64, bool)

@@ -207,6 +207,11 @@ type Source struct {
 	RefreshInterval time.Duration `yaml:"refresh_interval" help:"interval of topic and partition discovery"`
 	// CommitInterval is how often consumed positions are committed.
 	CommitInterval time.Duration `yaml:"commit_interval" help:"interval of offset commits"`
+	// MaxInFlightMiB bounds the bytes (keys, values and headers) of the
+	// records an agent has handed to its handler and that are not yet
+	// acknowledged, over all its partitions: the memory the relay holds
+	// beyond sarama's own fetch buffers. A partition waits for room.
+	MaxInFlightMiB int `yaml:"max_in_flight_mib" help:"MiB of records handed to the handler and not yet acknowledged, per agent"`
 }
 
 // Failover configures the cluster health verdict.
@@ -339,6 +344,7 @@ func Default() Config {
 			InitialOffset:   "oldest",
 			RefreshInterval: 10 * time.Second,
 			CommitInterval:  time.Second,
+			MaxInFlightMiB:  32,
 		},
 		Failover: Failover{
 			ProbeInterval:     500 * time.Millisecond,

@@ -274,6 +274,9 @@ func (c *Config) validateSource(p *problems) {
 	p.oneOf("source.initial_offset", s.InitialOffset, "oldest", "newest")
 	p.positive("source.refresh_interval", s.RefreshInterval)
 	p.positive("source.commit_interval", s.CommitInterval)
+	if s.MaxInFlightMiB < 1 || s.MaxInFlightMiB > 1<<16 {
+		p.add("source.max_in_flight_mib", "%d must be between 1 and 65536 (MiB of records handed on and not yet acknowledged; default 32)", s.MaxInFlightMiB)
+	}
 }
 
 // defaultAgentID is <hostname>-<pid>: unique on a host, and readable in
