@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kswitch/kswitch/agent"
@@ -746,4 +747,73 @@ func (p *producer) written() map[string]bool {
 		ids[strconv.FormatInt(i, 10)] = true
 	}
 	return ids
+}
+
+// TestBytesInFlightAreBounded: with source.max_in_flight_mib 1 and a
+// handler that holds every record of 16 KiB without acknowledging it, the
+// agent hands on at most 1 MiB's worth (plus one record) over all its
+// partitions, and kswitch_in_flight_bytes says so; once the handler
+// acknowledges, every record arrives.
+func TestBytesInFlightAreBounded(t *testing.T) {
+	e := testenv.StartEtcdT(t)
+	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 4}})
+	const size, n = 16 << 10, 200
+	var mu sync.Mutex
+	var held []*agent.Record
+	seen := map[string]bool{}
+	hold := true
+	h := agent.HandlerFunc(func(_ context.Context, r *agent.Record) error {
+		mu.Lock()
+		defer mu.Unlock()
+		seen[fmt.Sprintf("%d@%d", r.Partition, r.Offset)] = true
+		if hold {
+			held = append(held, r)
+			return nil
+		}
+		r.Ack()
+		return nil
+	})
+	cfg := consumeConfig(e, k, "agent-1")
+	cfg.Source.MaxInFlightMiB = 1
+	a := startFleetAgent(t, cfg, agent.Options{Handler: h})
+	waitBalanced(t, 4, a)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...), kgo.DefaultProduceTopic("orders"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for i := range n {
+		if err := cl.ProduceSync(t.Context(), &kgo.Record{Key: []byte(strconv.Itoa(i)), Value: make([]byte, size)}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	limit := (1<<20)/size + 1
+	wait.For(t, 10*time.Second, "the budget full", func() error {
+		v, _ := metricValue(a, "kswitch_in_flight_bytes", nil)
+		if v < 1<<20-size {
+			return fmt.Errorf("kswitch_in_flight_bytes %v", v)
+		}
+		return nil
+	})
+	mu.Lock()
+	got := len(held)
+	mu.Unlock()
+	if v, _ := metricValue(a, "kswitch_in_flight_bytes", nil); got > limit || v > float64(limit*size) {
+		t.Fatalf("%d records of %d B held, in flight %v B; want at most %d records", got, size, v, limit)
+	}
+	t.Logf("%d records held (%d KiB) with a 1 MiB budget", got, got*size>>10)
+	mu.Lock()
+	hold = false
+	for _, r := range held {
+		r.Ack()
+	}
+	mu.Unlock()
+	wait.For(t, 20*time.Second, "every record handled", func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(seen) != n {
+			return fmt.Errorf("%d of %d handled", len(seen), n)
+		}
+		return nil
+	})
 }
