@@ -30,7 +30,7 @@ import (
 
 // relayTrial is one copy of the relay topic by one relay.
 type relayTrial struct {
-	Relay     string `json:"relay"` // kswitch, relayloop, mirrormaker2, kcat
+	Relay     string `json:"relay"` // kswitch, relayloop, franzloop, mirrormaker2, kcat
 	Instances int    `json:"instances"`
 	Trial     int    `json:"trial"`
 	Records   int64  `json:"records"`
@@ -108,6 +108,8 @@ func (bx *bench) throughput() {
 				bx.relay("kswitch", instances, i, "relay", n))
 		}
 		bx.res.Throughput = append(bx.res.Throughput,
+			bx.relay("franzloop", 1, i, "relay", n),
+			bx.relay("kswitch", 1, i, "relay", n),
 			bx.relay("mirrormaker2", 1, i, "relay", n),
 			bx.relay("kcat", 1, i, "relay", n))
 	}
@@ -168,6 +170,8 @@ func (bx *bench) startRelay(kind string, instances, trial int, src, dest string)
 		for i := 1; i <= instances; i++ {
 			procs = append(procs, bx.startRelayloop(fmt.Sprintf("relayloop-%d", i), src, group, dest))
 		}
+	case "franzloop":
+		procs = append(procs, bx.startRelayloop("franzloop", src, group, dest, "-client", "franz-go"))
 	case "kswitch":
 		for _, a := range bx.startRelayAgents(instances, src, group, dest, nil) {
 			procs = append(procs, a.proc)
@@ -192,7 +196,7 @@ func (bx *bench) startRelay(kind string, instances, trial int, src, dest string)
 func (bx *bench) stopRelay(kind string, procs []*proc) {
 	for _, p := range procs {
 		switch kind {
-		case "relayloop", "kswitch":
+		case "relayloop", "franzloop", "kswitch":
 			p.signal(syscall.SIGTERM) // a clean stop: commits, leaves the group
 		default:
 			p.expected.Store(true)
@@ -217,9 +221,10 @@ func (bx *bench) resetFleet() {
 	}
 }
 
-func (bx *bench) startRelayloop(name, src, group, dest string) *proc {
-	return startProc(bx.t, name, bx.relayloop, "-from", bx.st.a.addr, "-topic", src, "-group", group,
-		"-to", bx.st.b.addr, "-dest", dest, "-version", kafkaVersion, "-commit-interval", "500ms")
+func (bx *bench) startRelayloop(name, src, group, dest string, extra ...string) *proc {
+	args := append([]string{"-from", bx.st.a.addr, "-topic", src, "-group", group,
+		"-to", bx.st.b.addr, "-dest", dest, "-version", kafkaVersion, "-commit-interval", "500ms"}, extra...)
+	return startProc(bx.t, name, bx.relayloop, args...)
 }
 
 // startRelayAgents starts n agents that relay src to dest on B with one

@@ -230,6 +230,16 @@ func ratio(a, b []float64) string {
 	return fmt.Sprintf("**%.2f** (per trial %.2f–%.2f)", m, ps.Min, ps.Max)
 }
 
+// franzRatios returns kswitch ÷ the franz-go loop (one of each): records/s
+// over the middle of the copy and CPU seconds per trial.
+func (r *benchResults) franzRatios() (rate, cpu float64) {
+	cpuOf := func(kind string) float64 {
+		return statsOf(pick(r.Throughput, func(x relayTrial) bool { return x.Relay == kind && x.Instances == 1 },
+			func(x relayTrial) float64 { return x.CPUSeconds })).Median
+	}
+	return statsOf(r.relayRate("kswitch", 1)).Median / statsOf(r.relayRate("franzloop", 1)).Median, cpuOf("kswitch") / cpuOf("franzloop")
+}
+
 // Headline returns the figures README.md quotes.
 func (r *benchResults) headline() (ks1, ks3, failoverP50 float64) {
 	ks1 = statsOf(r.relayRate("kswitch", 1)).Median / statsOf(r.relayRate("relayloop", 1)).Median
@@ -267,6 +277,10 @@ func (r *benchResults) markdown() string {
 	p("producer settings with one agent, **%.2f×** with three (target ≥ 0.9: %s); after a SIGKILL of the primary's\n", ks3, met(ks1 >= 0.9 && ks3 >= 0.9))
 	p("broker the first record is consumed from the replica after **%.2f s** (p50 of %d trials; target under\n", fo, len(r.Failover))
 	p("failure_window + 1 s = 4 s: %s), with %d records lost and %d duplicated over all trials.\n\n", met(fo < 4), lost, dup)
+	if fr, fc := r.franzRatios(); fr > 0 {
+		p("Against the strongest Go relay, a franz-go loop tuned for throughput: kswitch moves **%.2f×** its records/s\n", fr)
+		p("(target ≥ 1.0: %s) at **%.2f×** its CPU per record (target ≤ 1.1: %s).\n\n", met(fr >= 1.0), fc, met(fc <= 1.1))
+	}
 
 	p("## Machine\n\n| | |\n|---|---|\n")
 	p("| CPU | %s, %d cores (shared by the brokers, MirrorMaker 2, etcd, the agents and the baselines) |\n", m.CPU, m.Cores)
@@ -303,6 +317,7 @@ func (r *benchResults) markdown() string {
 		{"relayloop", 1, "baseline relayloop, 1 process"},
 		{"kswitch", 3, "kswitch, 3 agents"},
 		{"relayloop", 3, "baseline relayloop, 3 processes (one group)"},
+		{"franzloop", 1, "franz-go loop tuned for throughput (`relayloop -client franz-go`), 1 process"},
 		{"mirrormaker2", 1, "MirrorMaker 2 (same topic, own JVM)"},
 		{"kcat", 1, "`kcat -C \\| kcat -P` (idempotent producer)"},
 	}

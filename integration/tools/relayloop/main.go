@@ -13,7 +13,8 @@
 // settings (internal/kafka.Config), so that a benchmark compares kswitch's
 // own work (etcd coordination, routing, commits) and not two
 // configurations. It runs until SIGTERM or SIGINT, or exits 1 on the first
-// produce error.
+// produce error. With -client franz-go it is the strongest Go baseline
+// instead: franz-go tuned for throughput (franz.go).
 package main
 
 import (
@@ -43,6 +44,7 @@ func main() {
 		dest     = flag.String("dest", "", "destination topic, with at least the source's partitions (required)")
 		version  = flag.String("version", config.DefaultKafkaVersion, "Kafka protocol version of both clusters")
 		interval = flag.Duration("commit-interval", 500*time.Millisecond, "how often marked offsets are committed (kswitch's source.commit_interval)")
+		client   = flag.String("client", "sarama", "sarama (kswitch's producer settings) or franz-go (tuned for throughput, see franz.go)")
 	)
 	flag.Parse()
 	if *from == "" || *topic == "" || *group == "" || *to == "" || *dest == "" {
@@ -54,7 +56,16 @@ func main() {
 	defer stop()
 	src := config.Cluster{Brokers: strings.Split(*from, ","), Version: *version, ClientID: "relayloop"}
 	dst := config.Cluster{Brokers: strings.Split(*to, ","), Version: *version, ClientID: "relayloop"}
-	if err := run(ctx, src, dst, *topic, *group, *dest, *interval); err != nil {
+	relay := run
+	switch *client {
+	case "sarama":
+	case "franz-go":
+		relay = runFranz
+	default:
+		fmt.Fprintf(os.Stderr, "relayloop: -client %q is not sarama or franz-go\n", *client)
+		os.Exit(2)
+	}
+	if err := relay(ctx, src, dst, *topic, *group, *dest, *interval); err != nil {
 		fmt.Fprintln(os.Stderr, "relayloop:", err)
 		os.Exit(1)
 	}
