@@ -196,6 +196,9 @@ func (r *benchResults) write(dir string) error {
 	if err := os.WriteFile(filepath.Join(dir, "benchmarks.json"), append(js, '\n'), 0o644); err != nil {
 		return err
 	}
+	if err := writeCharts(dir, r); err != nil {
+		return err
+	}
 	return os.WriteFile(filepath.Join(dir, "BENCHMARKS.md"), []byte(r.markdown()), 0o644)
 }
 
@@ -299,6 +302,7 @@ func (r *benchResults) markdown() string {
 
 	// 1. Throughput.
 	p("## 1. Relay throughput\n\n")
+	p("![Relay throughput against the baselines](throughput.svg)\n\n")
 	p("%d records of 1 KiB in topic `relay` on A (%d partitions), copied to a new topic on B per trial; records/s over\n", r.Scale.RelayRecords, relayPartitions)
 	p("the middle of the copy (20 %% → 80 %% of the records at the destination), which leaves out start-up, shown\n")
 	p("separately. kswitch: `kswitch agent` processes, one rule, one channel (`manual-same-partition`).\n")
@@ -362,6 +366,7 @@ func (r *benchResults) markdown() string {
 
 	// 2. Failover.
 	p("\n## 2. Failover: A's broker SIGKILLed → first record consumed from B\n\n")
+	p("![Failover timeline per trial](failover.svg)\n\n")
 	p("Trials: %d. Before each, the fleet is paused until MirrorMaker 2 has copied 150 records more than it consumed\n", len(r.Failover))
 	p("(so records wait on B), then A's broker gets SIGKILL and the fleet is resumed. Seconds after the kill, on\n")
 	p("the benchmark's clock (its etcd watch and a 20 ms poll of the channel topic's end offsets); the switch's\n")

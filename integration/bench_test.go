@@ -132,6 +132,9 @@ func TestBenchmarksPage(t *testing.T) {
 	if err := json.Unmarshal(b, &res); err != nil {
 		t.Fatalf("%s/benchmarks.json: %v", out, err)
 	}
+	if err := writeCharts(out, &res); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.WriteFile(filepath.Join(out, "BENCHMARKS.md"), []byte(res.markdown()), 0o644); err != nil {
 		t.Fatal(err)
 	}
