@@ -146,6 +146,9 @@ func (h *healthMeta) GetBroadcasts(overhead, limit int) [][]byte { return nil }
 func (h *healthMeta) LocalState(join bool) []byte                { return nil }
 func (h *healthMeta) MergeRemoteState(buf []byte, join bool)     {}
 
+// updateWait is how long gossipHealthLoop waits for a metadata broadcast.
+const updateWait = 20 * time.Millisecond
+
 // gossipHealthLoop re-announces this agent's metadata when its view of a
 // cluster changed, and every interval to refresh latencies.
 func (a *Agent) gossipHealthLoop(ctx context.Context, changed <-chan struct{}, interval time.Duration) {
@@ -158,8 +161,12 @@ func (a *Agent) gossipHealthLoop(ctx context.Context, changed <-chan struct{}, i
 		case <-changed:
 		case <-t.C:
 		}
-		if err := a.ml.UpdateNode(time.Second); err != nil {
-			a.log.Debug("gossip metadata update", zap.Error(err))
+		// UpdateNode queues the broadcast at once, then waits until it
+		// has been sent its last time (several gossip rounds, about a
+		// second): a change must not wait behind the previous update, so
+		// the wait is short; the broadcast goes on regardless.
+		if err := a.ml.UpdateNode(updateWait); err != nil {
+			a.log.Debug("gossip metadata update still being sent", zap.Error(err))
 		}
 	}
 }
