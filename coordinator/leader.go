@@ -592,10 +592,20 @@ func (l *Leader) Run(ctx context.Context, et election.Term) error {
 			}
 			windowEnds = time.After(d) // collected once it fires or is dropped (Go 1.23 timers)
 		}
+		// Likewise the moment the primary has been up for failback_stable
+		// while the fleet is on the standby: failback starts then, not at
+		// the next tick.
+		var stableAt <-chan time.Time
+		if t.active.Cluster == standby && standby != "" && l.cfg.Failover.Failback == "auto" {
+			if up := h.upFor(time.Now(), primary); up > 0 && up < l.cfg.Failover.FailbackStable {
+				stableAt = time.After(l.cfg.Failover.FailbackStable - up)
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-windowEnds:
+		case <-stableAt:
 		case <-memberCh:
 		case <-ak.changed:
 		case <-pn.changed:
