@@ -285,13 +285,7 @@ func TestFailoverToTheReplicaAndBack(t *testing.T) {
 func TestFailoverWhenEveryBrokerRefuses(t *testing.T) {
 	d := startDC(t)
 	cli := testenv.EtcdClientT(t, d.etcd)
-	l := newLedger()
-	var agents []*agent.Agent
-	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
-		agents = append(agents, startConsumer(t, d.config(id), l.handler(id)))
-	}
-	waitConsuming(t, 20*time.Second, "A", agents...)
-	p := startProducer(t, d.a.Brokers(), "orders", 0)
+	l, agents, p := flowingFleet(t, d)
 	wait.For(t, 20*time.Second, "records flowing through A and mirrored to B", func() error {
 		if n := l.count(); n < 300 || d.mirror.Copied() < 300 {
 			return fmt.Errorf("%d handled, %d mirrored", n, d.mirror.Copied())
