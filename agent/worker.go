@@ -729,6 +729,7 @@ func (w *worker) commit(ctx context.Context, tps []coordinator.TopicPartition) e
 // Paused partitions are neither.
 func (w *worker) checkStuck(ctx context.Context, now time.Time) {
 	var stuck, stalled []string
+	var ask []kafka.TopicPartition // still partitions whose end is due to be asked
 	for _, tp := range slices.SortedFunc(maps.Keys(w.parts), coordinator.TopicPartition.Compare) {
 		r := w.parts[tp]
 		next, unacked := r.t.progress()
@@ -737,21 +738,31 @@ func (w *worker) checkStuck(ctx context.Context, now time.Time) {
 			continue
 		}
 		d := now.Sub(r.movedAt)
-		if d <= w.stuckAfter {
-			continue
-		}
-		if unacked > 0 {
+		switch {
+		case d <= w.stuckAfter:
+		case unacked > 0:
 			stuck = append(stuck, fmt.Sprintf("%s (offset %d, %d records handed on, not acknowledged for %s)", tp, next, unacked, d.Round(time.Second)))
-			continue
-		}
-		if now.Sub(r.endAt) > w.stuckAfter/2 && w.kafka != nil && (w.reachable == nil || w.reachable(r.cluster)) {
-			if end, err := w.kafka.client.GetOffset(tp.Topic, tp.Partition, sarama.OffsetNewest); err == nil {
-				r.end = end
-			}
+		case now.Sub(r.endAt) > w.stuckAfter/2 && w.kafka != nil && (w.reachable == nil || w.reachable(r.cluster)):
+			ask = append(ask, kafka.TopicPartition{Topic: tp.Topic, Partition: tp.Partition})
 			r.endAt = now
 		}
-		if r.end > next {
-			stalled = append(stalled, fmt.Sprintf("%s (offset %d, end %d, no progress for %s)", tp, next, r.end, d.Round(time.Second)))
+	}
+	if len(ask) > 0 {
+		// One request per broker for all of them (an idle agent's
+		// partitions all stand still).
+		ends, _ := kafka.EndOffsets(w.kafka.client, ask)
+		for tp, end := range ends {
+			if r := w.parts[coordinator.TopicPartition{Topic: tp.Topic, Partition: tp.Partition}]; r != nil {
+				r.end = end
+			}
+		}
+	}
+	for _, tp := range slices.SortedFunc(maps.Keys(w.parts), coordinator.TopicPartition.Compare) {
+		r := w.parts[tp]
+		if d := now.Sub(r.movedAt); d > w.stuckAfter && r.end > r.next && !r.gate.isPaused() {
+			if _, unacked := r.t.progress(); unacked == 0 {
+				stalled = append(stalled, fmt.Sprintf("%s (offset %d, end %d, no progress for %s)", tp, r.next, r.end, d.Round(time.Second)))
+			}
 		}
 	}
 	var reasons []string
@@ -766,7 +777,7 @@ func (w *worker) checkStuck(ctx context.Context, now time.Time) {
 	}
 	reason := strings.Join(reasons, "; ")
 	w.stuck.Store(&reason)
-	if len(stuck) != int(w.stuckCount) || len(stalled) != int(w.stalledCount) {
+	if len(stuck) != w.stuckCount || len(stalled) != w.stalledCount {
 		w.stuckCount, w.stalledCount = len(stuck), len(stalled)
 		w.metrics.stuckPartitions.Set(float64(len(stuck)))
 		w.metrics.stalledPartitions.Set(float64(len(stalled)))

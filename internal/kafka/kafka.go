@@ -4,6 +4,7 @@
 package kafka
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"time"
@@ -94,4 +95,49 @@ func NewClientWith(name string, c config.Cluster, o Options) (sarama.Client, err
 		return nil, fmt.Errorf("kafka: connect to cluster %s %v: %w", name, c.Brokers, err)
 	}
 	return cl, nil
+}
+
+// TopicPartition names one partition for EndOffsets.
+type TopicPartition struct {
+	Topic     string
+	Partition int32
+}
+
+// EndOffsets returns the end offset (high-water mark) of each of tps,
+// asking each partition's leader once for all of its partitions: one
+// request per broker, whatever the number of partitions. A partition whose
+// leader is unknown or that the broker reports an error for is left out;
+// the error joins what went wrong.
+func EndOffsets(client sarama.Client, tps []TopicPartition) (map[TopicPartition]int64, error) {
+	reqs := map[*sarama.Broker]*sarama.OffsetRequest{}
+	var errs []error
+	for _, tp := range tps {
+		leader, err := client.Leader(tp.Topic, tp.Partition)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s/%d: %w", tp.Topic, tp.Partition, err))
+			continue
+		}
+		if reqs[leader] == nil {
+			reqs[leader] = &sarama.OffsetRequest{Version: 1}
+		}
+		reqs[leader].AddBlock(tp.Topic, tp.Partition, sarama.OffsetNewest, 1)
+	}
+	out := make(map[TopicPartition]int64, len(tps))
+	for leader, req := range reqs {
+		resp, err := leader.GetAvailableOffsets(req)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("broker %d: %w", leader.ID(), err))
+			continue
+		}
+		for topic, parts := range resp.Blocks {
+			for p, b := range parts {
+				if !errors.Is(b.Err, sarama.ErrNoError) {
+					errs = append(errs, fmt.Errorf("%s/%d: %w", topic, p, b.Err))
+					continue
+				}
+				out[TopicPartition{topic, p}] = b.Offset
+			}
+		}
+	}
+	return out, errors.Join(errs...)
 }
