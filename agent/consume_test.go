@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -34,7 +35,26 @@ type ledger struct {
 	gen        map[string]int64                      // record id -> generation it was first handled under
 	firstAt    map[string]time.Time                  // record id -> when it was first handled
 	perGen     map[int64]int                         // generation -> deliveries under it
+	// deliveries are every delivery of each record id: what a duplicate
+	// is explained with (dupDeliveries).
+	deliveries map[string][]delivery
 	violations []string
+}
+
+// delivery is one hand-over of a record to a handler, as the ledger saw it.
+type delivery struct {
+	agent      string
+	cluster    string
+	tp         coordinator.TopicPartition
+	offset     int64
+	generation int64
+	session    int64
+	at         time.Time
+}
+
+func (d delivery) String() string {
+	return fmt.Sprintf("%s %s %s@%d gen %d session %x at %s", d.agent, d.cluster, d.tp, d.offset, d.generation, d.session,
+		d.at.UTC().Format("15:04:05.000"))
 }
 
 type holder struct {
@@ -47,7 +67,7 @@ func newLedger() *ledger {
 		seen: map[string]int{}, first: map[string]string{},
 		lastGen:   map[coordinator.TopicPartition]holder{},
 		genHolder: map[string]string{}, lastOffset: map[string]int64{}, gen: map[string]int64{},
-		firstAt: map[string]time.Time{}, perGen: map[int64]int{},
+		firstAt: map[string]time.Time{}, perGen: map[int64]int{}, deliveries: map[string][]delivery{},
 	}
 }
 
@@ -74,6 +94,8 @@ func (l *ledger) record(id string, r *agent.Record) {
 	key := string(r.Value)
 	l.seen[key]++
 	l.perGen[r.Generation]++
+	l.deliveries[key] = append(l.deliveries[key], delivery{agent: id, cluster: r.Cluster, tp: tp, offset: r.Offset,
+		generation: r.Generation, session: r.Session, at: time.Now()})
 	if _, ok := l.first[key]; !ok {
 		l.first[key] = id
 		l.gen[key] = r.Generation
@@ -128,6 +150,26 @@ func (l *ledger) result(want int) (missing []int, dups int, dupFirst map[string]
 		}
 	}
 	return missing, dups, dupFirst
+}
+
+// dupDeliveries describes every record handled more than once: each of
+// its deliveries (agent, cluster, partition@offset, generation, session,
+// time), by record id.
+func (l *ledger) dupDeliveries() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(l.seen)) {
+		if l.seen[k] < 2 {
+			continue
+		}
+		var ds []string
+		for _, d := range l.deliveries[k] {
+			ds = append(ds, d.String())
+		}
+		out = append(out, fmt.Sprintf("record %s handled %d times: %s", k, l.seen[k], strings.Join(ds, "; ")))
+	}
+	return out
 }
 
 func (l *ledger) check(t *testing.T) {

@@ -995,12 +995,15 @@ func TestSwitchIsAbandonedWhenItsTargetDies(t *testing.T) {
 	}
 	waitConsuming(t, 20*time.Second, "A", agents...)
 	p := startProducer(t, d.a.Brokers(), "orders", 0)
+	flowing := time.Now()
 	wait.For(t, 20*time.Second, "records flowing", func() error {
 		if n := l.count(); n < 300 {
-			return fmt.Errorf("%d handled", n)
+			return fmt.Errorf("%d handled, %d produced (%d sends failed)", n, p.next.Load(), p.failed.Load())
 		}
 		return nil
 	})
+	t.Logf("300 records handled %v after the producer started (%d produced, %d sends failed)",
+		time.Since(flowing).Round(time.Millisecond), p.next.Load(), p.failed.Load())
 	leader := leaderOf(t, agents...)
 	// Stalled sinks hold the switch in its revoke phase until B is down.
 	stallAll(t, gates)

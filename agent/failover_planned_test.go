@@ -212,6 +212,9 @@ func drain(t *testing.T, d *dc, p *producer, l *ledger, ho *handovers, consuming
 	waitAllHandled(t, l, onA, 20*time.Second)
 	_, dups, dupFirst = l.result(0)
 	t.Logf("%d records, 0 lost, %d duplicates", len(onA), dups)
+	for _, d := range l.dupDeliveries() {
+		t.Log(d)
+	}
 	ho.check(t, l)
 	return dups, dupFirst
 }
