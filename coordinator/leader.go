@@ -557,14 +557,18 @@ func (l *Leader) Run(ctx context.Context, et election.Term) error {
 			discover(t.active.Cluster)
 		}
 		// Agents that alone cannot reach the active cluster get no
-		// partitions: they would only stall them.
+		// partitions: they would only stall them. They are still live:
+		// what they own is revoked, not handed straight to another
+		// agent, since they may still be consuming (a probe that timed
+		// out on a loaded machine is enough to be cut off) and only
+		// their release commits what they handled.
 		cut := h.cutOff(now, t.active.Cluster, l.cfg.Failover.FailureWindow)
-		ready := readyOn(t.active.Cluster)
 		l.status.Store(&LeaderStatus{Active: t.active, Verdict: why, Pin: pn.get(), Breaker: br.openUntil, CutOff: slices.Sorted(maps.Keys(cut)),
 			Unassigned: unowned.note(now, partitions, t.current, h.downFor(now, t.active.Cluster, l.cfg.Failover.FailureWindow))})
 		l.publishStalled(ctx, t, unowned, now, log)
 		if partitions != nil {
-			next, changed := Plan(PlanInput{Current: t.current, Partitions: partitions, Cluster: t.active.Cluster, Live: ready, Acks: ak.snapshot()})
+			next, changed := Plan(PlanInput{Current: t.current, Partitions: partitions, Cluster: t.active.Cluster,
+				Live: live, CutOff: slices.Sorted(maps.Keys(cut)), Acks: ak.snapshot()})
 			if changed {
 				err := l.publishTerm(ctx, t, next)
 				switch {

@@ -126,9 +126,18 @@ type PlanInput struct {
 	Partitions []TopicPartition
 	// Cluster is the cluster to consume from.
 	Cluster string
-	// Live are the agents that are registered (their session lease holds)
-	// and ready.
+	// Live are the agents that are registered (their session lease
+	// holds): every agent that may be consuming. A live agent keeps what
+	// it consumes until it acknowledges its release.
 	Live []string
+	// CutOff are live agents that get no partitions (alone cut off from
+	// Cluster, see the leader): what they own is revoked like any
+	// partition that moves, never handed to another agent before they
+	// acknowledge the release. They may still be consuming (a probe that
+	// timed out on a loaded machine, records fetched before the cut), and
+	// their commits are still accepted until the release. Agents not in
+	// Live are ignored.
+	CutOff []string
 	// Acks maps agent id → the last generation it acknowledged, that is
 	// applied fully: released what it was revoking, committed, started what
 	// it owns.
@@ -153,8 +162,9 @@ type PlanInput struct {
 // caller translates the committed offsets to the new cluster.
 //
 // With every live agent acknowledging each generation, iterating Plan
-// reaches, in at most two changed generations, Owned == Balance(...) with
-// nothing revoking, and then reports no change.
+// reaches, in at most two changed generations, Owned == Balance(...) over
+// the live agents not cut off, with nothing revoking, and then reports no
+// change.
 //
 // When changed, next has Generation = Current.Generation+1 and Cluster =
 // in.Cluster; Leader, Token and Published are for the caller to fill.
@@ -167,6 +177,8 @@ func Plan(in PlanInput) (next Assignment, changed bool) {
 	for _, a := range in.Live {
 		live[a] = true
 	}
+	// Partitions go only to the live agents that are not cut off.
+	ready := slices.DeleteFunc(slices.Clone(in.Live), func(a string) bool { return slices.Contains(in.CutOff, a) })
 	acked := func(a string) bool { return in.Acks[a] >= gen }
 	switching := gen > 0 && in.Cluster != cur.Cluster
 	exists := map[TopicPartition]bool{}
@@ -205,7 +217,7 @@ func Plan(in PlanInput) (next Assignment, changed bool) {
 		}
 	}
 	target := map[TopicPartition]string{}
-	for a, tps := range Balance(in.Partitions, in.Live, holding) {
+	for a, tps := range Balance(in.Partitions, ready, holding) {
 		for _, tp := range tps {
 			target[tp] = a
 		}

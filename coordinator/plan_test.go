@@ -574,9 +574,25 @@ func TestPlan(t *testing.T) {
 			want: &Assignment{Generation: 5, Cluster: "A", Owned: owners{"b": p4}, Revoking: owners{}},
 		},
 		{
-			name: "owner dies or turns unready: the survivors take its partitions at once",
+			name: "owner dies: the survivors take its partitions at once",
 			in:   PlanInput{Current: stable, Partitions: p4, Cluster: "A", Live: []string{"a"}, Acks: map[string]int64{"a": 5, "b": 5}},
 			want: &Assignment{Generation: 6, Cluster: "A", Owned: owners{"a": p4}, Revoking: owners{}},
+		},
+		{
+			// It may still be consuming, and only its release commits
+			// what it handled.
+			name: "owner cut off but live: its partitions are revoked, nobody gets them yet",
+			in: PlanInput{Current: stable, Partitions: p4, Cluster: "A", Live: []string{"a", "b"}, CutOff: []string{"b"},
+				Acks: map[string]int64{"a": 5, "b": 5}},
+			want: &Assignment{Generation: 6, Cluster: "A", Owned: owners{"a": tps("t/0", "t/2")}, Revoking: owners{"b": tps("t/1", "t/3")}},
+		},
+		{
+			name: "cut-off owner acknowledged its release: the others take its partitions, it gets none",
+			in: PlanInput{
+				Current:    Assignment{Generation: 6, Cluster: "A", Owned: owners{"a": tps("t/0", "t/2")}, Revoking: owners{"b": tps("t/1", "t/3")}},
+				Partitions: p4, Cluster: "A", Live: []string{"a", "b"}, CutOff: []string{"b"}, Acks: map[string]int64{"a": 6, "b": 6},
+			},
+			want: &Assignment{Generation: 7, Cluster: "A", Owned: owners{"a": p4}, Revoking: owners{}},
 		},
 		{
 			name: "no live agent: nothing is owned",
@@ -780,6 +796,11 @@ func checkStep(t *testing.T, in PlanInput, next Assignment, changed bool) {
 			}
 		}
 	}
+	for _, a := range in.CutOff {
+		for _, tp := range next.Owned[a] {
+			t.Errorf("%s is cut off, yet owns %s", a, tp)
+		}
+	}
 	if in.Current.Generation > 0 && in.Cluster != in.Current.Cluster && len(next.Owned) != 0 {
 		t.Errorf("switch generation to %s assigns %v", in.Cluster, next.Owned)
 	}
@@ -845,6 +866,9 @@ func randomPlanInput(rng *rand.Rand) PlanInput {
 	if rng.IntN(10) < 3 {
 		in.Cluster = "B"
 	}
+	if rng.IntN(10) < 3 {
+		in.CutOff = randomSubset(rng, in.Live, 0.4)
+	}
 	for _, a := range pool {
 		if g := cur.Generation - int64(rng.IntN(3)); g > 0 {
 			in.Acks[a] = g
@@ -866,7 +890,7 @@ func TestPlanProperties(t *testing.T) {
 			checkStep(t, in, next, changed)
 			again, _ := Plan(PlanInput{
 				Current: in.Current, Partitions: shuffled(rng, in.Partitions), Cluster: in.Cluster,
-				Live: shuffled(rng, in.Live), Acks: maps.Clone(in.Acks),
+				Live: shuffled(rng, in.Live), CutOff: shuffled(rng, in.CutOff), Acks: maps.Clone(in.Acks),
 			})
 			if !reflect.DeepEqual(next, again) {
 				t.Fatalf("depends on input order:\n%+v\n%+v", next, again)
@@ -893,8 +917,9 @@ func TestPlanProperties(t *testing.T) {
 			if len(next.Revoking) != 0 {
 				t.Fatalf("settled with releases pending: %v", next.Revoking)
 			}
-			checkBalanced(t, next.Owned, in.Partitions, in.Live)
-			if target := Balance(in.Partitions, in.Live, next.Owned); !reflect.DeepEqual(next.Owned, target) {
+			ready := slices.DeleteFunc(slices.Clone(in.Live), func(a string) bool { return slices.Contains(in.CutOff, a) })
+			checkBalanced(t, next.Owned, in.Partitions, ready)
+			if target := Balance(in.Partitions, ready, next.Owned); !reflect.DeepEqual(next.Owned, target) {
 				t.Fatalf("settled on %v, target %v", next.Owned, target)
 			}
 		})
