@@ -586,3 +586,89 @@ func TestGossipDeathMovesPartitionsBeforeTheLeaseExpires(t *testing.T) {
 	})
 	l.check(t)
 }
+
+// TestAReleaseOutlivedByItsGenerationStillCommits: an agent is still
+// draining partitions it releases when the leader publishes the next
+// generation (agents joined meanwhile), in which those releases still
+// stand. The final commit, fenced by the generation that revoked the
+// partitions, is then refused as stale; the agent must commit under the
+// current generation before it acknowledges, or the partitions' next
+// owners consume again what it handled since its last periodic commit.
+func TestAReleaseOutlivedByItsGenerationStillCommits(t *testing.T) {
+	e := testenv.StartEtcdT(t)
+	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 4}})
+	cli := testenv.EtcdClientT(t, e)
+	l := newLedger()
+	slow := &gate{}
+	a1 := startFleetAgent(t, consumeConfig(e, k, "agent-1"), agent.Options{Handler: slow.handler(l, "agent-1"), DrainTimeout: 30 * time.Second})
+	waitBalanced(t, 4, a1)
+	produce(t, k, "orders", 0, 200)
+	wait.For(t, 20*time.Second, "the first records handled", func() error {
+		if n := l.count(); n < 200 {
+			return fmt.Errorf("%d handled", n)
+		}
+		return nil
+	})
+	// agent-1 now holds what it is given unacknowledged, as a slow sink
+	// does: its releases wait for the drain.
+	slow.close()
+	produce(t, k, "orders", 200, 400)
+	wait.For(t, 20*time.Second, "agent-1 holding records", func() error {
+		if n := slow.holding(); n < 200 {
+			return fmt.Errorf("holds %d", n)
+		}
+		return nil
+	})
+	assignment := func() (coordinator.Assignment, error) {
+		resp, err := cli.Get(context.Background(), fleetKeys.Assignment())
+		if err != nil || len(resp.Kvs) == 0 {
+			return coordinator.Assignment{}, fmt.Errorf("no state/assignment (%v)", err)
+		}
+		return coordinator.ParseAssignment(resp.Kvs[0].Value)
+	}
+	// A second agent: agent-1 releases two partitions (and drains).
+	a2 := startConsumer(t, consumeConfig(e, k, "agent-2"), l.handler("agent-2"))
+	var revoked coordinator.Assignment
+	wait.For(t, 20*time.Second, "agent-1 releasing", func() error {
+		a, err := assignment()
+		if err != nil || len(a.Revoking["agent-1"]) == 0 {
+			return fmt.Errorf("state/assignment %+v (%v)", a, err)
+		}
+		revoked = a
+		return nil
+	})
+	// Two more: the next generation takes a third partition from agent-1,
+	// while the first two releases still stand.
+	a3 := startConsumer(t, consumeConfig(e, k, "agent-3"), l.handler("agent-3"))
+	a4 := startConsumer(t, consumeConfig(e, k, "agent-4"), l.handler("agent-4"))
+	wait.For(t, 20*time.Second, "a newer generation while agent-1 drains", func() error {
+		a, err := assignment()
+		if err != nil || a.Generation <= revoked.Generation {
+			return fmt.Errorf("state/assignment generation %d (%v)", a.Generation, err)
+		}
+		for _, tp := range revoked.Revoking["agent-1"] {
+			if !a.MayCommit("agent-1", tp) {
+				return fmt.Errorf("generation %d no longer lets agent-1 commit %s: %+v", a.Generation, tp, a)
+			}
+		}
+		return nil
+	})
+	t.Logf("agent-1 releases %v since generation %d; generation %d published meanwhile; its sink acknowledges %d held records now",
+		revoked.Revoking["agent-1"], revoked.Generation, revoked.Generation+1, slow.holding())
+	slow.open()
+	waitBalanced(t, 4, a1, a2, a3, a4)
+	produce(t, k, "orders", 400, 600)
+	wait.For(t, 30*time.Second, "every record handled", func() error {
+		if missing, _, _ := l.result(600); len(missing) > 0 {
+			return fmt.Errorf("%d not handled yet", len(missing))
+		}
+		return nil
+	})
+	if _, dups, dupFirst := l.result(600); dups != 0 {
+		for _, d := range l.dupDeliveries() {
+			t.Log(d)
+		}
+		t.Errorf("%d duplicates (first handled by %v): a planned hand-over must commit the released position", dups, dupFirst)
+	}
+	l.check(t)
+}

@@ -533,12 +533,58 @@ func (w *worker) release(ctx context.Context, tps []coordinator.TopicPartition, 
 			allowed = append(allowed, tp)
 		}
 	}
-	_ = w.commit(ctx, allowed)
+	err := w.commit(ctx, allowed)
+	// The leader may publish the next generation while these partitions
+	// drain (it plans whenever anything else changes: another agent's
+	// release acknowledged, an agent joining or cut off), keeping this
+	// agent's releases, which it has not acknowledged yet. The commit
+	// fenced by a is then refused as stale, and the partitions are gone
+	// from w.parts once this returns: their final positions must be
+	// committed now, under the generation that is current, or their next
+	// owners consume again what was handled since the last periodic
+	// commit. The watch delivers that generation only after this apply,
+	// so it is read here (and applied as usual afterwards).
+	for attempt := 0; errors.Is(err, offsets.ErrStaleGeneration) && attempt < maxReleaseRetries; attempt++ {
+		cur, rev, rerr := w.readAssignment(ctx)
+		if rerr != nil {
+			w.log.Warn("cannot read state/assignment to commit released partitions; the next owners consume again what was not committed",
+				zap.Stringers("partitions", allowed), zap.Error(rerr))
+			break
+		}
+		still := slices.DeleteFunc(slices.Clone(allowed), func(tp coordinator.TopicPartition) bool { return !cur.MayCommit(w.id, tp) })
+		if cur.Generation < a.Generation || len(still) == 0 {
+			w.log.Warn("released partitions could not be committed under the current generation; the next owners consume again what was not committed",
+				zap.Stringers("partitions", allowed), zap.Int64("generation", a.Generation), zap.Int64("current_generation", cur.Generation))
+			break
+		}
+		w.log.Info("committing released partitions under the generation published while they drained",
+			zap.Stringers("partitions", still), zap.Int64("generation", a.Generation), zap.Int64("current_generation", cur.Generation))
+		err = w.commitUnder(ctx, still, cur, rev)
+	}
 	for _, tp := range tps {
 		delete(w.parts, tp)
 		delete(w.committed, tp)
 	}
 	w.publishOwned()
+}
+
+// maxReleaseRetries bounds how often release commits again under a newer
+// generation when the generations keep changing under it.
+const maxReleaseRetries = 5
+
+// readAssignment reads state/assignment and its revision.
+func (w *worker) readAssignment(ctx context.Context) (coordinator.Assignment, int64, error) {
+	rctx, cancel := context.WithTimeout(ctx, w.cfg.Etcd.RequestTimeout)
+	defer cancel()
+	resp, err := w.etcd.Get(rctx, w.keys.Assignment())
+	if err != nil {
+		return coordinator.Assignment{}, 0, err
+	}
+	if len(resp.Kvs) == 0 {
+		return coordinator.Assignment{}, 0, errors.New("state/assignment is absent")
+	}
+	a, err := coordinator.ParseAssignment(resp.Kvs[0].Value)
+	return a, resp.Kvs[0].ModRevision, err
 }
 
 // startPending starts the owned partitions not yet running. A partition
@@ -665,8 +711,16 @@ func (w *worker) publishOwned() {
 // commit writes the positions of tps that moved since their last commit,
 // fenced by the applied generation and the agent's lease, then mirrors
 // them to the Kafka group. It returns errLeaseLost when etcd says the
-// lease is gone.
+// lease is gone, and an error matching offsets.ErrStaleGeneration when
+// state/assignment changed since the applied revision (nothing was
+// written; a running partition is committed again at the next tick).
 func (w *worker) commit(ctx context.Context, tps []coordinator.TopicPartition) error {
+	return w.commitUnder(ctx, tps, w.applied, w.appliedRev)
+}
+
+// commitUnder is commit fenced by assignment a at revision rev, which
+// must let this agent commit tps (Assignment.MayCommit).
+func (w *worker) commitUnder(ctx context.Context, tps []coordinator.TopicPartition, a coordinator.Assignment, rev int64) error {
 	var commits []offsets.Commit
 	for _, tp := range tps {
 		r := w.parts[tp]
@@ -686,8 +740,8 @@ func (w *worker) commit(ctx context.Context, tps []coordinator.TopicPartition) e
 	w.hold.attempt(time.Now())
 	fence := offsets.Fence{
 		AgentKey: w.keys.Agent(w.id), Lease: w.lease,
-		AssignmentKey: w.keys.Assignment(), AssignmentRev: w.appliedRev,
-		Agent: w.id, Generation: w.applied.Generation,
+		AssignmentKey: w.keys.Assignment(), AssignmentRev: rev,
+		Agent: w.id, Generation: a.Generation,
 	}
 	cctx, cancel := context.WithTimeout(ctx, w.cfg.Etcd.RequestTimeout)
 	err := w.store.Commit(cctx, fence, commits)
@@ -699,10 +753,10 @@ func (w *worker) commit(ctx context.Context, tps []coordinator.TopicPartition) e
 		return errLeaseLost
 	case errors.Is(err, offsets.ErrStaleGeneration):
 		// A new generation is on its way through the watch; commit
-		// under it.
+		// under it (release does not wait for it: see there).
 		w.log.Debug("commit deferred: newer assignment", zap.Error(err))
 		w.metrics.commitErrors.WithLabelValues("stale_generation").Inc()
-		return nil
+		return err
 	case err != nil:
 		w.log.Warn("commit failed; retrying next interval", zap.Error(err))
 		w.metrics.commitErrors.WithLabelValues("etcd").Inc()
