@@ -495,7 +495,8 @@ func TestRuleOverBudgetIsDeadLettered(t *testing.T) {
 	}
 	dead := w.read("B", "dead", len(large))
 	for _, d := range dead {
-		if !strings.HasPrefix(header(d, HeaderError), "routing: rule costly: the expression exceeded its evaluation budget: closures built more than 16 MiB") {
+		// Bytes built, or (on a loaded machine) the clock first.
+		if !strings.HasPrefix(header(d, HeaderError), "routing: rule costly: the expression exceeded its evaluation budget: ") {
 			t.Errorf("dead letter %s: error header %q", header(d, HeaderSource), header(d, HeaderError))
 		}
 	}
