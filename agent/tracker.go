@@ -2,6 +2,7 @@ package agent
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kswitch/kswitch/offsets"
@@ -194,12 +195,14 @@ func (t *tracker) waitDrained(timeout time.Duration) bool {
 // byteBudget bounds the bytes of the records an agent has handed to its
 // handler and not yet had acknowledged, over all its partitions
 // (source.max_in_flight_mib). Safe for concurrent use; a nil budget
-// bounds nothing.
+// bounds nothing. Taking and giving are atomic adds on the hot path; the
+// lock is only for waiting.
 type byteBudget struct {
-	mu   sync.Mutex
-	max  int64
-	used int64
-	room chan struct{} // closed by the next give; nil unless take found no room
+	max     int64
+	used    atomic.Int64
+	waiting atomic.Int32 // takers that found no room since the last give
+	mu      sync.Mutex
+	room    chan struct{} // closed by the next give after a take found no room
 }
 
 func newByteBudget(max int64) *byteBudget { return &byteBudget{max: max} }
@@ -211,16 +214,24 @@ func (b *byteBudget) take(n int64) <-chan struct{} {
 	if b == nil {
 		return nil
 	}
+	if after := b.used.Add(n); after <= b.max || after == n {
+		return nil
+	}
+	b.used.Add(-n)
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.used > 0 && b.used+n > b.max {
-		if b.room == nil {
-			b.room = make(chan struct{})
-		}
-		return b.room
+	if b.room == nil {
+		b.room = make(chan struct{})
 	}
-	b.used += n
-	return nil
+	b.waiting.Store(1)
+	// A give between the failed add and the registration would have
+	// found nobody waiting: look again, now that a give will close room.
+	if after := b.used.Load() + n; after <= b.max || after == n {
+		ch := make(chan struct{})
+		close(ch)
+		return ch
+	}
+	return b.room
 }
 
 // give gives n bytes back.
@@ -228,9 +239,13 @@ func (b *byteBudget) give(n int64) {
 	if b == nil || n == 0 {
 		return
 	}
+	b.used.Add(-n)
+	if b.waiting.Load() == 0 {
+		return
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.used -= n
+	b.waiting.Store(0)
 	if b.room != nil {
 		close(b.room)
 		b.room = nil
@@ -242,7 +257,5 @@ func (b *byteBudget) inUse() int64 {
 	if b == nil {
 		return 0
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.used
+	return b.used.Load()
 }
