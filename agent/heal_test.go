@@ -258,6 +258,14 @@ func readAssignment(cli *clientv3.Client) (coordinator.Assignment, error) {
 	return coordinator.ParseAssignment(resp.Kvs[0].Value)
 }
 
+// firstHandled returns when record id was first handled.
+func (l *ledger) firstHandled(id string) (time.Time, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	at, ok := l.firstAt[id]
+	return at, ok
+}
+
 // dupsFirstHandled returns the records handled more than once, with when
 // each was first handled.
 func (l *ledger) dupsFirstHandled() map[string]time.Time {
@@ -716,14 +724,19 @@ func TestStalledPartitionsAreListed(t *testing.T) {
 	l.check(t)
 }
 
-// flowingFleet starts agent-1..3 on d, handing records to a ledger, waits
-// until they consume A, and starts a producer to A.
-func flowingFleet(t *testing.T, d *dc) (*ledger, []*agent.Agent, *producer) {
+// flowingFleet starts agent-1..3 on d (their configuration changed by
+// mods), handing records to a ledger, waits until they consume A, and
+// starts a producer to A.
+func flowingFleet(t *testing.T, d *dc, mods ...func(*config.Config)) (*ledger, []*agent.Agent, *producer) {
 	t.Helper()
 	l := newLedger()
 	var agents []*agent.Agent
 	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
-		agents = append(agents, startConsumer(t, d.config(id), l.handler(id)))
+		cfg := d.config(id)
+		for _, m := range mods {
+			m(&cfg)
+		}
+		agents = append(agents, startConsumer(t, cfg, l.handler(id)))
 	}
 	waitConsuming(t, 20*time.Second, "A", agents...)
 	return l, agents, startProducer(t, d.a.Brokers(), "orders", 0)
