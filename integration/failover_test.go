@@ -172,17 +172,7 @@ func runFailover(t *testing.T, tc failoverCase) (rep scenarioReport) {
 	if tc.lag {
 		put(t, etcd, fleetPrefix+"signals/fleet", "start")
 	}
-	activeB := tl.waitActive(t, fault, "B", failureWindow+45*time.Second)
-	if ev, ok := tl.first(fault, func(ev event) bool { s, ok := parseActive(ev); return ok && s.Cluster == "B" }); ok {
-		timed("failover_detected", ev.At.Sub(fault))
-	}
-	timed("failover_switched", activeB.Sub(fault))
-	// The verdict waits failure_window on the leader's clock after the
-	// first failed probe; a probe fails within probe_timeout (a hang) or
-	// at once (a crash), and the switch takes well under a second.
-	if limit := failureWindow + 7*time.Second; activeB.Sub(fault) > limit {
-		t.Errorf("the fleet switched to B %v after the fault, over failure_window + 7 s (%v)", activeB.Sub(fault), limit)
-	}
+	waitFailedOver(t, tl, fault, timed)
 	// Nothing reaches B while A is down: this is what was replicated.
 	replicatedAtFault, err := endOffsets(b.addr, remote)
 	if err != nil {
@@ -527,4 +517,23 @@ func checkCheckpoints(t *testing.T, b *kafkaBroker, remote string, ev switchEven
 		}
 	}
 	t.Logf("translation vs MirrorMaker 2 checkpoints: %s", strings.Join(notes, "; "))
+}
+
+// waitFailedOver waits until the fleet is active on B after the fault at
+// fault, times the detection (state/active switching to B) and the switch
+// (failover_detected, failover_switched), and fails the test when the
+// switch took longer than failure_window + 7 s: the verdict waits
+// failure_window on the leader's clock after the first failed probe, a
+// probe fails within probe_timeout (a hang) or at once (a crash), and the
+// switch takes well under a second.
+func waitFailedOver(t *testing.T, tl *timeline, fault time.Time, timed func(string, time.Duration)) {
+	t.Helper()
+	activeB := tl.waitActive(t, fault, "B", failureWindow+45*time.Second)
+	if ev, ok := tl.first(fault, func(ev event) bool { s, ok := parseActive(ev); return ok && s.Cluster == "B" }); ok {
+		timed("failover_detected", ev.At.Sub(fault))
+	}
+	timed("failover_switched", activeB.Sub(fault))
+	if limit := failureWindow + 7*time.Second; activeB.Sub(fault) > limit {
+		t.Errorf("the fleet switched to B %v after the fault, over failure_window + 7 s (%v)", activeB.Sub(fault), limit)
+	}
 }

@@ -359,35 +359,21 @@ func newHighWater(tb testing.TB, c config.Cluster) *highWater {
 
 // records returns the number of records in topic's relayPartitions
 // partitions: the sum of their high-water marks, asked of each leader in
-// one request (the benchmark polls while both sides run: it must cost
-// them little).
+// one request (kafka.EndOffsets; the benchmark polls while both sides
+// run: it must cost them little).
 func (h *highWater) records(topic string) (int64, error) {
-	reqs := map[*sarama.Broker]*sarama.OffsetRequest{}
-	for p := range int32(relayPartitions) {
-		leader, err := h.client.Leader(topic, p)
-		if err != nil {
-			_ = h.client.RefreshMetadata(topic)
-			return 0, err
-		}
-		if reqs[leader] == nil {
-			reqs[leader] = &sarama.OffsetRequest{Version: 1}
-		}
-		reqs[leader].AddBlock(topic, p, sarama.OffsetNewest, 1)
+	tps := make([]kafka.TopicPartition, relayPartitions)
+	for p := range tps {
+		tps[p] = kafka.TopicPartition{Topic: topic, Partition: int32(p)}
+	}
+	ends, err := kafka.EndOffsets(h.client, tps)
+	if err != nil {
+		_ = h.client.RefreshMetadata(topic)
+		return 0, err
 	}
 	var sum int64
-	for leader, req := range reqs {
-		resp, err := leader.GetAvailableOffsets(req)
-		if err != nil {
-			return 0, err
-		}
-		for _, parts := range resp.Blocks {
-			for _, b := range parts {
-				if b.Err != sarama.ErrNoError {
-					return 0, b.Err
-				}
-				sum += b.Offset
-			}
-		}
+	for _, end := range ends {
+		sum += end
 	}
 	return sum, nil
 }
