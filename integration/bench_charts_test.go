@@ -88,11 +88,11 @@ func failoverSVG(r *benchResults) string {
 	if top == 0 {
 		return ""
 	}
-	const left, width, barH, gap = 70, 520, 18, 8
+	const left, width, barH, gap = 110, 520, 18, 8
 	height := 70 + len(r.Failover)*(barH+gap)
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n", left+width+70, height)
-	fmt.Fprintf(&b, `<text x="4" y="16" font-weight="bold">Failover: seconds after A's broker is killed, until the first record from B</text>`+"\n")
+	fmt.Fprintf(&b, `<text x="4" y="16" font-weight="bold">Failover: seconds after A's broker is killed (or hung), until the first record from B</text>`+"\n")
 	type seg struct {
 		name, color string
 	}
@@ -104,7 +104,11 @@ func failoverSVG(r *benchResults) string {
 	px := func(sec float64) float64 { return sec / top * width }
 	for i, x := range r.Failover {
 		y := 50 + i*(barH+gap)
-		fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end">trial %d</text>`+"\n", left-6, y+barH/2+4, x.Trial)
+		label := fmt.Sprintf("trial %d", x.Trial)
+		if x.hung() {
+			label += ", hung"
+		}
+		fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end">%s</text>`+"\n", left-6, y+barH/2+4, label)
 		parts := []float64{x.DetectedSeconds, x.Phases["revoke"], x.Phases["translate"], x.Phases["activate"], x.FirstRecordSeconds - x.ActiveSeconds}
 		at := 0.0
 		for j, d := range parts {

@@ -25,10 +25,13 @@ import (
 // channel topic delivered on B in the partition it came from, MirrorMaker 2
 // copying A to B, kcat producing 100 records a second to A.
 
-// failoverTrial is one SIGKILL of A's broker, the failover to B, A's
-// restart and the failback.
+// failoverTrial is one fault of A's broker, the failover to B, A's
+// recovery and the failback.
 type failoverTrial struct {
 	Trial int `json:"trial"`
+	// Fault is faultStopped or faultHung; empty in results written before
+	// hung trials existed: stopped.
+	Fault string `json:"fault,omitempty"`
 	// Seconds after the SIGKILL: the leader started the switch (A declared
 	// down, state/active switching), B active, the first record consumed
 	// from B delivered to the channel topic, and an agent's first commit
@@ -47,6 +50,10 @@ type failoverTrial struct {
 	// record consumed from A delivered.
 	FailbackActiveSeconds      float64 `json:"failback_active_seconds"`
 	FailbackFirstRecordSeconds float64 `json:"failback_first_record_seconds"`
+	// FailbackProducedSeconds: A ready → the producer's first record
+	// written to A again (its end offsets grow). Nothing newer than what
+	// was consumed on B can be consumed from A before that.
+	FailbackProducedSeconds float64 `json:"failback_produced_seconds,omitempty"`
 	// Lost and Duplicated are counted from kcat reads of orders on A and
 	// of the channel topic, over the records the fleet had committed on A
 	// after the failback; Duplicated is this trial's increase.
@@ -54,6 +61,18 @@ type failoverTrial struct {
 	Duplicated int `json:"duplicated"`
 	Records    int `json:"records_checked"`
 }
+
+// The faults of the failover figures. Stopped: A's broker gets SIGKILL, so
+// connections to it are refused at once (a hard failure), and it is started
+// again on its data. Hung: SIGSTOP, so the kernel still accepts
+// connections and nothing answers (the full failure window), and SIGCONT.
+const (
+	faultStopped = "stopped"
+	faultHung    = "hung"
+)
+
+// hung reports whether the trial's fault was a hang.
+func (x failoverTrial) hung() bool { return x.Fault == faultHung }
 
 // rebalanceTrial is one SIGKILL of an agent that is not the leader.
 type rebalanceTrial struct {
@@ -172,6 +191,29 @@ func (bx *bench) waitGrowth(w *deliveredWatch, since time.Time, p int32, what st
 	return at
 }
 
+// firstWrite polls topic's end offsets on addr every 20 ms from now and
+// sends the time they first grow (or, after a minute, the time it gave
+// up, which then shows in the figures).
+func (bx *bench) firstWrite(addr, topic string) <-chan time.Time {
+	out := make(chan time.Time, 1)
+	var start map[int32]int64
+	// Right after a SIGCONT the broker may answer "not the leader" for a
+	// moment.
+	wait.For(bx.t, 10*time.Second, "the end offsets of "+topic+" on "+addr, func() (err error) {
+		start, err = endOffsets(addr, topic)
+		return err
+	})
+	go func() {
+		for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if ends, err := endOffsets(addr, topic); err == nil && sum(ends) > sum(start) {
+				break
+			}
+		}
+		out <- time.Now()
+	}()
+	return out
+}
+
 // fleetArgs change the suite's agent configuration for the fault
 // figures: the circuit breaker would stop automatic switching after the
 // third failover within its window, and a shorter failback_stable keeps
@@ -220,20 +262,27 @@ func (bx *bench) failover() {
 	bx.prod = startProducer(t, st.a.addr, "orders", produceRate)
 	bx.agents = bx.fleet(nil)
 	bx.delivered = bx.watchDelivered()
-	dups := 0
-	for i := 1; i <= bx.scale.FailoverTrials; i++ {
-		tr, total := bx.failoverTrial(i, dups)
-		dups = total
-		bx.res.Failover = append(bx.res.Failover, tr)
+	dups, trial := 0, 0
+	for _, f := range []struct {
+		fault  string
+		trials int
+	}{{faultStopped, bx.scale.FailoverTrials}, {faultHung, bx.scale.FailoverHungTrials}} {
+		for range f.trials {
+			trial++
+			tr, total := bx.failoverTrial(trial, f.fault, dups)
+			dups = total
+			bx.res.Failover = append(bx.res.Failover, tr)
+		}
 	}
 }
 
-// failoverTrial runs one failover and failback; dupsBefore is the
-// duplicates count after the previous trial; it returns the new one.
-func (bx *bench) failoverTrial(trial, dupsBefore int) (failoverTrial, int) {
+// failoverTrial runs one failover on fault (faultStopped or faultHung)
+// and the failback; dupsBefore is the duplicates count after the previous
+// trial; it returns the new one.
+func (bx *bench) failoverTrial(trial int, fault string, dupsBefore int) (failoverTrial, int) {
 	t, st, tl, w := bx.t, bx.st, bx.st.tl, bx.delivered
 	remote := st.policy.remote
-	tr := failoverTrial{Trial: trial, Methods: map[string]int{}}
+	tr := failoverTrial{Trial: trial, Fault: fault, Methods: map[string]int{}}
 	wait.For(t, time.Minute, "the fleet consumes every partition of A", func() error { return bx.allMoving(time.Now().Add(-2 * time.Second)) })
 	// A backlog on B: the fleet paused until MirrorMaker 2 has copied 150
 	// records more than it consumed, so that records are waiting on B when
@@ -251,16 +300,20 @@ func (bx *bench) failoverTrial(trial, dupsBefore int) (failoverTrial, int) {
 		}
 		return nil
 	})
-	fault := time.Now()
-	stopProc(t, st.a.proc, syscall.SIGKILL)
+	faultAt := time.Now()
+	if fault == faultHung {
+		stopProc(t, st.a.proc, syscall.SIGSTOP)
+	} else {
+		stopProc(t, st.a.proc, syscall.SIGKILL)
+	}
 	put(t, st.etcd, fleetPrefix+"signals/fleet", "start")
-	activeB := tl.waitActive(t, fault, "B", failureWindow+45*time.Second)
-	tr.ActiveSeconds = round3(activeB.Sub(fault).Seconds())
-	if ev, ok := tl.first(fault, func(ev event) bool { s, ok := parseActive(ev); return ok && s.Cluster == "B" }); ok {
-		tr.DetectedSeconds = round3(ev.At.Sub(fault).Seconds())
+	activeB := tl.waitActive(t, faultAt, "B", failureWindow+45*time.Second)
+	tr.ActiveSeconds = round3(activeB.Sub(faultAt).Seconds())
+	if ev, ok := tl.first(faultAt, func(ev event) bool { s, ok := parseActive(ev); return ok && s.Cluster == "B" }); ok {
+		tr.DetectedSeconds = round3(ev.At.Sub(faultAt).Seconds())
 	}
 	// After B is active nothing from A can be delivered any more.
-	tr.FirstRecordSeconds = round3(bx.waitGrowth(w, activeB, -1, "a record from B in the channel topic").Sub(fault).Seconds())
+	tr.FirstRecordSeconds = round3(bx.waitGrowth(w, activeB, -1, "a record from B in the channel topic").Sub(faultAt).Seconds())
 	ev := lastSwitch(t, tl, "A", "B")
 	for k, v := range ev.Phases {
 		ev.Phases[k] = round3(v)
@@ -272,24 +325,30 @@ func (bx *bench) failoverTrial(trial, dupsBefore int) (failoverTrial, int) {
 		to[ps.Partition] = ps.ToOffset
 	}
 	wait.For(t, 30*time.Second, "an agent commits on B past the translated offsets", func() error {
-		first, ok := tl.first(fault, func(ev event) bool {
+		first, ok := tl.first(faultAt, func(ev event) bool {
 			p, c, ok := offsetEvent(ev, "B", remote)
 			return ok && !strings.HasPrefix(c.Agent, "leader:") && c.Offset > to[p]
 		})
 		if !ok {
 			return fmt.Errorf("committed on B: %v, translated %v", offsetsOf(tl.offsets("B", remote)), to)
 		}
-		tr.FirstCommitSeconds = round3(first.At.Sub(fault).Seconds())
+		tr.FirstCommitSeconds = round3(first.At.Sub(faultAt).Seconds())
 		return nil
 	})
 
 	// Failback: A's broker again, on its data.
-	st.a.start(t)
+	if fault == faultHung {
+		stopProc(t, st.a.proc, syscall.SIGCONT)
+	} else {
+		st.a.start(t)
+	}
 	st.a.waitReady(t, 2*time.Minute)
 	ready := time.Now()
+	produced := bx.firstWrite(st.a.addr, "orders")
 	activeA := tl.waitActive(t, ready, "A", benchFailbackStable+time.Minute)
 	tr.FailbackActiveSeconds = round3(activeA.Sub(ready).Seconds())
 	tr.FailbackFirstRecordSeconds = round3(bx.waitGrowth(w, activeA, -1, "a record from A in the channel topic after the failback").Sub(ready).Seconds())
+	tr.FailbackProducedSeconds = round3((<-produced).Sub(ready).Seconds())
 	lastSwitch(t, tl, "B", "A")
 
 	// Lost and duplicated: every record below the fleet's commits on A
@@ -327,7 +386,7 @@ func (bx *bench) failoverTrial(trial, dupsBefore int) (failoverTrial, int) {
 		}
 	}
 	tr.Duplicated = dups - dupsBefore
-	t.Logf("failover trial %d: %+v", trial, tr)
+	t.Logf("failover trial %d (%s): %+v", trial, fault, tr)
 	return tr, dups
 }
 

@@ -115,11 +115,22 @@ func (bx *bench) throughput() {
 	}
 }
 
+// memory relays MemoryRecords records of 1 KiB with one agent, for its peak
+// resident set against the bound (150 MiB at 1 M records), which
+// source.max_in_flight_mib sets (records fetched and not yet acknowledged
+// by every destination; 32 MiB by default).
+func (bx *bench) memory() {
+	t, st, n := bx.t, bx.st, bx.scale.MemoryRecords
+	st.a.createTopic(t, "memory", relayPartitions)
+	bx.producerPerf(1, "memory", n, -1)
+	bx.res.Memory = append(bx.res.Memory, bx.relay("kswitch", 1, 1, "memory", n))
+}
+
 // relay runs one trial of one relay copying src (n records) from A to a
 // fresh topic on B.
 func (bx *bench) relay(kind string, instances, trial int, src string, n int) relayTrial {
 	t, st := bx.t, bx.st
-	dest := fmt.Sprintf("out-%s-%d-%d", kind, instances, trial)
+	dest := fmt.Sprintf("out-%s-%s-%d-%d", src, kind, instances, trial)
 	if kind == "mirrormaker2" {
 		// MirrorMaker 2 names the copy after the source alias, one per
 		// trial so that each starts from nothing.

@@ -31,7 +31,7 @@ import (
 //	KSWITCH_BENCH_GO         output of the in-process Go benchmarks, quoted in the page
 //	KSWITCH_BENCH_MAKE_STARTED  when make bench started (Unix seconds), for its total time
 //	KSWITCH_BENCH_QUICK=1    fewer trials and records, for development; the page says so
-//	KSWITCH_BENCH_ONLY=a,b   only these phases (throughput, cost, failover, rebalance, pause), for development
+//	KSWITCH_BENCH_ONLY=a,b   only these phases (throughput, memory, cost, failover, rebalance, pause), for development
 
 // benchScale is how much work a run does.
 type benchScale struct {
@@ -45,18 +45,22 @@ type benchScale struct {
 	CostRate    int `json:"cost_rate"`
 	CostSeconds int `json:"cost_seconds"`
 	CostTrials  int `json:"cost_trials"`
-	// FailoverTrials also give the failback samples.
-	FailoverTrials  int `json:"failover_trials"`
+	// FailoverTrials (A's broker SIGKILLed) and FailoverHungTrials
+	// (SIGSTOPped) also give the failback samples.
+	FailoverTrials     int `json:"failover_trials"`
+	FailoverHungTrials int `json:"failover_hung_trials"`
+	// MemoryRecords is the record count of the one-agent memory trial.
+	MemoryRecords   int `json:"memory_records"`
 	RebalanceTrials int `json:"rebalance_trials"`
 	PauseFlips      int `json:"pause_flips"`
 }
 
 func scaleFromEnv() benchScale {
 	s := benchScale{RelayRecords: 300_000, RelayTrials: 3, CostRate: 2000, CostSeconds: 20, CostTrials: 3,
-		FailoverTrials: 5, RebalanceTrials: 5, PauseFlips: 200}
+		FailoverTrials: 5, FailoverHungTrials: 3, MemoryRecords: 1_000_000, RebalanceTrials: 5, PauseFlips: 200}
 	if q, _ := strconv.ParseBool(os.Getenv("KSWITCH_BENCH_QUICK")); q {
 		s = benchScale{Quick: true, RelayRecords: 30_000, RelayTrials: 1, CostRate: 1000, CostSeconds: 8, CostTrials: 1,
-			FailoverTrials: 1, RebalanceTrials: 1, PauseFlips: 20}
+			FailoverTrials: 1, FailoverHungTrials: 1, MemoryRecords: 100_000, RebalanceTrials: 1, PauseFlips: 20}
 	}
 	return s
 }
@@ -97,6 +101,7 @@ func TestBenchmarksOnRealStack(t *testing.T) {
 	phase("stack", func() {})
 	res.Phases[0].Seconds = round3(time.Since(began).Seconds())
 	phase("throughput", bx.throughput)
+	phase("memory", bx.memory)
 	phase("cost", bx.cost)
 	phase("failover", bx.failover)
 	phase("rebalance", bx.rebalance)
@@ -106,6 +111,9 @@ func TestBenchmarksOnRealStack(t *testing.T) {
 	res.DurationSeconds = round3(time.Since(began).Seconds())
 	if at, err := strconv.ParseInt(os.Getenv("KSWITCH_BENCH_MAKE_STARTED"), 10, 64); err == nil {
 		res.MakeSeconds = float64(time.Now().Unix() - at)
+	}
+	for _, x := range res.targets() {
+		t.Logf("target %s: %s, measured %s: %s", x.What, x.Target, x.Measured, strings.Trim(met(x.Met), "*"))
 	}
 	if t.Failed() {
 		t.Fatalf("not writing %s: the run failed", out)
