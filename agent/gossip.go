@@ -52,6 +52,21 @@ type gossipState struct {
 	mu    sync.Mutex
 	metas map[string][]byte
 	addrs map[string]string
+	subs  []chan<- struct{} // told when a member's views change (attach)
+}
+
+// attach makes ch receive a value (without blocking) whenever a member's
+// views change, until ctx ends: the leader wakes on a view that changed
+// (a cluster seen down or back) instead of at its next tick.
+func (d *gossipState) attach(ctx context.Context, ch chan<- struct{}) {
+	d.mu.Lock()
+	d.subs = append(d.subs, ch)
+	d.mu.Unlock()
+	context.AfterFunc(ctx, func() {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		d.subs = slices.DeleteFunc(d.subs, func(c chan<- struct{}) bool { return c == ch })
+	})
 }
 
 func (d *gossipState) keepMeta(n *memberlist.Node) {
@@ -60,8 +75,17 @@ func (d *gossipState) keepMeta(n *memberlist.Node) {
 	if d.metas == nil {
 		d.metas, d.addrs = map[string][]byte{}, map[string]string{}
 	}
+	changed := !bytes.Equal(d.metas[n.Name], n.Meta)
 	d.metas[n.Name] = bytes.Clone(n.Meta)
 	d.addrs[n.Name] = n.Address()
+	if changed {
+		for _, ch := range d.subs {
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
+		}
+	}
 }
 
 // members returns the live (and suspect) gossip members, sorted by name.

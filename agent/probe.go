@@ -122,6 +122,10 @@ func (p *prober) run(ctx context.Context) {
 	}
 }
 
+// downProbeInterval is the probe interval of a cluster whose last probe
+// failed, when failover.probe_interval is longer.
+const downProbeInterval = 100 * time.Millisecond
+
 func (p *prober) probeLoop(ctx context.Context, name string, def config.Cluster, gen int) {
 	var client sarama.Client
 	defer func() {
@@ -129,7 +133,7 @@ func (p *prober) probeLoop(ctx context.Context, name string, def config.Cluster,
 			client.Close()
 		}
 	}()
-	t := time.NewTicker(p.cfg.Failover.ProbeInterval)
+	t := time.NewTimer(p.cfg.Failover.ProbeInterval)
 	defer t.Stop()
 	lastOK := time.Now() // the last contact, or the start of probing
 	// attempt probes with client, made first when nil; a failed client is
@@ -170,6 +174,15 @@ func (p *prober) probeLoop(ctx context.Context, name string, def config.Cluster,
 			lastOK = time.Now()
 		}
 		p.record(name, gen, time.Since(began), time.Since(lastOK), err)
+		// A cluster that fails is probed more often, so that its return
+		// is seen within downProbeInterval (failback_stable counts from
+		// there). A hung cluster's probe takes probe_timeout anyway; one
+		// that refuses connections costs a refused dial.
+		next := p.cfg.Failover.ProbeInterval
+		if err != nil {
+			next = min(next, downProbeInterval)
+		}
+		t.Reset(next)
 		select {
 		case <-ctx.Done():
 			return

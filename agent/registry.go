@@ -126,7 +126,9 @@ func (r *registry) Live() []string {
 
 // Subscribe returns a channel that receives a value after the registered
 // agents changed; notifications coalesce. It is unsubscribed when ctx ends.
-func (r *registry) Subscribe(ctx context.Context) <-chan struct{} {
+func (r *registry) Subscribe(ctx context.Context) <-chan struct{} { return r.subscribe(ctx) }
+
+func (r *registry) subscribe(ctx context.Context) chan struct{} {
 	ch := make(chan struct{}, 1)
 	r.mu.Lock()
 	r.subs = append(r.subs, ch)

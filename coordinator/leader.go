@@ -34,8 +34,8 @@ import (
 type Membership interface {
 	// Live returns the ids of the agents that are registered and ready.
 	Live() []string
-	// Subscribe returns a channel that receives a value after Live
-	// changed (coalesced), until ctx ends.
+	// Subscribe returns a channel that receives a value after Live or
+	// Views changed (coalesced), until ctx ends.
 	Subscribe(ctx context.Context) <-chan struct{}
 	// Dead receives the ids of agents that gossip declared dead.
 	Dead() <-chan string
