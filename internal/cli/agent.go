@@ -3,6 +3,8 @@ package cli
 import (
 	"context"
 	"fmt"
+	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -87,9 +89,25 @@ HEAD only, any other method gets 405 (see docs/SECURITY.md):
 		if modeWarning != "" {
 			log.Warn(modeWarning)
 		}
+		applyMemoryLimit(cfg.Agent.MemoryLimitMiB, g.environ, log)
 		return runAgent(cmd.Context(), cfg, log, stopTimeout)
 	}
 	return cmd
+}
+
+// applyMemoryLimit sets the process's soft memory limit to mib MiB
+// (agent.memory_limit_mib), unless it is 0 or GOMEMLIMIT is set in environ,
+// which the Go runtime has applied already.
+func applyMemoryLimit(mib int, environ []string, log *zap.Logger) {
+	for _, kv := range environ {
+		if strings.HasPrefix(kv, "GOMEMLIMIT=") {
+			log.Info("memory limit from GOMEMLIMIT; agent.memory_limit_mib not applied", zap.String("GOMEMLIMIT", strings.TrimPrefix(kv, "GOMEMLIMIT=")))
+			return
+		}
+	}
+	if mib > 0 {
+		debug.SetMemoryLimit(int64(mib) << 20)
+	}
 }
 
 // runAgent runs an agent whose records go to the routing sink (see

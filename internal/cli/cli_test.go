@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
+	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/internal/config"
@@ -262,5 +264,31 @@ func produceN(t *testing.T, k *testenv.Kafka, topic string, n int) {
 		if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: topic, Value: sarama.StringEncoder(fmt.Sprint(i))}); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestAgentMemoryLimit: agent.memory_limit_mib becomes the process's soft
+// memory limit, unless GOMEMLIMIT is set (the runtime applied it) or it
+// is 0.
+func TestAgentMemoryLimit(t *testing.T) {
+	before := debug.SetMemoryLimit(-1)
+	t.Cleanup(func() { debug.SetMemoryLimit(before) })
+	for _, tc := range []struct {
+		name    string
+		mib     int
+		environ []string
+		want    int64
+	}{
+		{"the configured limit", 96, nil, 96 << 20},
+		{"GOMEMLIMIT wins", 96, []string{"GOMEMLIMIT=1GiB"}, before},
+		{"0: no limit set", 0, nil, before},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			debug.SetMemoryLimit(before)
+			applyMemoryLimit(tc.mib, tc.environ, zap.NewNop())
+			if got := debug.SetMemoryLimit(-1); got != tc.want {
+				t.Errorf("memory limit %d, want %d", got, tc.want)
+			}
+		})
 	}
 }

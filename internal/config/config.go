@@ -107,6 +107,16 @@ type Agent struct {
 	// what gossip saves (make bench) and for networks where gossip is
 	// unreliable.
 	DeathDetection string `yaml:"death_detection" help:"gossip (a gossip-declared death revokes the agent's lease at once) or lease (wait for the lease to expire)"`
+	// MemoryLimitMiB is the soft limit of the agent process's Go memory
+	// (runtime/debug.SetMemoryLimit): the garbage collector works harder
+	// as the heap nears it, so a busy agent's resident set stays about
+	// this size plus the binary's pages, instead of twice its live heap.
+	// The live heap is what source.max_in_flight_mib and the Kafka
+	// clients' buffers hold, so it must leave room for them (at least
+	// source.max_in_flight_mib + 64). 0: no limit. GOMEMLIMIT in the
+	// environment, when set, wins. Only `kswitch agent` applies it: the
+	// limit belongs to the process, not to an embedded agent.
+	MemoryLimitMiB int `yaml:"memory_limit_mib" help:"soft limit of the agent process's Go memory in MiB, at least source.max_in_flight_mib + 64 (0: none; GOMEMLIMIT wins)"`
 }
 
 // Etcd configures the connection to etcd, the fleet's source of truth.
@@ -333,6 +343,7 @@ func Default() Config {
 			HTTP:           "127.0.0.1:8080",
 			Gossip:         "127.0.0.1:7946",
 			DeathDetection: "gossip",
+			MemoryLimitMiB: 96,
 		},
 		Etcd: Etcd{
 			SessionTTL:     5 * time.Second,
