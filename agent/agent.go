@@ -657,17 +657,18 @@ func (a *Agent) runLeader(ctx context.Context, term election.Term) {
 // registrations from etcd, deaths from gossip.
 type fleetView struct{ a *Agent }
 
-func (f fleetView) Live() []string                                { return f.a.registry.Live() }
+func (f fleetView) Live() []string                              { return f.a.registry.Live() }
+func (f fleetView) Dead() <-chan string                         { return f.a.gossip.dead }
+func (f fleetView) GossipAlive(id string) bool                  { return f.a.gossip.alive(id) }
+func (f fleetView) Answers(ctx context.Context, id string) bool { return f.a.answers(ctx, id) }
+func (f fleetView) Views() coordinator.AgentViews               { return f.a.gossip.views() }
+
 // Subscribe tells of changes of the registrations and of the gossip views.
 func (f fleetView) Subscribe(ctx context.Context) <-chan struct{} {
 	ch := f.a.registry.subscribe(ctx)
 	f.a.gossip.attach(ctx, ch)
 	return ch
 }
-func (f fleetView) Dead() <-chan string                           { return f.a.gossip.dead }
-func (f fleetView) GossipAlive(id string) bool                    { return f.a.gossip.alive(id) }
-func (f fleetView) Answers(ctx context.Context, id string) bool   { return f.a.answers(ctx, id) }
-func (f fleetView) Views() coordinator.AgentViews                 { return f.a.gossip.views() }
 
 func (a *Agent) newWorker(s *concurrency.Session) *worker {
 	reconf := make(chan configUpdate, 1)
