@@ -27,16 +27,17 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
 
+	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/election"
-	"github.com/kswitch/kswitch/internal/config"
 	"github.com/kswitch/kswitch/internal/dynconfig"
 	"github.com/kswitch/kswitch/internal/etcdclient"
 	"github.com/kswitch/kswitch/internal/kafka"
-	"github.com/kswitch/kswitch/internal/keys"
 	"github.com/kswitch/kswitch/internal/refused"
 	"github.com/kswitch/kswitch/internal/version"
+	"github.com/kswitch/kswitch/keys"
 	"github.com/kswitch/kswitch/offsets"
+	"github.com/kswitch/kswitch/record"
 	"github.com/kswitch/kswitch/signals"
 )
 
@@ -47,7 +48,7 @@ type Options struct {
 	Logger *zap.Logger
 	// Handler receives the records of the partitions this agent owns.
 	// Default: a CountingHandler that logs at debug level.
-	Handler Handler
+	Handler record.Handler
 	// DrainTimeout bounds how long a revoked partition waits for the
 	// handler to acknowledge the records it was given before the
 	// partition's final commit. Default 5s.

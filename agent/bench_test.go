@@ -10,10 +10,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/agent"
-	"github.com/kswitch/kswitch/internal/config"
-	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/keys"
 )
 
 // BenchmarkPauseApply measures, over 200 pause/start flips of the fleet

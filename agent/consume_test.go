@@ -15,12 +15,13 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kswitch/kswitch/agent"
+	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/coordinator"
-	"github.com/kswitch/kswitch/internal/config"
-	"github.com/kswitch/kswitch/internal/keys"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/keys"
 	"github.com/kswitch/kswitch/offsets"
+	"github.com/kswitch/kswitch/record"
 )
 
 // ledger records every record every agent handled, and checks the
@@ -79,15 +80,15 @@ func (l *ledger) handledUnder(gen int64) int {
 }
 
 // handler returns agent id's handler.
-func (l *ledger) handler(id string) agent.Handler {
-	return agent.HandlerFunc(func(_ context.Context, r *agent.Record) error {
+func (l *ledger) handler(id string) record.Handler {
+	return record.HandlerFunc(func(_ context.Context, r *record.Record) error {
 		l.record(id, r)
 		r.Ack()
 		return nil
 	})
 }
 
-func (l *ledger) record(id string, r *agent.Record) {
+func (l *ledger) record(id string, r *record.Record) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	tp := coordinator.TopicPartition{Topic: r.Topic, Partition: r.Partition}
@@ -190,7 +191,7 @@ func consumeConfig(e *testenv.Etcd, k *testenv.Kafka, id string) config.Config {
 	return cfg
 }
 
-func startConsumer(t testing.TB, cfg config.Config, h agent.Handler) *agent.Agent {
+func startConsumer(t testing.TB, cfg config.Config, h record.Handler) *agent.Agent {
 	t.Helper()
 	return startFleetAgent(t, cfg, agent.Options{Handler: h})
 }

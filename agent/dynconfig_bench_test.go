@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/kswitch/kswitch/agent"
-	"github.com/kswitch/kswitch/internal/keys"
 	"github.com/kswitch/kswitch/internal/testenv"
+	"github.com/kswitch/kswitch/keys"
 )
 
 // BenchmarkDynamicSourceChange measures how long a source change written

@@ -23,13 +23,14 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/kswitch/kswitch/agent"
+	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/internal/cli"
-	"github.com/kswitch/kswitch/internal/config"
 	"github.com/kswitch/kswitch/internal/kafka"
-	"github.com/kswitch/kswitch/internal/keys"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/keys"
+	"github.com/kswitch/kswitch/record"
 )
 
 var fleetKeys = keys.New("orders")
@@ -250,8 +251,8 @@ func traceKey(cluster, topic string, partition int32) string {
 }
 
 // handler records r in the ledger and the trace, and acknowledges it.
-func (tr *trace) handler(l *ledger, id string) agent.Handler {
-	return agent.HandlerFunc(func(_ context.Context, r *agent.Record) error {
+func (tr *trace) handler(l *ledger, id string) record.Handler {
+	return record.HandlerFunc(func(_ context.Context, r *record.Record) error {
 		l.record(id, r)
 		tr.mu.Lock()
 		k := traceKey(r.Cluster, r.Topic, r.Partition)
@@ -454,8 +455,8 @@ func newHandovers() *handovers {
 	return &handovers{last: map[string]int64{}, holder: map[string]string{}}
 }
 
-func (h *handovers) wrap(id string, next agent.Handler) agent.Handler {
-	return agent.HandlerFunc(func(ctx context.Context, r *agent.Record) error {
+func (h *handovers) wrap(id string, next record.Handler) record.Handler {
+	return record.HandlerFunc(func(ctx context.Context, r *record.Record) error {
 		h.mu.Lock()
 		tp := fmt.Sprintf("%s/%d", r.Topic, r.Partition)
 		if g, ok := h.last[tp]; ok && r.Generation < g {
@@ -742,11 +743,11 @@ func waitSwitching(t *testing.T, cli *clientv3.Client, window time.Duration) coo
 type gate struct {
 	mu     sync.Mutex
 	closed bool
-	held   []*agent.Record
+	held   []*record.Record
 }
 
-func (g *gate) handler(l *ledger, id string) agent.Handler {
-	return agent.HandlerFunc(func(_ context.Context, r *agent.Record) error {
+func (g *gate) handler(l *ledger, id string) record.Handler {
+	return record.HandlerFunc(func(_ context.Context, r *record.Record) error {
 		l.record(id, r)
 		g.mu.Lock()
 		defer g.mu.Unlock()

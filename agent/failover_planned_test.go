@@ -10,11 +10,12 @@ import (
 	"time"
 
 	"github.com/kswitch/kswitch/agent"
+	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/coordinator"
-	"github.com/kswitch/kswitch/internal/config"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/record"
 )
 
 // gapMeter follows which cluster the fleet's records come from, as the
@@ -37,8 +38,8 @@ type switchGap struct {
 	gap      time.Duration
 }
 
-func (g *gapMeter) wrap(next agent.Handler) agent.Handler {
-	return agent.HandlerFunc(func(ctx context.Context, r *agent.Record) error {
+func (g *gapMeter) wrap(next record.Handler) record.Handler {
+	return record.HandlerFunc(func(ctx context.Context, r *record.Record) error {
 		g.mu.Lock()
 		now := time.Now()
 		if g.cluster != "" && r.Cluster != g.cluster {

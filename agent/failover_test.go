@@ -14,12 +14,12 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kswitch/kswitch/agent"
+	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/coordinator"
-	"github.com/kswitch/kswitch/internal/config"
-	"github.com/kswitch/kswitch/internal/keys"
 	"github.com/kswitch/kswitch/internal/mirror"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/keys"
 )
 
 // dc is two Kafka clusters, A and its replica B, kept by the in-process

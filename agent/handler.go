@@ -3,79 +3,11 @@ package agent
 import (
 	"context"
 	"sync/atomic"
-	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/kswitch/kswitch/record"
 )
-
-// Header is one Kafka record header.
-type Header struct {
-	Key   []byte
-	Value []byte
-}
-
-// Record is one consumed Kafka record, handed to a Handler.
-type Record struct {
-	// Cluster is the cluster the record was consumed from.
-	Cluster string
-	// Topic is the topic's name on Cluster; SourceTopic its logical name,
-	// the same for every physical copy of the topic on every cluster
-	// (orders for A's orders and B.orders, and B's A.orders and orders).
-	Topic       string
-	SourceTopic string
-	// Origin is the cluster whose producers wrote the record: Cluster
-	// for its local topics, the other cluster for a MirrorMaker 2 copy
-	// (A for A.orders on B, B for B.orders on A).
-	Origin    string
-	Partition int32
-	Offset    int64
-	Key       []byte
-	Value     []byte
-	Headers   []Header
-	Timestamp time.Time
-	// Generation is the assignment generation under which the agent
-	// consumes this partition, and Session the etcd lease of the agent's
-	// session: an agent that lost its session and registered again may
-	// consume a partition again from its committed offset under the same
-	// generation, but never under the same session.
-	Generation int64
-	Session    int64
-
-	t       *tracker // set once delivered
-	pending pending  // the tracker's state of the record
-}
-
-// Ack marks the record handled. It may be called from any goroutine, at
-// any time after Handle received the record; calls after the first are
-// ignored. The partition's committed offset moves past a record only once
-// it and every record before it are acknowledged.
-func (r *Record) Ack() {
-	if r.t != nil {
-		r.t.ack(r)
-	}
-}
-
-// Handler receives the records of the partitions an agent owns.
-//
-// Handle is called for the records of one partition in offset order and
-// never concurrently for one partition; different partitions are handled
-// concurrently. It should hand the record on and return quickly; it acks
-// the record (then or later, from any goroutine) once it is done with it.
-// An error means "not now": the same record is offered again after a
-// backoff, so delivery stays at-least-once and in order. The record is
-// read-only: the agent fingerprints the last records before each commit
-// position from it. ctx ends when the
-// partition is revoked or the agent stops; records not acknowledged by
-// then are consumed again by the partition's next owner.
-type Handler interface {
-	Handle(ctx context.Context, r *Record) error
-}
-
-// HandlerFunc adapts a function to Handler.
-type HandlerFunc func(ctx context.Context, r *Record) error
-
-// Handle calls f.
-func (f HandlerFunc) Handle(ctx context.Context, r *Record) error { return f(ctx, r) }
 
 // CountingHandler is the handler of an agent without routes: it logs each
 // record at debug level, acknowledges it and counts it.
@@ -85,7 +17,7 @@ type CountingHandler struct {
 }
 
 // Handle logs, counts and acknowledges r.
-func (h *CountingHandler) Handle(_ context.Context, r *Record) error {
+func (h *CountingHandler) Handle(_ context.Context, r *record.Record) error {
 	if h.Log != nil && h.Log.Core().Enabled(zap.DebugLevel) {
 		h.Log.Debug("record", zap.String("topic", r.Topic), zap.Int32("partition", r.Partition),
 			zap.Int64("offset", r.Offset), zap.Int("bytes", len(r.Value)))

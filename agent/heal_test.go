@@ -16,12 +16,13 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kswitch/kswitch/agent"
+	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/coordinator"
-	"github.com/kswitch/kswitch/internal/config"
 	"github.com/kswitch/kswitch/internal/refused"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
 	"github.com/kswitch/kswitch/offsets"
+	"github.com/kswitch/kswitch/record"
 )
 
 // committedSum is the sum of the fleet's committed offsets on cluster.
@@ -543,9 +544,9 @@ func TestAStuckHandlerIsReported(t *testing.T) {
 	e := testenv.StartEtcdT(t)
 	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 2}})
 	var mu sync.Mutex
-	var held []*agent.Record
+	var held []*record.Record
 	stuck := true
-	h := agent.HandlerFunc(func(_ context.Context, r *agent.Record) error {
+	h := record.HandlerFunc(func(_ context.Context, r *record.Record) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if r.Partition == 0 && stuck {
@@ -593,7 +594,7 @@ func TestAStalledPartitionIsReported(t *testing.T) {
 	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 2}})
 	var mu sync.Mutex
 	seen := map[string]int{}
-	h := agent.HandlerFunc(func(_ context.Context, r *agent.Record) error {
+	h := record.HandlerFunc(func(_ context.Context, r *record.Record) error {
 		mu.Lock()
 		seen[fmt.Sprintf("%d@%d", r.Partition, r.Offset)]++
 		mu.Unlock()
@@ -772,10 +773,10 @@ func TestBytesInFlightAreBounded(t *testing.T) {
 	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 4}})
 	const size, n = 16 << 10, 200
 	var mu sync.Mutex
-	var held []*agent.Record
+	var held []*record.Record
 	seen := map[string]bool{}
 	hold := true
-	h := agent.HandlerFunc(func(_ context.Context, r *agent.Record) error {
+	h := record.HandlerFunc(func(_ context.Context, r *record.Record) error {
 		mu.Lock()
 		defer mu.Unlock()
 		seen[fmt.Sprintf("%d@%d", r.Partition, r.Offset)] = true

@@ -11,11 +11,12 @@ import (
 	"time"
 
 	"github.com/kswitch/kswitch/agent"
+	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/coordinator"
-	"github.com/kswitch/kswitch/internal/config"
 	"github.com/kswitch/kswitch/internal/mirror"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/record"
 )
 
 // A real data-centre outage: A is gone for everyone, so its producers move
@@ -69,8 +70,8 @@ func (d *twoWay) config(id string) config.Config {
 
 // skipFillers acknowledges the mirrors' filler records without handing
 // them to h: they are no producer's records.
-func skipFillers(h agent.Handler) agent.Handler {
-	return agent.HandlerFunc(func(ctx context.Context, r *agent.Record) error {
+func skipFillers(h record.Handler) record.Handler {
+	return record.HandlerFunc(func(ctx context.Context, r *record.Record) error {
 		for _, hd := range r.Headers {
 			if string(hd.Key) == mirror.FillerHeader {
 				r.Ack()

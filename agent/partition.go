@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/coordinator"
+	"github.com/kswitch/kswitch/record"
 )
 
 // partitionRun consumes one partition and hands its records to the
@@ -214,15 +215,15 @@ const burst = 256
 // deliver hands msg to the handler, once a slot is free and the gate
 // open; false means ctx ended.
 func (w *worker) deliver(ctx context.Context, log *zap.Logger, r *partitionRun, msg *sarama.ConsumerMessage) bool {
-	rec := &Record{
+	d := &delivery{rec: record.Record{
 		Cluster: r.cluster, Topic: msg.Topic, SourceTopic: r.logical, Origin: r.origin, Partition: msg.Partition, Offset: msg.Offset,
 		Key: msg.Key, Value: msg.Value, Timestamp: msg.Timestamp, Generation: r.generation, Session: int64(w.lease),
-	}
+	}}
 	if len(msg.Headers) > 0 {
-		rec.Headers = make([]Header, 0, len(msg.Headers))
+		d.rec.Headers = make([]record.Header, 0, len(msg.Headers))
 		for _, h := range msg.Headers {
 			if h != nil {
-				rec.Headers = append(rec.Headers, Header{Key: h.Key, Value: h.Value})
+				d.rec.Headers = append(d.rec.Headers, record.Header{Key: h.Key, Value: h.Value})
 			}
 		}
 	}
@@ -231,7 +232,7 @@ func (w *worker) deliver(ctx context.Context, log *zap.Logger, r *partitionRun, 
 		if r.gate.wait(ctx) != nil {
 			return false
 		}
-		full := r.t.deliver(rec)
+		full := r.t.deliver(d)
 		if full == nil {
 			break
 		}
@@ -241,7 +242,7 @@ func (w *worker) deliver(ctx context.Context, log *zap.Logger, r *partitionRun, 
 			return false
 		}
 	}
-	if !w.handle(ctx, log, rec) {
+	if !w.handle(ctx, log, &d.rec) {
 		return false
 	}
 	w.metrics.records.Inc()
@@ -249,7 +250,7 @@ func (w *worker) deliver(ctx context.Context, log *zap.Logger, r *partitionRun, 
 }
 
 // handle offers rec to the handler until it takes it or ctx ends.
-func (w *worker) handle(ctx context.Context, log *zap.Logger, rec *Record) bool {
+func (w *worker) handle(ctx context.Context, log *zap.Logger, rec *record.Record) bool {
 	backoff := 50 * time.Millisecond
 	for {
 		err := w.handler.Handle(ctx, rec)

@@ -21,7 +21,7 @@ import (
 	"github.com/kswitch/kswitch/election"
 	"github.com/kswitch/kswitch/internal/dynconfig"
 	"github.com/kswitch/kswitch/internal/etcdwatch"
-	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/keys"
 	"github.com/kswitch/kswitch/offsets"
 	"github.com/kswitch/kswitch/signals"
 )

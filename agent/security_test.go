@@ -24,13 +24,14 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/kswitch/kswitch/agent"
-	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/internal/etcdclient"
 	"github.com/kswitch/kswitch/internal/kafka"
-	"github.com/kswitch/kswitch/internal/keys"
 	"github.com/kswitch/kswitch/internal/member"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/keys"
+	"github.com/kswitch/kswitch/record"
 	"github.com/kswitch/kswitch/signals"
 )
 
@@ -158,7 +159,7 @@ func (w *secureWorld) logger(name string) *zap.Logger {
 }
 
 // start starts an agent logging to the world's buffer.
-func (w *secureWorld) start(t *testing.T, cfg config.Config, h agent.Handler) *agent.Agent {
+func (w *secureWorld) start(t *testing.T, cfg config.Config, h record.Handler) *agent.Agent {
 	t.Helper()
 	return startFleetAgent(t, cfg, agent.Options{Logger: w.logger(cfg.Agent.ID), Handler: h})
 }

@@ -9,9 +9,10 @@ import (
 	"time"
 
 	"github.com/kswitch/kswitch/agent"
-	"github.com/kswitch/kswitch/internal/keys"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/keys"
+	"github.com/kswitch/kswitch/record"
 )
 
 // deliveries counts records handed to the handlers after a point in time.
@@ -181,9 +182,9 @@ type counting struct {
 	l  *ledger
 }
 
-func (c *counting) handler(id string) agent.Handler {
+func (c *counting) handler(id string) record.Handler {
 	inner := c.l.handler(id)
-	return agent.HandlerFunc(func(ctx context.Context, r *agent.Record) error {
+	return record.HandlerFunc(func(ctx context.Context, r *record.Record) error {
 		c.mu.Lock()
 		if c.n[id] == nil {
 			c.n[id] = map[string]int{}

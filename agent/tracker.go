@@ -6,10 +6,25 @@ import (
 	"time"
 
 	"github.com/kswitch/kswitch/offsets"
+	"github.com/kswitch/kswitch/record"
 )
 
-// pending is the tracker's state of one record delivered to the handler,
-// allocated with the record (Record.pending).
+// delivery is a record handed to the handler with the tracker's state of
+// it, allocated together: the record's Ack reaches the tracker through it.
+type delivery struct {
+	rec     record.Record
+	t       *tracker // set once delivered
+	pending pending
+}
+
+// Ack tells the tracker that d's record is acknowledged (record.Acker).
+func (d *delivery) Ack() {
+	if d.t != nil {
+		d.t.ack(d)
+	}
+}
+
+// pending is the tracker's state of one delivered record.
 type pending struct {
 	fp     offsets.Fingerprint
 	hashed bool // fp is set
@@ -20,11 +35,11 @@ type pending struct {
 // fingerprint returns r's fingerprint, hashing the record the first time:
 // only the last offsets.MaxFingerprints records before a commit position
 // are ever fingerprinted, so the hot path (deliver, ack) hashes nothing.
-func fingerprint(r *Record) offsets.Fingerprint {
-	if p := &r.pending; !p.hashed {
-		p.fp, p.hashed = offsets.FingerprintOf(r.Key, r.Value, r.Timestamp), true
+func fingerprint(d *delivery) offsets.Fingerprint {
+	if p := &d.pending; !p.hashed {
+		p.fp, p.hashed = offsets.FingerprintOf(d.rec.Key, d.rec.Value, d.rec.Timestamp), true
 	}
-	return r.pending.fp
+	return d.pending.fp
 }
 
 // tracker follows one partition's delivered and acknowledged records and
@@ -33,10 +48,10 @@ func fingerprint(r *Record) offsets.Fingerprint {
 // loop delivers, any goroutine acks.
 type tracker struct {
 	mu      sync.Mutex
-	queue   []*Record // delivered, in offset order; head is the oldest unacked
-	next    int64     // committable: next offset to consume
-	lastTS  time.Time // timestamp of record next-1
-	last    []*Record // the acknowledged records just before next, at most offsets.MaxFingerprints
+	queue   []*delivery // delivered, in offset order; head is the oldest unacked
+	next    int64       // committable: next offset to consume
+	lastTS  time.Time   // timestamp of record next-1
+	last    []*delivery // the acknowledged records just before next, at most offsets.MaxFingerprints
 	drained *sync.Cond
 	max     int           // bound on the records delivered and not acknowledged
 	out     int           // records delivered and not acknowledged
@@ -51,20 +66,11 @@ func newTracker(start int64, maxInFlight int, budget *byteBudget) *tracker {
 	return t
 }
 
-// recordSize is what a record counts against the byte budget.
-func recordSize(r *Record) int64 {
-	n := len(r.Key) + len(r.Value)
-	for _, h := range r.Headers {
-		n += len(h.Key) + len(h.Value)
-	}
-	return int64(n)
-}
-
 // deliver records that r is being handed to the handler, and returns nil;
 // or, when the records delivered and not acknowledged number the bound or
 // the agent's byte budget has no room for r, it records nothing and
 // returns a channel closed when there may be room.
-func (t *tracker) deliver(r *Record) (full <-chan struct{}) {
+func (t *tracker) deliver(d *delivery) (full <-chan struct{}) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.out >= t.max {
@@ -73,14 +79,15 @@ func (t *tracker) deliver(r *Record) (full <-chan struct{}) {
 		}
 		return t.room
 	}
-	size := recordSize(r)
+	size := d.rec.Size()
 	if wait := t.budget.take(size); wait != nil {
 		return wait
 	}
 	t.out++
-	r.pending = pending{size: size}
-	t.queue = append(t.queue, r)
-	r.t = t
+	d.pending = pending{size: size}
+	t.queue = append(t.queue, d)
+	d.t = t
+	d.rec.SetAcker(d)
 	return nil
 }
 
@@ -95,24 +102,24 @@ func (t *tracker) close() {
 	}
 	t.closed = true
 	var n int64
-	for _, r := range t.queue {
-		if !r.pending.acked {
-			n += r.pending.size
+	for _, d := range t.queue {
+		if !d.pending.acked {
+			n += d.pending.size
 		}
 	}
 	t.budget.give(n)
 }
 
-func (t *tracker) ack(r *Record) {
+func (t *tracker) ack(d *delivery) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if r.pending.acked {
+	if d.pending.acked {
 		return
 	}
-	r.pending.acked = true
+	d.pending.acked = true
 	t.out--
 	if !t.closed {
-		t.budget.give(r.pending.size)
+		t.budget.give(d.pending.size)
 	}
 	if t.room != nil {
 		close(t.room)
@@ -120,7 +127,7 @@ func (t *tracker) ack(r *Record) {
 	}
 	n := 0
 	for n < len(t.queue) && t.queue[n].pending.acked {
-		h := t.queue[n]
+		h := &t.queue[n].rec
 		t.next, t.lastTS = h.Offset+1, h.Timestamp
 		n++
 	}
@@ -146,8 +153,8 @@ func (t *tracker) ack(r *Record) {
 func (t *tracker) position() (next int64, ts time.Time, fps []offsets.Fingerprint) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for _, r := range t.last {
-		fps = append(fps, fingerprint(r))
+	for _, d := range t.last {
+		fps = append(fps, fingerprint(d))
 	}
 	return t.next, t.lastTS, fps
 }

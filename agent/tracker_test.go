@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kswitch/kswitch/offsets"
+	"github.com/kswitch/kswitch/record"
 )
 
 // TestTrackerPositionFingerprintsTheLastAckedRecords checks that the
@@ -17,11 +18,11 @@ func TestTrackerPositionFingerprintsTheLastAckedRecords(t *testing.T) {
 	const start, n = 100, 30
 	tr := newTracker(start, n, nil)
 	ts := time.UnixMilli(1_700_000_000_000)
-	recs := make([]*Record, n)
+	recs := make([]*delivery, n)
 	want := make([]offsets.Fingerprint, n)
 	for i := range recs {
-		r := &Record{Offset: start + int64(i), Key: []byte("k" + strconv.Itoa(i)), Value: []byte("v" + strconv.Itoa(i)), Timestamp: ts.Add(time.Duration(i) * time.Millisecond)}
-		want[i] = offsets.FingerprintOf(r.Key, r.Value, r.Timestamp)
+		r := &delivery{rec: record.Record{Offset: start + int64(i), Key: []byte("k" + strconv.Itoa(i)), Value: []byte("v" + strconv.Itoa(i)), Timestamp: ts.Add(time.Duration(i) * time.Millisecond)}}
+		want[i] = offsets.FingerprintOf(r.rec.Key, r.rec.Value, r.rec.Timestamp)
 		if tr.deliver(r) != nil {
 			t.Fatalf("record %d of %d refused", i+1, n)
 		}
@@ -33,7 +34,7 @@ func TestTrackerPositionFingerprintsTheLastAckedRecords(t *testing.T) {
 		if gotNext != next || !slices.Equal(gotFPs, fps) {
 			t.Fatalf("%s: position %d %v, want %d %v", step, gotNext, gotFPs, next, fps)
 		}
-		if next > start && !gotTS.Equal(recs[next-start-1].Timestamp) {
+		if next > start && !gotTS.Equal(recs[next-start-1].rec.Timestamp) {
 			t.Fatalf("%s: timestamp %v, want that of offset %d", step, gotTS, next-1)
 		}
 	}
@@ -69,9 +70,9 @@ func TestTrackerPositionFingerprintsTheLastAckedRecords(t *testing.T) {
 func TestTrackerBoundsRecordsNotAcknowledged(t *testing.T) {
 	const bound = 3
 	tr := newTracker(0, bound, nil)
-	recs := make([]*Record, bound+2)
+	recs := make([]*delivery, bound+2)
 	for i := range recs {
-		recs[i] = &Record{Offset: int64(i)}
+		recs[i] = &delivery{rec: record.Record{Offset: int64(i)}}
 	}
 	for i := range bound {
 		if tr.deliver(recs[i]) != nil {
@@ -115,7 +116,9 @@ func TestTrackerBoundsRecordsNotAcknowledged(t *testing.T) {
 func TestByteBudgetBoundsTheBytesInFlight(t *testing.T) {
 	b := newByteBudget(100)
 	p0, p1 := newTracker(0, 1000, b), newTracker(0, 1000, b)
-	rec := func(off int64, size int) *Record { return &Record{Offset: off, Value: make([]byte, size)} }
+	rec := func(off int64, size int) *delivery {
+		return &delivery{rec: record.Record{Offset: off, Value: make([]byte, size)}}
+	}
 	r0, r1 := rec(0, 60), rec(0, 30)
 	if p0.deliver(r0) != nil || p1.deliver(r1) != nil || b.inUse() != 90 {
 		t.Fatalf("90 bytes of 100 not delivered: in use %d", b.inUse())

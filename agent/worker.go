@@ -16,11 +16,12 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/coordinator"
-	"github.com/kswitch/kswitch/internal/config"
 	"github.com/kswitch/kswitch/internal/kafka"
-	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/keys"
 	"github.com/kswitch/kswitch/offsets"
+	"github.com/kswitch/kswitch/record"
 	"github.com/kswitch/kswitch/signals"
 )
 
@@ -118,7 +119,7 @@ type worker struct {
 	log     *zap.Logger
 	etcd    *clientv3.Client
 	store   *offsets.Store
-	handler Handler
+	handler record.Handler
 	metrics *metrics
 	// drain bounds how long a revoked partition waits for the handler to
 	// acknowledge what it was given before its final commit.

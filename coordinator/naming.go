@@ -3,7 +3,7 @@ package coordinator
 import (
 	"strings"
 
-	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/config"
 )
 
 // Naming maps source topics between clusters. A logical topic (orders) is

@@ -3,7 +3,7 @@ package coordinator
 import (
 	"testing"
 
-	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/config"
 )
 
 func namingOf(policy string) Naming {

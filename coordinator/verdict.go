@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/config"
 )
 
 // health follows, on the leader's clock, how long each live agent has seen

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/config"
 )
 
 func TestBreaker(t *testing.T) {

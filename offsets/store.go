@@ -13,7 +13,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/keys"
 )
 
 // DefaultMaxTxnOps is etcd's default limit on the operations of one

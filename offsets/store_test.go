@@ -11,8 +11,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kswitch/kswitch/internal/keys"
 	"github.com/kswitch/kswitch/internal/testenv"
+	"github.com/kswitch/kswitch/keys"
 )
 
 // fenceEnv is one agent registered on a lease, and an assignment.

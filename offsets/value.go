@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/keys"
 )
 
 // MaxValueSize bounds what a reader parses from an offsets key.

@@ -1,4 +1,4 @@
-// Package routing is kswitch's routing sink: an agent.Handler that
+// Package routing is kswitch's routing sink: an record.Handler that
 // evaluates rules against each consumed record and produces it to the
 // channels they choose, a channel being a topic on any configured Kafka
 // cluster.
@@ -40,7 +40,7 @@
 //
 // # Delivery
 //
-// A record is acknowledged (agent.Record.Ack) only once every produce of it
+// A record is acknowledged (record.Record.Ack) only once every produce of it
 // is acknowledged by its destination, so the agent never commits past a
 // record that has not arrived everywhere. Handle returns an error — the
 // agent offers the record again after a backoff, and the partition waits —

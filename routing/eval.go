@@ -12,13 +12,13 @@ import (
 
 	"github.com/expr-lang/expr/vm"
 
-	"github.com/kswitch/kswitch/agent"
+	"github.com/kswitch/kswitch/record"
 )
 
 // Env is what routing expressions see of a record, by the names in the
 // expr tags.
 type Env struct {
-	// Topic is the source topic's logical name (agent.Record.SourceTopic,
+	// Topic is the source topic's logical name (record.Record.SourceTopic,
 	// else Topic): the same on the primary and on a standby replica.
 	Topic     string `expr:"topic"`
 	Partition int    `expr:"partition"`
@@ -48,7 +48,7 @@ type Env struct {
 
 // env builds the environment of r, with only the parts the version's
 // expressions read: a rule that looks at the topic alone parses no JSON.
-func (v *Version) env(r *agent.Record) *Env {
+func (v *Version) env(r *record.Record) *Env {
 	e := &Env{
 		Topic: cmp.Or(r.SourceTopic, r.Topic), Partition: int(r.Partition), Offset: int(r.Offset),
 		Timestamp: r.Timestamp, Cluster: r.Cluster, PhysicalTopic: r.Topic, Origin: cmp.Or(r.Origin, r.Cluster),
@@ -126,7 +126,7 @@ type partitionKey struct {
 // decide returns where v's rules send r, and r's environment when it was
 // built (nil otherwise: the decision was known for r's partition). The
 // decision must not be changed.
-func (v *Version) decide(r *agent.Record) (*decision, *Env, error) {
+func (v *Version) decide(r *record.Record) (*decision, *Env, error) {
 	if v.decisions == nil {
 		e := v.env(r)
 		d, err := v.route(e)
@@ -205,7 +205,7 @@ func (v *Version) route(e *Env) (decision, error) {
 
 // keyOf returns the key of r on channel c of version v. *e is r's
 // environment, built here when nil.
-func (c *channel) keyOf(e **Env, v *Version, r *agent.Record) ([]byte, error) {
+func (c *channel) keyOf(e **Env, v *Version, r *record.Record) ([]byte, error) {
 	if c.key == nil {
 		return r.Key, nil
 	}
@@ -292,7 +292,7 @@ type Decision struct {
 // Route evaluates the rules and the channels' key expressions for r
 // without producing anything (for 'kswitch routes check'). The error is an
 // *EvalError: the record would go to the dead-letter channel.
-func (v *Version) Route(r *agent.Record) (Decision, error) {
+func (v *Version) Route(r *record.Record) (Decision, error) {
 	d, e, err := v.decide(r)
 	if err != nil {
 		return Decision{}, err

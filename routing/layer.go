@@ -16,10 +16,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/internal/etcdwatch"
-	"github.com/kswitch/kswitch/internal/keys"
 	"github.com/kswitch/kswitch/internal/refused"
+	"github.com/kswitch/kswitch/keys"
 )
 
 // MaxValueSize is the largest routes or channel value accepted from etcd;

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/config"
 )
 
 // FuzzMergeAndCompile feeds the routes value and a channels/<name> value,

@@ -3,9 +3,9 @@ package routing
 import (
 	"testing"
 
-	"github.com/kswitch/kswitch/internal/keys"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/keys"
 )
 
 func TestMain(m *testing.M) {

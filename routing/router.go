@@ -15,9 +15,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/kswitch/kswitch/agent"
-	"github.com/kswitch/kswitch/internal/config"
-	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/keys"
+	"github.com/kswitch/kswitch/record"
 	"github.com/kswitch/kswitch/signals"
 )
 
@@ -53,10 +53,10 @@ type Options struct {
 	RetryBackoff, RetryBackoffMax time.Duration
 	// OnAck, when set, is called after each record is acknowledged, from
 	// the goroutine that acknowledged it. It must not block. For tests.
-	OnAck func(*agent.Record)
+	OnAck func(*record.Record)
 }
 
-// Router is the routing sink, an agent.Handler. New starts its one
+// Router is the routing sink, an record.Handler. New starts its one
 // background goroutine (retries and closing idle producers); Run follows
 // etcd; Close drains and ends everything. Handle, Status and Version may
 // be called from any goroutine, before, during and after Run.
@@ -124,7 +124,7 @@ type failure struct {
 
 // delivery is one record on its way to its channels.
 type delivery struct {
-	rec     *agent.Record
+	rec     *record.Record
 	pending atomic.Int32 // produces not yet acknowledged
 }
 
@@ -257,7 +257,7 @@ func (e *WaitError) Unwrap() error { return e.Err }
 // offered again: see WaitError, ErrNotReady, and EvalError when there is
 // no dead-letter channel. It blocks at most Options.OpenWait, or while a
 // producer's input is full, and never past ctx.
-func (r *Router) Handle(ctx context.Context, rec *agent.Record) error {
+func (r *Router) Handle(ctx context.Context, rec *record.Record) error {
 	if r.closed.Load() {
 		return errClosed
 	}
@@ -312,7 +312,7 @@ func (r *Router) countRules(rules []*rule) {
 
 // deadLetter sends rec to the dead-letter channel of v because of the
 // evaluation error err, or returns err when v has none.
-func (r *Router) deadLetter(ctx context.Context, v *Version, rec *agent.Record, err error) error {
+func (r *Router) deadLetter(ctx context.Context, v *Version, rec *record.Record, err error) error {
 	var ee *EvalError
 	rule := "?"
 	if errors.As(err, &ee) {
@@ -336,11 +336,11 @@ func (r *Router) deadLetter(ctx context.Context, v *Version, rec *agent.Record, 
 	return nil
 }
 
-func sourceOf(rec *agent.Record) string {
+func sourceOf(rec *record.Record) string {
 	return rec.Topic + "/" + strconv.Itoa(int(rec.Partition)) + "@" + strconv.FormatInt(rec.Offset, 10)
 }
 
-func deadHeaders(rec *agent.Record, rule string, err error) []sarama.RecordHeader {
+func deadHeaders(rec *record.Record, rule string, err error) []sarama.RecordHeader {
 	return []sarama.RecordHeader{
 		{Key: []byte(HeaderError), Value: []byte(err.Error())},
 		{Key: []byte(HeaderRule), Value: []byte(rule)},
@@ -350,7 +350,7 @@ func deadHeaders(rec *agent.Record, rule string, err error) []sarama.RecordHeade
 }
 
 // newMsg builds the produce of rec to ch.
-func (r *Router) newMsg(rec *agent.Record, ch *channel, rule string, key []byte, extra []sarama.RecordHeader) *outMsg {
+func (r *Router) newMsg(rec *record.Record, ch *channel, rule string, key []byte, extra []sarama.RecordHeader) *outMsg {
 	ds := ch.ds
 	if ds == nil { // a channel of a version not installed by this router
 		ds = r.destState(ch.dest)
@@ -384,7 +384,7 @@ func (r *Router) newMsg(rec *agent.Record, ch *channel, rule string, key []byte,
 
 // submit hands the produces of one record to their producers: all of them
 // or, when one must wait, none.
-func (r *Router) submit(ctx context.Context, rec *agent.Record, msgs []*outMsg) error {
+func (r *Router) submit(ctx context.Context, rec *record.Record, msgs []*outMsg) error {
 	st := r.signals()
 	for _, m := range msgs {
 		if st.ChannelPaused(m.ch.Name) {
@@ -449,7 +449,7 @@ func (r *Router) inFlight() int64 {
 }
 
 // ack acknowledges rec.
-func (r *Router) ack(rec *agent.Record) {
+func (r *Router) ack(rec *record.Record) {
 	rec.Ack()
 	if r.opts.OnAck != nil {
 		r.opts.OnAck(rec)
@@ -474,7 +474,7 @@ func (r *Router) destState(d dest) *destState {
 
 // blockedBy returns an error when rec's partition is held by an earlier
 // record refused for good with no dead-letter channel to take it.
-func (r *Router) blockedBy(rec *agent.Record) error {
+func (r *Router) blockedBy(rec *record.Record) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	b := r.blocked[source{rec.Cluster, rec.Topic, rec.Partition}]

@@ -17,12 +17,12 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/kswitch/kswitch/agent"
-	"github.com/kswitch/kswitch/internal/config"
-	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/internal/refused"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/keys"
+	"github.com/kswitch/kswitch/record"
 	"github.com/kswitch/kswitch/signals"
 )
 
@@ -131,13 +131,13 @@ type acks struct {
 
 func newAcks() *acks { return &acks{seen: map[string]int{}} }
 
-func (a *acks) add(r *agent.Record) {
+func (a *acks) add(r *record.Record) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.seen[sourceOf(r)]++
 }
 
-func (a *acks) has(r *agent.Record) bool {
+func (a *acks) has(r *record.Record) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.seen[sourceOf(r)] > 0
@@ -155,26 +155,26 @@ func (a *acks) count(prefix string) int {
 	return n
 }
 
-// record builds the record at offset of topic/partition; its value names
+// testRecord builds the record at offset of topic/partition; its value names
 // it, "topic/partition@offset", which the destination tests look for.
-func record(topic string, partition int32, offset int64, value string) *agent.Record {
+func testRecord(topic string, partition int32, offset int64, value string) *record.Record {
 	if value == "" {
 		value = fmt.Sprintf("%s/%d@%d", topic, partition, offset)
 	}
-	return &agent.Record{Cluster: "A", Topic: topic, SourceTopic: topic, Partition: partition, Offset: offset,
+	return &record.Record{Cluster: "A", Topic: topic, SourceTopic: topic, Partition: partition, Offset: offset,
 		Key: []byte("k" + strconv.FormatInt(offset, 10)), Value: []byte(value), Timestamp: time.Now().Truncate(time.Millisecond)}
 }
 
 // handle offers rec to the router as the agent does: again after an
 // error, until it is taken or timeout passes.
-func (w *world) handle(rec *agent.Record, timeout time.Duration) {
+func (w *world) handle(rec *record.Record, timeout time.Duration) {
 	w.t.Helper()
 	if err := deliver(context.Background(), w.router, rec, timeout); err != nil {
 		w.t.Fatal(err)
 	}
 }
 
-func deliver(ctx context.Context, r *Router, rec *agent.Record, timeout time.Duration) error {
+func deliver(ctx context.Context, r *Router, rec *record.Record, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		err := r.Handle(ctx, rec)
@@ -239,9 +239,9 @@ func TestFanOutToTwoClusters(t *testing.T) {
 		}}
 	w.start(nil)
 	const n = 200
-	var recs []*agent.Record
+	var recs []*record.Record
 	for i := range n {
-		r := record("orders", int32(i%3), int64(i/3), "")
+		r := testRecord("orders", int32(i%3), int64(i/3), "")
 		recs = append(recs, r)
 		w.handle(r, 10*time.Second)
 	}
@@ -277,7 +277,7 @@ func TestFanOutToTwoClusters(t *testing.T) {
 	}
 
 	// A record no rule matches is dropped, acknowledged and counted.
-	other := record("payments", 0, 0, "")
+	other := testRecord("payments", 0, 0, "")
 	w.handle(other, time.Second)
 	if !w.acks.has(other) || metricValue(w.router.m.dropped.WithLabelValues(DropNoMatch)) != 1 {
 		t.Error("unmatched record not dropped and acknowledged")
@@ -296,7 +296,7 @@ func TestRuleChangeThroughEtcd(t *testing.T) {
 		t.Fatalf("first version %d from %s", v.Number, v.Source)
 	}
 	for i := range 10 {
-		w.handle(record("orders", 0, int64(i), ""), 10*time.Second)
+		w.handle(testRecord("orders", 0, int64(i), ""), 10*time.Second)
 	}
 	rev := w.put(k.Routes(), "rules:\n  - name: to-c\n    match: topic == \"orders\"\n    channels: [c]\n")
 	w.waitVersion(rev)
@@ -304,7 +304,7 @@ func TestRuleChangeThroughEtcd(t *testing.T) {
 		t.Errorf("version %+v", r.Status())
 	}
 	for i := 10; i < 20; i++ {
-		w.handle(record("orders", 0, int64(i), ""), 10*time.Second)
+		w.handle(testRecord("orders", 0, int64(i), ""), 10*time.Second)
 	}
 	onB, onC := values(w.read("B", "b", 10)), values(w.read("C", "c", 10))
 	for i := range 20 {
@@ -337,7 +337,7 @@ func TestChannelOnAThirdClusterAtRunTime(t *testing.T) {
 		}
 		return nil
 	})
-	w.handle(record("orders", 0, 0, ""), 10*time.Second)
+	w.handle(testRecord("orders", 0, 0, ""), 10*time.Second)
 	w.put(k.Channel("fresh"), "cluster: C\ntopic: new\npartitioner: roundrobin\n")
 	rev := w.put(k.Routes(), "default: [fresh]\n")
 	w.waitVersion(rev)
@@ -348,7 +348,7 @@ func TestChannelOnAThirdClusterAtRunTime(t *testing.T) {
 		return nil
 	})
 	for i := 1; i <= 30; i++ {
-		w.handle(record("orders", 0, int64(i), ""), 10*time.Second)
+		w.handle(testRecord("orders", 0, int64(i), ""), 10*time.Second)
 	}
 	got := w.read("C", "new", 30)
 	parts := map[int32]bool{}
@@ -400,7 +400,7 @@ func TestInvalidVersionRefused(t *testing.T) {
 			t.Errorf("version %d in force, want %d", v.Number, good)
 		}
 		// The old version routes on.
-		routed := record("orders", 0, rev, "")
+		routed := testRecord("orders", 0, rev, "")
 		w.handle(routed, 10*time.Second)
 		wait.For(t, 10*time.Second, "record routed by the old version", func() error {
 			if !w.acks.has(routed) {
@@ -440,9 +440,9 @@ func TestEvaluationErrorGoesToDeadLetter(t *testing.T) {
 		Channels:   map[string]Channel{"big": {Cluster: "B", Topic: "big"}, "dead": {Cluster: "B", Topic: "dead"}},
 	}
 	r := w.start(nil)
-	good := record("orders", 1, 4, `{"amount": 5000}`)
-	bad := record("orders", 1, 5, `not json`)
-	bad.Headers = []agent.Header{{Key: []byte("trace"), Value: []byte("t-1")}}
+	good := testRecord("orders", 1, 4, `{"amount": 5000}`)
+	bad := testRecord("orders", 1, 5, `not json`)
+	bad.Headers = []record.Header{{Key: []byte("trace"), Value: []byte("t-1")}}
 	w.handle(good, 10*time.Second)
 	w.handle(bad, 10*time.Second)
 	wait.For(t, 10*time.Second, "both acknowledged", func() error {
@@ -482,9 +482,9 @@ func TestRuleOverBudgetIsDeadLettered(t *testing.T) {
 		Channels:   map[string]Channel{"b": {Cluster: "B", Topic: "b"}, "dead": {Cluster: "B", Topic: "dead"}},
 	}
 	r := w.start(nil)
-	var small, large []*agent.Record
+	var small, large []*record.Record
 	for i := range 6 {
-		rec := record("orders", 0, int64(i), "")
+		rec := testRecord("orders", 0, int64(i), "")
 		if i%2 == 1 {
 			rec.Value = []byte(fmt.Sprintf("%08d", i) + strings.Repeat("x", 8<<10))
 			large = append(large, rec)
@@ -508,7 +508,7 @@ func TestRuleOverBudgetIsDeadLettered(t *testing.T) {
 	}
 	rev := w.put(keys.New(fleet).Routes(), "rules: [{name: cheap, channels: [b]}]\n")
 	w.waitVersion(rev)
-	rec := record("orders", 0, 6, strings.Repeat("y", 8<<10))
+	rec := testRecord("orders", 0, 6, strings.Repeat("y", 8<<10))
 	w.handle(rec, 10*time.Second)
 	if onB := values(w.read("B", "b", len(small)+1)); !onB[string(rec.Value)] {
 		t.Errorf("a large record after the rule was replaced is not on b (%d records there)", len(onB))
@@ -522,7 +522,7 @@ func TestEvaluationErrorWithoutDeadLetterStops(t *testing.T) {
 		Channels: map[string]Channel{"big": {Cluster: "B", Topic: "big"}},
 	}
 	r := w.start(nil)
-	bad := record("orders", 0, 0, "not json")
+	bad := testRecord("orders", 0, 0, "not json")
 	err := r.Handle(t.Context(), bad)
 	var ee *EvalError
 	if !errors.As(err, &ee) || !strings.Contains(err.Error(), "no dead-letter channel") {
@@ -563,7 +563,7 @@ func TestDestinationDown(t *testing.T) {
 	for p := range 2 {
 		wg.Go(func() {
 			for off := int64(0); ctx.Err() == nil; off++ {
-				if deliver(ctx, r, record("orders", int32(p), off, ""), time.Hour) != nil {
+				if deliver(ctx, r, testRecord("orders", int32(p), off, ""), time.Hour) != nil {
 					return
 				}
 				offered[p].mu.Lock()
@@ -681,7 +681,7 @@ func TestChannelPauseHoldsRecords(t *testing.T) {
 		<-done
 	})
 	r := w.start(sw.State)
-	w.handle(record("orders", 0, 0, ""), 10*time.Second)
+	w.handle(testRecord("orders", 0, 0, ""), 10*time.Second)
 
 	if err := signals.Write(t.Context(), w.etcd, k, signals.Scope{Kind: signals.Channel, Name: "b"}, true, "test"); err != nil {
 		t.Fatal(err)
@@ -692,7 +692,7 @@ func TestChannelPauseHoldsRecords(t *testing.T) {
 		}
 		return nil
 	})
-	held := record("orders", 0, 1, "")
+	held := testRecord("orders", 0, 1, "")
 	for range 3 {
 		err := r.Handle(t.Context(), held)
 		var we *WaitError
@@ -726,7 +726,7 @@ func TestNotReadyBeforeEtcdRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close(context.Background())
-	if err := r.Handle(t.Context(), record("orders", 0, 0, "")); !errors.Is(err, ErrNotReady) {
+	if err := r.Handle(t.Context(), testRecord("orders", 0, 0, "")); !errors.Is(err, ErrNotReady) {
 		t.Errorf("Handle before the first read = %v", err)
 	}
 	if r.Status().Ready {
@@ -769,7 +769,7 @@ func TestRefusedRecord(t *testing.T) {
 		},
 	}
 	r := w.start(nil)
-	refused := record("orders", 7, 0, "") // b has partitions 0-2
+	refused := testRecord("orders", 7, 0, "") // b has partitions 0-2
 	w.handle(refused, 10*time.Second)
 	wait.For(t, 10*time.Second, "partition 7 blocked", func() error {
 		if r.nblock.Load() == 0 {
@@ -777,14 +777,14 @@ func TestRefusedRecord(t *testing.T) {
 		}
 		return nil
 	})
-	next := record("orders", 7, 1, "")
+	next := testRecord("orders", 7, 1, "")
 	err := r.Handle(t.Context(), next)
 	var we *WaitError
 	if !errors.As(err, &we) || we.Reason != "blocked" || !strings.Contains(err.Error(), "configure routing.dead_letter") {
 		t.Fatalf("Handle of the next record of the partition = %v", err)
 	}
 	// Other partitions flow.
-	other := record("orders", 1, 0, "")
+	other := testRecord("orders", 1, 0, "")
 	w.handle(other, 10*time.Second)
 	wait.For(t, 10*time.Second, "partition 1 acknowledged", func() error {
 		if !w.acks.has(other) {

@@ -9,11 +9,11 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/kswitch/kswitch/agent"
-	"github.com/kswitch/kswitch/internal/config"
-	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/internal/refused"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/keys"
 	"github.com/kswitch/kswitch/routing"
 )
 

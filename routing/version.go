@@ -18,7 +18,7 @@ import (
 	"github.com/expr-lang/expr/vm"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/internal/kafka"
 )
 

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kswitch/kswitch/agent"
-	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/record"
 )
 
 var testClusters = map[string]config.Cluster{
@@ -38,14 +38,14 @@ func mustCompile(t *testing.T, c Config) *Version {
 	return v
 }
 
-func rec(topic string, key, value string, headers ...string) *agent.Record {
-	r := &agent.Record{Cluster: "A", Topic: topic, SourceTopic: topic, Partition: 3, Offset: 42,
+func rec(topic string, key, value string, headers ...string) *record.Record {
+	r := &record.Record{Cluster: "A", Topic: topic, SourceTopic: topic, Partition: 3, Offset: 42,
 		Key: []byte(key), Value: []byte(value), Timestamp: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
 	if key == "" {
 		r.Key = nil
 	}
 	for i := 0; i+1 < len(headers); i += 2 {
-		r.Headers = append(r.Headers, agent.Header{Key: []byte(headers[i]), Value: []byte(headers[i+1])})
+		r.Headers = append(r.Headers, record.Header{Key: []byte(headers[i]), Value: []byte(headers[i+1])})
 	}
 	return r
 }
@@ -59,7 +59,7 @@ func TestRoute(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		cfg  Config
-		rec  *agent.Record
+		rec  *record.Record
 		want Decision
 	}{
 		{"first: first match decides", Config{Rules: []Rule{orders, everything}}, rec("orders", "k", "v"),
@@ -112,7 +112,7 @@ func TestRoute(t *testing.T) {
 func TestKeys(t *testing.T) {
 	for _, tc := range []struct {
 		key  string
-		rec  *agent.Record
+		rec  *record.Record
 		want []byte
 	}{
 		{"", rec("orders", "k1", "v"), []byte("k1")},
@@ -265,7 +265,7 @@ func TestDecisionsKeptPerPartitionOnlyWhenTheRulesAllowIt(t *testing.T) {
 	// cluster) and the other's (A.orders on B, B.orders on A), with the
 	// same partition numbers, decided apart.
 	other := map[string]string{"A": "B", "B": "A"}
-	at := func(cluster string, copied bool, partition int32, offset int64) *agent.Record {
+	at := func(cluster string, copied bool, partition int32, offset int64) *record.Record {
 		r := rec("orders", "k", "v")
 		r.Cluster, r.Partition, r.Offset, r.Origin = cluster, partition, offset, cluster
 		if copied {
@@ -278,15 +278,15 @@ func TestDecisionsKeptPerPartitionOnlyWhenTheRulesAllowIt(t *testing.T) {
 		name  string
 		match string
 		kept  bool
-		want  func(r *agent.Record) string // the channel of r
+		want  func(r *record.Record) string // the channel of r
 	}{
-		{"partition", `partition == 1`, true, func(r *agent.Record) string { return map[bool]string{true: "x", false: "y"}[r.Partition == 1] }},
-		{"cluster and topic", `cluster == "B" && topic startsWith "ord"`, true, func(r *agent.Record) string { return map[bool]string{true: "x", false: "y"}[r.Cluster == "B"] }},
-		{"offset", `offset % 2 == 0`, false, func(r *agent.Record) string { return map[bool]string{true: "x", false: "y"}[r.Offset%2 == 0] }},
-		{"a variable", `let p = offset; p > 1`, false, func(r *agent.Record) string { return map[bool]string{true: "x", false: "y"}[r.Offset > 1] }},
-		{"now", `now().Year() > 3000 || partition == 1`, false, func(r *agent.Record) string { return map[bool]string{true: "x", false: "y"}[r.Partition == 1] }},
-		{"origin", `origin == "B"`, true, func(r *agent.Record) string { return map[bool]string{true: "x", false: "y"}[r.Origin == "B"] }},
-		{"physical topic", `physical_topic == "orders"`, true, func(r *agent.Record) string { return map[bool]string{true: "x", false: "y"}[r.Topic == "orders"] }},
+		{"partition", `partition == 1`, true, func(r *record.Record) string { return map[bool]string{true: "x", false: "y"}[r.Partition == 1] }},
+		{"cluster and topic", `cluster == "B" && topic startsWith "ord"`, true, func(r *record.Record) string { return map[bool]string{true: "x", false: "y"}[r.Cluster == "B"] }},
+		{"offset", `offset % 2 == 0`, false, func(r *record.Record) string { return map[bool]string{true: "x", false: "y"}[r.Offset%2 == 0] }},
+		{"a variable", `let p = offset; p > 1`, false, func(r *record.Record) string { return map[bool]string{true: "x", false: "y"}[r.Offset > 1] }},
+		{"now", `now().Year() > 3000 || partition == 1`, false, func(r *record.Record) string { return map[bool]string{true: "x", false: "y"}[r.Partition == 1] }},
+		{"origin", `origin == "B"`, true, func(r *record.Record) string { return map[bool]string{true: "x", false: "y"}[r.Origin == "B"] }},
+		{"physical topic", `physical_topic == "orders"`, true, func(r *record.Record) string { return map[bool]string{true: "x", false: "y"}[r.Topic == "orders"] }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			v := mustCompile(t, Config{Rules: []Rule{{Name: "r", Match: tc.match, Channels: []string{"x"}}}, Default: []string{"y"}})

@@ -8,7 +8,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/keys"
 )
 
 // Read reads the signals of fleet k once, by the rules a Watcher applies;

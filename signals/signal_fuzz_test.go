@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/keys"
 )
 
 // FuzzParse feeds signal values, as a stranger could write them under

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/keys"
 )
 
 func TestParse(t *testing.T) {

@@ -13,7 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/internal/etcdwatch"
-	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/keys"
 )
 
 // Watcher follows a fleet's signal keys. Run owns its only goroutine; the

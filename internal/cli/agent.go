@@ -11,7 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/agent"
-	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/internal/logx"
 	"github.com/kswitch/kswitch/internal/member"
 )

@@ -16,9 +16,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/agent"
-	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/record"
 )
 
 func TestMain(m *testing.M) {
@@ -190,7 +191,7 @@ func TestStatusShowsAssignmentOffsetsAndLag(t *testing.T) {
 	cfg.Source.CommitInterval = 100 * time.Millisecond
 	// The handler takes records but acknowledges only the first 3 of each
 	// partition, so the committed offsets stop there and lag shows.
-	h := agent.HandlerFunc(func(_ context.Context, r *agent.Record) error {
+	h := record.HandlerFunc(func(_ context.Context, r *record.Record) error {
 		if r.Offset < 3 {
 			r.Ack()
 		}

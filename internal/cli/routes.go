@@ -19,9 +19,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/kswitch/kswitch/agent"
-	"github.com/kswitch/kswitch/internal/config"
-	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/keys"
+	"github.com/kswitch/kswitch/record"
 	"github.com/kswitch/kswitch/routing"
 )
 
@@ -251,8 +251,8 @@ type sampleRecord struct {
 	Origin        string `json:"origin"`
 }
 
-func (s sampleRecord) record() (*agent.Record, error) {
-	r := &agent.Record{Cluster: s.Cluster, Topic: cmp.Or(s.PhysicalTopic, s.Topic), SourceTopic: s.Topic, Origin: s.Origin,
+func (s sampleRecord) record() (*record.Record, error) {
+	r := &record.Record{Cluster: s.Cluster, Topic: cmp.Or(s.PhysicalTopic, s.Topic), SourceTopic: s.Topic, Origin: s.Origin,
 		Partition: s.Partition, Offset: s.Offset, Timestamp: s.Timestamp}
 	if s.Key != nil {
 		r.Key = []byte(*s.Key)
@@ -269,7 +269,7 @@ func (s sampleRecord) record() (*agent.Record, error) {
 		r.Value = v
 	}
 	for _, k := range slices.Sorted(maps.Keys(s.Headers)) {
-		r.Headers = append(r.Headers, agent.Header{Key: []byte(k), Value: []byte(s.Headers[k])})
+		r.Headers = append(r.Headers, record.Header{Key: []byte(k), Value: []byte(s.Headers[k])})
 	}
 	return r, nil
 }

@@ -11,8 +11,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kswitch/kswitch/internal/keys"
 	"github.com/kswitch/kswitch/internal/testenv"
+	"github.com/kswitch/kswitch/keys"
 	"github.com/kswitch/kswitch/signals"
 )
 

@@ -31,12 +31,12 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/agent"
+	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/coordinator"
-	"github.com/kswitch/kswitch/internal/config"
-	"github.com/kswitch/kswitch/internal/keys"
 	"github.com/kswitch/kswitch/internal/member"
 	"github.com/kswitch/kswitch/internal/mirror"
 	"github.com/kswitch/kswitch/internal/testenv"
+	"github.com/kswitch/kswitch/keys"
 )
 
 // Options configure a demo run. The zero value plays the default demo.

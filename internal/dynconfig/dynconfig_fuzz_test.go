@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/internal/dynconfig"
-	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/keys"
 )
 
 // fuzzFile is a valid configuration file the fuzzed layers apply over.

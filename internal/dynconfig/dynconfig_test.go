@@ -16,12 +16,12 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/election"
-	"github.com/kswitch/kswitch/internal/config"
 	"github.com/kswitch/kswitch/internal/dynconfig"
-	"github.com/kswitch/kswitch/internal/keys"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/keys"
 )
 
 func TestMain(m *testing.M) {

@@ -9,9 +9,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/internal/etcdwatch"
-	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/keys"
 )
 
 // Applier is what an agent does with the versions the leader accepted.

@@ -16,11 +16,11 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/election"
-	"github.com/kswitch/kswitch/internal/config"
 	"github.com/kswitch/kswitch/internal/etcdwatch"
 	"github.com/kswitch/kswitch/internal/kafka"
-	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/keys"
 )
 
 // DefaultReachTimeout bounds the check that a changed cluster's brokers

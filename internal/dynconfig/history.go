@@ -16,7 +16,7 @@ import (
 
 	"github.com/kswitch/kswitch/election"
 	"github.com/kswitch/kswitch/internal/etcdwatch"
-	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/keys"
 )
 
 // DefaultAckTimeout bounds how long an accepted version waits for the

@@ -28,8 +28,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kswitch/kswitch/internal/config"
-	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/keys"
 )
 
 // MaxValueSize is the largest value accepted under config/ or at

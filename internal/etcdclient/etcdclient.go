@@ -15,7 +15,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
-	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/config"
 )
 
 // authenticateMethod is the gRPC method clientv3 calls to exchange a user

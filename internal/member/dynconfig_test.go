@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kswitch/kswitch/internal/keys"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/keys"
 )
 
 // TestSinkClustersChangeAtRunTime: the routing sink follows the dynamic

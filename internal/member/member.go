@@ -14,9 +14,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/agent"
-	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/internal/etcdclient"
-	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/keys"
+	"github.com/kswitch/kswitch/record"
 	"github.com/kswitch/kswitch/routing"
 	"github.com/kswitch/kswitch/signals"
 )
@@ -84,7 +85,7 @@ func New(cfg config.Config, opts agent.Options) (*Member, error) {
 	// The router registers its metrics on the agent's registry, so the
 	// agent is made first, with a handler that calls the router: it is
 	// set below, before the agent starts and hands anything on.
-	opts.Handler = agent.HandlerFunc(func(ctx context.Context, r *agent.Record) error {
+	opts.Handler = record.HandlerFunc(func(ctx context.Context, r *record.Record) error {
 		return m.router.Handle(ctx, r)
 	})
 	opts.HandlerStatus = func() any { return m.router.Status() }

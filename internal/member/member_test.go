@@ -12,11 +12,12 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/kswitch/kswitch/agent"
-	"github.com/kswitch/kswitch/internal/config"
-	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/keys"
 	"github.com/kswitch/kswitch/offsets"
+	"github.com/kswitch/kswitch/record"
 )
 
 func TestMain(m *testing.M) {
@@ -174,7 +175,7 @@ func TestStopDeliversAndCommitsThenEndsEverything(t *testing.T) {
 	if err := m.Stop(ctx); err != nil {
 		t.Errorf("second Stop: %v", err)
 	}
-	if err := m.Router().Handle(ctx, &agent.Record{Cluster: "A", Topic: "orders", SourceTopic: "orders"}); err == nil {
+	if err := m.Router().Handle(ctx, &record.Record{Cluster: "A", Topic: "orders", SourceTopic: "orders"}); err == nil {
 		t.Error("the router takes records after Stop")
 	}
 }

@@ -30,7 +30,7 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"github.com/kswitch/kswitch/internal/config"
+	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/routing"
 )

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/keys"
 )
 
 // The accepted values of the routing enums; the first of each is the

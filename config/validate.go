@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kswitch/kswitch/internal/keys"
+	"github.com/kswitch/kswitch/keys"
 )
 
 // MinSessionTTL is etcd's minimum lease TTL; a shorter TTL is silently

@@ -21,7 +21,7 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-const examplePath = "../../examples/kswitch.yaml"
+const examplePath = "../examples/kswitch.yaml"
 
 // minimal is the smallest file that validates.
 const minimal = `
