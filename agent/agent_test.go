@@ -14,6 +14,7 @@ import (
 
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
 )
@@ -24,7 +25,7 @@ func TestMain(m *testing.M) {
 
 const ttl = 2 * time.Second
 
-func testConfig(e *testenv.Etcd, id string) config.Config {
+func testConfig(e *devstack.Etcd, id string) config.Config {
 	cfg := config.Default()
 	cfg.Fleet = "orders"
 	cfg.Agent.ID = id
@@ -42,7 +43,7 @@ func testConfig(e *testenv.Etcd, id string) config.Config {
 	return cfg
 }
 
-func startAgent(t *testing.T, e *testenv.Etcd, id string) *agent.Agent {
+func startAgent(t *testing.T, e *devstack.Etcd, id string) *agent.Agent {
 	t.Helper()
 	return startFleetAgent(t, testConfig(e, id), agent.Options{})
 }

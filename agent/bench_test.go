@@ -11,6 +11,7 @@ import (
 
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
 	"github.com/kswitch/kswitch/keys"
@@ -25,7 +26,7 @@ import (
 func BenchmarkPauseApply(b *testing.B) {
 	const flips = 200
 	e := testenv.StartEtcdT(b)
-	k := testenv.StartKafkaT(b, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 12}})
+	k := testenv.StartKafkaT(b, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 12}})
 	var agents []*agent.Agent
 	l := newLedger()
 	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {

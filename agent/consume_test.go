@@ -17,6 +17,7 @@ import (
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/coordinator"
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
 	"github.com/kswitch/kswitch/keys"
@@ -182,7 +183,7 @@ func (l *ledger) check(t *testing.T) {
 	}
 }
 
-func consumeConfig(e *testenv.Etcd, k *testenv.Kafka, id string) config.Config {
+func consumeConfig(e *devstack.Etcd, k *devstack.Kafka, id string) config.Config {
 	cfg := testConfig(e, id)
 	cfg.Clusters = map[string]config.Cluster{"A": {Brokers: k.Brokers(), Role: config.RolePrimary}}
 	cfg.Source.Topics = []string{"orders"}
@@ -198,14 +199,14 @@ func startConsumer(t testing.TB, cfg config.Config, h record.Handler) *agent.Age
 
 // produce writes ids [from, to) as record values, keyed by id so they
 // spread over the partitions, and waits until Kafka acknowledged them.
-func produce(t *testing.T, k *testenv.Kafka, topic string, from, to int) {
+func produce(t *testing.T, k *devstack.Kafka, topic string, from, to int) {
 	t.Helper()
 	produceTagged(t, k, topic, "", from, to)
 }
 
 // produceTagged is produce with values tag+id, so that the records of
 // several topics can be told apart in one ledger.
-func produceTagged(t testing.TB, k *testenv.Kafka, topic, tag string, from, to int) {
+func produceTagged(t testing.TB, k *devstack.Kafka, topic, tag string, from, to int) {
 	t.Helper()
 	if err := produceRecords(k, topic, tag, from, to); err != nil {
 		t.Fatal(err)
@@ -214,7 +215,7 @@ func produceTagged(t testing.TB, k *testenv.Kafka, topic, tag string, from, to i
 
 // produceRecords is produceTagged returning its error, for goroutines other
 // than the test's.
-func produceRecords(k *testenv.Kafka, topic, tag string, from, to int) error {
+func produceRecords(k *devstack.Kafka, topic, tag string, from, to int) error {
 	sc := sarama.NewConfig()
 	sc.Version = sarama.V3_6_0_0
 	sc.Producer.Return.Successes = true
@@ -281,7 +282,7 @@ func waitBalanced(t testing.TB, total int, agents ...*agent.Agent) {
 func TestFleetConsumesEveryRecordThroughCrashAndJoin(t *testing.T) {
 	const records = 50_000
 	e := testenv.StartEtcdT(t)
-	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 12}})
+	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 12}})
 	l := newLedger()
 	a1 := startConsumer(t, consumeConfig(e, k, "agent-1"), l.handler("agent-1"))
 	a2 := startConsumer(t, consumeConfig(e, k, "agent-2"), l.handler("agent-2"))
@@ -331,7 +332,7 @@ func TestFleetConsumesEveryRecordThroughCrashAndJoin(t *testing.T) {
 func TestCleanStopHandsOverWithoutDuplicates(t *testing.T) {
 	const records = 6000
 	e := testenv.StartEtcdT(t)
-	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 6}})
+	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 6}})
 	l := newLedger()
 	a1 := startConsumer(t, consumeConfig(e, k, "agent-1"), l.handler("agent-1"))
 	a2 := startConsumer(t, consumeConfig(e, k, "agent-2"), l.handler("agent-2"))
@@ -369,7 +370,7 @@ func TestCleanStopHandsOverWithoutDuplicates(t *testing.T) {
 
 func TestNewPartitionsAndTopicsAreConsumed(t *testing.T) {
 	e := testenv.StartEtcdT(t)
-	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 2}})
+	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 2}})
 	l := newLedger()
 	cfg := consumeConfig(e, k, "agent-1")
 	cfg.Source.TopicRegex = "^orders-"
@@ -408,7 +409,7 @@ func TestNewPartitionsAndTopicsAreConsumed(t *testing.T) {
 
 func TestStaleAgentStopsAndCommittedOffsetsReachKafka(t *testing.T) {
 	e := testenv.StartEtcdT(t)
-	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 3}})
+	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 3}})
 	l := newLedger()
 	a1 := startConsumer(t, consumeConfig(e, k, "agent-1"), l.handler("agent-1"))
 	a2 := startConsumer(t, consumeConfig(e, k, "agent-2"), l.handler("agent-2"))
@@ -501,7 +502,7 @@ func (l *ledger) generationOf(id string) int64 {
 
 // groupOffsets reads the Kafka group's committed offsets of topic's
 // partitions [0, n).
-func groupOffsets(k *testenv.Kafka, group string, n int32) (map[coordinator.TopicPartition]int64, error) {
+func groupOffsets(k *devstack.Kafka, group string, n int32) (map[coordinator.TopicPartition]int64, error) {
 	sc := sarama.NewConfig()
 	sc.Version = sarama.V3_6_0_0
 	c, err := sarama.NewClient(k.Brokers(), sc)
@@ -545,7 +546,7 @@ func sum(m map[coordinator.TopicPartition]int64) int64 {
 
 func TestGossipDeathMovesPartitionsBeforeTheLeaseExpires(t *testing.T) {
 	e := testenv.StartEtcdT(t)
-	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 6}})
+	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 6}})
 	l := newLedger()
 	// A TTL far longer than gossip's failure detection: if the partitions
 	// move in time, gossip moved them.
@@ -597,7 +598,7 @@ func TestGossipDeathMovesPartitionsBeforeTheLeaseExpires(t *testing.T) {
 // owners consume again what it handled since its last periodic commit.
 func TestAReleaseOutlivedByItsGenerationStillCommits(t *testing.T) {
 	e := testenv.StartEtcdT(t)
-	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 4}})
+	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 4}})
 	cli := testenv.EtcdClientT(t, e)
 	l := newLedger()
 	slow := &gate{}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kswitch/kswitch/agent"
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/keys"
 )
@@ -30,7 +31,7 @@ func BenchmarkDynamicSourceChange(b *testing.B) {
 		topics["new-"+strconv.Itoa(i)] = parts
 	}
 	e := testenv.StartEtcdT(b)
-	k := testenv.StartKafkaT(b, "A", testenv.KafkaOptions{Topics: topics})
+	k := testenv.StartKafkaT(b, "A", devstack.KafkaOptions{Topics: topics})
 	for i := range changes {
 		produceTagged(b, k, "new-"+strconv.Itoa(i), "n"+strconv.Itoa(i)+"-", 0, 20)
 	}

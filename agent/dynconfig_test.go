@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kswitch/kswitch/agent"
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/dynconfig"
 	"github.com/kswitch/kswitch/internal/mirror"
 	"github.com/kswitch/kswitch/internal/testenv"
@@ -70,7 +71,7 @@ func (l *ledger) generations(topic string) map[int32]map[int64]bool {
 
 // configEvent waits for the history event of dynamic configuration
 // version n and returns it.
-func configEvent(t *testing.T, e *testenv.Etcd, n int64) dynconfig.Event {
+func configEvent(t *testing.T, e *devstack.Etcd, n int64) dynconfig.Event {
 	t.Helper()
 	cli := testenv.EtcdClientT(t, e)
 	var ev dynconfig.Event
@@ -100,7 +101,7 @@ func configVersion(t *testing.T, n int64, agents ...*agent.Agent) {
 
 func TestTopicSwappedWhileRecordsFlow(t *testing.T) {
 	e := testenv.StartEtcdT(t)
-	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 4, "orders-v2": 4, "audit": 2}})
+	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 4, "orders-v2": 4, "audit": 2}})
 	cli := testenv.EtcdClientT(t, e)
 	fk := keys.New("orders")
 	l := newLedger()
@@ -216,8 +217,8 @@ func firstKey(m map[int64]bool) int64 {
 
 func TestActiveClusterMovedToNewBrokers(t *testing.T) {
 	e := testenv.StartEtcdT(t)
-	old := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 4}})
-	rebuilt := testenv.StartKafkaT(t, "A-rebuilt", testenv.KafkaOptions{})
+	old := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 4}})
+	rebuilt := testenv.StartKafkaT(t, "A-rebuilt", devstack.KafkaOptions{})
 	cli := testenv.EtcdClientT(t, e)
 	fk := keys.New("orders")
 	l := newLedger()
@@ -275,7 +276,7 @@ func TestActiveClusterMovedToNewBrokers(t *testing.T) {
 // is refused with the reason.
 func TestNewStandbyTakesTheNextFailover(t *testing.T) {
 	d := startDC(t)
-	c := testenv.StartKafkaT(t, "C", testenv.KafkaOptions{})
+	c := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	mc, err := mirror.Start(ctx, mirror.Config{Source: d.a.Brokers(), Target: c.Brokers(), SourceName: "A", TargetName: "C", Topics: []string{"orders"}})

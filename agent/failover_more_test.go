@@ -25,6 +25,7 @@ import (
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/coordinator"
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/cli"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/internal/testenv"
@@ -489,7 +490,7 @@ func (h *handovers) check(t *testing.T, l *ledger) {
 
 // through returns an agent's KafkaDialer that connects to cluster
 // through link, and to the others directly.
-func through(link *testenv.Link, cluster string) func(string) kafka.Dialer {
+func through(link *devstack.Link, cluster string) func(string) kafka.Dialer {
 	return func(c string) kafka.Dialer {
 		if c == cluster {
 			return link
@@ -513,10 +514,10 @@ func TestAgentCutOffFromTheActiveClusterGivesItsPartitionsAway(t *testing.T) {
 	d := startDC(t)
 	cli := testenv.EtcdClientT(t, d.etcd)
 	l, ho := newLedger(), newHandovers()
-	links := map[string]*testenv.Link{}
+	links := map[string]*devstack.Link{}
 	var agents []*agent.Agent
 	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
-		link := testenv.NewLink()
+		link := devstack.NewLink()
 		links[id] = link
 		agents = append(agents, startFleetAgent(t, d.config(id), agent.Options{
 			Handler: ho.wrap(id, l.handler(id)), KafkaDialer: through(link, "A"),

@@ -12,6 +12,7 @@ import (
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/coordinator"
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
@@ -86,10 +87,10 @@ func TestPlannedSwitchIsMadeBeforeItIsBroken(t *testing.T) {
 	cli := testenv.EtcdClientT(t, d.etcd)
 	l, ho, gm := newLedger(), newHandovers(), &gapMeter{}
 	cfg := plannedConfig(d, "x")
-	links := map[string]*testenv.Link{} // each agent's link to B
+	links := map[string]*devstack.Link{} // each agent's link to B
 	var agents []*agent.Agent
 	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
-		link := testenv.NewLink()
+		link := devstack.NewLink()
 		links[id] = link
 		agents = append(agents, startFleetAgent(t, plannedConfig(d, id), agent.Options{
 			Handler: gm.wrap(ho.wrap(id, l.handler(id))), KafkaDialer: through(link, "B"),

@@ -16,6 +16,7 @@ import (
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/coordinator"
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/mirror"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
@@ -25,8 +26,8 @@ import (
 // dc is two Kafka clusters, A and its replica B, kept by the in-process
 // mirror, and an embedded etcd.
 type dc struct {
-	etcd   *testenv.Etcd
-	a, b   *testenv.Kafka
+	etcd   *devstack.Etcd
+	a, b   *devstack.Kafka
 	mirror *mirror.Mirror
 }
 
@@ -48,8 +49,8 @@ func startDCWith(t testing.TB, offsetSyncs bool) *dc {
 	}
 	d := &dc{
 		etcd: testenv.StartEtcdT(t),
-		a:    testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": failoverPartitions}}),
-		b:    testenv.StartKafkaT(t, "B", testenv.KafkaOptions{}),
+		a:    testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": failoverPartitions}}),
+		b:    testenv.StartKafkaT(t, "B", devstack.KafkaOptions{}),
 	}
 	m, err := mirror.Start(context.Background(), mirror.Config{
 		Source: d.a.Brokers(), Target: d.b.Brokers(), SourceName: "A", TargetName: "B",
@@ -167,7 +168,7 @@ func (p *producer) halt() {
 
 // idsOn reads every record of topic on a cluster and returns the ids
 // (record values), skipping the mirror's filler.
-func idsOn(t *testing.T, k *testenv.Kafka, topic string) map[string]bool {
+func idsOn(t *testing.T, k *devstack.Kafka, topic string) map[string]bool {
 	t.Helper()
 	sc := sarama.NewConfig()
 	sc.Version = sarama.V3_6_0_0
@@ -319,7 +320,7 @@ func TestFailoverWhenEveryBrokerRefuses(t *testing.T) {
 // logHistory logs the fleet's switch history, which says per partition how
 // its position was translated, and returns how many records the targets
 // lagged by in all.
-func logHistory(t *testing.T, e *testenv.Etcd) (lagged int64) {
+func logHistory(t *testing.T, e *devstack.Etcd) (lagged int64) {
 	cli := testenv.EtcdClientT(t, e)
 	resp, err := cli.Get(context.Background(), keys.New("orders").SwitchHistory(), clientv3.WithPrefix())
 	if err != nil {

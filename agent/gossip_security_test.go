@@ -18,6 +18,7 @@ import (
 	"github.com/hashicorp/memberlist"
 
 	"github.com/kswitch/kswitch/agent"
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
 )
@@ -52,7 +53,7 @@ func forgeDead(t *testing.T, to, victim string) {
 }
 
 // leaseOf returns the lease of agent id's registration.
-func leaseOf(t *testing.T, e *testenv.Etcd, id string) int64 {
+func leaseOf(t *testing.T, e *devstack.Etcd, id string) int64 {
 	t.Helper()
 	cli := testenv.EtcdClientT(t, e)
 	resp, err := cli.Get(context.Background(), fleetKeys.Agent(id))
@@ -72,7 +73,7 @@ func leaseOf(t *testing.T, e *testenv.Etcd, id string) int64 {
 // and its partitions stay.
 func TestAForgedGossipDeathEvictsNobody(t *testing.T) {
 	e := testenv.StartEtcdT(t)
-	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 4}})
+	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 4}})
 	l := newLedger()
 	var agents []*agent.Agent
 	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
@@ -119,7 +120,7 @@ func TestAForgedGossipDeathEvictsNobody(t *testing.T) {
 // with another key; a key file that is not a key is refused at start.
 func TestEncryptedGossipRefusesStrangers(t *testing.T) {
 	e := testenv.StartEtcdT(t)
-	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 4}})
+	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 4}})
 	dir := t.TempDir()
 	keyFile := func(name string, keys ...string) string {
 		p := filepath.Join(dir, name)

@@ -18,6 +18,7 @@ import (
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/coordinator"
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/refused"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
@@ -352,7 +353,7 @@ func waitCommitted(t *testing.T, cli *clientv3.Client, cluster string, n int) {
 // the ledger and when etcd stopped.
 func etcdOutage(t testing.TB, down time.Duration, noHold bool, conf func(*config.Config), during func(stopped time.Time, agents []*agent.Agent, p *producer, l *ledger)) (*ledger, time.Time) {
 	e := testenv.StartEtcdT(t)
-	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 4}})
+	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 4}})
 	l := newLedger()
 	var agents []*agent.Agent
 	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
@@ -402,7 +403,7 @@ func etcdOutage(t testing.TB, down time.Duration, noHold bool, conf func(*config
 // records delivered twice are only those handled between the last commit
 // and the hold.
 func TestDeliveryHeldWhileCommitsFail(t *testing.T) {
-	cfg := consumeConfig(testenv.StartEtcdT(t), testenv.StartKafkaT(t, "X", testenv.KafkaOptions{}), "x")
+	cfg := consumeConfig(testenv.StartEtcdT(t), testenv.StartKafkaT(t, "X", devstack.KafkaOptions{}), "x")
 	bound := cfg.Source.CommitInterval
 	l, stopped := etcdOutage(t, 3*cfg.Etcd.SessionTTL, false, nil, func(stopped time.Time, agents []*agent.Agent, p *producer, l *ledger) {
 		// Held, or (on a machine too loaded to get there first) the
@@ -542,7 +543,7 @@ func TestAnOlderTermsAssignmentIsIgnored(t *testing.T) {
 // the agent is ready.
 func TestAStuckHandlerIsReported(t *testing.T) {
 	e := testenv.StartEtcdT(t)
-	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 2}})
+	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 2}})
 	var mu sync.Mutex
 	var held []*record.Record
 	stuck := true
@@ -591,7 +592,7 @@ func TestAStuckHandlerIsReported(t *testing.T) {
 // arrives and the agent is ready.
 func TestAStalledPartitionIsReported(t *testing.T) {
 	e := testenv.StartEtcdT(t)
-	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 2}})
+	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 2}})
 	var mu sync.Mutex
 	seen := map[string]int{}
 	h := record.HandlerFunc(func(_ context.Context, r *record.Record) error {
@@ -660,10 +661,10 @@ func TestAStalledPartitionIsReported(t *testing.T) {
 // every record arrives.
 func TestStalledPartitionsAreListed(t *testing.T) {
 	e := testenv.StartEtcdT(t)
-	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 2}})
+	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 2}})
 	cli := testenv.EtcdClientT(t, e)
 	l := newLedger()
-	link := testenv.NewLink()
+	link := devstack.NewLink()
 	var agents []*agent.Agent
 	for _, id := range []string{"agent-1", "agent-2"} {
 		agents = append(agents, startFleetAgent(t, consumeConfig(e, k, id), agent.Options{Handler: l.handler(id), KafkaDialer: through(link, "A")}))
@@ -770,7 +771,7 @@ func (p *producer) written() map[string]bool {
 // acknowledges, every record arrives.
 func TestBytesInFlightAreBounded(t *testing.T) {
 	e := testenv.StartEtcdT(t)
-	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 4}})
+	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 4}})
 	const size, n = 16 << 10, 200
 	var mu sync.Mutex
 	var held []*record.Record

@@ -13,6 +13,7 @@ import (
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/coordinator"
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/mirror"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
@@ -29,8 +30,8 @@ const outagePartitions = 2 * failoverPartitions
 // twoWay is A and B, each with its own orders, and the mirrors A → B and
 // B → A, with offsets that differ on every copy (fillers).
 type twoWay struct {
-	etcd   *testenv.Etcd
-	a, b   *testenv.Kafka
+	etcd   *devstack.Etcd
+	a, b   *devstack.Kafka
 	ab, ba *mirror.Mirror
 }
 
@@ -39,10 +40,10 @@ func startTwoWay(t *testing.T) *twoWay {
 	topics := map[string]int32{"orders": failoverPartitions}
 	d := &twoWay{
 		etcd: testenv.StartEtcdT(t),
-		a:    testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: topics}),
-		b:    testenv.StartKafkaT(t, "B", testenv.KafkaOptions{Topics: topics}),
+		a:    testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: topics}),
+		b:    testenv.StartKafkaT(t, "B", devstack.KafkaOptions{Topics: topics}),
 	}
-	start := func(src, dst *testenv.Kafka, prefill int) *mirror.Mirror {
+	start := func(src, dst *devstack.Kafka, prefill int) *mirror.Mirror {
 		from := src.Name()
 		m, err := mirror.Start(context.Background(), mirror.Config{
 			Source: src.Brokers(), Target: dst.Brokers(), SourceName: from, TargetName: dst.Name(),
@@ -415,8 +416,8 @@ func TestACopyThatAppearsMidRunIsConsumedFromItsStart(t *testing.T) {
 	topics := map[string]int32{"orders": failoverPartitions}
 	d := &twoWay{
 		etcd: testenv.StartEtcdT(t),
-		a:    testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: topics}),
-		b:    testenv.StartKafkaT(t, "B", testenv.KafkaOptions{Topics: topics}),
+		a:    testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: topics}),
+		b:    testenv.StartKafkaT(t, "B", devstack.KafkaOptions{Topics: topics}),
 	}
 	produce(t, d.a, "orders", 0, 100)               // before the fleet: skipped (newest)
 	produce(t, d.b, "orders", 1_000_000, 1_000_100) // B's records, not on A yet

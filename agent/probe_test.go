@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
 )
@@ -17,7 +18,7 @@ import (
 // before the next failover.probe_interval (failback_stable counts from
 // that report).
 func TestProbeSeesAReturningClusterWithinTheDownInterval(t *testing.T) {
-	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 1}})
+	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 1}})
 	cfg := config.Default()
 	cfg.Clusters = map[string]config.Cluster{"A": {Brokers: k.Brokers(), Role: config.RolePrimary, Version: config.DefaultKafkaVersion}}
 	cfg.Failover.ProbeInterval = 10 * time.Second

@@ -25,6 +25,7 @@ import (
 
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/etcdclient"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/internal/member"
@@ -59,14 +60,14 @@ var allSecrets = []string{fleetPass, wrongPass, strangerPass, operatorPass, kafk
 // docs/SECURITY.md describes), a stranger (a role on another fleet's
 // prefix) and an operator; and a Kafka cluster requiring SASL SCRAM.
 type secureWorld struct {
-	etcd  *testenv.Etcd
-	kafka *testenv.Kafka
-	pki   *testenv.PKI
+	etcd  *devstack.Etcd
+	kafka *devstack.Kafka
+	pki   *devstack.PKI
 	// agentCert is the agents' etcd client certificate; its common name
 	// is the fleet's user, as a deployment would issue it.
-	agentCert testenv.Cert
+	agentCert devstack.Cert
 	// httpCert is the agents' HTTPS certificate.
-	httpCert testenv.Cert
+	httpCert devstack.Cert
 	dir      string
 	logs     *syncBuffer
 	// https is a client of the agents' HTTPS endpoints. Its timeout is
@@ -93,11 +94,11 @@ func startSecureWorld(t *testing.T) *secureWorld {
 	read := clientv3.PermissionType(clientv3.PermRead)
 	for _, u := range []struct {
 		name, pass string
-		perms      []testenv.EtcdPermission
+		perms      []devstack.EtcdPermission
 	}{
-		{fleetUser, fleetPass, []testenv.EtcdPermission{{Key: prefix, Prefix: true, Type: rw}}},
-		{strangerUser, strangerPass, []testenv.EtcdPermission{{Key: keys.New("other").Prefix(), Prefix: true, Type: rw}}},
-		{operatorUser, operatorPass, []testenv.EtcdPermission{
+		{fleetUser, fleetPass, []devstack.EtcdPermission{{Key: prefix, Prefix: true, Type: rw}}},
+		{strangerUser, strangerPass, []devstack.EtcdPermission{{Key: keys.New("other").Prefix(), Prefix: true, Type: rw}}},
+		{operatorUser, operatorPass, []devstack.EtcdPermission{
 			{Key: prefix, Prefix: true, Type: read},
 			{Key: prefix + "signals/", Prefix: true, Type: rw},
 			{Key: prefix + "control/", Prefix: true, Type: rw},
@@ -114,9 +115,9 @@ func startSecureWorld(t *testing.T) *secureWorld {
 	if w.httpCert, err = w.pki.Issue("agent-http", "agent-http"); err != nil {
 		t.Fatal(err)
 	}
-	w.kafka = testenv.StartKafkaT(t, "A", testenv.KafkaOptions{
+	w.kafka = testenv.StartKafkaT(t, "A", devstack.KafkaOptions{
 		Topics: map[string]int32{"orders": securePartsN, "delivered": securePartsN},
-		Extra:  testenv.KafkaSASL(config.SASLScramSHA256, kafkaUser, kafkaPass),
+		Extra:  devstack.KafkaSASL(config.SASLScramSHA256, kafkaUser, kafkaPass),
 	})
 	return w
 }

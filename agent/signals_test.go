@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kswitch/kswitch/agent"
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
 	"github.com/kswitch/kswitch/keys"
@@ -28,7 +29,7 @@ func (l *ledger) total() int {
 
 func TestPauseAndStartSignals(t *testing.T) {
 	e := testenv.StartEtcdT(t)
-	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 4, "payments": 2}})
+	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 4, "payments": 2}})
 	l := newLedger()
 	var agents []*agent.Agent
 	for _, id := range []string{"agent-1", "agent-2"} {
@@ -203,7 +204,7 @@ func (c *counting) get(id, topic string) int {
 
 func TestEachScopeStopsOnlyWhatItNames(t *testing.T) {
 	e := testenv.StartEtcdT(t)
-	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 2, "payments": 2}})
+	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 2, "payments": 2}})
 	c := &counting{n: map[string]map[string]int{}, l: newLedger()}
 	var agents []*agent.Agent
 	for _, id := range []string{"agent-1", "agent-2"} {

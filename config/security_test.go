@@ -14,7 +14,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/kswitch/kswitch/internal/testenv"
+	"github.com/kswitch/kswitch/devstack"
 )
 
 const (
@@ -152,7 +152,7 @@ func setSASL(c *Config, s SASL) {
 // environment variables and flags, cluster fields included (whose paths,
 // tls.ca_file, have a dot as cluster names may).
 func TestSecurityOverrides(t *testing.T) {
-	pki, err := testenv.NewPKI(t.TempDir())
+	pki, err := devstack.NewPKI(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}

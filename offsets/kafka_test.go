@@ -9,11 +9,12 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
 )
 
-func newSaramaClient(t *testing.T, k *testenv.Kafka) sarama.Client {
+func newSaramaClient(t *testing.T, k *devstack.Kafka) sarama.Client {
 	t.Helper()
 	cfg := sarama.NewConfig()
 	cfg.Version = sarama.V3_6_0_0
@@ -34,7 +35,7 @@ func tp(topic string, p int32) TopicPartition {
 }
 
 func TestKafkaMirrorCommitThenFetch(t *testing.T) {
-	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 4, "audit": 1}})
+	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 4, "audit": 1}})
 	cl := newSaramaClient(t, k)
 	ctx := testCtx(t)
 	const group = "kswitch-f1"
@@ -93,7 +94,7 @@ func TestKafkaMirrorCommitThenFetch(t *testing.T) {
 }
 
 func TestKafkaMirrorPartitionErrors(t *testing.T) {
-	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 2}})
+	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 2}})
 	cl := newSaramaClient(t, k)
 	ctx := testCtx(t)
 	m := NewKafkaMirror(cl, "g", 5*time.Second)
@@ -116,7 +117,7 @@ func TestKafkaMirrorPartitionErrors(t *testing.T) {
 }
 
 func TestKafkaMirrorTimesOutOnHungCluster(t *testing.T) {
-	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 1}})
+	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 1}})
 	cl := newSaramaClient(t, k)
 	ctx := testCtx(t)
 	m := NewKafkaMirror(cl, "g", 300*time.Millisecond)

@@ -11,6 +11,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/testenv"
 )
 
@@ -84,7 +85,7 @@ func trConfig() *sarama.Config {
 	return cfg
 }
 
-func trClient(t *testing.T, k *testenv.Kafka) sarama.Client {
+func trClient(t *testing.T, k *devstack.Kafka) sarama.Client {
 	t.Helper()
 	cl, err := sarama.NewClient(k.Brokers(), trConfig())
 	if err != nil {
@@ -94,7 +95,7 @@ func trClient(t *testing.T, k *testenv.Kafka) sarama.Client {
 	return cl
 }
 
-func trProducer(t *testing.T, k *testenv.Kafka, txnID string) sarama.SyncProducer {
+func trProducer(t *testing.T, k *devstack.Kafka, txnID string) sarama.SyncProducer {
 	t.Helper()
 	cfg := trConfig()
 	cfg.Producer.Partitioner = sarama.NewManualPartitioner
@@ -145,7 +146,7 @@ func produceRaw(t *testing.T, p sarama.SyncProducer, topic string, partition int
 
 // trEnv is a primary A and a replica B.
 type trEnv struct {
-	a, b   *testenv.Kafka
+	a, b   *devstack.Kafka
 	ca, cb sarama.Client
 	pa, pb sarama.SyncProducer
 }
@@ -153,8 +154,8 @@ type trEnv struct {
 func newTrEnv(t *testing.T) *trEnv {
 	t.Helper()
 	e := &trEnv{
-		a: testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 3, trSyncsTopic: 1}}),
-		b: testenv.StartKafkaT(t, "B", testenv.KafkaOptions{Topics: map[string]int32{"A.orders": 3, trCpTopic: 1}}),
+		a: testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 3, trSyncsTopic: 1}}),
+		b: testenv.StartKafkaT(t, "B", devstack.KafkaOptions{Topics: map[string]int32{"A.orders": 3, trCpTopic: 1}}),
 	}
 	e.ca, e.cb = trClient(t, e.a), trClient(t, e.b)
 	e.pa, e.pb = trProducer(t, e.a, ""), trProducer(t, e.b, "")
@@ -626,8 +627,8 @@ func TestTranslateRequestChecks(t *testing.T) {
 // A replica that lags a few records behind the consumer: the continuation
 // is its end, exactly, not a timestamp rewind.
 func TestTranslateFingerprintTargetLagsWithinTheWindow(t *testing.T) {
-	a := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 1}})
-	b := testenv.StartKafkaT(t, "B", testenv.KafkaOptions{Topics: map[string]int32{"A.orders": 1}})
+	a := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 1}})
+	b := testenv.StartKafkaT(t, "B", devstack.KafkaOptions{Topics: map[string]int32{"A.orders": 1}})
 	base := time.Now().Add(-time.Minute).Truncate(time.Millisecond)
 	var recs []lagRec
 	for i := range 40 {
@@ -662,7 +663,7 @@ type lagRec struct {
 	ts         time.Time
 }
 
-func produceLag(t *testing.T, k *testenv.Kafka, topic string, recs []lagRec) {
+func produceLag(t *testing.T, k *devstack.Kafka, topic string, recs []lagRec) {
 	t.Helper()
 	sc := sarama.NewConfig()
 	sc.Version = sarama.V3_6_0_0

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
@@ -52,8 +53,8 @@ const (
 // side, alternating which goes first; the medians are reported.
 func BenchmarkRelayThroughput(b *testing.B) {
 	e := testenv.StartEtcdT(b)
-	src := testenv.StartKafkaT(b, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": relayPartitions}})
-	dst := testenv.StartKafkaT(b, "D", testenv.KafkaOptions{})
+	src := testenv.StartKafkaT(b, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": relayPartitions}})
+	dst := testenv.StartKafkaT(b, "D", devstack.KafkaOptions{})
 	preProduce(b, src, "orders", relayRecords)
 	cli := testenv.EtcdClientT(b, e)
 	cfg := relayConfig(e, src, dst)
@@ -167,7 +168,7 @@ func processCPU(b *testing.B) time.Duration {
 // relayRate creates topic on dst, runs side with a stopwatch on it, and
 // returns the records per second it measured and the process's CPU time
 // per record meanwhile.
-func relayRate(b *testing.B, dst *testenv.Kafka, hwm *highWater, topic string, side func(*stopwatch)) (rate float64, cpu time.Duration) {
+func relayRate(b *testing.B, dst *devstack.Kafka, hwm *highWater, topic string, side func(*stopwatch)) (rate float64, cpu time.Duration) {
 	b.Helper()
 	if err := dst.CreateTopic(topic, relayPartitions); err != nil {
 		b.Fatal(err)
@@ -398,7 +399,7 @@ func (h *highWater) waitFor(topic string, n int64, began time.Time) time.Duratio
 
 // preProduce writes n records of relayValueBytes, keyed so they spread
 // over the partitions, to topic on k.
-func preProduce(tb testing.TB, k *testenv.Kafka, topic string, n int) {
+func preProduce(tb testing.TB, k *devstack.Kafka, topic string, n int) {
 	tb.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...), kgo.DefaultProduceTopic(topic),
 		kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(10_000))

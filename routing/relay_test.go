@@ -9,14 +9,14 @@ import (
 
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/member"
-	"github.com/kswitch/kswitch/internal/testenv"
 )
 
 // relayConfig is the configuration of a relay from topic orders on src
 // (cluster A) to channels on dst (cluster D), on etcd e; the fleet, the
 // agent id and the routing are the caller's.
-func relayConfig(e *testenv.Etcd, src, dst *testenv.Kafka) config.Config {
+func relayConfig(e *devstack.Etcd, src, dst *devstack.Kafka) config.Config {
 	cfg := config.Default()
 	cfg.Agent.HTTP = "127.0.0.1:0"
 	cfg.Agent.Gossip = "127.0.0.1:0"

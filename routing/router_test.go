@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/refused"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
@@ -32,7 +33,7 @@ const fleet = "rt"
 // world is a set of kfake clusters, optionally an etcd, and a router.
 type world struct {
 	t      *testing.T
-	kafkas map[string]*testenv.Kafka
+	kafkas map[string]*devstack.Kafka
 	cfg    config.Config
 	etcd   *clientv3.Client
 	reg    *prometheus.Registry
@@ -45,7 +46,7 @@ type world struct {
 // the others sinks).
 func newWorld(t *testing.T, clusters map[string][]string, order ...string) *world {
 	t.Helper()
-	w := &world{t: t, kafkas: map[string]*testenv.Kafka{}, reg: prometheus.NewRegistry(), acks: newAcks()}
+	w := &world{t: t, kafkas: map[string]*devstack.Kafka{}, reg: prometheus.NewRegistry(), acks: newAcks()}
 	w.cfg = config.Default()
 	w.cfg.Fleet = fleet
 	w.cfg.Clusters = map[string]config.Cluster{}
@@ -54,7 +55,7 @@ func newWorld(t *testing.T, clusters map[string][]string, order ...string) *worl
 		for _, tp := range clusters[name] {
 			topics[tp] = 3
 		}
-		k := testenv.StartKafkaT(t, name, testenv.KafkaOptions{Topics: topics})
+		k := testenv.StartKafkaT(t, name, devstack.KafkaOptions{Topics: topics})
 		w.kafkas[name] = k
 		role := config.RoleSink
 		if i == 0 {

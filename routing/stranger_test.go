@@ -10,6 +10,7 @@ import (
 
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/refused"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
@@ -26,8 +27,8 @@ import (
 // kind.
 func TestStrangerWritesGarbage(t *testing.T) {
 	e := testenv.StartEtcdT(t)
-	src := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": relayPartitions}})
-	dst := testenv.StartKafkaT(t, "D", testenv.KafkaOptions{Topics: map[string]int32{"out": relayPartitions}})
+	src := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": relayPartitions}})
+	dst := testenv.StartKafkaT(t, "D", devstack.KafkaOptions{Topics: map[string]int32{"out": relayPartitions}})
 	cli := testenv.EtcdClientT(t, e)
 	cfg := relayConfig(e, src, dst)
 	cfg.Fleet, cfg.Agent.ID, cfg.Source.Group = "stranger", "agent-1", "stranger"

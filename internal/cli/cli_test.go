@@ -17,6 +17,7 @@ import (
 
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
 	"github.com/kswitch/kswitch/record"
@@ -181,7 +182,7 @@ func TestDemoFlagsReachTheDemo(t *testing.T) {
 
 func TestStatusShowsAssignmentOffsetsAndLag(t *testing.T) {
 	e := testenv.StartEtcdT(t)
-	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 2}})
+	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 2}})
 	cfg, err := config.Parse([]byte(goodConfig), "test.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -250,7 +251,7 @@ func TestStatusShowsAssignmentOffsetsAndLag(t *testing.T) {
 }
 
 // produceN writes n records to topic, spread evenly over its partitions.
-func produceN(t *testing.T, k *testenv.Kafka, topic string, n int) {
+func produceN(t *testing.T, k *devstack.Kafka, topic string, n int) {
 	t.Helper()
 	sc := sarama.NewConfig()
 	sc.Version = sarama.V3_6_0_0

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
 	"github.com/kswitch/kswitch/keys"
@@ -20,8 +21,8 @@ import (
 
 func TestConfigApplyWaitsForTheLeadersVerdict(t *testing.T) {
 	e := testenv.StartEtcdT(t)
-	a := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 2, "orders-v2": 2}})
-	moved := testenv.StartKafkaT(t, "A2", testenv.KafkaOptions{})
+	a := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 2, "orders-v2": 2}})
+	moved := testenv.StartKafkaT(t, "A2", devstack.KafkaOptions{})
 	dir := t.TempDir()
 	cfgFile := filepath.Join(dir, "kswitch.yaml")
 	body := fmt.Sprintf(`fleet: orders

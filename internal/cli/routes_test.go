@@ -14,6 +14,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/spf13/cobra"
 
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
 	"github.com/kswitch/kswitch/keys"
@@ -198,8 +199,8 @@ channels:
 // records it consumes from A arrive on B's topic.
 func TestAgentRoutes(t *testing.T) {
 	e := testenv.StartEtcdT(t)
-	a := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 2}})
-	b := testenv.StartKafkaT(t, "B", testenv.KafkaOptions{Topics: map[string]int32{"copy": 1}})
+	a := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 2}})
+	b := testenv.StartKafkaT(t, "B", devstack.KafkaOptions{Topics: map[string]int32{"copy": 1}})
 	cfg := fmt.Sprintf(`fleet: orders
 agent: {id: agent-1, http: "127.0.0.1:0", gossip: "127.0.0.1:0"}
 etcd: {endpoints: [%s]}

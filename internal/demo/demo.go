@@ -33,9 +33,9 @@ import (
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/coordinator"
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/member"
 	"github.com/kswitch/kswitch/internal/mirror"
-	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/keys"
 )
 
@@ -148,8 +148,8 @@ type demo struct {
 	start time.Time
 
 	dir     string
-	etcd    *testenv.Etcd
-	a, b, c *testenv.Kafka
+	etcd    *devstack.Etcd
+	a, b, c *devstack.Kafka
 	ab, ba  *mirror.Mirror // A → B and B → A
 	cli     *clientv3.Client
 	fleet   []*fleetMember // live members, in start order
@@ -181,24 +181,24 @@ func (d *demo) setUp(ctx context.Context) error {
 	if d.dir, err = os.MkdirTemp("", "kswitch-demo-"); err != nil {
 		return fmt.Errorf("demo: temp dir: %w", err)
 	}
-	if d.etcd, err = testenv.StartEtcd(d.dir+"/etcd", d.o.Logger.Named("etcd")); err != nil {
+	if d.etcd, err = devstack.StartEtcd(d.dir+"/etcd", d.o.Logger.Named("etcd")); err != nil {
 		return fmt.Errorf("demo: start embedded etcd: %w", err)
 	}
 	if d.cli, err = d.etcd.Client(); err != nil {
 		return err
 	}
-	if d.a, err = testenv.StartKafka("A", testenv.KafkaOptions{DataDir: d.dir + "/A", Topics: map[string]int32{topic: partitions}}); err != nil {
+	if d.a, err = devstack.StartKafka("A", devstack.KafkaOptions{DataDir: d.dir + "/A", Topics: map[string]int32{topic: partitions}}); err != nil {
 		return fmt.Errorf("demo: start Kafka A: %w", err)
 	}
-	if d.b, err = testenv.StartKafka("B", testenv.KafkaOptions{DataDir: d.dir + "/B", Topics: map[string]int32{topic: partitions}}); err != nil {
+	if d.b, err = devstack.StartKafka("B", devstack.KafkaOptions{DataDir: d.dir + "/B", Topics: map[string]int32{topic: partitions}}); err != nil {
 		return fmt.Errorf("demo: start Kafka B: %w", err)
 	}
-	if d.c, err = testenv.StartKafka("C", testenv.KafkaOptions{DataDir: d.dir + "/C", Topics: map[string]int32{outTopic: partitions}}); err != nil {
+	if d.c, err = devstack.StartKafka("C", devstack.KafkaOptions{DataDir: d.dir + "/C", Topics: map[string]int32{outTopic: partitions}}); err != nil {
 		return fmt.Errorf("demo: start Kafka C: %w", err)
 	}
 	d.say("etcd %s; Kafka A %s and B %s (topic %s on each, %d partitions), C %s (topic %s)",
 		d.etcd.Endpoints()[0], d.a.Brokers()[0], d.b.Brokers()[0], topic, partitions, d.c.Brokers()[0], outTopic)
-	mirrorOf := func(src, dst *testenv.Kafka, prefill int) (*mirror.Mirror, error) {
+	mirrorOf := func(src, dst *devstack.Kafka, prefill int) (*mirror.Mirror, error) {
 		from := src.Name()
 		m, err := mirror.Start(ctx, mirror.Config{
 			Source: src.Brokers(), Target: dst.Brokers(), SourceName: from, TargetName: dst.Name(),
@@ -237,7 +237,7 @@ func (d *demo) setUp(ctx context.Context) error {
 
 // moveProducer stops the producer's stint and starts the next on cluster
 // k, numbered from `from`.
-func (d *demo) moveProducer(k *testenv.Kafka, from int64) {
+func (d *demo) moveProducer(k *devstack.Kafka, from int64) {
 	d.prod.stop()
 	d.stints = append(d.stints, d.prod)
 	d.prod = startProducer(k.Name(), k.Brokers(), d.o.Rate, from)
@@ -690,7 +690,7 @@ func (d *demo) close() {
 	if d.cli != nil {
 		d.cli.Close()
 	}
-	for _, k := range []*testenv.Kafka{d.a, d.b, d.c} {
+	for _, k := range []*devstack.Kafka{d.a, d.b, d.c} {
 		if k != nil {
 			k.Stop()
 		}

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/election"
 	"github.com/kswitch/kswitch/internal/dynconfig"
 	"github.com/kswitch/kswitch/internal/testenv"
@@ -192,9 +193,9 @@ func lead(t *testing.T, ctx context.Context, cli *clientv3.Client, fleet, id str
 func TestGateAcceptsRefusesAndAgentsFollow(t *testing.T) {
 	e := testenv.StartEtcdT(t)
 	cli := testenv.EtcdClientT(t, e)
-	a := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{})
-	b := testenv.StartKafkaT(t, "B", testenv.KafkaOptions{})
-	b2 := testenv.StartKafkaT(t, "B2", testenv.KafkaOptions{})
+	a := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{})
+	b := testenv.StartKafkaT(t, "B", devstack.KafkaOptions{})
+	b2 := testenv.StartKafkaT(t, "B2", devstack.KafkaOptions{})
 	file := fileConfig(e.Endpoints(), a.Brokers(), b.Brokers())
 	k := keys.New(file.Fleet)
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))

@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/etcdclient"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
@@ -27,7 +28,7 @@ func TestMain(m *testing.M) {
 func TestAuthOnFirstRequest(t *testing.T) {
 	e := testenv.StartSecureEtcdT(t)
 	pki := e.Security().PKI
-	if err := e.AddUser("fleet", "pw", testenv.EtcdPermission{Key: "/kswitch/orders/", Prefix: true, Type: clientv3.PermissionType(clientv3.PermReadWrite)}); err != nil {
+	if err := e.AddUser("fleet", "pw", devstack.EtcdPermission{Key: "/kswitch/orders/", Prefix: true, Type: clientv3.PermissionType(clientv3.PermReadWrite)}); err != nil {
 		t.Fatal(err)
 	}
 	cert, err := pki.Issue("fleet", "fleet")

@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
@@ -27,11 +28,11 @@ const (
 // client certificate, connects and produces; a wrong password is refused
 // at once, not after a timeout, and for SCRAM with an error that says so.
 func TestSASLAndTLS(t *testing.T) {
-	pki, err := testenv.NewPKI(t.TempDir())
+	pki, err := devstack.NewPKI(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	tlsOpt, err := testenv.KafkaTLS(pki)
+	tlsOpt, err := devstack.KafkaTLS(pki)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,13 +43,13 @@ func TestSASLAndTLS(t *testing.T) {
 	for _, mech := range []string{config.SASLPlain, config.SASLScramSHA256, config.SASLScramSHA512} {
 		for _, withTLS := range []bool{false, true} {
 			name := mech
-			extra := testenv.KafkaSASL(mech, user, pass)
+			extra := devstack.KafkaSASL(mech, user, pass)
 			if withTLS {
 				name += "+TLS"
 				extra = append(extra, tlsOpt)
 			}
 			t.Run(name, func(t *testing.T) {
-				k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": 1}, Extra: extra})
+				k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 1}, Extra: extra})
 				c := config.Cluster{Brokers: k.Brokers(), Role: config.RolePrimary, Version: config.DefaultKafkaVersion,
 					SASL: config.SASL{Mechanism: mech, Username: user, Password: pass}}
 				if withTLS {
@@ -102,19 +103,19 @@ func TestSASLAndTLS(t *testing.T) {
 // TestTLSUntrustedServer: a broker whose certificate the configured CA
 // did not sign is refused.
 func TestTLSUntrustedServer(t *testing.T) {
-	pki, err := testenv.NewPKI(t.TempDir())
+	pki, err := devstack.NewPKI(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	other, err := testenv.NewPKI(t.TempDir())
+	other, err := devstack.NewPKI(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	tlsOpt, err := testenv.KafkaTLS(pki)
+	tlsOpt, err := devstack.KafkaTLS(pki)
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Extra: []kfake.Opt{tlsOpt}})
+	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Extra: []kfake.Opt{tlsOpt}})
 	c := config.Cluster{Brokers: k.Brokers(), Role: config.RolePrimary, Version: config.DefaultKafkaVersion, TLS: config.TLS{CAFile: other.CAFile}}
 	_, err = kafka.NewClient("A", c)
 	if err == nil || !strings.Contains(err.Error(), "certificate signed by unknown authority") {

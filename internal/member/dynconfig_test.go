@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
 	"github.com/kswitch/kswitch/keys"
@@ -44,7 +45,7 @@ func TestSinkClustersChangeAtRunTime(t *testing.T) {
 	w.waitDelivered(t, n)
 
 	// C rebuilt behind new brokers.
-	c2 := testenv.StartKafkaT(t, "C2", testenv.KafkaOptions{Topics: map[string]int32{"delivered": partitions}})
+	c2 := testenv.StartKafkaT(t, "C2", devstack.KafkaOptions{Topics: map[string]int32{"delivered": partitions}})
 	put(k.ConfigCluster("C"), fmt.Sprintf("brokers: [%s]\nrole: sink\n", strings.Join(c2.Brokers(), ", ")))
 	inForce(1)
 	w.produce(t, n)
@@ -59,7 +60,7 @@ func TestSinkClustersChangeAtRunTime(t *testing.T) {
 	}
 
 	// A channel on D, a cluster nobody configured yet: refused...
-	d := testenv.StartKafkaT(t, "D", testenv.KafkaOptions{Topics: map[string]int32{"far": partitions}})
+	d := testenv.StartKafkaT(t, "D", devstack.KafkaOptions{Topics: map[string]int32{"far": partitions}})
 	put(k.Channel("far"), "cluster: D\ntopic: far\n")
 	put(k.Routes(), "default: [far]\n")
 	wait.For(t, 15*time.Second, "the routes naming D refused", func() error {

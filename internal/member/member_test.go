@@ -13,6 +13,7 @@ import (
 
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
 	"github.com/kswitch/kswitch/keys"
@@ -33,16 +34,16 @@ const (
 // the configuration of an agent that routes every record of A's orders to
 // C's delivered.
 type world struct {
-	etcd *testenv.Etcd
-	a, c *testenv.Kafka
+	etcd *devstack.Etcd
+	a, c *devstack.Kafka
 	cfg  config.Config
 }
 
 func newWorld(t *testing.T) *world {
 	w := &world{
 		etcd: testenv.StartEtcdT(t),
-		a:    testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: map[string]int32{"orders": partitions}}),
-		c:    testenv.StartKafkaT(t, "C", testenv.KafkaOptions{Topics: map[string]int32{"delivered": partitions}}),
+		a:    testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": partitions}}),
+		c:    testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{"delivered": partitions}}),
 	}
 	cfg := config.Default()
 	cfg.Fleet = fleet
@@ -96,7 +97,7 @@ func (w *world) delivered(t *testing.T) int64 {
 
 // records returns the number of records in topic on k: the sum of its
 // partitions' end offsets (the topic has the world's partition count).
-func records(t *testing.T, k *testenv.Kafka, topic string) int64 {
+func records(t *testing.T, k *devstack.Kafka, topic string) int64 {
 	t.Helper()
 	sc := sarama.NewConfig()
 	sc.Version = sarama.V3_6_0_0

@@ -14,7 +14,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/kswitch/kswitch/internal/testenv"
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/wait"
 )
 
@@ -55,7 +55,7 @@ func saramaTestConfig() *sarama.Config {
 	return cfg
 }
 
-func newClient(t *testing.T, k *testenv.Kafka) sarama.Client {
+func newClient(t *testing.T, k *devstack.Kafka) sarama.Client {
 	t.Helper()
 	cl, err := sarama.NewClient(k.Brokers(), saramaTestConfig())
 	if err != nil {
@@ -229,7 +229,7 @@ type producerLoop struct {
 	failed int
 }
 
-func startProducerLoop(t *testing.T, k *testenv.Kafka, topic string, partitions int32) *producerLoop {
+func startProducerLoop(t *testing.T, k *devstack.Kafka, topic string, partitions int32) *producerLoop {
 	ctx, cancel := context.WithCancel(context.Background())
 	pl := &producerLoop{cancel: cancel}
 	pl.wg.Add(1)

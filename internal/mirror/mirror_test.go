@@ -15,16 +15,17 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
 	"github.com/kswitch/kswitch/offsets"
 )
 
 // pair starts source cluster A with topics and an empty target B.
-func pair(t *testing.T, topics map[string]int32) (a, b *testenv.Kafka) {
+func pair(t *testing.T, topics map[string]int32) (a, b *devstack.Kafka) {
 	t.Helper()
-	a = testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Topics: topics})
-	b = testenv.StartKafkaT(t, "B", testenv.KafkaOptions{})
+	a = testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: topics})
+	b = testenv.StartKafkaT(t, "B", devstack.KafkaOptions{})
 	return a, b
 }
 
@@ -165,8 +166,8 @@ func TestRemoteTopicNaming(t *testing.T) {
 // TestMultiBroker copies between clusters whose partitions have different
 // leaders: one fetch per source leader, writes to each target leader.
 func TestMultiBroker(t *testing.T) {
-	a := testenv.StartKafkaT(t, "A", testenv.KafkaOptions{Brokers: 3, Topics: map[string]int32{"orders": 6}})
-	b := testenv.StartKafkaT(t, "B", testenv.KafkaOptions{Brokers: 2})
+	a := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Brokers: 3, Topics: map[string]int32{"orders": 6}})
+	b := testenv.StartKafkaT(t, "B", devstack.KafkaOptions{Brokers: 2})
 	ac, bc := newClient(t, a), newClient(t, b)
 	p := newProducer(t, ac)
 	for part := range int32(6) {
@@ -412,17 +413,17 @@ func TestSourceGaps(t *testing.T) {
 func TestSourceOutage(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
-		down, back func(t *testing.T, k *testenv.Kafka)
+		down, back func(t *testing.T, k *devstack.Kafka)
 	}{
-		{"fail", func(_ *testing.T, k *testenv.Kafka) { k.Fail() }, func(_ *testing.T, k *testenv.Kafka) { k.Recover() }},
-		{"stop", func(_ *testing.T, k *testenv.Kafka) { k.Stop() }, func(t *testing.T, k *testenv.Kafka) {
+		{"fail", func(_ *testing.T, k *devstack.Kafka) { k.Fail() }, func(_ *testing.T, k *devstack.Kafka) { k.Recover() }},
+		{"stop", func(_ *testing.T, k *devstack.Kafka) { k.Stop() }, func(t *testing.T, k *devstack.Kafka) {
 			if err := k.Restart(); err != nil {
 				t.Fatal(err)
 			}
 		}},
 		// A hung cluster answers nothing: requests in flight time out (5 s)
 		// and their connections must be replaced.
-		{"hang", func(_ *testing.T, k *testenv.Kafka) { k.Hang() }, func(_ *testing.T, k *testenv.Kafka) { k.Recover() }},
+		{"hang", func(_ *testing.T, k *devstack.Kafka) { k.Hang() }, func(_ *testing.T, k *devstack.Kafka) { k.Recover() }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const prefill = 2
@@ -494,17 +495,17 @@ func TestSourceOutage(t *testing.T) {
 func TestTargetOutage(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
-		down, back func(t *testing.T, k *testenv.Kafka)
+		down, back func(t *testing.T, k *devstack.Kafka)
 	}{
-		{"fail", func(_ *testing.T, k *testenv.Kafka) { k.Fail() }, func(_ *testing.T, k *testenv.Kafka) { k.Recover() }},
-		{"stop", func(_ *testing.T, k *testenv.Kafka) { k.Stop() }, func(t *testing.T, k *testenv.Kafka) {
+		{"fail", func(_ *testing.T, k *devstack.Kafka) { k.Fail() }, func(_ *testing.T, k *devstack.Kafka) { k.Recover() }},
+		{"stop", func(_ *testing.T, k *devstack.Kafka) { k.Stop() }, func(t *testing.T, k *devstack.Kafka) {
 			if err := k.Restart(); err != nil {
 				t.Fatal(err)
 			}
 		}},
 		// A hung cluster answers nothing: requests in flight time out (5 s)
 		// and their connections must be replaced.
-		{"hang", func(_ *testing.T, k *testenv.Kafka) { k.Hang() }, func(_ *testing.T, k *testenv.Kafka) { k.Recover() }},
+		{"hang", func(_ *testing.T, k *devstack.Kafka) { k.Hang() }, func(_ *testing.T, k *devstack.Kafka) { k.Recover() }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a, b := pair(t, map[string]int32{"orders": 2})
@@ -640,11 +641,11 @@ func TestIdleMirrorWaits(t *testing.T) {
 func TestStopWhileSourceDown(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		down func(k *testenv.Kafka)
+		down func(k *devstack.Kafka)
 	}{
-		{"fail", (*testenv.Kafka).Fail},
-		{"stop", (*testenv.Kafka).Stop},
-		{"hang", (*testenv.Kafka).Hang},
+		{"fail", (*devstack.Kafka).Fail},
+		{"stop", (*devstack.Kafka).Stop},
+		{"hang", (*devstack.Kafka).Hang},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a, b := pair(t, map[string]int32{"orders": 2})

@@ -4,19 +4,20 @@ import (
 	"testing"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kswitch/kswitch/devstack"
 )
 
-// This file holds the only code of the package that depends on "testing":
-// thin wrappers that fail the test on error and stop what they started in
-// t.Cleanup. Cleanups run in reverse order of registration, so a client made
+// Thin wrappers of devstack that fail the test on error and stop what they
+// started in t.Cleanup. Cleanups run in reverse order of registration, so a client made
 // with EtcdClientT is closed before the server made earlier is stopped.
 
-// StartEtcdT starts an etcd with StartEtcd in a fresh t.TempDir(), with
+// StartEtcdT starts an etcd with devstack.StartEtcd in a fresh t.TempDir(), with
 // etcd's logs at error level on stderr, and stops it when the test ends.
 // It calls t.Fatal on error, so it must be called from the test's goroutine.
-func StartEtcdT(t testing.TB) *Etcd {
+func StartEtcdT(t testing.TB) *devstack.Etcd {
 	t.Helper()
-	e, err := StartEtcd(t.TempDir(), nil)
+	e, err := devstack.StartEtcd(t.TempDir(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,7 +27,7 @@ func StartEtcdT(t testing.TB) *Etcd {
 
 // EtcdClientT returns a client of e that is closed when the test ends.
 // It calls t.Fatal on error, so it must be called from the test's goroutine.
-func EtcdClientT(t testing.TB, e *Etcd) *clientv3.Client {
+func EtcdClientT(t testing.TB, e *devstack.Etcd) *clientv3.Client {
 	t.Helper()
 	cli, err := e.Client()
 	if err != nil {
@@ -36,16 +37,16 @@ func EtcdClientT(t testing.TB, e *Etcd) *clientv3.Client {
 	return cli
 }
 
-// StartKafkaT starts a Kafka cluster with StartKafka and stops it when the
-// test ends. Unlike StartKafka, an empty opts.DataDir means a fresh
+// StartKafkaT starts a Kafka cluster with devstack.StartKafka and stops it when the
+// test ends. Unlike devstack.StartKafka, an empty opts.DataDir means a fresh
 // t.TempDir(), so Stop and Restart keep the data by default. It calls
 // t.Fatal on error, so it must be called from the test's goroutine.
-func StartKafkaT(t testing.TB, name string, opts KafkaOptions) *Kafka {
+func StartKafkaT(t testing.TB, name string, opts devstack.KafkaOptions) *devstack.Kafka {
 	t.Helper()
 	if opts.DataDir == "" {
 		opts.DataDir = t.TempDir()
 	}
-	k, err := StartKafka(name, opts)
+	k, err := devstack.StartKafka(name, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,17 +54,17 @@ func StartKafkaT(t testing.TB, name string, opts KafkaOptions) *Kafka {
 	return k
 }
 
-// StartSecureEtcdT starts an etcd with StartSecureEtcd (TLS, client
+// StartSecureEtcdT starts an etcd with devstack.StartSecureEtcd (TLS, client
 // certificates and auth; certificates from a new PKI in t.TempDir()) and
 // stops it when the test ends. It calls t.Fatal on error, so it must be
 // called from the test's goroutine.
-func StartSecureEtcdT(t testing.TB) *Etcd {
+func StartSecureEtcdT(t testing.TB) *devstack.Etcd {
 	t.Helper()
-	pki, err := NewPKI(t.TempDir())
+	pki, err := devstack.NewPKI(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := StartSecureEtcd(t.TempDir(), nil, pki)
+	e, err := devstack.StartSecureEtcd(t.TempDir(), nil, pki)
 	if err != nil {
 		t.Fatal(err)
 	}

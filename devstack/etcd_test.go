@@ -1,4 +1,4 @@
-package testenv
+package devstack_test
 
 import (
 	"context"
@@ -7,15 +7,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kswitch/kswitch/devstack"
+	"github.com/kswitch/kswitch/internal/testenv"
 	"go.uber.org/goleak"
 )
 
 func TestEtcdStopRestartKeepsDataAndClient(t *testing.T) {
-	e := StartEtcdT(t)
+	e := testenv.StartEtcdT(t)
 	if got := e.Endpoints(); len(got) != 1 {
 		t.Fatalf("Endpoints() = %v, want one endpoint", got)
 	}
-	cli := EtcdClientT(t, e)
+	cli := testenv.EtcdClientT(t, e)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -61,9 +63,9 @@ func TestEtcdStopRestartKeepsDataAndClient(t *testing.T) {
 }
 
 func TestEtcdStopLeavesNoGoroutines(t *testing.T) {
-	defer goleak.VerifyNone(t, append([]goleak.Option{goleak.IgnoreCurrent()}, IgnoreEtcd...)...)
+	defer goleak.VerifyNone(t, append([]goleak.Option{goleak.IgnoreCurrent()}, testenv.IgnoreEtcd...)...)
 
-	e, err := StartEtcd(t.TempDir(), nil)
+	e, err := devstack.StartEtcd(t.TempDir(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +90,7 @@ func TestEtcdStopLeavesNoGoroutines(t *testing.T) {
 
 func TestEtcdNewValueOnExistingDataDir(t *testing.T) {
 	dir := t.TempDir()
-	e1, err := StartEtcd(dir, nil)
+	e1, err := devstack.StartEtcd(dir, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,16 +106,16 @@ func TestEtcdNewValueOnExistingDataDir(t *testing.T) {
 	cli1.Close()
 	e1.Stop()
 
-	// A second StartEtcd on the same dir gets new ports but the old data.
-	e2 := func() *Etcd {
-		e, err := StartEtcd(dir, nil)
+	// A second devstack.StartEtcd on the same dir gets new ports but the old data.
+	e2 := func() *devstack.Etcd {
+		e, err := devstack.StartEtcd(dir, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(e.Stop)
 		return e
 	}()
-	cli2 := EtcdClientT(t, e2)
+	cli2 := testenv.EtcdClientT(t, e2)
 	resp, err := cli2.Get(ctx, "k")
 	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "kept" {
 		t.Fatalf("get = %v, %v; want kept", resp, err)

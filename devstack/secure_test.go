@@ -1,4 +1,4 @@
-package testenv
+package devstack_test
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kswitch/kswitch/devstack"
+	"github.com/kswitch/kswitch/internal/testenv"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -14,9 +16,9 @@ import (
 // of its CA, auth is on, and a user added with a prefix role reads and
 // writes there and nowhere else, also after a restart.
 func TestSecureEtcd(t *testing.T) {
-	e := StartSecureEtcdT(t)
+	e := testenv.StartSecureEtcdT(t)
 	s := e.Security()
-	if err := e.AddUser("fleet", "pw", EtcdPermission{Key: "/kswitch/orders/", Prefix: true, Type: clientv3.PermissionType(clientv3.PermReadWrite)}); err != nil {
+	if err := e.AddUser("fleet", "pw", devstack.EtcdPermission{Key: "/kswitch/orders/", Prefix: true, Type: clientv3.PermissionType(clientv3.PermReadWrite)}); err != nil {
 		t.Fatal(err)
 	}
 	cert, err := s.PKI.Issue("fleet", "fleet")
@@ -60,7 +62,7 @@ func TestSecureEtcd(t *testing.T) {
 	scancel()
 
 	// Root (by certificate) sees everything; auth survives a restart.
-	root := EtcdClientT(t, e)
+	root := testenv.EtcdClientT(t, e)
 	if _, err := root.Put(ctx, "/kswitch/other/x", "1"); err != nil {
 		t.Fatalf("root put: %v", err)
 	}

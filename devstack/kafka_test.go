@@ -1,8 +1,10 @@
-package testenv
+package devstack_test
 
 import (
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"testing"
 	"time"
 
@@ -10,7 +12,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"go.uber.org/goleak"
 
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/freeport"
+	"github.com/kswitch/kswitch/internal/testenv"
 )
 
 func saramaConfig() *sarama.Config {
@@ -25,7 +29,7 @@ func saramaConfig() *sarama.Config {
 	return cfg
 }
 
-func newSaramaClient(t *testing.T, k *Kafka, cfg *sarama.Config) sarama.Client {
+func newSaramaClient(t *testing.T, k *devstack.Kafka, cfg *sarama.Config) sarama.Client {
 	t.Helper()
 	if cfg == nil {
 		cfg = saramaConfig()
@@ -119,7 +123,7 @@ func partitionCount(cl sarama.Client, topic string) (int, error) {
 
 func TestKafkaProduceConsumeSurvivesRestart(t *testing.T) {
 	const n = 50
-	k := StartKafkaT(t, "east", KafkaOptions{
+	k := testenv.StartKafkaT(t, "east", devstack.KafkaOptions{
 		Topics:           map[string]int32{"orders": 3},
 		AutoCreateTopics: true,
 	})
@@ -169,7 +173,7 @@ func TestKafkaProduceConsumeSurvivesRestart(t *testing.T) {
 }
 
 func TestKafkaInMemoryRestartStartsEmpty(t *testing.T) {
-	k, err := StartKafka("mem", KafkaOptions{Topics: map[string]int32{"t": 1}})
+	k, err := devstack.StartKafka("mem", devstack.KafkaOptions{Topics: map[string]int32{"t": 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,7 +192,7 @@ func TestKafkaInMemoryRestartStartsEmpty(t *testing.T) {
 }
 
 func TestKafkaFailRecover(t *testing.T) {
-	k := StartKafkaT(t, "west", KafkaOptions{Topics: map[string]int32{"orders": 1}})
+	k := testenv.StartKafkaT(t, "west", devstack.KafkaOptions{Topics: map[string]int32{"orders": 1}})
 	cl := newSaramaClient(t, k, nil)
 	p := newSyncProducer(t, cl)
 	produce(t, p, "orders", 0, "a", 1)
@@ -222,7 +226,7 @@ func TestKafkaFailRecover(t *testing.T) {
 }
 
 func TestKafkaHangRecover(t *testing.T) {
-	k := StartKafkaT(t, "hung", KafkaOptions{Topics: map[string]int32{"orders": 1}})
+	k := testenv.StartKafkaT(t, "hung", devstack.KafkaOptions{Topics: map[string]int32{"orders": 1}})
 	cfg := saramaConfig()
 	cfg.Net.ReadTimeout = time.Second
 	cfg.Metadata.Retry.Max = 1
@@ -242,7 +246,7 @@ func TestKafkaHangRecover(t *testing.T) {
 }
 
 func TestKafkaFailSurvivesRestart(t *testing.T) {
-	k := StartKafkaT(t, "f", KafkaOptions{Topics: map[string]int32{"orders": 1}})
+	k := testenv.StartKafkaT(t, "f", devstack.KafkaOptions{Topics: map[string]int32{"orders": 1}})
 	k.Fail()
 	k.Stop()
 	if err := k.Restart(); err != nil {
@@ -263,7 +267,7 @@ func TestKafkaFailSurvivesRestart(t *testing.T) {
 }
 
 func TestKafkaCreateTopicAddPartitions(t *testing.T) {
-	k := StartKafkaT(t, "admin", KafkaOptions{})
+	k := testenv.StartKafkaT(t, "admin", devstack.KafkaOptions{})
 	cl := newSaramaClient(t, k, nil)
 
 	if err := k.CreateTopic("fresh", 2); err != nil {
@@ -307,8 +311,8 @@ func TestKafkaCreateTopicAddPartitions(t *testing.T) {
 
 	// Topics and partitions made by the helpers survive a restart.
 	k.Stop()
-	if err := k.CreateTopic("x", 1); !errors.Is(err, ErrStopped) {
-		t.Fatalf("CreateTopic on a stopped cluster = %v, want ErrStopped", err)
+	if err := k.CreateTopic("x", 1); !errors.Is(err, devstack.ErrStopped) {
+		t.Fatalf("CreateTopic on a stopped cluster = %v, want devstack.ErrStopped", err)
 	}
 	if err := k.Restart(); err != nil {
 		t.Fatal(err)
@@ -332,9 +336,9 @@ func TestKafkaMultiBrokerFixedPorts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := StartKafkaT(t, "multi", KafkaOptions{Ports: ports, Topics: map[string]int32{"t": 6}})
+	k := testenv.StartKafkaT(t, "multi", devstack.KafkaOptions{Ports: ports, Topics: map[string]int32{"t": 6}})
 	for i, b := range k.Brokers() {
-		if b != hostPort(ports[i]) {
+		if b != net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[i])) {
 			t.Fatalf("Brokers() = %v, want ports %v", k.Brokers(), ports)
 		}
 	}
@@ -357,18 +361,18 @@ func TestKafkaMultiBrokerFixedPorts(t *testing.T) {
 }
 
 func TestKafkaOptionsValidation(t *testing.T) {
-	if _, err := StartKafka("bad", KafkaOptions{Brokers: 2, Ports: []int{1}}); err == nil {
+	if _, err := devstack.StartKafka("bad", devstack.KafkaOptions{Brokers: 2, Ports: []int{1}}); err == nil {
 		t.Fatal("Brokers=2 with one port accepted")
 	}
-	if _, err := StartKafka("bad", KafkaOptions{Brokers: -1}); err == nil {
+	if _, err := devstack.StartKafka("bad", devstack.KafkaOptions{Brokers: -1}); err == nil {
 		t.Fatal("Brokers=-1 accepted")
 	}
 }
 
 func TestKafkaStopLeavesNoGoroutines(t *testing.T) {
-	defer goleak.VerifyNone(t, append([]goleak.Option{goleak.IgnoreCurrent()}, LeakOptions()...)...)
+	defer goleak.VerifyNone(t, append([]goleak.Option{goleak.IgnoreCurrent()}, testenv.LeakOptions()...)...)
 
-	k, err := StartKafka("leak", KafkaOptions{DataDir: t.TempDir(), Topics: map[string]int32{"t": 2}})
+	k, err := devstack.StartKafka("leak", devstack.KafkaOptions{DataDir: t.TempDir(), Topics: map[string]int32{"t": 2}})
 	if err != nil {
 		t.Fatal(err)
 	}

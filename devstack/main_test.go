@@ -1,14 +1,15 @@
-package testenv
+package devstack_test
 
 import (
 	"testing"
 	"time"
 
+	"github.com/kswitch/kswitch/internal/testenv"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, LeakOptions()...)
+	goleak.VerifyTestMain(m, testenv.LeakOptions()...)
 }
 
 // waitFor polls cond until it returns nil or timeout passes, and fails the

@@ -1,4 +1,4 @@
-package testenv
+package devstack_test
 
 import (
 	"errors"
@@ -8,13 +8,15 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/kafka"
+	"github.com/kswitch/kswitch/internal/testenv"
 )
 
-// A Link is what agent.Options.KafkaDialer hands out.
-var _ kafka.Dialer = (*Link)(nil)
+// A devstack.Link is what agent.Options.KafkaDialer hands out.
+var _ kafka.Dialer = (*devstack.Link)(nil)
 
-func linkedClient(t *testing.T, k *Kafka, l *Link) sarama.Client {
+func linkedClient(t *testing.T, k *devstack.Kafka, l *devstack.Link) sarama.Client {
 	t.Helper()
 	cfg := saramaConfig()
 	cfg.Net.Proxy.Enable = true
@@ -25,8 +27,8 @@ func linkedClient(t *testing.T, k *Kafka, l *Link) sarama.Client {
 }
 
 func TestLinkCutAndHeal(t *testing.T) {
-	k := StartKafkaT(t, "A", KafkaOptions{Topics: map[string]int32{"orders": 1}})
-	l := NewLink()
+	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 1}})
+	l := devstack.NewLink()
 	linked := linkedClient(t, k, l)
 	direct := newSaramaClient(t, k, nil)
 	if err := linked.RefreshMetadata(); err != nil {
@@ -46,8 +48,8 @@ func TestLinkCutAndHeal(t *testing.T) {
 	if err == nil {
 		t.Fatal("metadata through a cut link succeeded")
 	}
-	if _, err := l.Dial("tcp", k.Brokers()[0]); !errors.Is(err, ErrLinkCut) {
-		t.Fatalf("Dial on a cut link: %v, want ErrLinkCut", err)
+	if _, err := l.Dial("tcp", k.Brokers()[0]); !errors.Is(err, devstack.ErrLinkCut) {
+		t.Fatalf("Dial on a cut link: %v, want devstack.ErrLinkCut", err)
 	}
 	var op *net.OpError
 	if _, err := l.Dial("tcp", k.Brokers()[0]); !errors.As(err, &op) {
@@ -92,7 +94,7 @@ func TestLinkClosesConnectionsDialledDuringACut(t *testing.T) {
 			accepted <- c
 		}
 	}()
-	l := NewLink()
+	l := devstack.NewLink()
 	c, err := l.Dial("tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
