@@ -1,0 +1,124 @@
+package archtest
+
+import (
+	"encoding/json"
+	"io"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+const module = "github.com/kswitch/kswitch/"
+
+// layers ranks every package of the module (but the integration suite's):
+// a package imports only packages of lower layers. A new package gets a
+// line here; its layer says where it stands.
+var layers = map[string]int{
+	// 0: leaves, no import of the module.
+	"record": 0, "keys": 0, "election": 0, "internal/etcdwatch": 0, "internal/freeport": 0,
+	"internal/logx": 0, "internal/refused": 0, "internal/version": 0, "internal/wait": 0, "internal/archtest": 0,
+	// 1: the configuration; the embedded stack.
+	"config": 1, "devstack": 1,
+	// 2: clients of Kafka and etcd; signals; the test wrappers.
+	"internal/kafka": 2, "internal/etcdclient": 2, "signals": 2, "internal/testenv": 2,
+	// 3: the fenced offset store and translation; the dynamic configuration.
+	"offsets": 3, "internal/dynconfig": 3,
+	// 4: the leader's work; the routing sink; the demo's mirror.
+	"coordinator": 4, "routing": 4, "internal/mirror": 4,
+	// 5: one agent.
+	"agent": 5,
+	// 6: an agent with the routing sink, as kswitch agent runs it.
+	"internal/member": 6,
+	// 7: the demo; 8: the commands; 9: the binary.
+	"internal/demo": 7, "internal/cli": 8, "cmd/kswitch": 9,
+}
+
+type pkg struct {
+	ImportPath string
+	Imports    []string
+	Deps       []string
+}
+
+// list runs go list -json on patterns.
+func list(t *testing.T, patterns ...string) []pkg {
+	t.Helper()
+	cmd := exec.Command("go", append([]string{"list", "-json"}, patterns...)...)
+	cmd.Dir = "../.."
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list %v: %v", patterns, err)
+	}
+	var ps []pkg
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for {
+		var p pkg
+		if err := dec.Decode(&p); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		ps = append(ps, p)
+	}
+	return ps
+}
+
+// TestImportsGoDownTheLayers: no package imports one of its own or a
+// higher layer (an arrow running back up), and every package has a layer.
+func TestImportsGoDownTheLayers(t *testing.T) {
+	for _, p := range list(t, "./...") {
+		name := strings.TrimPrefix(p.ImportPath, module)
+		if strings.HasPrefix(name, "integration") {
+			continue
+		}
+		l, ok := layers[name]
+		if !ok {
+			t.Errorf("%s has no layer: add it to layers in internal/archtest/arch_test.go and to docs/ARCHITECTURE.md", name)
+			continue
+		}
+		for _, imp := range p.Imports {
+			dep, ok := strings.CutPrefix(imp, module)
+			if !ok {
+				continue
+			}
+			if dl, ok := layers[dep]; ok && dl >= l {
+				t.Errorf("%s (layer %d) imports %s (layer %d): an import must go to a lower layer", name, l, dep, dl)
+			}
+		}
+	}
+}
+
+// TestBinaryLinksNoTestCode: the shipped binary does not link testing,
+// goleak or the test wrappers, and the routing sink does not depend on the
+// agent's runtime.
+func TestBinaryLinksNoTestCode(t *testing.T) {
+	for _, tc := range []struct {
+		pkg       string
+		forbidden []string
+	}{
+		{"./cmd/kswitch", []string{"testing", "go.uber.org/goleak", module + "internal/testenv"}},
+		{"./routing", []string{module + "agent"}},
+		{"./record", nil}, // checked below: no kswitch import at all
+	} {
+		ps := list(t, tc.pkg)
+		if len(ps) != 1 {
+			t.Fatalf("go list %s: %d packages", tc.pkg, len(ps))
+		}
+		for _, f := range tc.forbidden {
+			if slices.Contains(ps[0].Deps, f) {
+				t.Errorf("%s depends on %s", tc.pkg, f)
+			}
+		}
+		if tc.pkg == "./record" {
+			for _, d := range ps[0].Deps {
+				if strings.HasPrefix(d, module) {
+					t.Errorf("record depends on %s: it must stay a leaf", d)
+				}
+			}
+		}
+	}
+}
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
