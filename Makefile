@@ -22,7 +22,7 @@ MAVEN_REPO   ?=
 VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -X github.com/kswitch/kswitch/internal/version.Version=$(VERSION)
 
-.PHONY: all build test unit lint vet staticcheck fmt-check tools bench demo integration etcd-bin kafka-jars kafka-tools clean
+.PHONY: all build test unit example lint vet staticcheck fmt-check tools bench demo integration etcd-bin kafka-jars kafka-tools clean
 
 all: build
 
@@ -30,11 +30,15 @@ all: build
 build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/kswitch ./cmd/kswitch
 
-## test: lint, then every package's tests with the race detector
-test: lint unit
+## test: lint, then every package's tests with the race detector, then the embedding example
+test: lint unit example
 
 unit:
 	$(GO) test -race -count=1 ./...
+
+## example: build, vet and run examples/embed, a module of its own that embeds an agent through the public API
+example:
+	cd examples/embed && $(GO) vet ./... && $(GO) run -race . -records 200
 
 ## lint: go vet, staticcheck, gofmt
 lint: vet staticcheck fmt-check
