@@ -53,35 +53,46 @@ type Options struct {
 	// handler to acknowledge the records it was given before the
 	// partition's final commit. Default 5s.
 	DrainTimeout time.Duration
-	// OnApplied, when set, is called each time this agent has applied an
-	// assignment generation. It must not block. For tests and tools.
-	OnApplied func(coordinator.Assignment)
 	// HandlerStatus, when set, is shown as "handler" in /status: the
 	// routing sink reports its rules version and channels through it. It
 	// must be safe to call from any goroutine and must not block.
 	HandlerStatus func() any
-	// KafkaDialer, when set, returns the dialer for the connections of
-	// this agent to a cluster (probes, consumers, discovery). Tests use it
-	// to cut one agent off one cluster.
-	KafkaDialer func(cluster string) kafka.Dialer
-	// BreakBeforeMake, when set on the agent that leads, turns off the
-	// preparation of planned switches (coordinator.Leader.BreakBeforeMake):
-	// the baseline of the planned-switch benchmark.
-	BreakBeforeMake bool
 	// StuckAfter is how long a partition's committable position may stand
 	// still while records handed to the handler wait for their
 	// acknowledgement before the agent reports the handler stuck
 	// (/readyz 503, kswitch_stuck_partitions). Default: 30 s or ten
 	// commit intervals, whichever is longer.
 	StuckAfter time.Duration
-	// NoCommitHold turns off the hold of delivery while commits fail
-	// (commitHold): the baseline of BenchmarkEtcdOutage.
-	NoCommitHold bool
 	// OnConfig, when set, is called with the configuration in force each
 	// time a dynamic configuration version (source and clusters from etcd,
 	// accepted by the leader) is applied: the routing sink takes the new
 	// cluster definitions from it. It must not block.
 	OnConfig func(config.Config)
+	// Etcd, when set, is the etcd client the agent uses instead of one of
+	// its own from cfg.Etcd, so that a program sharing the process (the
+	// routing sink of kswitch agent) needs no second one. The caller
+	// closes it after Stop; Abort closes it, as a crash ends every
+	// connection of the process.
+	Etcd *clientv3.Client
+
+	// hooks are set by the agent's own tests and benchmarks
+	// (export_test.go).
+	hooks hooks
+}
+
+// hooks are what the agent's tests and benchmarks change in an agent.
+type hooks struct {
+	// KafkaDialer, when set, returns the dialer for the connections of
+	// this agent to a cluster (probes, consumers, discovery): a test cuts
+	// one agent off one cluster with it.
+	KafkaDialer func(cluster string) kafka.Dialer
+	// BreakBeforeMake, on the agent that leads, turns off the preparation
+	// of planned switches (coordinator.LeaderOptions.BreakBeforeMake): the
+	// baseline of the planned-switch benchmark.
+	BreakBeforeMake bool
+	// NoCommitHold turns off the hold of delivery while commits fail
+	// (commitHold): the baseline of BenchmarkEtcdOutage.
+	NoCommitHold bool
 }
 
 // Agent is one member of a fleet. Its exported methods are safe for
@@ -209,15 +220,17 @@ func (a *Agent) Start(ctx context.Context) error {
 	}
 	// The client's own logs are errors only: it logs every retry at warn,
 	// and the agent reports etcd trouble itself, once, through readiness.
-	client, err := etcdclient.New(context.WithoutCancel(ctx), a.cfg.Etcd, a.log)
-	if err != nil {
-		ln.Close()
-		return fmt.Errorf("agent: %w", err)
+	client := a.opts.Etcd
+	if client == nil {
+		if client, err = etcdclient.New(context.WithoutCancel(ctx), a.cfg.Etcd, a.log); err != nil {
+			ln.Close()
+			return fmt.Errorf("agent: %w", err)
+		}
 	}
 	a.mlog = &memberlistLog{log: a.log.Named("gossip")}
 	a.gossip = &gossipState{dead: make(chan string, 64), dropped: func() { a.metrics.gossipDropped.Inc() }}
 	healthChanged := make(chan struct{}, 1)
-	a.prober = newProber(a.cfg, a.log, a.opts.KafkaDialer, func() {
+	a.prober = newProber(a.cfg, a.log, a.opts.hooks.KafkaDialer, func() {
 		select {
 		case healthChanged <- struct{}{}:
 		default:
@@ -225,21 +238,21 @@ func (a *Agent) Start(ctx context.Context) error {
 	})
 	keys, err := a.cfg.Agent.GossipKeys()
 	if err != nil {
-		client.Close()
+		a.closeOwnClient(client)
 		ln.Close()
 		return fmt.Errorf("agent: %w", err)
 	}
 	ml, err := newMemberlist(gossipOptions{id: a.id, bind: a.cfg.Agent.Gossip, advertise: a.cfg.Agent.GossipAdvertise,
 		label: "kswitch/" + a.cfg.Fleet, keys: keys}, a.mlog, a.gossip, &healthMeta{views: a.prober.view})
 	if err != nil {
-		client.Close()
+		a.closeOwnClient(client)
 		ln.Close()
 		return err
 	}
 	cand, err := election.NewCandidate(election.Config{Prefix: a.keys.Election(), ID: a.id, Logger: a.log})
 	if err != nil {
 		ml.Shutdown()
-		client.Close()
+		a.closeOwnClient(client)
 		ln.Close()
 		return err
 	}
@@ -253,15 +266,13 @@ func (a *Agent) Start(ctx context.Context) error {
 	a.store = offsets.NewStore(client, a.keys)
 	a.signals = signals.NewWatcher(client, a.keys, a.cfg.Etcd.RequestTimeout, a.log)
 	a.signals.OnRefused(func(signals.Refusal) { a.metrics.badValues.WithLabelValues(refused.Signal).Inc() })
-	if a.leader, err = coordinator.NewLeader(a.cfg, client, fleetView{a}, &a.wg, a.log); err != nil {
+	if a.leader, err = coordinator.NewLeader(a.cfg, client, fleetView{a}, coordinator.LeaderOptions{Background: &a.wg, Logger: a.log,
+		Dialer: a.opts.hooks.KafkaDialer, Metrics: a.leaderMetrics, BreakBeforeMake: a.opts.hooks.BreakBeforeMake}); err != nil {
 		ml.Shutdown()
-		client.Close()
+		a.closeOwnClient(client)
 		ln.Close()
 		return err
 	}
-	a.leader.Dialer = a.opts.KafkaDialer
-	a.leader.BreakBeforeMake = a.opts.BreakBeforeMake
-	a.leader.Metrics = a.leaderMetrics
 	a.httpSrv = &http.Server{Handler: a.handler(), ReadHeaderTimeout: 5 * time.Second,
 		ErrorLog: zap.NewStdLog(a.log.Named("http"))} // TLS handshake errors and the like
 
@@ -320,7 +331,8 @@ func (a *Agent) Stop(ctx context.Context) error {
 	return a.stop(ctx, false)
 }
 
-// Abort ends the agent as a crash would: the etcd client is closed first,
+// Abort ends the agent as a crash would: the etcd client (also one given
+// in Options.Etcd) is closed first,
 // so nothing is resigned or revoked (the lease expires after its TTL) and
 // the gossip cluster is not told (its failure detector notices). It waits
 // for the agent's goroutines. For tests and fault drills.
@@ -369,12 +381,29 @@ func (a *Agent) stop(ctx context.Context, abort bool) error {
 			return
 		}
 		if !abort {
-			a.client.Close()
+			a.closeOwnClient(a.client)
 		}
 		a.mlog.close()
 		a.log.Info("agent stopped", zap.Bool("aborted", abort))
 	})
 	return err
+}
+
+// closeOwnClient closes c unless it was given in Options.Etcd.
+func (a *Agent) closeOwnClient(c *clientv3.Client) {
+	if a.opts.Etcd == nil {
+		c.Close()
+	}
+}
+
+// Signals returns the signals in force as this agent has read them from
+// etcd: what the routing sink pauses channels by. Call it from the
+// handler or after Start returned; before Start no signal is in force.
+func (a *Agent) Signals() signals.State {
+	if a.signals == nil {
+		return signals.State{}
+	}
+	return a.signals.State()
 }
 
 // HTTPAddr returns the address the HTTP listener is bound to (useful when
@@ -674,7 +703,7 @@ func (f fleetView) Subscribe(ctx context.Context) <-chan struct{} {
 func (a *Agent) newWorker(s *concurrency.Session) *worker {
 	reconf := make(chan configUpdate, 1)
 	version, cfg := a.dyn.attach(reconf)
-	hold := newCommitHold(holdBound(a.cfg.Source.CommitInterval), a.opts.NoCommitHold)
+	hold := newCommitHold(holdBound(a.cfg.Source.CommitInterval), a.opts.hooks.NoCommitHold)
 	a.hold.Store(hold)
 	none := ""
 	a.stuck.Store(&none)
@@ -697,9 +726,8 @@ func (a *Agent) newWorker(s *concurrency.Session) *worker {
 		handler: a.opts.Handler, metrics: a.metrics, drain: a.opts.DrainTimeout,
 		lease:          s.Lease(),
 		sessionAlive:   func() bool { return s.Ctx().Err() == nil },
-		onApplied:      a.opts.OnApplied,
 		owned:          &a.owned,
-		dialer:         a.opts.KafkaDialer,
+		dialer:         a.opts.hooks.KafkaDialer,
 		naming:         coordinator.NewNaming(cfg),
 		signals:        a.signals,
 		signalsApplied: &a.signalsApplied,

@@ -125,7 +125,7 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // to the first from the other (gapMeter), with 3 agents consuming a
 // steady flow and pins moving the fleet A→B→A… six times. The baseline,
 // measured in the same run on clusters of its own, is the same fleet with
-// Options.BreakBeforeMake: no warm-up and no pre-translation, so every
+// Hooks.BreakBeforeMake: no warm-up and no pre-translation, so every
 // connection to the target is opened after the revoke, as in a failover.
 func BenchmarkPlannedSwitch(b *testing.B) {
 	const switches = 6
@@ -166,9 +166,9 @@ func plannedSwitchGaps(b *testing.B, n int, breakBeforeMake bool, dups *int, pha
 	l, gm := newLedger(), &gapMeter{}
 	var agents []*agent.Agent
 	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
-		agents = append(agents, startFleetAgent(b, d.config(id), agent.Options{
-			Handler: gm.wrap(l.handler(id)), BreakBeforeMake: breakBeforeMake, Logger: zap.NewNop(),
-		}))
+		agents = append(agents, startFleetAgent(b, d.config(id), agent.WithHooks(agent.Options{
+			Handler: gm.wrap(l.handler(id)), Logger: zap.NewNop(),
+		}, agent.Hooks{BreakBeforeMake: breakBeforeMake})))
 	}
 	waitConsuming(b, 20*time.Second, "A", agents...)
 	waitBalanced(b, failoverPartitions, agents...)
@@ -220,7 +220,7 @@ func plannedSwitchGaps(b *testing.B, n int, breakBeforeMake bool, dups *int, pha
 // etcd outage, 3 agents consuming about 400 records/s with the default
 // session TTL (5 s) and a commit interval of 200 ms: with the hold of
 // delivery while commits fail (commitHold), and, as the baseline in the
-// same run, without it (Options.NoCommitHold), where agents deliver until
+// same run, without it (Hooks.NoCommitHold), where agents deliver until
 // their sessions end.
 func BenchmarkEtcdOutage(b *testing.B) {
 	const down = 30 * time.Second

@@ -519,9 +519,9 @@ func TestAgentCutOffFromTheActiveClusterGivesItsPartitionsAway(t *testing.T) {
 	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
 		link := devstack.NewLink()
 		links[id] = link
-		agents = append(agents, startFleetAgent(t, d.config(id), agent.Options{
-			Handler: ho.wrap(id, l.handler(id)), KafkaDialer: through(link, "A"),
-		}))
+		agents = append(agents, startFleetAgent(t, d.config(id), agent.WithHooks(agent.Options{
+			Handler: ho.wrap(id, l.handler(id)),
+		}, agent.Hooks{KafkaDialer: through(link, "A")})))
 	}
 	p := startFlow(t, d, l, 300, agents...)
 	before, err := readActive(cli)

@@ -92,9 +92,9 @@ func TestPlannedSwitchIsMadeBeforeItIsBroken(t *testing.T) {
 	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
 		link := devstack.NewLink()
 		links[id] = link
-		agents = append(agents, startFleetAgent(t, plannedConfig(d, id), agent.Options{
-			Handler: gm.wrap(ho.wrap(id, l.handler(id))), KafkaDialer: through(link, "B"),
-		}))
+		agents = append(agents, startFleetAgent(t, plannedConfig(d, id), agent.WithHooks(agent.Options{
+			Handler: gm.wrap(ho.wrap(id, l.handler(id))),
+		}, agent.Hooks{KafkaDialer: through(link, "B")})))
 	}
 	p := startFlow(t, d, l, 150, agents...)
 
@@ -276,15 +276,14 @@ func TestLeaderKilledWhilePreparingASwitch(t *testing.T) {
 		hd := newHeldDialer()
 		dialers[id] = hd
 		t.Cleanup(hd.release)
-		agents = append(agents, startFleetAgent(t, plannedConfig(d, id), agent.Options{
-			Handler: ho.wrap(id, l.handler(id)),
+		agents = append(agents, startFleetAgent(t, plannedConfig(d, id), agent.WithHooks(agent.Options{Handler: ho.wrap(id, l.handler(id))}, agent.Hooks{
 			KafkaDialer: func(cluster string) kafka.Dialer {
 				if cluster == "B" {
 					return hd
 				}
 				return nil
 			},
-		}))
+		})))
 	}
 	cfg := plannedConfig(d, "x")
 	p := startFlow(t, d, l, 150, agents...)

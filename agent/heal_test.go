@@ -361,7 +361,7 @@ func etcdOutage(t testing.TB, down time.Duration, noHold bool, conf func(*config
 		if conf != nil {
 			conf(&cfg)
 		}
-		agents = append(agents, startFleetAgent(t, cfg, agent.Options{Handler: l.handler(id), NoCommitHold: noHold}))
+		agents = append(agents, startFleetAgent(t, cfg, agent.WithHooks(agent.Options{Handler: l.handler(id)}, agent.Hooks{NoCommitHold: noHold})))
 	}
 	waitBalanced(t, 4, agents...)
 	p := startProducer(t, k.Brokers(), "orders", 0)
@@ -667,7 +667,7 @@ func TestStalledPartitionsAreListed(t *testing.T) {
 	link := devstack.NewLink()
 	var agents []*agent.Agent
 	for _, id := range []string{"agent-1", "agent-2"} {
-		agents = append(agents, startFleetAgent(t, consumeConfig(e, k, id), agent.Options{Handler: l.handler(id), KafkaDialer: through(link, "A")}))
+		agents = append(agents, startFleetAgent(t, consumeConfig(e, k, id), agent.WithHooks(agent.Options{Handler: l.handler(id)}, agent.Hooks{KafkaDialer: through(link, "A")})))
 	}
 	waitBalanced(t, 2, agents...)
 	idle := startFleetAgent(t, consumeConfig(e, k, "agent-3"), agent.Options{Handler: l.handler("agent-3")})

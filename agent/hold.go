@@ -22,7 +22,7 @@ import (
 // burst of records, as at their pause gate.
 type commitHold struct {
 	bound time.Duration
-	off   bool // Options.NoCommitHold: never hold (a baseline)
+	off   bool // hooks.NoCommitHold: never hold (a baseline)
 
 	held atomic.Bool
 	mu   sync.Mutex

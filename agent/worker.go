@@ -128,8 +128,6 @@ type worker struct {
 	// sessionAlive tells a clean stop (commit, then release) from a lost
 	// session (nothing can be committed).
 	sessionAlive func() bool
-	// onApplied is called after each generation is applied; must not block.
-	onApplied func(coordinator.Assignment)
 	// owned is where the worker publishes the partitions it runs.
 	owned  *atomic.Pointer[[]coordinator.TopicPartition]
 	naming coordinator.Naming
@@ -428,9 +426,6 @@ func (w *worker) apply(ctx context.Context, a coordinator.Assignment, rev int64)
 		w.warmAck = a.Generation
 	} else {
 		w.ack(ctx, a.Generation)
-	}
-	if w.onApplied != nil {
-		w.onApplied(a)
 	}
 }
 

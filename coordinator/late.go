@@ -48,7 +48,7 @@ func (l *Leader) countLate(ctx context.Context, term election.Term, ev SwitchEve
 		}
 		ev.LateCounted = true
 		l.record(ctx, term, ev, log)
-		l.Metrics.lateRecords(ev)
+		l.metrics.lateRecords(ev)
 	}()
 }
 

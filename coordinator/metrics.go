@@ -166,7 +166,7 @@ func (m *Metrics) switched(ev SwitchEvent, took time.Duration, err error) {
 }
 
 func (l *Leader) translated(method string) {
-	if l.Metrics != nil {
-		l.Metrics.translation.WithLabelValues(method).Inc()
+	if l.metrics != nil {
+		l.metrics.translation.WithLabelValues(method).Inc()
 	}
 }

@@ -92,7 +92,7 @@ func (l *Leader) repairState(ctx context.Context, t *term, ak *acks, asg, act *k
 		if err := l.publishTerm(ctx, t, next); err != nil {
 			return fmt.Errorf("coordinator: repair state/assignment: %w", err)
 		}
-		l.Metrics.repaired("assignment")
+		l.metrics.repaired("assignment")
 	}
 	if t.active.unwritten || act.foreign(t.activeRev) {
 		t.active.unwritten = false
@@ -113,7 +113,7 @@ func (l *Leader) repairState(ctx context.Context, t *term, ak *acks, asg, act *k
 		if err := l.writeActive(ctx, t, t.active); err != nil {
 			return fmt.Errorf("coordinator: repair state/active: %w", err)
 		}
-		l.Metrics.repaired("active")
+		l.metrics.repaired("active")
 	}
 	return nil
 }

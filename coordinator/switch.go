@@ -154,7 +154,7 @@ func (l *Leader) switchTo(ctx context.Context, t *term, to, reason string, auto,
 	started := began.UTC()
 	var prep *prepared
 	defer func() { prep.close() }()
-	if t.active.Phase != PhaseSwitching && planned && !l.BreakBeforeMake {
+	if t.active.Phase != PhaseSwitching && planned && !l.opts.BreakBeforeMake {
 		prep = l.prepare(ctx, t, to, live, t.log.With(zap.String("from", from), zap.String("to", to)))
 		if ctx.Err() != nil {
 			return SwitchEvent{Started: started, Finished: time.Now().UTC()}, ctx.Err()
@@ -288,9 +288,6 @@ func (l *Leader) activate(ctx context.Context, t *term, a Active, ops []clientv3
 		t.current, t.currentRev = next, resp.Header.Revision
 		t.log.Info("published assignment", zap.Int64("generation", next.Generation), zap.String("cluster", next.Cluster),
 			zap.Int("agents", len(next.Owned)), zap.Int("revoking", len(next.Revoking)), zap.Bool("with_activation", true))
-		if l.OnPublish != nil {
-			l.OnPublish(next)
-		}
 	}
 	return nil
 }

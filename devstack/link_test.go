@@ -13,7 +13,7 @@ import (
 	"github.com/kswitch/kswitch/internal/testenv"
 )
 
-// A devstack.Link is what agent.Options.KafkaDialer hands out.
+// A devstack.Link is what the agent tests' Hooks.KafkaDialer hands out.
 var _ kafka.Dialer = (*devstack.Link)(nil)
 
 func linkedClient(t *testing.T, k *devstack.Kafka, l *devstack.Link) sarama.Client {

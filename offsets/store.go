@@ -153,31 +153,13 @@ type Store struct {
 	maxOps atomic.Int64
 }
 
-// Option configures a Store.
-type Option func(*Store)
-
-// WithClock sets the clock that stamps CommittedAt. Default time.Now.
-func WithClock(now func() time.Time) Option { return func(s *Store) { s.now = now } }
-
-// WithMaxTxnOps sets how many commits one transaction carries at most: the
-// etcd server's --max-txn-ops. Default DefaultMaxTxnOps (etcd's default).
-// A server with a lower limit works too: the store halves its transactions
+// NewStore returns the offset store of fleet k on client c. A transaction
+// carries at most DefaultMaxTxnOps commits (etcd's default --max-txn-ops);
+// against a server with a lower limit the store halves its transactions
 // until they are accepted, and remembers that.
-func WithMaxTxnOps(n int) Option {
-	return func(s *Store) {
-		if n > 0 {
-			s.maxOps.Store(int64(n))
-		}
-	}
-}
-
-// NewStore returns the offset store of fleet k on client c.
-func NewStore(c *clientv3.Client, k keys.Fleet, opts ...Option) *Store {
+func NewStore(c *clientv3.Client, k keys.Fleet) *Store {
 	s := &Store{c: c, k: k, now: time.Now}
 	s.maxOps.Store(DefaultMaxTxnOps)
-	for _, o := range opts {
-		o(s)
-	}
 	return s
 }
 
@@ -198,7 +180,7 @@ func NewStore(c *clientv3.Client, k keys.Fleet, opts ...Option) *Store {
 // committed one after the other.
 //
 // Batches. One transaction carries at most the server's --max-txn-ops
-// commits (DefaultMaxTxnOps unless WithMaxTxnOps); a larger batch is split
+// commits (DefaultMaxTxnOps, or less after a refusal); a larger batch is split
 // into several transactions, each fenced the same way, written in order.
 // If a fence fails mid-way the earlier transactions stay committed
 // (FenceError.Committed says how many commits): that is safe, because each

@@ -32,7 +32,13 @@ func testCtx(t *testing.T) context.Context {
 
 var testNow = time.Date(2026, 1, 2, 3, 4, 5, 678_000_000, time.UTC)
 
-func newFenceEnv(t *testing.T, opts ...Option) *fenceEnv {
+// storeOption sets what a test changes in a Store.
+type storeOption func(*Store)
+
+// withMaxTxnOps starts the store at n commits per transaction.
+func withMaxTxnOps(n int) storeOption { return func(s *Store) { s.maxOps.Store(int64(n)) } }
+
+func newFenceEnv(t *testing.T, opts ...storeOption) *fenceEnv {
 	t.Helper()
 	ctx := testCtx(t)
 	cli := testenv.EtcdClientT(t, testenv.StartEtcdT(t))
@@ -48,11 +54,15 @@ func newFenceEnv(t *testing.T, opts ...Option) *fenceEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts = append([]Option{WithClock(func() time.Time { return testNow })}, opts...)
+	store := NewStore(cli, k)
+	store.now = func() time.Time { return testNow }
+	for _, o := range opts {
+		o(store)
+	}
 	return &fenceEnv{
 		cli:   cli,
 		k:     k,
-		store: NewStore(cli, k, opts...),
+		store: store,
 		fence: Fence{
 			AgentKey:      k.Agent("agent-2"),
 			Lease:         lease.ID,
@@ -320,7 +330,7 @@ func TestCommitLargeBatch(t *testing.T) {
 // per transaction than it does, the store halves its transactions until
 // they pass.
 func TestCommitAdaptsToServerTxnLimit(t *testing.T) {
-	env := newFenceEnv(t, WithMaxTxnOps(1000))
+	env := newFenceEnv(t, withMaxTxnOps(1000))
 	ctx := testCtx(t)
 	if err := env.store.Commit(ctx, env.fence, manyCommits(600, 0)); err != nil {
 		t.Fatal(err)
@@ -337,7 +347,7 @@ func TestCommitAdaptsToServerTxnLimit(t *testing.T) {
 // transactions of one call, the earlier ones stay written, the later ones
 // are not, and the error says how many were.
 func TestCommitFenceFailsMidBatch(t *testing.T) {
-	env := newFenceEnv(t, WithMaxTxnOps(2))
+	env := newFenceEnv(t, withMaxTxnOps(2))
 	ctx := testCtx(t)
 	// Revoke the lease as soon as the first transaction lands; the call
 	// has 200 more to go, so the revoke lands in the middle.

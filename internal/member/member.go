@@ -16,19 +16,20 @@ import (
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/internal/etcdclient"
-	"github.com/kswitch/kswitch/keys"
 	"github.com/kswitch/kswitch/record"
 	"github.com/kswitch/kswitch/routing"
-	"github.com/kswitch/kswitch/signals"
 )
 
 // Member is an agent and the router it hands every record to.
 //
+// The agent and the router share one etcd client, which the Member opens
+// and closes, and the router reads channel pauses from the agent's
+// signals.
+//
 // Who owns which goroutine: the router's background loop is started by
-// routing.New and ended by Router.Close; Start starts the router's Run and
-// the signals watcher it reads channel pauses from (both on a context of
-// the Member's), then the agent's goroutines; Stop and Abort end them all,
-// in this order, and return after they have:
+// routing.New and ended by Router.Close; Start starts the router's Run (on
+// a context of the Member's), then the agent's goroutines; Stop and Abort
+// end them all, in this order, and return after they have:
 //
 //  1. the agent stops (Stop: its partitions drain the records handed to the
 //     router, commit and are released; Abort: nothing is drained or
@@ -36,8 +37,7 @@ import (
 //     more;
 //  2. the router closes: its produces in flight are given what is left of
 //     the stop's context to be acknowledged, then its producers close;
-//  3. the router's Run and the signals watcher end; the etcd client they
-//     share closes.
+//  3. the router's Run ends; the etcd client closes.
 //
 // Closing the router before the agent has stopped would refuse the records
 // of partitions still draining (they would wait out the agent's drain
@@ -47,10 +47,9 @@ type Member struct {
 	agent  *agent.Agent
 	router *routing.Router
 	etcd   *clientv3.Client
-	sigs   *signals.Watcher
 
-	cancel   context.CancelFunc // ends Run and the watcher; nil before Start
-	wg       sync.WaitGroup     // Run and the watcher
+	cancel   context.CancelFunc // ends Run; nil before Start
+	wg       sync.WaitGroup     // Run
 	stopOnce sync.Once
 	stopErr  error
 }
@@ -67,9 +66,8 @@ type Member struct {
 // it as dropped (kswitch_routing_dropped_total{reason="no_match"}). It
 // waits for the first read of etcd's routes before it takes a record, so a
 // restarted agent never routes by the file what etcd routes otherwise. It
-// follows etcd (routes, channels/, and the signals for channel pauses)
-// with a client of its own; its metrics are on the agent's registry
-// (/metrics).
+// follows routes and channels/ with the agent's etcd client; its metrics
+// are on the agent's registry (/metrics).
 func New(cfg config.Config, opts agent.Options) (*Member, error) {
 	log := opts.Logger
 	if log == nil {
@@ -80,7 +78,8 @@ func New(cfg config.Config, opts agent.Options) (*Member, error) {
 		return nil, fmt.Errorf("routing: %w", err)
 	}
 	rlog := log.With(zap.String("agent", cfg.Agent.ID), zap.String("fleet", cfg.Fleet))
-	m := &Member{etcd: etcd, sigs: signals.NewWatcher(etcd, keys.New(cfg.Fleet), cfg.Etcd.RequestTimeout, rlog.Named("routing"))}
+	m := &Member{etcd: etcd}
+	opts.Etcd = etcd
 
 	// The router registers its metrics on the agent's registry, so the
 	// agent is made first, with a handler that calls the router: it is
@@ -100,7 +99,7 @@ func New(cfg config.Config, opts agent.Options) (*Member, error) {
 		etcd.Close()
 		return nil, err
 	}
-	if m.router, err = routing.New(cfg, m.sigs.State, routing.Options{Etcd: etcd, Registerer: m.agent.Metrics(), Logger: rlog}); err != nil {
+	if m.router, err = routing.New(cfg, m.agent.Signals, routing.Options{Etcd: etcd, Registerer: m.agent.Metrics(), Logger: rlog}); err != nil {
 		etcd.Close()
 		return nil, err
 	}
@@ -122,7 +121,6 @@ func (m *Member) Start(ctx context.Context) error {
 	}
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	m.cancel = cancel
-	m.wg.Go(func() { _ = m.sigs.Run(rctx) })
 	m.wg.Go(func() { _ = m.router.Run(rctx) })
 	if err := m.agent.Start(ctx); err != nil {
 		_ = m.Stop(ctx)

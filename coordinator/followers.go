@@ -1,0 +1,149 @@
+package coordinator
+
+import (
+	"cmp"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/kswitch/kswitch/internal/refused"
+	"github.com/kswitch/kswitch/keys"
+)
+
+// The leader's followers of etcd keys besides state/: acks/ and control/pin.
+
+// acks follows acks/: agent id → generation it has applied.
+type acks struct {
+	keys    keys.Fleet
+	log     *zap.Logger
+	mu      sync.Mutex
+	gens    map[string]int64
+	changed chan struct{}
+}
+
+func (a *acks) Reset(kvs []*mvccpb.KeyValue, _ int64) {
+	m := map[string]int64{}
+	for _, kv := range kvs {
+		a.put(m, kv)
+	}
+	a.mu.Lock()
+	a.gens = m
+	a.mu.Unlock()
+	a.notify()
+}
+
+func (a *acks) Apply(evs []*clientv3.Event) {
+	a.mu.Lock()
+	for _, ev := range evs {
+		if ev.Type == clientv3.EventTypeDelete {
+			delete(a.gens, strings.TrimPrefix(string(ev.Kv.Key), a.keys.Acks()))
+			continue
+		}
+		a.put(a.gens, ev.Kv)
+	}
+	a.mu.Unlock()
+	a.notify()
+}
+
+func (a *acks) put(m map[string]int64, kv *mvccpb.KeyValue) {
+	id := strings.TrimPrefix(string(kv.Key), a.keys.Acks())
+	g, err := strconv.ParseInt(strings.TrimSpace(string(kv.Value)), 10, 64)
+	if err != nil || g < 0 || kv.Lease == 0 {
+		// An agent acknowledges on its session lease: a value without
+		// one was written by hand, and must not move generations.
+		a.log.Warn("ignoring malformed acknowledgement (a generation on the agent's lease)", zap.String("key", string(kv.Key)),
+			zap.ByteString("value", kv.Value), zap.Bool("lease", kv.Lease != 0))
+		delete(m, id)
+		return
+	}
+	m[id] = g
+}
+
+func (a *acks) notify() {
+	select {
+	case a.changed <- struct{}{}:
+	default:
+	}
+}
+
+func (a *acks) snapshot() map[string]int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make(map[string]int64, len(a.gens))
+	for k, v := range a.gens {
+		out[k] = v
+	}
+	return out
+}
+
+// maxPinSize bounds a control/pin value: a cluster name, with room for
+// surrounding whitespace.
+const maxPinSize = 1 << 10
+
+// pin follows control/pin.
+type pin struct {
+	mu      sync.Mutex
+	val     string
+	changed chan struct{}
+	valid   func(string) bool
+	log     *zap.Logger
+	// refused, when set, counts each value refused.
+	refused func()
+}
+
+func (p *pin) set(v string) {
+	if len(v) > maxPinSize {
+		p.refuse(fmt.Sprintf("%d bytes, over the %d-byte limit", len(v), maxPinSize), v)
+		return
+	}
+	v = strings.TrimSpace(v)
+	if v != "" && !p.valid(v) {
+		p.refuse("not a primary or standby cluster of this configuration", v)
+		return
+	}
+	p.mu.Lock()
+	p.val = v
+	p.mu.Unlock()
+	select {
+	case p.changed <- struct{}{}:
+	default:
+	}
+}
+
+// refuse logs and counts a refused value; the pin in force stays.
+func (p *pin) refuse(reason, v string) {
+	p.log.Warn("refusing control/pin; the pin in force stays", zap.String("reason", reason),
+		zap.String("value", refused.Truncate([]byte(v), 200)), zap.String("in_force", cmp.Or(p.get(), "none (automatic)")))
+	if p.refused != nil {
+		p.refused()
+	}
+}
+
+func (p *pin) Reset(kvs []*mvccpb.KeyValue, _ int64) {
+	if len(kvs) == 0 {
+		p.set("")
+		return
+	}
+	p.set(string(kvs[0].Value))
+}
+
+func (p *pin) Apply(evs []*clientv3.Event) {
+	for _, ev := range evs {
+		if ev.Type == clientv3.EventTypeDelete {
+			p.set("")
+		} else {
+			p.set(string(ev.Kv.Value))
+		}
+	}
+}
+
+func (p *pin) get() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.val
+}
