@@ -505,18 +505,31 @@ func (l *ledger) generationOf(id string) int64 {
 func groupOffsets(k *devstack.Kafka, group string, n int32) (map[coordinator.TopicPartition]int64, error) {
 	sc := sarama.NewConfig()
 	sc.Version = sarama.V3_6_0_0
-	c, err := sarama.NewClient(k.Brokers(), sc)
+	adm, err := sarama.NewClusterAdmin(k.Brokers(), sc)
 	if err != nil {
 		return nil, err
 	}
-	defer c.Close()
-	var tps []coordinator.TopicPartition
+	defer adm.Close()
+	var ps []int32
 	for p := range n {
-		tps = append(tps, coordinator.TopicPartition{Topic: "orders", Partition: p})
+		ps = append(ps, p)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	return offsets.FetchGroupOffsets(ctx, c, group, tps)
+	resp, err := adm.ListConsumerGroupOffsets(group, map[string][]int32{"orders": ps})
+	if err != nil {
+		return nil, err
+	}
+	out := map[coordinator.TopicPartition]int64{}
+	for _, p := range ps {
+		b := resp.GetBlock("orders", p)
+		if b == nil {
+			return nil, fmt.Errorf("no offset of orders/%d in the answer", p)
+		}
+		if b.Err != sarama.ErrNoError {
+			return nil, fmt.Errorf("orders/%d: %w", p, b.Err)
+		}
+		out[coordinator.TopicPartition{Topic: "orders", Partition: p}] = b.Offset
+	}
+	return out, nil
 }
 
 // committed reads the fleet's committed offsets of a cluster from etcd.

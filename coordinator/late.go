@@ -10,7 +10,7 @@ import (
 
 	"github.com/kswitch/kswitch/election"
 	"github.com/kswitch/kswitch/internal/kafka"
-	"github.com/kswitch/kswitch/offsets"
+	"github.com/kswitch/kswitch/translate"
 )
 
 // In a real data-centre outage the primary dies holding records that
@@ -104,7 +104,7 @@ func (l *Leader) late(ctx context.Context, ev *SwitchEvent, log *zap.Logger) boo
 			if c == nil || from < 0 {
 				return
 			}
-			k, first, cut, err := offsets.CountBefore(ctx, c, topic, ps.Partition, from, stop, before, lateLimit)
+			k, first, cut, err := translate.CountBefore(ctx, c, topic, ps.Partition, from, stop, before, lateLimit)
 			if err != nil {
 				log.Warn("cannot count the unmirrored tail", zap.String("topic", topic), zap.Int32("partition", ps.Partition), zap.Error(err))
 			}

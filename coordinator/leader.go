@@ -22,6 +22,7 @@ import (
 	"github.com/kswitch/kswitch/internal/refused"
 	"github.com/kswitch/kswitch/keys"
 	"github.com/kswitch/kswitch/offsets"
+	"github.com/kswitch/kswitch/translate"
 )
 
 // Membership is what the leader needs to know of the fleet's agents.
@@ -315,7 +316,7 @@ func (l *Leader) checkCaughtUp(ctx context.Context, t *term, log *zap.Logger) (b
 	parts, _, terr := l.translate(ctx, x, positions, nil)
 	exact := map[TopicPartition]bool{}
 	for _, ps := range parts {
-		if ps.Method == string(offsets.MethodFingerprint) && ps.Lagged == 0 {
+		if ps.Method == string(translate.MethodFingerprint) && ps.Lagged == 0 {
 			exact[TopicPartition{Topic: ps.ToTopic, Partition: ps.Partition}] = true
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/kswitch/kswitch/election"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/offsets"
+	"github.com/kswitch/kswitch/translate"
 )
 
 // term is the state of one leader term that the switch and the planning
@@ -396,7 +397,7 @@ type translation struct {
 	target   sarama.Client
 	// fwd translates along the flow into `to`, back along the flow into
 	// `from`.
-	fwd, back *offsets.Translator
+	fwd, back *translate.Translator
 	// source is a client of `from`, opened only when a flow's
 	// offset-syncs live there (in a failover `from` is down, and opening
 	// it costs a connection timeout): at most once, on first use.
@@ -404,7 +405,7 @@ type translation struct {
 	// tps are the source partitions on `to`, sorted.
 	tps []TopicPartition
 	// unconsumed is source.initial_offset: where a partition nothing was
-	// consumed from yet continues (offsets.TranslateRequest.Unconsumed).
+	// consumed from yet continues (translate.Request.Unconsumed).
 	unconsumed string
 }
 
@@ -448,10 +449,10 @@ func (l *Leader) openTranslation(ctx context.Context, from, to string, log *zap.
 		x.close()
 		return nil, err
 	}
-	flow := func(into string) *offsets.Translator {
+	flow := func(into string) *translate.Translator {
 		rep := conf.cfg.Replication(into)
-		tr := &offsets.Translator{Target: target, Replication: rep, TimestampMargin: l.cfg.Failover.TimestampMargin,
-			SyncsCache: new(offsets.SyncsCache)}
+		tr := &translate.Translator{Target: target, Replication: rep, TimestampMargin: l.cfg.Failover.TimestampMargin,
+			SyncsCache: new(translate.SyncsCache)}
 		switch rep.OffsetSyncsCluster {
 		case to:
 			tr.Syncs = target
@@ -475,19 +476,19 @@ func (x *translation) close() {
 // request returns the translator and the request that translate position
 // pos of stream s from x.from to x.to, where the stream's partition is
 // tp on x.to.
-func (x *translation) request(s Stream, tp TopicPartition, pos offsets.Commit, group string, hint *offsets.Hint) (*offsets.Translator, offsets.TranslateRequest) {
-	req := offsets.TranslateRequest{From: x.from, To: x.to, Topic: tp.Topic, SourceTopic: x.naming.TopicOn(x.from, s),
+func (x *translation) request(s Stream, tp TopicPartition, pos offsets.Commit, group string, hint *translate.Hint) (*translate.Translator, translate.Request) {
+	req := translate.Request{From: x.from, To: x.to, Topic: tp.Topic, SourceTopic: x.naming.TopicOn(x.from, s),
 		Partition: tp.Partition, Position: pos, Hint: hint, Unconsumed: x.unconsumed}
 	if x.naming.FromStandby(s) {
 		// Records written on the standby are never skipped.
 		req.Unconsumed = "oldest"
 	}
 	if _, forward := x.naming.Flow(x.from, x.to, s); !forward {
-		req.Direction = offsets.Backward
+		req.Direction = translate.Backward
 		return x.back, req
 	}
 	// Checkpoints are the group's on the flow's target: only forward.
-	req.Direction, req.Group = offsets.Forward, group
+	req.Direction, req.Group = translate.Forward, group
 	return x.fwd, req
 }
 
@@ -516,7 +517,7 @@ func (l *Leader) committed(ctx context.Context, cluster string, log *zap.Logger)
 // It returns each partition's outcome and the commits to write on x.to;
 // the error joins every partition's failure.
 func (l *Leader) translate(ctx context.Context, x *translation, positions map[TopicPartition]offsets.Position,
-	hints map[TopicPartition]*offsets.Hint) ([]PartitionSwitch, []offsets.Commit, error) {
+	hints map[TopicPartition]*translate.Hint) ([]PartitionSwitch, []offsets.Commit, error) {
 	type result struct {
 		ps     PartitionSwitch
 		commit *offsets.Commit

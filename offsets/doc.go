@@ -53,6 +53,5 @@
 // OffsetCommit requests (generation -1, no member id), so that
 // kafka-consumer-groups, lag monitors and MirrorMaker 2's checkpoint
 // connector see the fleet's position. etcd stays the authority: the mirror
-// is best effort and is never read back to resume, except by tools
-// (FetchGroupOffsets).
+// is best effort and is never read back to resume.
 package offsets

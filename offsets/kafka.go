@@ -4,11 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"maps"
 	"slices"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -17,7 +13,7 @@ import (
 )
 
 // DefaultKafkaTimeout bounds a KafkaMirror.Commit whose timeout is not
-// positive, and a FetchGroupOffsets whose ctx has no deadline.
+// positive.
 const DefaultKafkaTimeout = 10 * time.Second
 
 // minOffsetCommitVersion is the oldest OffsetCommit version sent: Kafka 4.0
@@ -92,12 +88,12 @@ func (m *KafkaMirror) Commit(ctx context.Context, commits []Commit) error {
 	var err error
 	for attempt := range 2 {
 		if attempt > 0 {
-			if rerr := call(ctx, func() error { return m.client.RefreshCoordinator(m.group) }); rerr != nil {
+			if rerr := kafka.Call(ctx, func() error { return m.client.RefreshCoordinator(m.group) }); rerr != nil {
 				return m.wrap(ctx, rerr)
 			}
 		}
 		var resp *sarama.OffsetCommitResponse
-		err = call(ctx, func() error {
+		err = kafka.Call(ctx, func() error {
 			b, err := m.client.Coordinator(m.group)
 			if err != nil {
 				return err
@@ -109,7 +105,7 @@ func (m *KafkaMirror) Commit(ctx context.Context, commits []Commit) error {
 		if err == nil {
 			err = m.partitionErrors(resp)
 		}
-		if err == nil || !retriableCoordinatorError(err) || ctx.Err() != nil {
+		if err == nil || !kafka.RetriableError(err) || ctx.Err() != nil {
 			break
 		}
 	}
@@ -163,147 +159,5 @@ func (m *KafkaMirror) partitionErrors(resp *sarama.OffsetCommitResponse) error {
 	for i, e := range errs {
 		joined[i] = fmt.Errorf("%s: %w", e.tp, e.err)
 	}
-	return joinErrors(joined)
-}
-
-// FetchGroupOffsets returns the offsets group has committed for tps on
-// client's cluster; -1 stands for none. A group that does not exist has
-// none: real Kafka answers offset -1 for it, kfake GROUP_ID_NOT_FOUND, and
-// both give -1 here. Per-partition errors are joined into the returned
-// error, with the map holding what was read. A coordinator error or a broken
-// connection makes it look the coordinator up again and retry once.
-//
-// The call is bounded by ctx, or DefaultKafkaTimeout if ctx has no deadline,
-// the same way as KafkaMirror.Commit (an abandoned sarama call ends at the
-// client's Net.ReadTimeout).
-func FetchGroupOffsets(ctx context.Context, client sarama.Client, group string, tps []TopicPartition) (map[TopicPartition]int64, error) {
-	out := make(map[TopicPartition]int64, len(tps))
-	if len(tps) == 0 {
-		// A fetch with no partitions would mean "all of them".
-		return out, nil
-	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, DefaultKafkaTimeout)
-		defer cancel()
-	}
-	partitions := make(map[string][]int32)
-	for _, tp := range tps {
-		if _, dup := out[tp]; dup {
-			continue
-		}
-		out[tp] = -1
-		partitions[tp.Topic] = append(partitions[tp.Topic], tp.Partition)
-	}
-	req := sarama.NewOffsetFetchRequest(client.Config().Version, group, partitions)
-
-	wrap := func(err error) error {
-		if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
-			return err
-		}
-		return fmt.Errorf("offsets: fetch offsets of group %q: %w", group, err)
-	}
-	var resp *sarama.OffsetFetchResponse
-	var err error
-	for attempt := range 2 {
-		if attempt > 0 {
-			if rerr := call(ctx, func() error { return client.RefreshCoordinator(group) }); rerr != nil {
-				return nil, wrap(rerr)
-			}
-		}
-		err = call(ctx, func() error {
-			b, err := client.Coordinator(group)
-			if err != nil {
-				return err
-			}
-			resp, err = b.FetchOffset(req)
-			if err != nil {
-				kafka.CloseOnTransportError(b, err)
-				return err
-			}
-			if gerr := resp.GroupError(); gerr != sarama.ErrNoError {
-				return gerr
-			}
-			return nil
-		})
-		if err == nil || !retriableCoordinatorError(err) || ctx.Err() != nil {
-			break
-		}
-	}
-	if errors.Is(err, sarama.ErrGroupIDNotFound) {
-		return out, nil
-	}
-	if err != nil {
-		return nil, wrap(err)
-	}
-	var errs []error
-	for _, tp := range slices.SortedFunc(maps.Keys(out), TopicPartition.Compare) {
-		b := resp.GetBlock(tp.Topic, tp.Partition)
-		switch {
-		case b == nil:
-			// Not answered: nothing committed.
-		case b.Err != sarama.ErrNoError:
-			errs = append(errs, fmt.Errorf("%s: %w", tp, b.Err))
-		default:
-			out[tp] = b.Offset
-		}
-	}
-	if len(errs) > 0 {
-		return out, wrap(joinErrors(errs))
-	}
-	return out, nil
-}
-
-// retriableCoordinatorError reports whether err (or one of the joined
-// per-partition errors) says the coordinator moved or is not ready, or the
-// connection to it broke: cases where looking the coordinator up again and
-// retrying can succeed.
-func retriableCoordinatorError(err error) bool {
-	return errors.Is(err, sarama.ErrNotCoordinatorForConsumer) ||
-		errors.Is(err, sarama.ErrConsumerCoordinatorNotAvailable) ||
-		errors.Is(err, sarama.ErrOffsetsLoadInProgress) ||
-		errors.Is(err, sarama.ErrNotConnected) ||
-		errors.Is(err, sarama.ErrBrokerNotAvailable) ||
-		errors.Is(err, io.EOF) ||
-		errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, syscall.ECONNRESET) ||
-		errors.Is(err, syscall.EPIPE)
-}
-
-// joinedErrors is errors.Join on one line, for logs.
-type joinedErrors []error
-
-func joinErrors(errs []error) error {
-	if len(errs) == 1 {
-		return errs[0]
-	}
-	return joinedErrors(errs)
-}
-
-func (e joinedErrors) Error() string {
-	parts := make([]string, len(e))
-	for i, err := range e {
-		parts[i] = err.Error()
-	}
-	return strings.Join(parts, "; ")
-}
-
-func (e joinedErrors) Unwrap() []error { return e }
-
-// call runs fn, a blocking sarama call that takes no ctx, and returns its
-// error, or ctx.Err() as soon as ctx is done. In the latter case fn keeps
-// running in its goroutine until it returns by itself (sarama's
-// Net.ReadTimeout/WriteTimeout bound it); its result is dropped.
-func call(ctx context.Context, fn func() error) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	done := make(chan error, 1)
-	go func() { done <- fn() }()
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return errors.Join(joined...)
 }

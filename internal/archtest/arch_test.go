@@ -24,16 +24,18 @@ var layers = map[string]int{
 	"config": 1, "devstack": 1,
 	// 2: clients of Kafka and etcd; signals; the test wrappers.
 	"internal/kafka": 2, "internal/etcdclient": 2, "signals": 2, "internal/testenv": 2,
-	// 3: the fenced offset store and translation; the dynamic configuration.
+	// 3: the fenced offset store; the dynamic configuration.
 	"offsets": 3, "internal/dynconfig": 3,
-	// 4: the leader's work; the routing sink; the demo's mirror.
-	"coordinator": 4, "routing": 4, "internal/mirror": 4,
-	// 5: one agent.
-	"agent": 5,
-	// 6: an agent with the routing sink, as kswitch agent runs it.
-	"internal/member": 6,
-	// 7: the demo; 8: the commands; 9: the binary.
-	"internal/demo": 7, "internal/cli": 8, "cmd/kswitch": 9,
+	// 4: translation between clusters; the routing sink.
+	"translate": 4, "routing": 4,
+	// 5: the leader's work; the demo's mirror.
+	"coordinator": 5, "internal/mirror": 5,
+	// 6: one agent.
+	"agent": 6,
+	// 7: an agent with the routing sink, as kswitch agent runs it.
+	"internal/member": 7,
+	// 8: the demo; 9: the commands; 10: the binary.
+	"internal/demo": 8, "internal/cli": 9, "cmd/kswitch": 10,
 }
 
 type pkg struct {

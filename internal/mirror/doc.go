@@ -60,7 +60,7 @@
 //
 // With OffsetSyncsTopic set, every copied record gets an offset-sync record
 // (as MirrorMaker 2 with offset.lag.max=0), encoded by
-// offsets.EncodeOffsetSync, the format kswitch's translator reads, on
+// translate.EncodeOffsetSync, the format kswitch's translator reads, on
 // partition 0 of that topic. A record's sync is written after the target
 // acknowledged the record and before the record counts as caught up
 // (CaughtUp, Lag). The topic is created, with one partition and

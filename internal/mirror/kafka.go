@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"slices"
 	"sync"
@@ -83,13 +84,6 @@ func chunk(recs []record) int {
 	return n
 }
 
-func millis(t time.Time) int64 {
-	if t.IsZero() {
-		return -1
-	}
-	return t.UnixMilli()
-}
-
 func fromMillis(ms int64) time.Time {
 	if ms < 0 {
 		return time.Time{} // sarama encodes it as -1: no timestamp
@@ -100,41 +94,31 @@ func fromMillis(ms int64) time.Time {
 // parseBlock returns the records of a fetched partition at offsets >= from,
 // and the offset to fetch next: past the last record, and past control
 // batches and compacted-away offsets at the end of a batch. partial reports
-// that a batch was cut off by the fetch size and nothing follows it.
+// that a batch was cut off by the fetch size and nothing follows it. The
+// decoding is kafka.DecodeBlock's; the mirror fetches read_uncommitted, so
+// every data record is copied.
 func parseBlock(block *sarama.FetchResponseBlock, from int64) (recs []record, next int64, partial bool, err error) {
-	next = from
 	for _, rs := range block.RecordsSet {
-		b := rs.RecordBatch
-		if b == nil {
-			if rs.MsgSet != nil && len(rs.MsgSet.Messages) > 0 {
-				return recs, next, false, errOldFormat
-			}
-			continue
+		if rs.RecordBatch == nil && rs.MsgSet != nil && len(rs.MsgSet.Messages) > 0 {
+			return nil, from, false, errOldFormat
 		}
-		if b.PartialTrailingRecord {
-			return recs, next, len(recs) == 0, nil
-		}
-		if !b.Control {
-			base := millis(b.FirstTimestamp)
-			for _, r := range b.Records {
-				off := b.FirstOffset + r.OffsetDelta
-				if off < next {
-					continue
-				}
-				ts := base
-				if base >= 0 {
-					ts += r.TimestampDelta.Milliseconds()
-				}
-				if b.LogAppendTime {
-					ts = millis(b.MaxTimestamp)
-				}
-				recs = append(recs, record{offset: off, key: r.Key, value: r.Value, ts: ts, headers: r.Headers})
-				next = off + 1
-			}
-		}
-		next = max(next, b.LastOffset()+1)
 	}
-	return recs, next, false, nil
+	next, _ = kafka.DecodeBlock(block, from, math.MaxInt64, func(r kafka.Record) bool {
+		recs = append(recs, record{offset: r.Offset, key: r.Key, value: r.Value, ts: r.TimestampMs, headers: r.Headers})
+		return true
+	})
+	return recs, next, len(recs) == 0 && endsPartial(block), nil
+}
+
+// endsPartial reports whether block holds a record batch cut off by the
+// fetch size.
+func endsPartial(block *sarama.FetchResponseBlock) bool {
+	for _, rs := range block.RecordsSet {
+		if rs.RecordBatch != nil && rs.RecordBatch.PartialTrailingRecord {
+			return true
+		}
+	}
+	return false
 }
 
 func newFetchRequest(v sarama.KafkaVersion, maxWait time.Duration) *sarama.FetchRequest {

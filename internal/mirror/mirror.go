@@ -13,7 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/internal/kafka"
-	"github.com/kswitch/kswitch/offsets"
+	"github.com/kswitch/kswitch/translate"
 )
 
 // ErrStopped is returned by the methods of a Mirror that has stopped (Stop
@@ -472,7 +472,7 @@ func (m *Mirror) confirm(p *partition, n int, base int64) {
 	}
 	now := time.Now().UnixMilli()
 	for i, r := range recs {
-		k, v := offsets.EncodeOffsetSync(p.topic, p.id, r.offset, base+int64(i))
+		k, v := translate.EncodeOffsetSync(p.topic, p.id, r.offset, base+int64(i))
 		e := syncEntry{rec: record{key: k, value: v, ts: now}, p: p, pos: r.offset + 1}
 		if i == n-1 {
 			e.pos = pos

@@ -18,7 +18,7 @@ import (
 	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
-	"github.com/kswitch/kswitch/offsets"
+	"github.com/kswitch/kswitch/translate"
 )
 
 // pair starts source cluster A with topics and an empty target B.
@@ -286,9 +286,9 @@ func readSyncs(t *testing.T, cl sarama.Client, topic string) []offsetSync {
 			t.Fatalf("offset-sync at offset %d: %v", m.Offset, err)
 		}
 		// The reader kswitch uses agrees.
-		if o, err := offsets.DecodeOffsetSync(m.Key, m.Value); err != nil ||
-			o != (offsets.OffsetSync{Topic: s.topic, Partition: s.partition, Upstream: s.upstream, Downstream: s.downstream}) {
-			t.Fatalf("offset-sync at offset %d: offsets.DecodeOffsetSync = %+v, %v; want %+v", m.Offset, o, err, s)
+		if o, err := translate.DecodeOffsetSync(m.Key, m.Value); err != nil ||
+			o != (translate.OffsetSync{Topic: s.topic, Partition: s.partition, Upstream: s.upstream, Downstream: s.downstream}) {
+			t.Fatalf("offset-sync at offset %d: translate.DecodeOffsetSync = %+v, %v; want %+v", m.Offset, o, err, s)
 		}
 		syncs = append(syncs, s)
 	}
@@ -299,7 +299,7 @@ func readSyncs(t *testing.T, cl sarama.Client, topic string) []offsetSync {
 // OffsetSync (key: topic STRING, partition INT32; value: upstream INT64,
 // downstream INT64; big-endian, STRING = INT16 length + UTF-8).
 func TestOffsetSyncFormat(t *testing.T) {
-	key, value := offsets.EncodeOffsetSync("orders", 3, 5, 22)
+	key, value := translate.EncodeOffsetSync("orders", 3, 5, 22)
 	wantKey := []byte{0, 6, 'o', 'r', 'd', 'e', 'r', 's', 0, 0, 0, 3}
 	wantValue := []byte{0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 22}
 	if !bytes.Equal(key, wantKey) || !bytes.Equal(value, wantValue) {

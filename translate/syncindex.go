@@ -1,4 +1,4 @@
-package offsets
+package translate
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/IBM/sarama"
+	"github.com/kswitch/kswitch/internal/kafka"
 )
 
 // SyncsCache holds what Translate calls have read of an offset-syncs
@@ -41,7 +42,7 @@ func (x *SyncsCache) read(ctx context.Context, client sarama.Client, topic, upst
 	// The end is listed first: a fetch at the end would wait for the
 	// broker's fetch wait before answering with nothing, and the calls of
 	// a switch (serialized here) would each pay it when nothing is new.
-	end, err := listOffset(ctx, client, topic, 0, sarama.OffsetNewest)
+	end, err := kafka.ListOffset(ctx, client, topic, 0, sarama.OffsetNewest)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -49,7 +50,7 @@ func (x *SyncsCache) read(ctx context.Context, client sarama.Client, topic, upst
 		x.syncs = nil
 	}
 	if x.syncs == nil || x.topic != topic {
-		oldest, err := listOffset(ctx, client, topic, 0, sarama.OffsetOldest)
+		oldest, err := kafka.ListOffset(ctx, client, topic, 0, sarama.OffsetOldest)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -59,7 +60,7 @@ func (x *SyncsCache) read(ctx context.Context, client sarama.Client, topic, upst
 		x.next = from
 		return slices.Clone(x.syncs[syncKey{upstream, partition}]), x.skipped, nil
 	}
-	next, err := readPartition(ctx, client, topic, 0, from, func(r fetchedRecord) bool {
+	next, err := kafka.ReadPartition(ctx, client, topic, 0, from, func(r kafka.Record) bool {
 		if r.Value == nil { // a tombstone
 			return true
 		}

@@ -1,4 +1,4 @@
-package offsets
+package translate
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/internal/kafka"
+	"github.com/kswitch/kswitch/offsets"
 )
 
 // Method is how a Translation was found.
@@ -33,7 +34,7 @@ const (
 )
 
 // Direction says how the target cluster relates to the source cluster of a
-// TranslateRequest. The zero value is invalid, so that a request cannot
+// Request. The zero value is invalid, so that a request cannot
 // silently read MirrorMaker 2 data the wrong way round.
 type Direction int
 
@@ -58,8 +59,8 @@ func (d Direction) String() string {
 	}
 }
 
-// TranslateRequest is one partition's position to translate.
-type TranslateRequest struct {
+// Request is one partition's position to translate.
+type Request struct {
 	// From and To name the source and target clusters (for messages).
 	From, To string
 	// Topic is the topic's name on the target cluster (already mapped by
@@ -73,7 +74,7 @@ type TranslateRequest struct {
 	Partition int32
 	// Position is the committed position on the source cluster. Only
 	// Offset, Timestamp and Fingerprints are used.
-	Position Commit
+	Position offsets.Commit
 	// Group is the consumer group whose MirrorMaker 2 checkpoints may be
 	// used (Forward only); empty: none.
 	Group string
@@ -133,18 +134,18 @@ type MethodError struct {
 
 func (e MethodError) Error() string { return string(e.Method) + ": " + e.Err.Error() }
 
-// TranslateError is returned when no method gave a translation. It names
+// Error is returned when no method gave a translation. It names
 // the partition and the clusters, and unwraps to each method's error (so
 // errors.Is(err, context.DeadlineExceeded) holds when the Translator's
 // Timeout cut them short).
-type TranslateError struct {
+type Error struct {
 	From, To  string
 	Topic     string
 	Partition int32
 	Methods   []MethodError
 }
 
-func (e *TranslateError) Error() string {
+func (e *Error) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "offsets: translate %s/%d from %s to %s: no method worked", e.Topic, e.Partition, e.From, e.To)
 	for _, m := range e.Methods {
@@ -155,7 +156,7 @@ func (e *TranslateError) Error() string {
 }
 
 // Unwrap returns the methods' errors.
-func (e *TranslateError) Unwrap() []error {
+func (e *Error) Unwrap() []error {
 	errs := make([]error, len(e.Methods))
 	for i, m := range e.Methods {
 		errs[i] = m.Err
@@ -254,7 +255,7 @@ func (t *Translator) timeout() time.Duration {
 //
 // Every answer is clamped to the target partition's [oldest, end] range,
 // read first: if the target cannot be reached, Translate fails with every
-// method's error, as a *TranslateError.
+// method's error, as a *Error.
 //
 // Timeout: the whole call is bounded by Timeout and ctx. The stages get
 // shares of the remaining time (offset-syncs a third, the fingerprint scan
@@ -262,7 +263,7 @@ func (t *Translator) timeout() time.Duration {
 // next. If ctx ends, Translate returns ctx.Err() unchanged. sarama calls
 // take no ctx: one cut short goes on in the background until the client's
 // Net.ReadTimeout ends it, as with KafkaMirror.Commit.
-func (t *Translator) Translate(ctx context.Context, req TranslateRequest) (Translation, error) {
+func (t *Translator) Translate(ctx context.Context, req Request) (Translation, error) {
 	if err := t.check(req); err != nil {
 		return Translation{}, err
 	}
@@ -276,7 +277,7 @@ func (t *Translator) Translate(ctx context.Context, req TranslateRequest) (Trans
 	return tr, err
 }
 
-func (t *Translator) check(req TranslateRequest) error {
+func (t *Translator) check(req Request) error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("offsets: translate %s/%d from %s to %s: %s", req.Topic, req.Partition, req.From, req.To, fmt.Sprintf(format, args...))
 	}
@@ -298,7 +299,7 @@ func (t *Translator) check(req TranslateRequest) error {
 // translateCall is the state of one Translate call, owned by its goroutine.
 type translateCall struct {
 	t   *Translator
-	req TranslateRequest
+	req Request
 
 	oldest, end int64 // the target partition's range
 
@@ -317,7 +318,7 @@ func stage(ctx context.Context, frac float64) (context.Context, context.CancelFu
 
 func (c *translateCall) run(ctx context.Context) (Translation, error) {
 	req := c.req
-	fail := &TranslateError{From: req.From, To: req.To, Topic: req.Topic, Partition: req.Partition}
+	fail := &Error{From: req.From, To: req.To, Topic: req.Topic, Partition: req.Partition}
 	failed := func(m Method, err error) { fail.Methods = append(fail.Methods, MethodError{m, err}) }
 
 	if err := c.bounds(ctx); err != nil {
@@ -364,10 +365,10 @@ func (c *translateCall) bounds(ctx context.Context) error {
 	sctx, cancel := stage(ctx, 0.25)
 	defer cancel()
 	var err error
-	if c.oldest, err = listOffset(sctx, c.t.Target, c.req.Topic, c.req.Partition, sarama.OffsetOldest); err != nil {
+	if c.oldest, err = kafka.ListOffset(sctx, c.t.Target, c.req.Topic, c.req.Partition, sarama.OffsetOldest); err != nil {
 		return err
 	}
-	c.end, err = listOffset(sctx, c.t.Target, c.req.Topic, c.req.Partition, sarama.OffsetNewest)
+	c.end, err = kafka.ListOffset(sctx, c.t.Target, c.req.Topic, c.req.Partition, sarama.OffsetNewest)
 	return err
 }
 
@@ -521,18 +522,18 @@ func (c *translateCall) scanStart(ctx context.Context, first int64) (int64, stri
 
 // lagMatch reports which fingerprint (index into fps, not the last) the
 // target's last records match as a run ending at the target's end, or -1.
-func (c *translateCall) lagMatch(ctx context.Context, fps []Fingerprint) (int, error) {
+func (c *translateCall) lagMatch(ctx context.Context, fps []offsets.Fingerprint) (int, error) {
 	n := len(fps)
 	if c.end <= c.oldest || n < 2 {
 		return -1, nil
 	}
 	from := max(c.oldest, c.end-int64(n))
-	var tail []Fingerprint
-	_, err := readPartition(ctx, c.t.Target, c.req.Topic, c.req.Partition, from, func(r fetchedRecord) bool {
+	var tail []offsets.Fingerprint
+	_, err := kafka.ReadPartition(ctx, c.t.Target, c.req.Topic, c.req.Partition, from, func(r kafka.Record) bool {
 		if r.Offset >= c.end {
 			return false
 		}
-		tail = append(tail, FingerprintOf(r.Key, r.Value, r.Timestamp))
+		tail = append(tail, offsets.FingerprintOf(r.Key, r.Value, r.Timestamp))
 		return true
 	})
 	if err != nil || len(tail) == 0 {
@@ -639,7 +640,7 @@ func (c *translateCall) timestamp(ctx context.Context) (Translation, error) {
 func (c *translateCall) atTimestamp(ctx context.Context) (int64, error) {
 	// A negative timestamp would mean "latest" (-1) or "earliest" (-2).
 	ms := max(c.req.Position.Timestamp.Add(-c.t.TimestampMargin).UnixMilli(), 0)
-	off, err := listOffset(ctx, c.t.Target, c.req.Topic, c.req.Partition, ms)
+	off, err := kafka.ListOffset(ctx, c.t.Target, c.req.Topic, c.req.Partition, ms)
 	if err != nil {
 		return 0, fmt.Errorf("list offset at timestamp %d: %w", ms, err)
 	}
@@ -660,7 +661,7 @@ func mustExist(ctx context.Context, client sarama.Client, topic string) error {
 	if topics, err := client.Topics(); err == nil && slices.Contains(topics, topic) {
 		return nil
 	}
-	return call(ctx, func() error {
+	return kafka.Call(ctx, func() error {
 		b := client.LeastLoadedBroker()
 		if b == nil {
 			return fmt.Errorf("look topic %s up: %w", topic, sarama.ErrClosedClient)
@@ -679,22 +680,6 @@ func mustExist(ctx context.Context, client sarama.Client, topic string) error {
 		}
 		return fmt.Errorf("topic %s does not exist", topic)
 	})
-}
-
-// listOffset is sarama's GetOffset bounded by ctx.
-func listOffset(ctx context.Context, client sarama.Client, topic string, partition int32, at int64) (int64, error) {
-	var off int64
-	err := call(ctx, func() error {
-		var err error
-		off, err = client.GetOffset(topic, partition, at)
-		return err
-	})
-	if err != nil {
-		// off is not read: after ctx ended, the abandoned call may
-		// still write it.
-		return 0, err
-	}
-	return off, nil
 }
 
 // scan is the outcome of one fingerprint scan.
@@ -719,14 +704,14 @@ type fpMatch struct {
 // consecutive records matching a suffix of fps. It stops early at a full
 // match and, if stopTruncated, at a truncated one (which a scan from
 // further back is to complete).
-func scanFingerprints(ctx context.Context, client sarama.Client, topic string, partition int32, from, stop int64, limit int, fps []Fingerprint, stopTruncated bool) (scan, error) {
+func scanFingerprints(ctx context.Context, client sarama.Client, topic string, partition int32, from, stop int64, limit int, fps []offsets.Fingerprint, stopTruncated bool) (scan, error) {
 	s := scan{next: from}
 	n := len(fps)
-	window := make([]Fingerprint, 0, n) // the last n records' fingerprints
+	window := make([]offsets.Fingerprint, 0, n) // the last n records' fingerprints
 	if from >= stop {
 		return s, nil
 	}
-	_, err := readPartition(ctx, client, topic, partition, from, func(r fetchedRecord) bool {
+	_, err := kafka.ReadPartition(ctx, client, topic, partition, from, func(r kafka.Record) bool {
 		if r.Offset >= stop {
 			return false
 		}
@@ -735,7 +720,7 @@ func scanFingerprints(ctx context.Context, client sarama.Client, topic string, p
 		}
 		s.read++
 		s.next = r.Offset + 1
-		fp := FingerprintOf(r.Key, r.Value, r.Timestamp)
+		fp := offsets.FingerprintOf(r.Key, r.Value, r.Timestamp)
 		if len(window) == n {
 			copy(window, window[1:])
 			window = window[:n-1]
@@ -758,276 +743,6 @@ func scanFingerprints(ctx context.Context, client sarama.Client, topic string, p
 	return s, err
 }
 
-// fetchedRecord is one record read by readPartition.
-type fetchedRecord struct {
-	Offset     int64
-	Key, Value []byte
-	Timestamp  time.Time
-}
-
-// Fetch sizes and retries of readPartition.
-const (
-	fetchMaxBytes    = 1 << 20
-	fetchMaxBytesCap = 64 << 20
-	fetchRetries     = 3
-	fetchBackoff     = 100 * time.Millisecond
-)
-
-// readAll reads topic/partition from its oldest offset to its end.
-func readAll(ctx context.Context, client sarama.Client, topic string, partition int32, fn func(fetchedRecord) bool) error {
-	oldest, err := listOffset(ctx, client, topic, partition, sarama.OffsetOldest)
-	if err != nil {
-		return err
-	}
-	_, err = readPartition(ctx, client, topic, partition, oldest, fn)
-	return err
-}
-
-// readPartition calls fn with each record of topic/partition from offset
-// from on, in order, as a read_committed consumer sees them (no aborted
-// records, no transaction markers), until the end that the first fetch
-// reports (the last stable offset, at most the high watermark) or until fn
-// returns false. It returns the offset after the last one read. Offsets
-// missing from the log (compaction, markers, aborted records) are skipped.
-//
-// It fetches directly from the partition leader rather than through a
-// sarama consumer, so that it knows where the end is even when the last
-// offsets hold no record it can see.
-func readPartition(ctx context.Context, client sarama.Client, topic string, partition int32, from int64, fn func(fetchedRecord) bool) (int64, error) {
-	next, end := from, int64(-1)
-	maxBytes := int32(fetchMaxBytes)
-	retries := 0
-	for end < 0 || next < end {
-		block, version, err := fetchOnce(ctx, client, topic, partition, next, maxBytes)
-		if err == nil {
-			err = block.Err
-			if errors.Is(err, sarama.ErrNoError) {
-				err = nil
-			}
-		}
-		if errors.Is(err, sarama.ErrOffsetOutOfRange) {
-			// Retention or a deletion moved the log start past next.
-			oldest, lerr := listOffset(ctx, client, topic, partition, sarama.OffsetOldest)
-			if lerr == nil && oldest > next {
-				next = oldest
-				continue
-			}
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return next, ctx.Err()
-			}
-			if retries < fetchRetries && retriableFetchError(err) {
-				retries++
-				_ = call(ctx, func() error { return client.RefreshMetadata(topic) })
-				if serr := sleepCtx(ctx, time.Duration(retries)*fetchBackoff); serr != nil {
-					return next, serr
-				}
-				continue
-			}
-			return next, fmt.Errorf("fetch %s/%d at %d: %w", topic, partition, next, err)
-		}
-		retries = 0
-		if end < 0 {
-			end = block.HighWaterMarkOffset
-			if version >= 4 && block.LastStableOffset >= 0 && block.LastStableOffset < end {
-				end = block.LastStableOffset
-			}
-			if next >= end {
-				break
-			}
-		}
-		before := next
-		var stop bool
-		next, stop = deliver(block, next, end, fn)
-		if stop {
-			return next, nil
-		}
-		if next == before {
-			switch {
-			case partialBlock(block) && maxBytes < fetchMaxBytesCap:
-				maxBytes *= 2
-			case partialBlock(block):
-				return next, fmt.Errorf("fetch %s/%d at %d: record batch larger than %d bytes", topic, partition, next, maxBytes)
-			default:
-				// The response held no batch at all below the end:
-				// empty batches left by compaction decode to nothing.
-				// Step over the offset.
-				next++
-			}
-		}
-	}
-	return next, nil
-}
-
-// deliver passes the visible records of block at or after next and below
-// end to fn, and returns the offset after the last batch seen and whether
-// fn asked to stop.
-func deliver(block *sarama.FetchResponseBlock, next, end int64, fn func(fetchedRecord) bool) (int64, bool) {
-	// Aborted transactions, by first offset; a producer id enters the set
-	// at its aborted transaction's first offset and leaves it at the abort
-	// marker (what sarama's consumer and Kafka's do).
-	aborted := make(map[int64]bool)
-	pending := append([]*sarama.AbortedTransaction(nil), block.AbortedTransactions...)
-	sortAborted(pending)
-	emit := func(r fetchedRecord) bool {
-		if r.Offset < next || r.Offset >= end {
-			return true
-		}
-		next = r.Offset + 1
-		return fn(r)
-	}
-	for _, recs := range block.RecordsSet {
-		switch {
-		case recs.RecordBatch != nil:
-			b := recs.RecordBatch
-			if b.PartialTrailingRecord {
-				return next, false
-			}
-			last := b.LastOffset()
-			for len(pending) > 0 && pending[0].FirstOffset <= last {
-				aborted[pending[0].ProducerID] = true
-				pending = pending[1:]
-			}
-			skip := b.Control || (b.IsTransactional && aborted[b.ProducerID])
-			if b.Control && isAbortMarker(b) {
-				delete(aborted, b.ProducerID)
-			}
-			if !skip {
-				for _, rec := range b.Records {
-					ts := b.FirstTimestamp.Add(rec.TimestampDelta)
-					if b.LogAppendTime {
-						ts = b.MaxTimestamp
-					}
-					if !emit(fetchedRecord{Offset: b.FirstOffset + rec.OffsetDelta, Key: rec.Key, Value: rec.Value, Timestamp: ts}) {
-						return next, true
-					}
-				}
-			}
-			// Everything of the batch below end has been seen.
-			next = max(next, min(last+1, end))
-		case recs.MsgSet != nil:
-			// Legacy (pre-0.11) message sets, offsets as sarama computes them.
-			for _, mb := range recs.MsgSet.Messages {
-				msgs := mb.Messages()
-				for _, m := range msgs {
-					off, ts := m.Offset, m.Msg.Timestamp
-					if m.Msg.Version >= 1 {
-						off += mb.Offset - msgs[len(msgs)-1].Offset
-						if m.Msg.LogAppendTime {
-							ts = mb.Msg.Timestamp
-						}
-					}
-					if !emit(fetchedRecord{Offset: off, Key: m.Msg.Key, Value: m.Msg.Value, Timestamp: ts}) {
-						return next, true
-					}
-				}
-			}
-		}
-	}
-	return next, false
-}
-
-// isAbortMarker reports whether control batch b holds an ABORT marker: the
-// control record's key is version INT16, type INT16 (0 abort, 1 commit).
-func isAbortMarker(b *sarama.RecordBatch) bool {
-	if len(b.Records) == 0 || len(b.Records[0].Key) < 4 {
-		return false
-	}
-	k := b.Records[0].Key
-	return k[2] == 0 && k[3] == 0
-}
-
-func sortAborted(a []*sarama.AbortedTransaction) {
-	for i := 1; i < len(a); i++ { // insertion sort: a handful at most
-		for j := i; j > 0 && a[j].FirstOffset < a[j-1].FirstOffset; j-- {
-			a[j], a[j-1] = a[j-1], a[j]
-		}
-	}
-}
-
-// partialBlock reports whether block holds only an incomplete batch, which
-// a larger fetch size would complete.
-func partialBlock(block *sarama.FetchResponseBlock) bool {
-	if block.Partial {
-		return true
-	}
-	if len(block.RecordsSet) != 1 {
-		return false
-	}
-	r := block.RecordsSet[0]
-	return (r.RecordBatch != nil && r.RecordBatch.PartialTrailingRecord) ||
-		(r.MsgSet != nil && r.MsgSet.PartialTrailingMessage)
-}
-
-// fetchOnce sends one Fetch for topic/partition at offset to its leader.
-func fetchOnce(ctx context.Context, client sarama.Client, topic string, partition int32, offset int64, maxBytes int32) (*sarama.FetchResponseBlock, int16, error) {
-	req := &sarama.FetchRequest{
-		Version:     kafka.FetchVersion(client.Config().Version),
-		MaxWaitTime: 100,
-		MinBytes:    1,
-	}
-	if req.Version >= 3 {
-		req.MaxBytes = maxBytes
-	}
-	if req.Version >= 4 {
-		req.Isolation = sarama.ReadCommitted
-	}
-	if req.Version >= 7 {
-		req.SessionID, req.SessionEpoch = 0, -1 // no fetch session
-	}
-	req.AddBlock(topic, partition, offset, maxBytes, -1)
-	// block and version are read only when the call completed: after ctx
-	// ended, the abandoned call may still write them (and sarama may
-	// lower req.Version to what the broker supports).
-	var block *sarama.FetchResponseBlock
-	var version int16
-	err := call(ctx, func() error {
-		b, err := client.Leader(topic, partition)
-		if err != nil {
-			return err
-		}
-		resp, err := b.Fetch(req)
-		kafka.CloseOnTransportError(b, err)
-		if err != nil {
-			return err
-		}
-		if block = resp.GetBlock(topic, partition); block == nil {
-			return sarama.ErrIncompleteResponse
-		}
-		version = req.Version
-		return nil
-	})
-	if err != nil {
-		return nil, 0, err
-	}
-	return block, version, nil
-}
-
-// retriableFetchError reports whether a fetch failed for a reason that a
-// metadata refresh and another try may cure.
-func retriableFetchError(err error) bool {
-	return errors.Is(err, sarama.ErrNotLeaderForPartition) ||
-		errors.Is(err, sarama.ErrLeaderNotAvailable) ||
-		errors.Is(err, sarama.ErrReplicaNotAvailable) ||
-		errors.Is(err, sarama.ErrFencedLeaderEpoch) ||
-		errors.Is(err, sarama.ErrUnknownLeaderEpoch) ||
-		errors.Is(err, sarama.ErrOffsetNotAvailable) ||
-		errors.Is(err, sarama.ErrIncompleteResponse) ||
-		retriableCoordinatorError(err)
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
 // CountBefore reads topic/partition from offset from until offset stop
 // (stop < 0: its end) or the first record whose timestamp is not before
 // `before`, whichever comes first, and returns how many records it read
@@ -1039,7 +754,7 @@ func CountBefore(ctx context.Context, client sarama.Client, topic string, partit
 	if stop >= 0 && from >= stop {
 		return 0, time.Time{}, false, nil
 	}
-	_, err = readPartition(ctx, client, topic, partition, from, func(r fetchedRecord) bool {
+	_, err = kafka.ReadPartition(ctx, client, topic, partition, from, func(r kafka.Record) bool {
 		if (stop >= 0 && r.Offset >= stop) || !r.Timestamp.Before(before) {
 			return false
 		}

@@ -1,4 +1,4 @@
-package offsets
+package translate
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/IBM/sarama"
+	"github.com/kswitch/kswitch/internal/kafka"
 )
 
 // MirrorMaker 2 record formats
@@ -246,7 +247,7 @@ func keepSync(syncs []OffsetSync, s OffsetSync) []OffsetSync {
 // group/topic/partition; a tombstone for the key forgets it.
 func readCheckpoint(ctx context.Context, client sarama.Client, cpTopic, group, topic string, partition int32, d *mm2Data) error {
 	wantKey, _ := EncodeCheckpoint(group, topic, partition, 0, 0, "")
-	return readAll(ctx, client, cpTopic, 0, func(r fetchedRecord) bool {
+	return kafka.ReadAll(ctx, client, cpTopic, 0, func(r kafka.Record) bool {
 		if string(r.Key) != string(wantKey) {
 			return true
 		}

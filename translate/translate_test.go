@@ -1,4 +1,4 @@
-package offsets
+package translate
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/testenv"
+	"github.com/kswitch/kswitch/offsets"
 )
 
 // The translation tests use a primary A with topic orders and a replica B
@@ -39,7 +40,9 @@ type trRec struct {
 	ts         time.Time
 }
 
-func (r trRec) fingerprint() Fingerprint { return FingerprintOf([]byte(r.key), []byte(r.value), r.ts) }
+func (r trRec) fingerprint() offsets.Fingerprint {
+	return offsets.FingerprintOf([]byte(r.key), []byte(r.value), r.ts)
+}
 
 // aRecs returns A's records 0..n-1, one second apart.
 func aRecs(n int) []trRec {
@@ -62,13 +65,13 @@ func fillers(n int, tag string) []trRec {
 
 // positionAfter is the committed position after consuming recs[:offset] of
 // a partition holding recs from offset 0 on.
-func positionAfter(recs []trRec, offset int) Commit {
-	c := Commit{Cluster: "A", Topic: "orders", Partition: trPart, Offset: int64(offset)}
+func positionAfter(recs []trRec, offset int) offsets.Commit {
+	c := offsets.Commit{Cluster: "A", Topic: "orders", Partition: trPart, Offset: int64(offset)}
 	if offset == 0 {
 		return c
 	}
 	c.Timestamp = recs[offset-1].ts
-	for i := max(0, offset-MaxFingerprints); i < offset; i++ {
+	for i := max(0, offset-offsets.MaxFingerprints); i < offset; i++ {
 		c.Fingerprints = append(c.Fingerprints, recs[i].fingerprint())
 	}
 	return c
@@ -173,17 +176,17 @@ func (e *trEnv) fill(t *testing.T, recs []trRec, copied int) {
 	}
 }
 
-func forward(pos Commit) TranslateRequest {
-	return TranslateRequest{From: "A", To: "B", Topic: "A.orders", SourceTopic: "orders",
+func forward(pos offsets.Commit) Request {
+	return Request{From: "A", To: "B", Topic: "A.orders", SourceTopic: "orders",
 		Partition: trPart, Position: pos, Group: "g1", Direction: Forward}
 }
 
-func backward(pos Commit) TranslateRequest {
-	return TranslateRequest{From: "B", To: "A", Topic: "orders", SourceTopic: "A.orders",
+func backward(pos offsets.Commit) Request {
+	return Request{From: "B", To: "A", Topic: "orders", SourceTopic: "A.orders",
 		Partition: trPart, Position: pos, Group: "g1", Direction: Backward}
 }
 
-func translate(t *testing.T, tr *Translator, req TranslateRequest) Translation {
+func translate(t *testing.T, tr *Translator, req Request) Translation {
 	t.Helper()
 	got, err := tr.Translate(context.Background(), req)
 	if err != nil {
@@ -249,7 +252,7 @@ func TestTranslateFingerprint(t *testing.T) {
 	})
 	t.Run("only the last fingerprint", func(t *testing.T) {
 		pos := positionAfter(recs, 60)
-		pos.Fingerprints = pos.Fingerprints[MaxFingerprints-1:]
+		pos.Fingerprints = pos.Fingerprints[offsets.MaxFingerprints-1:]
 		got := translate(t, tr, forward(pos))
 		wantTranslation(t, got, trFiller+60, MethodFingerprint, 0)
 	})
@@ -415,7 +418,7 @@ func TestTranslateMM2(t *testing.T) {
 	produceRaw(t, e.pa, trSyncsTopic, 0, k, nil)
 
 	tr := &Translator{Target: e.cb, Syncs: e.ca, Replication: trReplication}
-	noFP := func(off int) Commit {
+	noFP := func(off int) offsets.Commit {
 		p := positionAfter(recs, off)
 		p.Fingerprints = nil
 		return p
@@ -447,12 +450,12 @@ func TestTranslateMM2(t *testing.T) {
 			{trFiller + 45, 41, 4},
 			{trFiller + 100, 91, 9},
 		} {
-			pos := Commit{Cluster: "B", Topic: "A.orders", Partition: trPart, Offset: tc.pos}
+			pos := offsets.Commit{Cluster: "B", Topic: "A.orders", Partition: trPart, Offset: tc.pos}
 			got := translate(t, back, backward(pos))
 			wantTranslation(t, got, tc.want, MethodMM2, tc.rewound)
 		}
 		// Before the first sync's downstream offset: no inversion.
-		pos := Commit{Cluster: "B", Topic: "A.orders", Partition: trPart, Offset: 10}
+		pos := offsets.Commit{Cluster: "B", Topic: "A.orders", Partition: trPart, Offset: 10}
 		got := translate(t, back, backward(pos))
 		if got.Method != MethodTimestamp || !strings.Contains(got.Detail, "no offset-sync at or before downstream offset 10") {
 			t.Fatalf("position before the syncs: %+v", got)
@@ -486,7 +489,7 @@ func TestTranslateMM2(t *testing.T) {
 	})
 	t.Run("fingerprints not found", func(t *testing.T) {
 		pos := positionAfter(recs, 45)
-		pos.Fingerprints = []Fingerprint{1, 2, 3}
+		pos.Fingerprints = []offsets.Fingerprint{1, 2, 3}
 		got := translate(t, tr, forward(pos))
 		wantTranslation(t, got, 82, MethodMM2, -1)
 		if !strings.Contains(got.Detail, "fingerprint failed") {
@@ -516,7 +519,7 @@ func TestTranslateTimestamp(t *testing.T) {
 	recs := aRecs(100)
 	e.fill(t, recs, 100)
 	tr := &Translator{Target: e.cb, TimestampMargin: 3 * time.Second}
-	noFP := func(off int) Commit {
+	noFP := func(off int) offsets.Commit {
 		p := positionAfter(recs, off)
 		p.Fingerprints = nil
 		return p
@@ -580,9 +583,9 @@ func TestTranslateUnreachable(t *testing.T) {
 			if took > timeout+500*time.Millisecond {
 				t.Errorf("Translate took %v, timeout %v", took, timeout)
 			}
-			var te *TranslateError
+			var te *Error
 			if !errors.As(err, &te) || len(te.Methods) != 3 {
-				t.Fatalf("error %T %v, want a *TranslateError with 3 methods", err, err)
+				t.Fatalf("error %T %v, want a *Error with 3 methods", err, err)
 			}
 			for _, want := range []string{"A.orders/2", "from A to B", "fingerprint:", "mm2:", "timestamp:"} {
 				if !strings.Contains(err.Error(), want) {
@@ -595,28 +598,28 @@ func TestTranslateUnreachable(t *testing.T) {
 
 func TestTranslateRequestChecks(t *testing.T) {
 	tr := &Translator{}
-	if _, err := tr.Translate(context.Background(), forward(Commit{})); err == nil || !strings.Contains(err.Error(), "no target client") {
+	if _, err := tr.Translate(context.Background(), forward(offsets.Commit{})); err == nil || !strings.Contains(err.Error(), "no target client") {
 		t.Fatalf("no target: %v", err)
 	}
 	e := newTrEnv(t)
 	tr.Target = e.cb
-	req := forward(Commit{})
+	req := forward(offsets.Commit{})
 	req.Direction = 0
 	if _, err := tr.Translate(context.Background(), req); err == nil || !strings.Contains(err.Error(), "direction") {
 		t.Fatalf("zero direction: %v", err)
 	}
-	req = forward(Commit{Offset: -1})
+	req = forward(offsets.Commit{Offset: -1})
 	if _, err := tr.Translate(context.Background(), req); err == nil {
 		t.Fatal("negative offset accepted")
 	}
 	// A cancelled ctx is returned unchanged.
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := tr.Translate(ctx, forward(Commit{})); err != context.Canceled {
+	if _, err := tr.Translate(ctx, forward(offsets.Commit{})); err != context.Canceled {
 		t.Fatalf("cancelled ctx: %v, want context.Canceled", err)
 	}
 	// An unknown topic on the target fails every method, naming it.
-	req = forward(Commit{Offset: 3})
+	req = forward(offsets.Commit{Offset: 3})
 	req.Topic = "A.nope"
 	_, err := tr.Translate(context.Background(), req)
 	if err == nil || !strings.Contains(err.Error(), "A.nope/2") {
@@ -636,9 +639,9 @@ func TestTranslateFingerprintTargetLagsWithinTheWindow(t *testing.T) {
 	}
 	produceLag(t, a, "orders", recs)
 	produceLag(t, b, "A.orders", recs[:37]) // B lacks the last 3 consumed records
-	var fps []Fingerprint
+	var fps []offsets.Fingerprint
 	for _, r := range recs[32:40] {
-		fps = append(fps, FingerprintOf([]byte(r.key), []byte(r.value), r.ts))
+		fps = append(fps, offsets.FingerprintOf([]byte(r.key), []byte(r.value), r.ts))
 	}
 	sc := sarama.NewConfig()
 	sc.Version = sarama.V3_6_0_0
@@ -648,8 +651,8 @@ func TestTranslateFingerprintTargetLagsWithinTheWindow(t *testing.T) {
 	}
 	defer target.Close()
 	tr := &Translator{Target: target, Replication: config.Replication{Policy: "prefix", SourceAlias: "A"}, TimestampMargin: 5 * time.Second}
-	res, err := tr.Translate(context.Background(), TranslateRequest{From: "A", To: "B", Topic: "A.orders", SourceTopic: "orders",
-		Position: Commit{Cluster: "A", Topic: "orders", Offset: 40, Timestamp: recs[39].ts, Fingerprints: fps}, Direction: Forward})
+	res, err := tr.Translate(context.Background(), Request{From: "A", To: "B", Topic: "A.orders", SourceTopic: "orders",
+		Position: offsets.Commit{Cluster: "A", Topic: "orders", Offset: 40, Timestamp: recs[39].ts, Fingerprints: fps}, Direction: Forward})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -699,7 +702,7 @@ func TestTranslateMM2SharesTheSyncsRead(t *testing.T) {
 	writeSyncs(0, 50)
 	cache := new(SyncsCache)
 	tr := &Translator{Target: e.cb, Syncs: e.ca, Replication: trReplication, SyncsCache: cache}
-	noFP := func(off int) Commit {
+	noFP := func(off int) offsets.Commit {
 		p := positionAfter(recs, off)
 		p.Fingerprints = nil
 		return p

@@ -1,4 +1,4 @@
-package offsets
+package translate
 
 import (
 	"encoding/hex"
