@@ -696,7 +696,7 @@ func (f fleetView) Views() coordinator.AgentViews               { return f.a.gos
 // Subscribe tells of changes of the registrations and of the gossip views.
 func (f fleetView) Subscribe(ctx context.Context) <-chan struct{} {
 	ch := f.a.registry.subscribe(ctx)
-	f.a.gossip.attach(ctx, ch)
+	f.a.gossip.viewsChanged.Attach(ctx, ch)
 	return ch
 }
 

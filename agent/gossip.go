@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/coordinator"
+	"github.com/kswitch/kswitch/internal/notify"
 )
 
 // GossipMember is one member of the gossip cluster as this agent sees it.
@@ -52,21 +53,10 @@ type gossipState struct {
 	mu    sync.Mutex
 	metas map[string][]byte
 	addrs map[string]string
-	subs  []chan<- struct{} // told when a member's views change (attach)
-}
-
-// attach makes ch receive a value (without blocking) whenever a member's
-// views change, until ctx ends: the leader wakes on a view that changed
-// (a cluster seen down or back) instead of at its next tick.
-func (d *gossipState) attach(ctx context.Context, ch chan<- struct{}) {
-	d.mu.Lock()
-	d.subs = append(d.subs, ch)
-	d.mu.Unlock()
-	context.AfterFunc(ctx, func() {
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		d.subs = slices.DeleteFunc(d.subs, func(c chan<- struct{}) bool { return c == ch })
-	})
+	// viewsChanged are told when a member's views change: the leader wakes on a
+	// view that changed (a cluster seen down or back) instead of at its
+	// next tick.
+	viewsChanged notify.Subscribers
 }
 
 func (d *gossipState) keepMeta(n *memberlist.Node) {
@@ -79,12 +69,7 @@ func (d *gossipState) keepMeta(n *memberlist.Node) {
 	d.metas[n.Name] = bytes.Clone(n.Meta)
 	d.addrs[n.Name] = n.Address()
 	if changed {
-		for _, ch := range d.subs {
-			select {
-			case ch <- struct{}{}:
-			default:
-			}
-		}
+		d.viewsChanged.Notify()
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/kswitch/kswitch/election"
 	"github.com/kswitch/kswitch/internal/dynconfig"
 	"github.com/kswitch/kswitch/internal/etcdwatch"
+	"github.com/kswitch/kswitch/internal/notify"
 	"github.com/kswitch/kswitch/keys"
 	"github.com/kswitch/kswitch/offsets"
 	"github.com/kswitch/kswitch/signals"
@@ -100,7 +101,7 @@ type registry struct {
 
 	mu   sync.Mutex
 	regs map[string]Registration
-	subs []chan struct{}
+	subs notify.Subscribers
 }
 
 func newRegistry(c *clientv3.Client, k keys.Fleet, timeout time.Duration, log *zap.Logger, onBad func()) *registry {
@@ -128,28 +129,7 @@ func (r *registry) Live() []string {
 // agents changed; notifications coalesce. It is unsubscribed when ctx ends.
 func (r *registry) Subscribe(ctx context.Context) <-chan struct{} { return r.subscribe(ctx) }
 
-func (r *registry) subscribe(ctx context.Context) chan struct{} {
-	ch := make(chan struct{}, 1)
-	r.mu.Lock()
-	r.subs = append(r.subs, ch)
-	r.mu.Unlock()
-	context.AfterFunc(ctx, func() {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		r.subs = slices.DeleteFunc(r.subs, func(c chan struct{}) bool { return c == ch })
-	})
-	return ch
-}
-
-// notify must be called with r.mu held.
-func (r *registry) notify() {
-	for _, ch := range r.subs {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
-	}
-}
+func (r *registry) subscribe(ctx context.Context) chan struct{} { return r.subs.Subscribe(ctx) }
 
 // run follows agents/ until ctx ends.
 func (r *registry) run(ctx context.Context) {
@@ -169,7 +149,7 @@ func (r *registry) Reset(kvs []*mvccpb.KeyValue, _ int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.regs = regs
-	r.notify()
+	r.subs.Notify()
 }
 
 // Apply implements etcdwatch.Follower.
@@ -191,7 +171,7 @@ func (r *registry) Apply(evs []*clientv3.Event) {
 			delete(r.regs, id)
 		}
 	}
-	r.notify()
+	r.subs.Notify()
 }
 
 func (r *registry) parse(kv *mvccpb.KeyValue) (Registration, bool) {

@@ -3,8 +3,6 @@ package signals
 import (
 	"context"
 	"errors"
-	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -13,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/internal/etcdwatch"
+	"github.com/kswitch/kswitch/internal/notify"
 	"github.com/kswitch/kswitch/keys"
 )
 
@@ -29,8 +28,7 @@ type Watcher struct {
 	state   atomic.Pointer[State]
 	ready   chan struct{}
 
-	mu   sync.Mutex
-	subs []chan struct{}
+	subs notify.Subscribers
 
 	// Owned by Run's goroutine.
 	fold     *fold
@@ -96,31 +94,13 @@ func (w *Watcher) Ready() <-chan struct{} { return w.ready }
 // reads State() after each one. Subscribe before reading State to miss no
 // change. The subscription ends when ctx ends; the channel is not closed.
 // Watcher never blocks on a subscriber.
-func (w *Watcher) Subscribe(ctx context.Context) <-chan struct{} {
-	ch := make(chan struct{}, 1)
-	w.mu.Lock()
-	w.subs = append(w.subs, ch)
-	w.mu.Unlock()
-	context.AfterFunc(ctx, func() {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		w.subs = slices.DeleteFunc(w.subs, func(c chan struct{}) bool { return c == ch })
-	})
-	return ch
-}
+func (w *Watcher) Subscribe(ctx context.Context) <-chan struct{} { return w.subs.Subscribe(ctx) }
 
 // publish stores the fold's state and tells the subscribers.
 func (w *Watcher) publish() {
 	s := w.fold.state()
 	w.state.Store(&s)
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for _, ch := range w.subs {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
-	}
+	w.subs.Notify()
 }
 
 // getAt reads a key's earlier version. It runs on Run's goroutine, inside

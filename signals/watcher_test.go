@@ -197,9 +197,7 @@ func TestWatcherSubscribersAreNotBlockingAndEnd(t *testing.T) {
 	}
 	cancel()
 	wait.For(t, applyDeadline, "unsubscribed", func() error {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		if n := len(w.subs); n != 1 {
+		if n := w.subs.Len(); n != 1 {
 			return fmt.Errorf("%d subscribers", n)
 		}
 		return nil
