@@ -797,13 +797,7 @@ func TestLeaderKilledMidSwitchIsResumedByTheNext(t *testing.T) {
 	d := startDC(t)
 	cli := testenv.EtcdClientT(t, d.etcd)
 	l, ho := newLedger(), newHandovers()
-	gates := map[string]*gate{}
-	var agents []*agent.Agent
-	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
-		g := &gate{}
-		gates[id] = g
-		agents = append(agents, startFleetAgent(t, d.config(id), agent.Options{Handler: ho.wrap(id, g.handler(l, id))}))
-	}
+	gates, agents := gatedFleet(t, d, l, ho)
 	p := startFlow(t, d, l, 300, agents...)
 	leader := leaderOf(t, agents...)
 	rest := slices.DeleteFunc(slices.Clone(agents), func(a *agent.Agent) bool { return a == leader })
@@ -988,13 +982,7 @@ func TestSwitchIsAbandonedWhenItsTargetDies(t *testing.T) {
 	d := startDC(t)
 	cli := testenv.EtcdClientT(t, d.etcd)
 	l, ho := newLedger(), newHandovers()
-	gates := map[string]*gate{}
-	var agents []*agent.Agent
-	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
-		g := &gate{}
-		gates[id] = g
-		agents = append(agents, startFleetAgent(t, d.config(id), agent.Options{Handler: ho.wrap(id, g.handler(l, id))}))
-	}
+	gates, agents := gatedFleet(t, d, l, ho)
 	waitConsuming(t, 20*time.Second, "A", agents...)
 	p := startProducer(t, d.a.Brokers(), "orders", 0)
 	flowing := time.Now()
@@ -1062,4 +1050,18 @@ func TestSwitchIsAbandonedWhenItsTargetDies(t *testing.T) {
 	if dups, dupFirst := drain(t, d, p, l, ho, "A"); dups != 0 {
 		t.Errorf("%d duplicates (first handled by %v): every record was committed on A before the switch", dups, dupFirst)
 	}
+}
+
+// gatedFleet starts three agents whose handlers record to l through a
+// gate each (to stall their sinks) and ho (the hand-overs).
+func gatedFleet(t *testing.T, d *dc, l *ledger, ho *handovers) (map[string]*gate, []*agent.Agent) {
+	t.Helper()
+	gates := map[string]*gate{}
+	var agents []*agent.Agent
+	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
+		g := &gate{}
+		gates[id] = g
+		agents = append(agents, startFleetAgent(t, d.config(id), agent.Options{Handler: ho.wrap(id, g.handler(l, id))}))
+	}
+	return gates, agents
 }
