@@ -247,15 +247,7 @@ func newConfigShowCmd(g *globals) *cobra.Command {
 	}
 	ef.bind(cmd)
 	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
-	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		if err := checkOutput(output, "text", "json"); err != nil {
-			return err
-		}
-		c, err := ef.open(cmd, g.environ)
-		if err != nil {
-			return err
-		}
-		defer c.close()
+	cmd.RunE = ef.runWith(g.environ, &output, []string{"text", "json"}, func(cmd *cobra.Command, c *conn) error {
 		layer, err := dynconfig.Read(c.ctx, c.client, c.keys)
 		if err != nil {
 			return err
@@ -275,7 +267,7 @@ func newConfigShowCmd(g *globals) *cobra.Command {
 		}
 		printConfig(cmd.OutOrStdout(), c.keys, layer, state, stateErr, inForce)
 		return nil
-	}
+	})
 	return cmd
 }
 

@@ -43,15 +43,7 @@ committed it, the assignment generation that fenced the commit, and when.`,
 	ef.bind(cmd)
 	cmd.Flags().StringVar(&cluster, "cluster", "", "cluster whose offsets to show (default: the cluster of the current assignment)")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
-	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		if err := checkOutput(output, "table", "json"); err != nil {
-			return err
-		}
-		cn, err := ef.open(cmd, g.environ)
-		if err != nil {
-			return err
-		}
-		defer cn.close()
+	cmd.RunE = ef.runWith(g.environ, &output, []string{"table", "json"}, func(cmd *cobra.Command, cn *conn) error {
 		c, ctx := cn.client, cn.ctx
 		if cluster == "" {
 			v, err := agent.ReadFleet(ctx, c, ef.fleet)
@@ -102,6 +94,6 @@ committed it, the assignment generation that fenced the commit, and when.`,
 			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%d\t%s\n", p.Topic, p.Partition, p.Offset, last, p.Agent, p.Generation, p.CommittedAt.UTC().Format(time.RFC3339))
 		}
 		return tw.Flush()
-	}
+	})
 	return cmd
 }

@@ -498,15 +498,7 @@ kswitch_config_version.`,
 	}
 	ef.bind(cmd)
 	cmd.Flags().StringVarP(&output, "output", "o", "text", "output format: text or json")
-	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		if err := checkOutput(output, "text", "json"); err != nil {
-			return err
-		}
-		cn, err := ef.open(cmd, g.environ)
-		if err != nil {
-			return err
-		}
-		defer cn.close()
+	cmd.RunE = ef.runWith(g.environ, &output, []string{"text", "json"}, func(cmd *cobra.Command, cn *conn) error {
 		cfg, c, ctx, k := cn.cfg, cn.client, cn.ctx, cn.keys
 		er, err := readEtcdRouting(ctx, c, k)
 		if err != nil {
@@ -573,7 +565,7 @@ kswitch_config_version.`,
 		fmt.Fprintf(w, "%s:\n", what)
 		describeVersion(w, v)
 		return nil
-	}
+	})
 	return cmd
 }
 

@@ -227,15 +227,7 @@ of its last valid value, which is what the table shows.`,
 	}
 	ef.bind(cmd)
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
-	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		if err := checkOutput(output, "table", "json"); err != nil {
-			return err
-		}
-		cn, err := ef.open(cmd, g.environ)
-		if err != nil {
-			return err
-		}
-		defer cn.close()
+	cmd.RunE = ef.runWith(g.environ, &output, []string{"table", "json"}, func(cmd *cobra.Command, cn *conn) error {
 		c, ctx := cn.client, cn.ctx
 		s, err := signals.Read(ctx, c, keys.New(ef.fleet))
 		if err != nil {
@@ -261,7 +253,7 @@ of its last valid value, which is what the table shows.`,
 			return enc.Encode(v)
 		}
 		return printSignals(cmd.OutOrStdout(), ef.fleet, s)
-	}
+	})
 	return cmd
 }
 

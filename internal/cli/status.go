@@ -108,6 +108,22 @@ func (f *etcdFlags) open(cmd *cobra.Command, environ []string) (*conn, error) {
 }
 
 // checkOutput refuses an --output value not among allowed.
+// runWith returns a command's RunE: it checks --output (*output) against
+// allowed, opens etcd, runs fn with the connection and closes it.
+func (f *etcdFlags) runWith(environ []string, output *string, allowed []string, fn func(cmd *cobra.Command, cn *conn) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, _ []string) error {
+		if err := checkOutput(*output, allowed...); err != nil {
+			return err
+		}
+		cn, err := f.open(cmd, environ)
+		if err != nil {
+			return err
+		}
+		defer cn.close()
+		return fn(cmd, cn)
+	}
+}
+
 func checkOutput(output string, allowed ...string) error {
 	if slices.Contains(allowed, output) {
 		return nil
@@ -149,15 +165,7 @@ shows the lag; otherwise the lag column shows '-'.`,
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
 	var ask bool
 	cmd.Flags().BoolVar(&ask, "ask", true, "ask each agent's /readyz (1 s each, in parallel) for the READY column; --ask=false reads etcd alone")
-	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		if err := checkOutput(output, "table", "json"); err != nil {
-			return err
-		}
-		cn, err := ef.open(cmd, g.environ)
-		if err != nil {
-			return err
-		}
-		defer cn.close()
+	cmd.RunE = ef.runWith(g.environ, &output, []string{"table", "json"}, func(cmd *cobra.Command, cn *conn) error {
 		cfg, c, ctx := cn.cfg, cn.client, cn.ctx
 		v, err := agent.ReadFleet(ctx, c, ef.fleet)
 		if err != nil {
@@ -180,7 +188,7 @@ shows the lag; otherwise the lag column shows '-'.`,
 		}
 		printFleet(cmd.OutOrStdout(), v, time.Now())
 		return nil
-	}
+	})
 	return cmd
 }
 
