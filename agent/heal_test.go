@@ -657,8 +657,9 @@ func TestAStalledPartitionIsReported(t *testing.T) {
 // Two of three agents down is no quorum to move partitions, so they wait:
 // the leader lists both in state/stalled, kswitch status's view shows
 // them, and every agent's readiness says why (agent-3: it owns nothing
-// while they have no consumer). Once the link heals the list goes and
-// every record arrives.
+// while they have no consumer); or, when gossip brings agent-2's report
+// late, agent-3 consumes one of them (see below). Once the link heals the
+// list goes and every record arrives.
 func TestStalledPartitionsAreListed(t *testing.T) {
 	e := testenv.StartEtcdT(t)
 	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 2}})
@@ -685,18 +686,32 @@ func TestStalledPartitionsAreListed(t *testing.T) {
 	link.Cut()
 	produce(t, k, "orders", 20, 40)
 	var v agent.FleetView
-	wait.For(t, 30*time.Second, "state/stalled lists both partitions, every agent says why it is not ready", func() error {
+	wait.For(t, 30*time.Second, "state/stalled lists the partitions agent-3 does not own, every agent says why it is not ready", func() error {
 		var err error
 		if v, err = agent.ReadFleet(t.Context(), cli, "orders"); err != nil {
 			return err
 		}
-		if v.Stalled == nil || len(v.Stalled.Partitions) != 2 {
-			return fmt.Errorf("stalled %+v", v.Stalled)
+		// The leader (agent-1) sees its own probe at once and the others'
+		// through gossip. Should agent-2's report come after agent-1's
+		// failure window has ended, the leader sees a quorum reaching A
+		// for a moment and cuts agent-1 off alone: agent-3 then consumes
+		// agent-1's partition, and only agent-2's stalls. Either way every
+		// partition is consumed by an agent that reaches A or listed.
+		byAgent3 := owned(agents...)["agent-3"]
+		if v.Stalled == nil || len(v.Stalled.Partitions) != 2-byAgent3 || byAgent3 > 1 {
+			return fmt.Errorf("stalled %+v, agent-3 owns %d", v.Stalled, byAgent3)
 		}
 		v.AskReady(t.Context(), time.Second)
-		for id, want := range map[string]string{"agent-1": "cannot reach the active cluster A", "agent-2": "cannot reach the active cluster A",
-			"agent-3": "this agent owns no partition while 2 have had no consumer for over 5s"} {
-			if r := v.Ready[id]; !r.Answered || r.Ready || !strings.Contains(r.Reason, want) {
+		want := map[string]string{"agent-1": "cannot reach the active cluster A", "agent-2": "cannot reach the active cluster A",
+			"agent-3": "this agent owns no partition while 2 have had no consumer for over 5s"}
+		if byAgent3 > 0 {
+			delete(want, "agent-3") // consuming: ready
+			if r := v.Ready["agent-3"]; !r.Answered || !r.Ready {
+				return fmt.Errorf("agent-3: %+v", r)
+			}
+		}
+		for id, reason := range want {
+			if r := v.Ready[id]; !r.Answered || r.Ready || !strings.Contains(r.Reason, reason) {
 				return fmt.Errorf("%s: %+v", id, r)
 			}
 		}
