@@ -337,7 +337,7 @@ func (r *benchResults) markdown() string {
 	}
 	p("**Headline:** kswitch relays at **%.2f×** the rate of a bare sarama consume→produce loop with the same\n", ks1)
 	p("producer settings with one agent, **%.2f×** with three (target ≥ 0.9: %s); after a SIGKILL of the primary's\n", ks3, met(ks1 >= 0.9 && ks3 >= 0.9))
-	p("broker the first record is consumed from the replica after **%.2f s** (p50 of %d trials, default failover\n", fo, len(r.Failover))
+	p("broker the first record is consumed from the replica after **%.2f s** (p50 of %d trials, default failover\n", fo, len(pick(r.Failover, stopped, switchSteps)))
 	p("settings: a refused connection is a hard failure, 500 ms window; target ≤ 1.0 s: %s), with %d records lost and %d\n", met(fo <= 1.0), lost, dup)
 	p("duplicated over all trials.\n\n")
 	if fr, fc := r.franzRatios(); fr > 0 {
