@@ -24,6 +24,14 @@ type acks struct {
 	mu      sync.Mutex
 	gens    map[string]int64
 	changed chan struct{}
+	// synced is closed by the first read of acks/: before it, gens is
+	// not what the agents applied.
+	synced     chan struct{}
+	syncedOnce sync.Once
+}
+
+func newAcks(k keys.Fleet, log *zap.Logger) *acks {
+	return &acks{keys: k, log: log, gens: map[string]int64{}, changed: make(chan struct{}, 1), synced: make(chan struct{})}
 }
 
 func (a *acks) Reset(kvs []*mvccpb.KeyValue, _ int64) {
@@ -34,6 +42,7 @@ func (a *acks) Reset(kvs []*mvccpb.KeyValue, _ int64) {
 	a.mu.Lock()
 	a.gens = m
 	a.mu.Unlock()
+	a.syncedOnce.Do(func() { close(a.synced) })
 	a.notify()
 }
 

@@ -257,6 +257,11 @@ func (l *Leader) restoreBreaker(ctx context.Context, br *breaker) error {
 
 // publishTerm publishes a as the term's next generation.
 func (l *Leader) publishTerm(ctx context.Context, t *term, a Assignment) error {
+	// Above every generation an agent applied, which agents would
+	// otherwise ignore as older.
+	if m := maxAck(t.acks); a.Generation <= m {
+		a.Generation = m + 1
+	}
 	a.Leader, a.Token, a.Published = t.ID, t.Rev, time.Now().UTC()
 	rev, err := l.publish(ctx, t.Term, a, t.currentRev)
 	if err != nil {

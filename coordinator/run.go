@@ -86,7 +86,7 @@ type leaderRun struct {
 
 func (l *Leader) newRun(et election.Term) *leaderRun {
 	log := l.log.With(zap.Int64("fencing_token", et.Rev))
-	ak := &acks{keys: l.keys, log: log, gens: map[string]int64{}, changed: make(chan struct{}, 1)}
+	ak := newAcks(l.keys, log)
 	r := &leaderRun{Leader: l, log: log, ak: ak, asg: newKeyWatch(), act: newKeyWatch(),
 		t: &term{Term: et, log: log, acks: ak}, h: newHealth(), br: &breaker{cfg: l.cfg.Failover},
 		found: make(chan []TopicPartition, 1), stopDiscovery: func() {}, failedEpoch: -1,
@@ -113,9 +113,15 @@ func (r *leaderRun) follow(ctx context.Context, wg *sync.WaitGroup) {
 
 // readState reads state/active and state/assignment, retrying every
 // second until it can, and writes state/active when it held nothing
-// usable.
+// usable. It reads them once acks/ has been read: a missing or malformed
+// assignment is replaced above every generation an agent applied.
 func (r *leaderRun) readState(ctx context.Context) error {
 	t := r.t
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-r.ak.synced:
+	}
 	for {
 		var err error
 		if t.active, t.activeRev, err = r.readActive(ctx); err == nil {
