@@ -33,7 +33,7 @@ func (l *Leader) Run(ctx context.Context, et election.Term) error {
 		return err
 	}
 	defer func() { r.stopDiscovery() }() // the discovery of the moment
-	r.restoreBreaker(ctx)
+	r.loadBreaker(ctx)
 	for {
 		again, err := r.turn(ctx)
 		if err != nil {
@@ -117,10 +117,17 @@ func (r *leaderRun) follow(ctx context.Context, wg *sync.WaitGroup) {
 // assignment is replaced above every generation an agent applied.
 func (r *leaderRun) readState(ctx context.Context) error {
 	t := r.t
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-r.ak.synced:
+	slow := time.NewTimer(r.cfg.Etcd.RequestTimeout)
+	defer slow.Stop()
+	for synced := false; !synced; {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-r.ak.synced:
+			synced = true
+		case <-slow.C:
+			r.log.Warn("acks/ not read yet; the fleet's state is read once it is", zap.Duration("waited", r.cfg.Etcd.RequestTimeout))
+		}
 	}
 	for {
 		var err error
@@ -151,9 +158,9 @@ func (r *leaderRun) readState(ctx context.Context) error {
 	return nil
 }
 
-// restoreBreaker restores the circuit breaker from history/: it outlives
-// the term that tripped it.
-func (r *leaderRun) restoreBreaker(ctx context.Context) {
+// loadBreaker restores the circuit breaker from history/ (it outlives the
+// term that tripped it), or says why it starts closed.
+func (r *leaderRun) loadBreaker(ctx context.Context) {
 	if err := r.Leader.restoreBreaker(ctx, r.br); err != nil {
 		r.log.Warn("cannot read history/ to restore the circuit breaker; it starts closed", zap.Error(err))
 	} else if r.br.open(time.Now()) {
@@ -175,7 +182,7 @@ func (r *leaderRun) turn(ctx context.Context) (again bool, err error) {
 	}
 	// A switch in progress (ours or a predecessor's) goes first.
 	dec, why := verdict(verdictInput{now: now, active: r.t.active, primary: conf.primary, standby: conf.standby, pin: r.pn.get(),
-		live: live, h: r.h, b: r.br, cfg: r.cfg.Failover, caughtUp: func() (bool, string) { return r.checkCaughtUp(ctx) }})
+		live: live, h: r.h, b: r.br, cfg: r.cfg.Failover, caughtUp: func() (bool, string) { return r.caughtUpGate(ctx) }})
 	switching := r.t.active.Phase == PhaseSwitching
 	if (switching || dec.to != "") && now.Before(r.retryAt) {
 		if switching {
@@ -193,9 +200,10 @@ func (r *leaderRun) turn(ctx context.Context) (again bool, err error) {
 	return r.keepAssignment(ctx, now, live, why)
 }
 
-// checkCaughtUp is the failback gate's check that the primary holds what
-// the fleet consumed on the standby, at most every 2 s.
-func (r *leaderRun) checkCaughtUp(ctx context.Context) (bool, string) {
+// caughtUpGate is the failback gate's check that the primary holds what
+// the fleet consumed on the standby (Leader.caughtUp), made at most every
+// 2 s.
+func (r *leaderRun) caughtUpGate(ctx context.Context) (bool, string) {
 	if time.Since(r.caughtUpAt) > 2*time.Second {
 		r.caughtUpAt = time.Now()
 		r.caughtUp, r.caughtUpWhy = r.Leader.caughtUp(ctx, r.t, r.log)

@@ -196,17 +196,51 @@ func (bx *bench) waitGrowth(w *deliveredWatch, since time.Time, p int32, what st
 // up, which then shows in the figures).
 func (bx *bench) firstWrite(addr, topic string) <-chan time.Time {
 	out := make(chan time.Time, 1)
-	var start map[int32]int64
+	var cl sarama.Client
+	// total is the sum of topic's end offsets, read through cl (one
+	// client for the whole poll).
+	total := func() (int64, error) {
+		ps, err := cl.Partitions(topic)
+		if err != nil {
+			return 0, err
+		}
+		var n int64
+		for _, p := range ps {
+			o, err := cl.GetOffset(topic, p, sarama.OffsetNewest)
+			if err != nil {
+				_ = cl.RefreshMetadata(topic)
+				return 0, err
+			}
+			n += o
+		}
+		return n, nil
+	}
+	var start int64
 	// Right after a SIGCONT the broker may answer "not the leader" for a
 	// moment.
 	wait.For(bx.t, 10*time.Second, "the end offsets of "+topic+" on "+addr, func() (err error) {
-		start, err = endOffsets(addr, topic)
+		if cl == nil {
+			if cl, err = sarama.NewClient([]string{addr}, saramaConfig(3*time.Second)); err != nil {
+				return err
+			}
+		}
+		start, err = total()
 		return err
 	})
 	go func() {
-		for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-			if ends, err := endOffsets(addr, topic); err == nil && sum(ends) > sum(start) {
+		defer cl.Close()
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		giveUp := time.After(time.Minute)
+	poll:
+		for {
+			if n, err := total(); err == nil && n > start {
 				break
+			}
+			select {
+			case <-tick.C:
+			case <-giveUp:
+				break poll
 			}
 		}
 		out <- time.Now()

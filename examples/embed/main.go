@@ -37,6 +37,10 @@ func main() {
 	records := flag.Int("records", 200, "records to write and then consume through the agent")
 	timeout := flag.Duration("timeout", time.Minute, "give up after this long")
 	flag.Parse()
+	if *records < 1 {
+		fmt.Fprintf(os.Stderr, "embed: -records %d: write at least one record\n", *records)
+		os.Exit(2)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, *timeout)

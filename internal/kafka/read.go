@@ -125,9 +125,9 @@ func ReadPartition(ctx context.Context, client sarama.Client, topic string, part
 		}
 		if next == before {
 			switch {
-			case PartialBlock(block) && maxBytes < fetchMaxBytesCap:
+			case partialBlock(block) && maxBytes < fetchMaxBytesCap:
 				maxBytes *= 2
-			case PartialBlock(block):
+			case partialBlock(block):
 				return next, fmt.Errorf("fetch %s/%d at %d: record batch larger than %d bytes", topic, partition, next, maxBytes)
 			default:
 				// The response held no batch at all below the end:
@@ -145,7 +145,7 @@ func ReadPartition(ctx context.Context, client sarama.Client, topic string, part
 // whether fn asked to stop. Visible: no control records, and no records of
 // the aborted transactions the block lists (a read_committed fetch lists
 // them; a read_uncommitted one lists none, so every data record is seen).
-// A batch cut off by the fetch size ends the block (PartialBlock).
+// A batch cut off by the fetch size ends the block.
 func DecodeBlock(block *sarama.FetchResponseBlock, next, end int64, fn func(Record) bool) (int64, bool) {
 	// Aborted transactions, by first offset; a producer id enters the set
 	// at its aborted transaction's first offset and leaves it at the abort
@@ -242,9 +242,9 @@ func sortAborted(a []*sarama.AbortedTransaction) {
 	}
 }
 
-// PartialBlock reports whether block holds only an incomplete batch, which
+// partialBlock reports whether block holds only an incomplete batch, which
 // a larger fetch size would complete.
-func PartialBlock(block *sarama.FetchResponseBlock) bool {
+func partialBlock(block *sarama.FetchResponseBlock) bool {
 	if block.Partial {
 		return true
 	}
