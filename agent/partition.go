@@ -228,8 +228,10 @@ func (w *worker) deliver(ctx context.Context, log *zap.Logger, r *partitionRun, 
 		}
 	}
 	for {
-		// A pause that came while this record was read holds it too.
-		if r.gate.wait(ctx) != nil {
+		// A pause, or a hold of delivery while commits fail, that came
+		// while this record was read (the loop waited for it in a select)
+		// holds it too.
+		if r.gate.wait(ctx) != nil || w.hold.wait(ctx) != nil {
 			return false
 		}
 		full := r.t.deliver(d)
