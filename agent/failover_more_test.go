@@ -70,6 +70,14 @@ func waitConsuming(t testing.TB, timeout time.Duration, cluster string, agents .
 		if err == nil && c != cluster {
 			err = fmt.Errorf("active %s", c)
 		}
+		if err != nil {
+			// What the leader says explains a switch that does not come.
+			for _, a := range agents {
+				if st := a.Status().Coordinator; a.Leading() && st != nil {
+					err = fmt.Errorf("%w; leader %s: %q", err, a.ID(), st.Verdict)
+				}
+			}
+		}
 		return err
 	})
 	return time.Since(began)

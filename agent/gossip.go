@@ -155,6 +155,10 @@ func (h *healthMeta) GetBroadcasts(overhead, limit int) [][]byte { return nil }
 func (h *healthMeta) LocalState(join bool) []byte                { return nil }
 func (h *healthMeta) MergeRemoteState(buf []byte, join bool)     {}
 
+// pushPullInterval is how often each agent exchanges the whole member
+// state with one other over TCP (newMemberlist).
+const pushPullInterval = 5 * time.Second
+
 // updateWait is how long gossipHealthLoop waits for a metadata broadcast.
 const updateWait = 20 * time.Millisecond
 
@@ -223,6 +227,13 @@ func newMemberlist(o gossipOptions, mlog *memberlistLog, events memberlist.Event
 	// Joins and push/pull go to agents on the same LAN; a dead seed must not
 	// hold the join loop for the LAN default of 10 s.
 	c.TCPTimeout = 3 * time.Second
+	// A view of a cluster travels in UDP broadcasts, which gossip sends a
+	// few times and may lose; the periodic TCP push/pull exchange of every
+	// member's state heals a lost one. memberlist's LAN default is 30 s
+	// (scaled up with the fleet's size past 32 members): longer than a
+	// failover may wait for a view. 5 s costs each agent one TCP exchange
+	// of the members' metadata (a few hundred bytes each) every 5 s.
+	c.PushPullInterval = pushPullInterval
 	c.Logger = log.New(mlog, "", 0)
 	ml, err := memberlist.Create(c)
 	if err != nil {

@@ -2,6 +2,8 @@ package coordinator
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/kswitch/kswitch/config"
@@ -92,6 +94,17 @@ func (h *health) down(now time.Time, cluster string, live []string, window time.
 		}
 	}
 	return len(live) > 0 && n >= quorum(len(live)), n
+}
+
+// seenDown returns, sorted, the live agents whose last view of cluster is
+// unreachable (for however long).
+func (h *health) seenDown(cluster string) []string {
+	out := make([]string, 0, len(h.downSince[cluster]))
+	for a := range h.downSince[cluster] {
+		out = append(out, a)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // hardDown reports whether every live agent has seen cluster down for at
@@ -264,6 +277,13 @@ func verdict(in verdictInput) (decision, string) {
 			return decision{}, fmt.Sprintf("%s is healthy but not caught up: %s", in.primary, why)
 		}
 		return decision{to: in.primary, auto: true, reason: fmt.Sprintf("failback: %s healthy for %s and caught up", in.primary, up.Round(time.Second))}, ""
+	}
+	if seen := in.h.seenDown(cur); len(seen) > 0 {
+		// Not (yet) a verdict: say who sees it, so that an operator (and a
+		// failing test) can tell a failure that is being timed from a
+		// view that never reached the leader.
+		return decision{}, fmt.Sprintf("%s unreachable from %s: %d of %d agents for %s, a failover needs %d",
+			cur, strings.Join(seen, ", "), n, len(in.live), in.cfg.FailureWindow, quorum(len(in.live)))
 	}
 	return decision{}, ""
 }

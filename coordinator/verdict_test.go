@@ -167,8 +167,8 @@ func TestHardFailureHasTheShortWindow(t *testing.T) {
 	if d.to != "B" || !d.auto || !strings.Contains(d.reason, "every broker of A refused the connections of all 3 agents for 500ms") {
 		t.Errorf("refused everywhere for 500 ms: %+v, want an automatic failover to B for a hard failure", d)
 	}
-	if d, _ := decide(views(true, false, true), 2*time.Second, closed); d.to != "" {
-		t.Errorf("one agent's failure is not a refusal, 2 s: %+v, want the full window", d)
+	if d, why := decide(views(true, false, true), 2*time.Second, closed); d.to != "" || why != "A unreachable from a1, a2, a3: 0 of 3 agents for 3s, a failover needs 2" {
+		t.Errorf("one agent's failure is not a refusal, 2 s: %+v %q, want the full window, and the verdict to say who sees A down", d, why)
 	}
 	if d, _ := decide(views(true, false, true), 3*time.Second, closed); d.to != "B" || !strings.Contains(d.reason, "unreachable from 3 of 3 agents for 3s") {
 		t.Errorf("one agent's failure is not a refusal, 3 s: %+v, want the ordinary failover", d)
