@@ -197,7 +197,38 @@ type Cluster struct {
 	// CheckpointsTopic is MirrorMaker 2's checkpoints topic on this cluster.
 	// Default <source alias>.checkpoints.internal.
 	CheckpointsTopic string `yaml:"checkpoints_topic" help:"MirrorMaker 2 checkpoints topic (default <source_alias>.checkpoints.internal)"`
+
+	// Delivery is how records reach the channels on this cluster:
+	// at_least_once (the default: a record may be produced again after an
+	// agent crashes) or exactly_once (each source partition's records are
+	// produced in Kafka transactions that also write the partition's
+	// position to PositionsTopic on this cluster; a new owner resumes
+	// after the last committed transaction). Readers of the channels must
+	// read with isolation.level=read_committed.
+	Delivery string `yaml:"delivery" help:"at_least_once (default) or exactly_once: channels on this cluster get each record once, in Kafka transactions that also write the source position; readers must use read_committed"`
+	// TransactionInterval is, with exactly_once, how often each source
+	// partition's open transaction is committed: the delay before its
+	// records are visible to read_committed readers and acknowledged.
+	TransactionInterval time.Duration `yaml:"transaction_interval" help:"exactly_once: how often each source partition's transaction is committed (default 100ms)"`
 }
+
+// Delivery modes of a cluster's channels (Cluster.Delivery).
+const (
+	AtLeastOnce = "at_least_once"
+	ExactlyOnce = "exactly_once"
+)
+
+// DefaultTransactionInterval is Cluster.TransactionInterval's default.
+const DefaultTransactionInterval = 100 * time.Millisecond
+
+// PositionsTopic is the compacted topic, on each exactly_once cluster,
+// that holds the source positions committed with its transactions. Its
+// name starts with "__" so that MirrorMaker 2's default topic filter
+// does not copy it.
+const PositionsTopic = "__kswitch.positions"
+
+// ExactlyOnce reports whether the channels on c get exactly-once delivery.
+func (c Cluster) ExactlyOnce() bool { return c.Delivery == ExactlyOnce }
 
 // Source configures what the fleet consumes.
 type Source struct {
@@ -376,7 +407,7 @@ func Default() Config {
 // defaultCluster is the value a cluster starts from before the file or an
 // override sets its fields.
 func defaultCluster() Cluster {
-	return Cluster{Version: DefaultKafkaVersion, ClientID: DefaultClientID}
+	return Cluster{Version: DefaultKafkaVersion, ClientID: DefaultClientID, Delivery: AtLeastOnce, TransactionInterval: DefaultTransactionInterval}
 }
 
 // fillClusterDefaults sets the defaults of cluster fields left empty, so that
@@ -390,6 +421,12 @@ func (c *Config) fillClusterDefaults() {
 		}
 		if cl.ClientID == "" {
 			cl.ClientID = d.ClientID
+		}
+		if cl.Delivery == "" {
+			cl.Delivery = d.Delivery
+		}
+		if cl.TransactionInterval == 0 {
+			cl.TransactionInterval = d.TransactionInterval
 		}
 		c.Clusters[name] = cl
 	}

@@ -119,7 +119,7 @@ func TestDefaultsAppliedWhenAbsent(t *testing.T) {
 	want := Default()
 	want.Fleet = "orders"
 	want.Etcd.Endpoints = []string{"127.0.0.1:2379"}
-	want.Clusters["A"] = Cluster{Brokers: []string{"127.0.0.1:9092"}, Role: RolePrimary, Version: "3.6.0", ClientID: "kswitch"}
+	want.Clusters["A"] = Cluster{Brokers: []string{"127.0.0.1:9092"}, Role: RolePrimary, Version: "3.6.0", ClientID: "kswitch", Delivery: AtLeastOnce, TransactionInterval: DefaultTransactionInterval}
 	want.Source.Topics = []string{"orders"}
 	want.Source.Group = "orders"
 	if !reflect.DeepEqual(c, want) {
@@ -200,7 +200,7 @@ clusters:
     role: primary
     brokerz: [127.0.0.1:9092]
 `,
-			want: []string{`config: f.yaml line 7: unknown field "brokerz" in clusters.A (known: brokers, role, version, client_id, tls, sasl, replication_policy, source_alias, offset_syncs_topic, offset_syncs_on, checkpoints_topic)`},
+			want: []string{`config: f.yaml line 7: unknown field "brokerz" in clusters.A (known: brokers, role, version, client_id, tls, sasl, replication_policy, source_alias, offset_syncs_topic, offset_syncs_on, checkpoints_topic, delivery, transaction_interval)`},
 		},
 		{
 			name: "unknown top-level field",
@@ -304,7 +304,7 @@ clusters:
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Cluster{Brokers: []string{"b:9092"}, Role: RoleStandby, Version: "3.9.0", ClientID: "kswitch"}
+	want := Cluster{Brokers: []string{"b:9092"}, Role: RoleStandby, Version: "3.9.0", ClientID: "kswitch", Delivery: AtLeastOnce, TransactionInterval: DefaultTransactionInterval}
 	if got := c.Clusters["B"]; !reflect.DeepEqual(got, want) {
 		t.Errorf("B = %+v, want %+v", got, want)
 	}
@@ -608,7 +608,7 @@ clusters:
 	if got := c.Clusters["dc_east"]; got.ClientID != "east" || got.Role != RoleStandby {
 		t.Errorf("clusters.dc_east = %+v", got)
 	}
-	want := Cluster{Brokers: []string{"n1:1", "n2:2"}, Role: RolePrimary, Version: DefaultKafkaVersion, ClientID: DefaultClientID}
+	want := Cluster{Brokers: []string{"n1:1", "n2:2"}, Role: RolePrimary, Version: DefaultKafkaVersion, ClientID: DefaultClientID, Delivery: AtLeastOnce, TransactionInterval: DefaultTransactionInterval}
 	if got := c.Clusters["NEW"]; !reflect.DeepEqual(got, want) {
 		t.Errorf("clusters.NEW = %+v, want %+v", got, want)
 	}
@@ -643,7 +643,7 @@ func TestFlagOverrides(t *testing.T) {
 	if want := []string{"e1:2379", "e2:2379"}; !slices.Equal(c.Etcd.Endpoints, want) {
 		t.Errorf("etcd.endpoints = %q, want %q", c.Etcd.Endpoints, want)
 	}
-	want := Cluster{Brokers: []string{"a:1", "b:1"}, Role: RolePrimary, Version: DefaultKafkaVersion, ClientID: DefaultClientID}
+	want := Cluster{Brokers: []string{"a:1", "b:1"}, Role: RolePrimary, Version: DefaultKafkaVersion, ClientID: DefaultClientID, Delivery: AtLeastOnce, TransactionInterval: DefaultTransactionInterval}
 	if got := c.Clusters["dc.1"]; !reflect.DeepEqual(got, want) {
 		t.Errorf("clusters[dc.1] = %+v, want %+v", got, want)
 	}
@@ -678,7 +678,7 @@ func TestBadOverrides(t *testing.T) {
 		{"flag cluster syntax", nil, []string{"--cluster=A:brokers=x"},
 			[]string{`for "--cluster" flag: want NAME.field=value`}},
 		{"flag cluster field", nil, []string{"--cluster=A.brokerz=x:1"},
-			[]string{`for "--cluster" flag: unknown cluster field "brokerz" (known: brokers, role, version, client_id, tls.enabled, tls.ca_file, tls.cert_file, tls.key_file, tls.server_name, tls.insecure_skip_verify, sasl.mechanism, sasl.username, sasl.password, sasl.password_file, replication_policy, source_alias, offset_syncs_topic, offset_syncs_on, checkpoints_topic)`}},
+			[]string{`for "--cluster" flag: unknown cluster field "brokerz" (known: brokers, role, version, client_id, tls.enabled, tls.ca_file, tls.cert_file, tls.key_file, tls.server_name, tls.insecure_skip_verify, sasl.mechanism, sasl.username, sasl.password, sasl.password_file, replication_policy, source_alias, offset_syncs_topic, offset_syncs_on, checkpoints_topic, delivery, transaction_interval)`}},
 		{"flag ambiguous cluster", nil, []string{"--cluster=AB.role=sink"},
 			[]string{`config: --cluster AB.role: cluster "AB" matches clusters Ab and aB, which differ only in case`}},
 	} {

@@ -191,6 +191,17 @@ func (c *Config) validateClusters(p *problems) {
 			p.add(path+".client_id", "%q must not contain control characters", cl.ClientID)
 		}
 		validateReplication(p, path, cl)
+		switch cl.Delivery {
+		case AtLeastOnce, ExactlyOnce:
+		default:
+			p.add(path+".delivery", "%q is not a delivery mode; use %s (the default) or %s", cl.Delivery, AtLeastOnce, ExactlyOnce)
+		}
+		if cl.TransactionInterval < 10*time.Millisecond || cl.TransactionInterval > time.Minute {
+			p.add(path+".transaction_interval", "%s is outside 10ms-1m: it is how often an exactly_once transaction commits (records wait that long to be visible)", cl.TransactionInterval)
+		}
+		if cl.ExactlyOnce() && !transactional(cl.Version) {
+			p.add(path+".delivery", "exactly_once needs Kafka transactions (0.11 or later); the cluster's version is %s", cl.Version)
+		}
 	}
 	if _, ok := byRole[RolePrimary]; !ok {
 		p.add("clusters", "no cluster has role primary; set role: primary on the cluster consumed from normally")
@@ -345,4 +356,16 @@ func (p *problems) listenAddr(path, addr string) {
 func validPort(s string, zeroOK bool) bool {
 	n, err := strconv.ParseUint(s, 10, 16)
 	return err == nil && (n > 0 || zeroOK)
+}
+
+// transactional reports whether Kafka version v (kafkaVersionRE) has
+// transactions: 0.11 or later.
+func transactional(v string) bool {
+	rest, old := strings.CutPrefix(v, "0.")
+	if !old {
+		return true
+	}
+	minor, _, _ := strings.Cut(rest, ".")
+	n, err := strconv.Atoi(minor)
+	return err == nil && n >= 11
 }

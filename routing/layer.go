@@ -280,6 +280,7 @@ func (r *Router) SetClusters(clusters map[string]config.Cluster) {
 	r.layer.dirty = r.opts.Etcd != nil
 	r.mu.Unlock()
 	r.pool.setClusters(clusters)
+	r.txns.setClusters(clusters)
 	if r.opts.Etcd == nil {
 		if v, src, err := r.compileLayer(nil, nil); err != nil {
 			r.log.Error("the routing file does not compile with the new clusters; the version in force stays", zap.Error(err))

@@ -24,6 +24,8 @@ type metrics struct {
 	failures      *prometheus.CounterVec // channel
 	waits         *prometheus.CounterVec // reason
 	producers     prometheus.Gauge
+	skipped       prometheus.Counter
+	txns          *prometheus.CounterVec // cluster, outcome
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -48,6 +50,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kswitch_routing_dropped_total",
 			Help: "Records acknowledged without a produce: reason rule (a drop rule matched) or no_match (no rule matched and there is no default route).",
 		}, []string{"reason"}),
+		skipped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kswitch_routing_exactly_once_skipped_total",
+			Help: "Produces to an exactly_once cluster skipped because an earlier owner's committed transaction holds them (consumed again after a crash).",
+		}),
+		txns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kswitch_routing_transactions_total",
+			Help: "Transactions to exactly_once clusters by cluster and outcome: committed, aborted (sent again), failed (the producer is opened again) or fenced (the partition has a new owner).",
+		}, []string{"cluster", "outcome"}),
 		dead: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kswitch_routing_dead_lettered_total",
 			Help: "Records sent to the dead-letter channel: reason evaluation (a rule or key expression failed), budget (an expression exceeded its evaluation budget on the record) or produce (the destination refused the record for good).",
@@ -72,7 +82,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Producers open (one per destination cluster and compression/acks combination in use).",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.version, m.refused, m.routed, m.rules, m.dropped, m.dead, m.latency, m.failures, m.waits, m.producers} {
+	for _, c := range []prometheus.Collector{m.version, m.refused, m.routed, m.rules, m.dropped, m.dead, m.latency, m.failures, m.waits, m.producers, m.skipped, m.txns} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {

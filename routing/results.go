@@ -40,25 +40,36 @@ func (r *Router) onResult(pr *producer, msg *sarama.ProducerMessage, err error) 
 		return
 	}
 	if err == nil {
-		r.settle(om)
-		om.ds.routed.Inc()
-		om.ds.latency.Observe(time.Since(om.sent).Seconds())
-		if f := om.ds.failing.Load(); f != nil && om.ds.failing.CompareAndSwap(f, nil) {
-			r.log.Info("destination recovered; its records flow again", zap.Stringer("destination", om.ds.dest),
-				zap.Duration("failed_for", time.Since(f.since)))
-		}
-		if om.blocks != nil {
-			r.unblock(om)
-		}
-		if om.d.pending.Add(-1) == 0 {
-			r.ack(om.d.rec)
-		}
+		r.produced(om)
 		return
 	}
 	if r.loopCtx.Err() != nil {
 		r.settle(om) // closing: not acknowledged, consumed again by the next owner
 		return
 	}
+	r.failed(om, err)
+}
+
+// produced settles a produce that the destination acknowledged, and
+// acknowledges its record once every produce of it is.
+func (r *Router) produced(om *outMsg) {
+	r.settle(om)
+	om.ds.routed.Inc()
+	om.ds.latency.Observe(time.Since(om.sent).Seconds())
+	if f := om.ds.failing.Load(); f != nil && om.ds.failing.CompareAndSwap(f, nil) {
+		r.log.Info("destination recovered; its records flow again", zap.Stringer("destination", om.ds.dest),
+			zap.Duration("failed_for", time.Since(f.since)))
+	}
+	if om.blocks != nil {
+		r.unblock(om)
+	}
+	if om.d.pending.Add(-1) == 0 {
+		r.ack(om.d.rec)
+	}
+}
+
+// failed queues a failed produce to be sent again (or dead-lettered).
+func (r *Router) failed(om *outMsg, err error) {
 	om.failures++
 	om.lastErr = err
 	om.ds.failures.Inc()

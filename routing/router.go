@@ -70,6 +70,7 @@ type Router struct {
 	log      *zap.Logger
 	m        *metrics
 	pool     *pool
+	txns     *txnSet
 
 	cur     atomic.Pointer[Version]
 	ready   chan struct{}
@@ -136,6 +137,7 @@ type outMsg struct {
 	dead         bool   // a dead-letter produce
 	ds           *destState
 	pr           *producer
+	tp           *txnProducer // instead of pr, on an exactly_once cluster
 	msg          *sarama.ProducerMessage
 	srcPartition int32
 	sent         time.Time // first handed to a producer
@@ -197,6 +199,12 @@ func New(cfg config.Config, sig func() signals.State, opts Options) (*Router, er
 	if err := opts.Registerer.Register(inFlightCollector{r}); err != nil {
 		return nil, fmt.Errorf("routing: register kswitch_routing_in_flight: %w", err)
 	}
+	for name, cl := range cfg.Clusters {
+		if cl.ExactlyOnce() && cfg.Fleet == "" {
+			return nil, fmt.Errorf("routing: cluster %s is exactly_once, whose transactional ids and positions are the fleet's: set fleet", name)
+		}
+	}
+	r.txns = newTxnSet(r, cfg.Fleet, cfg.Clusters)
 	r.pool = newPool(cfg.Clusters, log)
 	r.pool.onResult = r.onResult
 	r.pool.opened = func(_ producerKey, open bool) {
@@ -398,10 +406,17 @@ func (r *Router) submit(ctx context.Context, rec *record.Record, msgs []*outMsg)
 		}
 	}
 	for i, m := range msgs {
-		pr, err := r.pool.acquireFor(ctx, m.ch, r.opts.OpenWait)
+		var err error
+		if r.txns.exactlyOnce(m.ch.Cluster) {
+			m.tp, err = r.txns.acquire(ctx, txnKeyOf(m.ch.Cluster, rec), rec.Generation, rec.Session, r.opts.OpenWait)
+		} else {
+			m.pr, err = r.pool.acquireFor(ctx, m.ch, r.opts.OpenWait)
+		}
 		if err != nil {
 			for _, done := range msgs[:i] {
-				r.pool.release(done.pr, 1)
+				if done.pr != nil {
+					r.pool.release(done.pr, 1)
+				}
 			}
 			if errors.Is(err, ctx.Err()) || errors.Is(err, errClosed) {
 				return err
@@ -409,7 +424,6 @@ func (r *Router) submit(ctx context.Context, rec *record.Record, msgs []*outMsg)
 			r.m.waits.WithLabelValues("opening").Inc()
 			return &WaitError{Channel: m.ch.Name, Reason: "opening", Err: err}
 		}
-		m.pr = pr
 	}
 	d := &msgs[0].own
 	d.rec = rec
@@ -418,7 +432,23 @@ func (r *Router) submit(ctx context.Context, rec *record.Record, msgs []*outMsg)
 	for i, m := range msgs {
 		m.d, m.sent = d, now
 		m.ds.inFlight.Add(1)
-		if err := m.pr.send(ctx, r.loopCtx.Done(), m.msg); err != nil {
+		var err error
+		switch {
+		case m.tp == nil:
+			err = m.pr.send(ctx, r.loopCtx.Done(), m.msg)
+		case m.tp.covers(rec):
+			// An earlier owner's transaction produced it: this owner
+			// consumes it again from etcd's older position.
+			r.m.skipped.Inc()
+			r.settle(m)
+			if d.pending.Add(-1) == 0 {
+				r.ack(rec)
+			}
+			continue
+		default:
+			err = m.tp.add(ctx, m)
+		}
+		if err != nil {
 			// The record will not be acknowledged: ctx ended (the
 			// partition is revoked) or the router is closing.
 			for _, rest := range msgs[i:] {
@@ -433,7 +463,9 @@ func (r *Router) submit(ctx context.Context, rec *record.Record, msgs []*outMsg)
 // settle forgets m, acknowledged or not: it no longer counts as in flight
 // on its producer and destination.
 func (r *Router) settle(m *outMsg) {
-	r.pool.release(m.pr, 1)
+	if m.pr != nil {
+		r.pool.release(m.pr, 1)
+	}
 	m.ds.inFlight.Add(-1)
 }
 

@@ -123,6 +123,7 @@ func (r *Router) Close(ctx context.Context) error {
 		if err := r.pool.close(pctx); err != nil {
 			errs = append(errs, err)
 		}
+		r.txns.close()
 		r.closeErr = errors.Join(errs...)
 	})
 	return r.closeErr

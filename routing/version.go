@@ -190,6 +190,13 @@ func Compile(spec Config, clusters map[string]config.Cluster) (*Version, error) 
 			if _, err := ProducerConfig(cl, ch.Compression, ch.Acks); err != nil {
 				errs = append(errs, fmt.Errorf("channels.%s: %v", name, err))
 			}
+			if cl.ExactlyOnce() && (ch.Acks != "all" || ch.Compression != "none") {
+				// One transactional producer carries a source partition's
+				// records to every channel of the cluster: its settings
+				// are the cluster's, not the channel's.
+				errs = append(errs, fmt.Errorf("channels.%s: cluster %s is exactly_once, whose transactions need acks all and, for now, no compression (channel has acks %s, compression %s)",
+					name, ch.Cluster, ch.Acks, ch.Compression))
+			}
 		}
 		v.channels[name] = c
 	}

@@ -1,0 +1,612 @@
+package routing
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"go.uber.org/zap"
+
+	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/internal/kafka"
+	"github.com/kswitch/kswitch/offsets"
+	"github.com/kswitch/kswitch/record"
+)
+
+// Exactly-once delivery (config.Cluster.Delivery exactly_once).
+//
+// The records of one source partition bound for channels on one
+// exactly_once cluster go through one transactional producer, whose
+// transactional.id is derived from the fleet, the cluster and the
+// partition's stream (its logical topic, origin and number: the same for
+// every physical copy, so that an owner on B fences the last owner on A).
+// Every transaction_interval the producer adds the partition's position
+// (the offset after the last record in the transaction) to the cluster's
+// positions topic and commits: the records and the position become
+// visible together, and only then are the records acknowledged to the
+// agent, which commits its own position to etcd afterwards. etcd's
+// position is therefore never ahead of the cluster's.
+//
+// A new owner opens the producer with the same transactional.id (Kafka
+// aborts the last owner's open transaction and fences it), reads the
+// position committed last, and skips, for this cluster, the records before
+// it that it consumes again from etcd's older position. An owner is the
+// agent consuming the partition under one generation and session
+// (record.Record): when they change, the producer is opened again.
+
+// txnKey identifies a transactional producer: the exactly_once cluster
+// and the source partition's stream.
+type txnKey struct {
+	cluster, topic, origin string
+	partition              int32
+}
+
+func txnKeyOf(cluster string, rec *record.Record) txnKey {
+	// A record from a runtime that does not name the streams (an
+	// embedding's own) is its own stream.
+	return txnKey{cluster: cluster, topic: cmp.Or(rec.SourceTopic, rec.Topic), origin: cmp.Or(rec.Origin, rec.Cluster), partition: rec.Partition}
+}
+
+// positionKey is the key of the stream's position in the positions topic.
+func (k txnKey) positionKey(fleet string) string {
+	return fleet + "/" + k.topic + "/" + k.origin + "/" + strconv.Itoa(int(k.partition))
+}
+
+// transactionalID is the producer's transactional.id.
+func (k txnKey) transactionalID(fleet string) string {
+	return "kswitch/" + fleet + "/" + k.cluster + "/" + k.topic + "/" + k.origin + "/" + strconv.Itoa(int(k.partition))
+}
+
+// TxnPosition is the value of a stream's key in the positions topic: the
+// source position that the transaction it was written in completes.
+type TxnPosition struct {
+	// Cluster, Topic and Partition name the physical source partition.
+	Cluster   string `json:"cluster"`
+	Topic     string `json:"topic"`
+	Partition int32  `json:"partition"`
+	// Offset is the next offset to consume there.
+	Offset int64 `json:"offset"`
+	// Fingerprint is the last record's (offset Offset-1), for
+	// translation to another cluster's copy.
+	Fingerprint offsets.Fingerprint `json:"fp"`
+	// Generation and Session are the owner's (record.Record).
+	Generation int64 `json:"gen"`
+	Session    int64 `json:"session"`
+	// Done maps each physical copy of the stream consumed so far
+	// ("cluster/topic/partition") to the offset after the last record
+	// delivered from it: a switch back to a copy (a failback to A) may
+	// consume again records delivered from it before the switch (A's
+	// unmirrored tail), which are skipped. The stream has one copy per
+	// source cluster, so the map stays small.
+	Done map[string]int64 `json:"done"`
+}
+
+func physical(cluster, topic string, partition int32) string {
+	return cluster + "/" + topic + "/" + strconv.Itoa(int(partition))
+}
+
+// covers reports whether rec was delivered by an earlier transaction.
+func (p *TxnPosition) covers(rec *record.Record) bool {
+	return p != nil && rec.Offset < p.Done[physical(rec.Cluster, rec.Topic, rec.Partition)]
+}
+
+// txnProducer is the transactional producer of one stream on one cluster
+// for one owner.
+type txnProducer struct {
+	key     txnKey
+	gen     int64
+	session int64
+	set     *txnSet
+	p       sarama.AsyncProducer
+	// committed is the position of the last committed transaction (read
+	// at open, then ours); nil when there is none.
+	committed *TxnPosition
+
+	mu     sync.Mutex
+	msgs   []*outMsg   // in the open transaction
+	pos    TxnPosition // after the last record in the open transaction
+	inTxn  bool
+	failed error // fatal: the producer is fenced or broken
+	idle   int   // commit ticks without a record
+	stop   chan struct{}
+	done   chan struct{}
+	shut   sync.Once // closes p
+}
+
+// txnIdleTicks is how many transaction intervals a producer waits without
+// a record before it closes.
+const txnIdleTicks = 600
+
+// owner is a generation and session (record.Record).
+type owner struct{ gen, session int64 }
+
+// txnSet holds a router's transactional producers.
+type txnSet struct {
+	r     *Router
+	fleet string
+
+	mu       sync.Mutex
+	clusters map[string]config.Cluster
+	live     map[txnKey]*txnProducer
+	opening  map[txnKey]chan struct{}
+	// fenced are the owners whose producer another owner fenced: they
+	// are not opened again (which would fence the new owner back).
+	fenced  map[txnKey]owner
+	clients map[string]sarama.Client // per cluster, for the positions topic
+	ready   map[string]bool          // positions topic exists
+	closed  bool
+	wg      sync.WaitGroup
+}
+
+func newTxnSet(r *Router, fleet string, clusters map[string]config.Cluster) *txnSet {
+	return &txnSet{r: r, fleet: fleet, clusters: clusters, live: map[txnKey]*txnProducer{},
+		opening: map[txnKey]chan struct{}{}, fenced: map[txnKey]owner{}, clients: map[string]sarama.Client{}, ready: map[string]bool{}}
+}
+
+// exactlyOnce reports whether channels on cluster get exactly-once
+// delivery.
+func (s *txnSet) exactlyOnce(cluster string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.clusters[cluster].ExactlyOnce()
+}
+
+func (s *txnSet) setClusters(clusters map[string]config.Cluster) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for name, c := range s.clients {
+		if old, now := s.clusters[name], clusters[name]; !sameConnection(old, now) {
+			_ = c.Close()
+			delete(s.clients, name)
+			delete(s.ready, name)
+		}
+	}
+	s.clusters = clusters
+}
+
+func sameConnection(a, b config.Cluster) bool {
+	ca, errA := kafka.Config(a)
+	cb, errB := kafka.Config(b)
+	return errA == nil && errB == nil && fmt.Sprint(a.Brokers) == fmt.Sprint(b.Brokers) && ca.Version == cb.Version &&
+		a.TLS == b.TLS && a.SASL == b.SASL
+}
+
+// acquire returns the producer of k for the owner (gen, session), opening
+// it in the background: it waits at most wait (or until ctx ends).
+func (s *txnSet) acquire(ctx context.Context, k txnKey, gen, session int64, wait time.Duration) (*txnProducer, error) {
+	timeout := time.NewTimer(wait)
+	defer timeout.Stop()
+	for {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return nil, errClosed
+		}
+		if s.fenced[k] == (owner{gen, session}) {
+			s.mu.Unlock()
+			return nil, fmt.Errorf("the transactional producer of %s on %s was fenced: the partition has a new owner", k.positionKey(s.fleet), k.cluster)
+		}
+		tp := s.live[k]
+		if tp != nil && tp.gen == gen && tp.session == session {
+			s.mu.Unlock() // before tp.mu: commit takes s.mu under tp.mu
+			tp.mu.Lock()
+			failed := tp.failed
+			tp.mu.Unlock()
+			if failed != nil {
+				return nil, failed
+			}
+			return tp, nil
+		}
+		ch := s.opening[k]
+		if ch == nil {
+			ch = make(chan struct{})
+			s.opening[k] = ch
+			old := tp
+			s.wg.Go(func() { s.open(k, gen, session, old, ch) })
+		}
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-timeout.C:
+			return nil, fmt.Errorf("transactional producer of %s on %s still opening after %s", k.positionKey(s.fleet), k.cluster, wait)
+		}
+	}
+}
+
+// open opens the producer of k for an owner, after closing the last
+// owner's (old, committing what it holds), and reads the position
+// committed last. On failure nothing is installed; the next acquire tries
+// again.
+func (s *txnSet) open(k txnKey, gen, session int64, old *txnProducer, done chan struct{}) {
+	defer func() {
+		s.mu.Lock()
+		delete(s.opening, k)
+		s.mu.Unlock()
+		close(done)
+	}()
+	if old != nil {
+		old.close()
+	}
+	tp, err := s.newProducer(k, gen, session)
+	if err != nil {
+		s.r.log.Warn("cannot open a transactional producer; its records wait", zap.String("cluster", k.cluster),
+			zap.String("stream", k.positionKey(s.fleet)), zap.Error(err))
+		s.mu.Lock()
+		if s.live[k] == old {
+			delete(s.live, k)
+		}
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		tp.closeProducer() // never used: its loop was not started
+		return
+	}
+	s.live[k] = tp
+	delete(s.fenced, k)
+	s.wg.Go(tp.run)
+	s.mu.Unlock()
+}
+
+func (s *txnSet) newProducer(k txnKey, gen, session int64) (*txnProducer, error) {
+	s.mu.Lock()
+	cl, ok := s.clusters[k.cluster]
+	s.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("cluster %q is not configured", k.cluster)
+	}
+	client, err := s.client(k.cluster, cl)
+	if err != nil {
+		return nil, err
+	}
+	sc, err := ProducerConfig(cl, "none", "all")
+	if err != nil {
+		return nil, err
+	}
+	sc.Producer.Transaction.ID = k.transactionalID(s.fleet)
+	sc.Producer.Return.Successes = false
+	// Opening fences the last owner: Kafka aborts its open transaction,
+	// so the position read below is final.
+	p, err := sarama.NewAsyncProducer(cl.Brokers, sc)
+	if err != nil {
+		return nil, fmt.Errorf("open transactional producer %s: %w", sc.Producer.Transaction.ID, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), sc.Producer.Timeout)
+	defer cancel()
+	committed, err := s.readPosition(ctx, client, k)
+	if err != nil {
+		_ = p.Close()
+		return nil, err
+	}
+	tp := &txnProducer{key: k, gen: gen, session: session, set: s, p: p, committed: committed,
+		stop: make(chan struct{}), done: make(chan struct{})}
+	s.wg.Go(func() {
+		for pe := range p.Errors() {
+			s.r.log.Debug("transactional produce failed", zap.String("cluster", k.cluster), zap.Error(pe.Err))
+		}
+	})
+	return tp, nil
+}
+
+// client returns the cluster's client for the positions topic, creating
+// the topic on first use.
+func (s *txnSet) client(name string, cl config.Cluster) (sarama.Client, error) {
+	s.mu.Lock()
+	c := s.clients[name]
+	ready := s.ready[name]
+	s.mu.Unlock()
+	if c == nil {
+		sc, err := kafka.Config(cl)
+		if err != nil {
+			return nil, err
+		}
+		if c, err = sarama.NewClient(cl.Brokers, sc); err != nil {
+			return nil, fmt.Errorf("connect to cluster %s: %w", name, err)
+		}
+		s.mu.Lock()
+		if prev := s.clients[name]; prev != nil {
+			s.mu.Unlock()
+			_ = c.Close()
+			c = prev
+		} else {
+			s.clients[name] = c
+			s.mu.Unlock()
+		}
+	}
+	if ready {
+		return c, nil
+	}
+	if err := ensurePositionsTopic(c); err != nil {
+		return nil, fmt.Errorf("cluster %s: %w", name, err)
+	}
+	s.mu.Lock()
+	s.ready[name] = true
+	s.mu.Unlock()
+	return c, nil
+}
+
+// ensurePositionsTopic creates the positions topic (one partition,
+// compacted) unless it exists.
+func ensurePositionsTopic(c sarama.Client) error {
+	if err := c.RefreshMetadata(config.PositionsTopic); err == nil {
+		if ps, err := c.Partitions(config.PositionsTopic); err == nil && len(ps) > 0 {
+			return nil
+		}
+	}
+	admin, err := sarama.NewClusterAdminFromClient(c)
+	if err != nil {
+		return err
+	}
+	// The admin shares c: closing it would close c.
+	rf := int16(min(3, len(c.Brokers())))
+	compact := "compact"
+	err = admin.CreateTopic(config.PositionsTopic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: max(rf, 1),
+		ConfigEntries: map[string]*string{"cleanup.policy": &compact}}, false)
+	if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
+		return fmt.Errorf("create the positions topic %s: %w", config.PositionsTopic, err)
+	}
+	return c.RefreshMetadata(config.PositionsTopic)
+}
+
+// readPosition reads the stream's last committed position from the
+// positions topic, as a read_committed consumer sees it; nil when there
+// is none.
+func (s *txnSet) readPosition(ctx context.Context, c sarama.Client, k txnKey) (*TxnPosition, error) {
+	key := k.positionKey(s.fleet)
+	var last *TxnPosition
+	var bad error
+	err := kafka.ReadAll(ctx, c, config.PositionsTopic, 0, func(r kafka.Record) bool {
+		if string(r.Key) != key {
+			return true
+		}
+		if r.Value == nil {
+			last = nil // a tombstone
+			return true
+		}
+		var p TxnPosition
+		if err := json.Unmarshal(r.Value, &p); err != nil {
+			bad = fmt.Errorf("position of %s at %s/0@%d is not JSON: %w", key, config.PositionsTopic, r.Offset, err)
+			return true
+		}
+		last, bad = &p, nil
+		return true
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", config.PositionsTopic, err)
+	}
+	if bad != nil {
+		return nil, bad
+	}
+	return last, nil
+}
+
+// add puts om in the open transaction, beginning one if needed. It blocks
+// while sarama's input is full, until ctx ends.
+func (t *txnProducer) add(ctx context.Context, om *outMsg) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.failed != nil {
+		return t.failed
+	}
+	if !t.inTxn {
+		if err := t.p.BeginTxn(); err != nil {
+			return t.fail(fmt.Errorf("begin transaction: %w", err))
+		}
+		t.inTxn = true
+	}
+	rec := om.d.rec
+	select {
+	case t.p.Input() <- om.msg:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	t.msgs = append(t.msgs, om)
+	t.idle = 0
+	done := t.pos.Done
+	if done == nil {
+		done = map[string]int64{}
+		if t.committed != nil {
+			maps.Copy(done, t.committed.Done)
+		}
+	}
+	at := physical(rec.Cluster, rec.Topic, rec.Partition)
+	done[at] = max(done[at], rec.Offset+1)
+	t.pos = TxnPosition{Cluster: rec.Cluster, Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset + 1,
+		Fingerprint: offsets.FingerprintOf(rec.Key, rec.Value, rec.Timestamp), Generation: rec.Generation, Session: rec.Session, Done: done}
+	return nil
+}
+
+// fail marks the producer broken; called with mu held.
+func (t *txnProducer) fail(err error) error {
+	t.failed = err
+	return err
+}
+
+// run commits the open transaction every transaction interval until the
+// producer is closed.
+func (t *txnProducer) run() {
+	defer close(t.done)
+	t.set.mu.Lock()
+	interval := t.set.clusters[t.key.cluster].TransactionInterval
+	t.set.mu.Unlock()
+	tick := time.NewTicker(max(interval, 10*time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case <-t.stop:
+			return
+		case <-tick.C:
+			if t.commit() {
+				t.retire()
+				return
+			}
+		}
+	}
+}
+
+// retire removes an idle or failed producer from the set and closes it.
+func (t *txnProducer) retire() {
+	s := t.set
+	s.mu.Lock()
+	if s.live[t.key] == t {
+		delete(s.live, t.key)
+	}
+	s.mu.Unlock()
+	t.closeProducer()
+}
+
+func (t *txnProducer) closeProducer() { t.shut.Do(func() { _ = t.p.Close() }) }
+
+// covers reports whether rec was produced by a committed transaction.
+func (t *txnProducer) covers(rec *record.Record) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.committed.covers(rec)
+}
+
+// commit commits the open transaction with the position it completes,
+// then acknowledges its records. An abortable failure aborts it and
+// sends the same records again in a new one. It reports whether the
+// producer should close: idle for long, or failed for good (fenced: the
+// partition has a new owner, whose consumption redoes what this owner did
+// not commit).
+func (t *txnProducer) commit() (closeIt bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.failed != nil {
+		t.dropAll()
+		return true
+	}
+	if !t.inTxn {
+		t.idle++
+		return t.idle >= txnIdleTicks
+	}
+	val, err := json.Marshal(t.pos)
+	if err != nil {
+		t.fail(err)
+		t.dropAll()
+		return true
+	}
+	t.p.Input() <- &sarama.ProducerMessage{Topic: config.PositionsTopic, Key: sarama.StringEncoder(t.key.positionKey(t.set.fleet)),
+		Value: sarama.ByteEncoder(val)}
+	err = t.p.CommitTxn()
+	m := t.set.r.m.txns
+	if err == nil {
+		m.WithLabelValues(t.key.cluster, "committed").Inc()
+		t.inTxn = false
+		pos := t.pos
+		t.committed = &pos
+		t.pos.Done = nil // the next transaction's starts from a copy of pos's
+		msgs := t.msgs
+		t.msgs = nil
+		for _, om := range msgs {
+			t.set.r.produced(om)
+		}
+		return false
+	}
+	if t.p.TxnStatus()&sarama.ProducerTxnFlagAbortableError != 0 && !fenced(err) {
+		t.set.r.log.Warn("transaction failed; aborting it and sending its records again", zap.String("cluster", t.key.cluster),
+			zap.String("stream", t.key.positionKey(t.set.fleet)), zap.Int("records", len(t.msgs)), zap.Error(err))
+		m.WithLabelValues(t.key.cluster, "aborted").Inc()
+		aerr := t.p.AbortTxn()
+		if aerr == nil {
+			if aerr = t.p.BeginTxn(); aerr == nil {
+				for i, om := range t.msgs {
+					om.msg = resendable(om.msg)
+					t.msgs[i] = om
+					t.p.Input() <- om.msg
+				}
+				return false
+			}
+		}
+		// The abort's error may say why (a new owner fenced this one).
+		err = errors.Join(err, aerr)
+	}
+	t.fail(fmt.Errorf("transaction on cluster %s failed: %w", t.key.cluster, err))
+	if fenced(err) {
+		m.WithLabelValues(t.key.cluster, "fenced").Inc()
+		t.set.mu.Lock()
+		t.set.fenced[t.key] = owner{t.gen, t.session}
+		t.set.mu.Unlock()
+		t.set.r.log.Info("transactional producer fenced: the partition has a new owner", zap.String("cluster", t.key.cluster),
+			zap.String("stream", t.key.positionKey(t.set.fleet)))
+	} else {
+		m.WithLabelValues(t.key.cluster, "failed").Inc()
+		t.set.r.log.Warn("transactional producer failed; it is opened again for the next records", zap.String("cluster", t.key.cluster),
+			zap.String("stream", t.key.positionKey(t.set.fleet)), zap.Error(err))
+	}
+	t.dropAll()
+	return true
+}
+
+// dropAll forgets the open transaction's records without acknowledging
+// them: they are consumed again (by this agent or the partition's next
+// owner) from the last committed position. Called with mu held.
+func (t *txnProducer) dropAll() {
+	for _, om := range t.msgs {
+		t.set.r.settle(om)
+	}
+	t.msgs = nil
+	t.inTxn = false
+}
+
+// close commits what the producer holds and closes it.
+func (t *txnProducer) close() {
+	select {
+	case <-t.stop:
+	default:
+		close(t.stop)
+	}
+	<-t.done
+	t.commit()
+	t.mu.Lock()
+	t.dropAll()
+	t.mu.Unlock()
+	t.closeProducer()
+}
+
+// close closes every producer and client.
+func (s *txnSet) close() {
+	s.mu.Lock()
+	s.closed = true
+	live := make([]*txnProducer, 0, len(s.live))
+	for _, tp := range s.live {
+		live = append(live, tp)
+	}
+	s.live = map[txnKey]*txnProducer{}
+	s.mu.Unlock()
+	for _, tp := range live {
+		tp.close()
+	}
+	s.wg.Wait()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for name, c := range s.clients {
+		_ = c.Close()
+		delete(s.clients, name)
+	}
+}
+
+// fenced reports whether err says that another producer with the same
+// transactional.id took over.
+func fenced(err error) bool {
+	return errors.Is(err, sarama.ErrProducerFenced) || errors.Is(err, sarama.ErrInvalidProducerEpoch) ||
+		errors.Is(err, sarama.ErrTransactionCoordinatorFenced)
+}
+
+// resendable returns a copy of m that sarama accepts again: it keeps
+// per-send state in the message.
+func resendable(m *sarama.ProducerMessage) *sarama.ProducerMessage {
+	return &sarama.ProducerMessage{Topic: m.Topic, Key: m.Key, Value: m.Value, Headers: m.Headers, Metadata: m.Metadata, Timestamp: m.Timestamp}
+}

@@ -1,0 +1,216 @@
+package routing
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/internal/kafka"
+	"github.com/kswitch/kswitch/internal/wait"
+)
+
+// readCommitted returns the values of every record of topic on cluster, as
+// a read_committed consumer sees them up to the last stable offset.
+func (w *world) readCommitted(cluster, topic string) map[string]int {
+	w.t.Helper()
+	sc, err := kafka.Config(w.cfg.Clusters[cluster])
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	c, err := sarama.NewClient(w.cfg.Clusters[cluster].Brokers, sc)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	defer c.Close()
+	ps, err := c.Partitions(topic)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	out := map[string]int{}
+	for _, p := range ps {
+		err := kafka.ReadAll(w.t.Context(), c, topic, p, func(r kafka.Record) bool {
+			out[string(r.Value)]++
+			return true
+		})
+		if err != nil {
+			w.t.Fatalf("read %s/%s/%d: %v", cluster, topic, p, err)
+		}
+	}
+	return out
+}
+
+// owner starts a router for an owner of the source partitions: records it
+// is handed carry its generation and session.
+type eosOwner struct {
+	r    *Router
+	acks *acks
+	gen  int64
+}
+
+func (w *world) owner(gen int64, interval time.Duration) *eosOwner {
+	w.t.Helper()
+	cfg := w.cfg.Clone()
+	s := cfg.Clusters["S"]
+	s.TransactionInterval = interval
+	cfg.Clusters["S"] = s
+	o := &eosOwner{acks: newAcks(), gen: gen}
+	r, err := New(cfg, nil, Options{Logger: zaptest.NewLogger(w.t).Named(fmt.Sprintf("gen%d", gen)), OnAck: o.acks.add})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	o.r = r
+	return o
+}
+
+func (o *eosOwner) close(t *testing.T, wantErr bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := o.r.Close(ctx); (err != nil) != wantErr {
+		t.Errorf("gen %d: Close: %v", o.gen, err)
+	}
+}
+
+// handle hands the records [from, to) of orders/0 on A to the owner.
+func (o *eosOwner) handle(t *testing.T, from, to int64) {
+	t.Helper()
+	o.handleOn(t, "A", "orders", from, to)
+}
+
+// handleOn hands the records [from, to) of a copy of A's orders/0 to the
+// owner: on A orders, on B A.orders.
+func (o *eosOwner) handleOn(t *testing.T, cluster, topic string, from, to int64) {
+	t.Helper()
+	for off := from; off < to; off++ {
+		rec := testRecord(topic, 0, off, "")
+		rec.Cluster, rec.SourceTopic = cluster, "orders"
+		rec.Origin, rec.Generation, rec.Session = "A", o.gen, o.gen
+		if err := deliver(t.Context(), o.r, rec, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func (o *eosOwner) waitAcked(t *testing.T, n int) {
+	t.Helper()
+	wait.For(t, 10*time.Second, fmt.Sprintf("gen %d: %d records acknowledged", o.gen, n), func() error {
+		if got := o.acks.count("orders/0@"); got != n {
+			return fmt.Errorf("%d acknowledged", got)
+		}
+		return nil
+	})
+}
+
+// TestExactlyOnceThroughACrashAndAZombie: the records of a source
+// partition reach a channel on an exactly_once cluster once each, although
+// each next owner consumes again from an older position (etcd's, behind
+// the cluster's), and although an owner that lost the partition holds an
+// open transaction when the next one starts.
+func TestExactlyOnceThroughACrashAndAZombie(t *testing.T) {
+	w := newWorld(t, map[string][]string{"S": {"out"}}, "A", "S")
+	s := w.cfg.Clusters["S"]
+	s.Delivery = config.ExactlyOnce
+	w.cfg.Clusters["S"] = s
+	w.cfg.Routing = Config{Default: []string{"out"}, Channels: map[string]Channel{"out": {Cluster: "S", Topic: "out"}}}
+
+	// The first owner produces 0-149, committed (acknowledged only once
+	// committed), and "crashes" with etcd's position at 100.
+	first := w.owner(1, 50*time.Millisecond)
+	first.handle(t, 0, 150)
+	first.waitAcked(t, 150)
+	first.close(t, false)
+
+	// The second owner consumes from 100: 100-149 are skipped (the
+	// first's transactions hold them) and acknowledged at once; 150-199
+	// wait in a transaction that its hour-long interval never commits.
+	second := w.owner(2, time.Hour)
+	second.handle(t, 100, 200)
+	second.waitAcked(t, 50)
+	if n := metricValue(second.r.m.skipped); n != 50 {
+		t.Errorf("second owner skipped %v produces, want 50 (offsets 100-149)", n)
+	}
+
+	// The third owner (the second lost the partition without knowing)
+	// fences the second: Kafka aborts its transaction. It too consumes
+	// from 100.
+	third := w.owner(3, 50*time.Millisecond)
+	third.handle(t, 100, 250)
+	third.waitAcked(t, 150)
+	// The zombie's commit fails: its 50 records are never acknowledged.
+	second.close(t, true)
+	if n := metricValue(second.r.m.txns.WithLabelValues("S", "fenced")); n != 1 {
+		t.Errorf("fenced transactions of the second owner: %v, want 1", n)
+	}
+	if n := second.acks.count("orders/0@"); n != 50 {
+		t.Errorf("the fenced owner acknowledged %d records, want only the 50 skipped", n)
+	}
+	third.close(t, false)
+
+	// A switch to B: the next owner consumes B's copy, A.orders/0; then
+	// a switch back to A rewinds to 240 (A's unmirrored tail, say): what
+	// A's copy delivered before, 240-249, is skipped.
+	onB := w.owner(4, 50*time.Millisecond)
+	onB.handleOn(t, "B", "A.orders", 0, 10)
+	onB.close(t, false)
+	back := w.owner(5, 50*time.Millisecond)
+	back.handle(t, 240, 260)
+	if n := metricValue(back.r.m.skipped); n != 10 {
+		t.Errorf("after the switch back, %v produces skipped, want 10 (A's 240-249)", n)
+	}
+	back.close(t, false)
+
+	got := w.readCommitted("S", "out")
+	want := 0
+	for _, copy := range []struct {
+		topic string
+		n     int64
+	}{{"orders", 260}, {"A.orders", 10}} {
+		for off := range copy.n {
+			v := fmt.Sprintf("%s/0@%d", copy.topic, off)
+			if got[v] != 1 {
+				t.Errorf("%s on the channel %d times (read_committed), want once", v, got[v])
+			}
+		}
+		want += int(copy.n)
+	}
+	if len(got) != want {
+		t.Errorf("%d distinct records on the channel, want %d", len(got), want)
+	}
+
+	// The position the last transaction wrote is the stream's.
+	pos := w.readCommitted("S", config.PositionsTopic)
+	var last TxnPosition
+	for v := range pos {
+		var p TxnPosition
+		if err := json.Unmarshal([]byte(v), &p); err != nil {
+			t.Fatalf("position %q: %v", v, err)
+		}
+		if p.Offset > last.Offset {
+			last = p
+		}
+	}
+	if last.Offset != 260 || last.Cluster != "A" || last.Topic != "orders" || last.Generation != 5 ||
+		last.Done["A/orders/0"] != 260 || last.Done["B/A.orders/0"] != 10 {
+		t.Errorf("last position %+v, want A orders/0 offset 260 by generation 5, done A 260 and B 10", last)
+	}
+}
+
+// TestExactlyOnceChannelSettingsRefused: a channel on an exactly_once
+// cluster cannot ask for settings its transactions do not have.
+func TestExactlyOnceChannelSettingsRefused(t *testing.T) {
+	clusters := map[string]config.Cluster{
+		"A": {Brokers: []string{"a:9092"}, Role: config.RolePrimary, Version: config.DefaultKafkaVersion},
+		"S": {Brokers: []string{"s:9092"}, Role: config.RoleSink, Version: config.DefaultKafkaVersion, Delivery: config.ExactlyOnce},
+	}
+	_, err := Compile(Config{Default: []string{"out"}, Channels: map[string]Channel{"out": {Cluster: "S", Topic: "out", Acks: "leader"}}}, clusters)
+	if err == nil || !strings.Contains(err.Error(), "channels.out: cluster S is exactly_once") {
+		t.Fatalf("acks leader on an exactly_once cluster: %v", err)
+	}
+}
