@@ -439,11 +439,7 @@ func (r *Router) submit(ctx context.Context, rec *record.Record, msgs []*outMsg)
 		case m.tp.covers(rec):
 			// An earlier owner's transaction produced it: this owner
 			// consumes it again from etcd's older position.
-			r.m.skipped.Inc()
-			r.settle(m)
-			if d.pending.Add(-1) == 0 {
-				r.ack(rec)
-			}
+			r.skip(m)
 			continue
 		default:
 			err = m.tp.add(ctx, m)
@@ -467,6 +463,16 @@ func (r *Router) settle(m *outMsg) {
 		r.pool.release(m.pr, 1)
 	}
 	m.ds.inFlight.Add(-1)
+}
+
+// skip settles a produce to an exactly_once cluster that an earlier
+// transaction made, as if it were acknowledged now.
+func (r *Router) skip(m *outMsg) {
+	r.m.skipped.Inc()
+	r.settle(m)
+	if m.d.pending.Add(-1) == 0 {
+		r.ack(m.d.rec)
+	}
 }
 
 // inFlight returns the produces not settled, across destinations.

@@ -76,6 +76,8 @@ type TxnPosition struct {
 	// Fingerprint is the last record's (offset Offset-1), for
 	// translation to another cluster's copy.
 	Fingerprint offsets.Fingerprint `json:"fp"`
+	// TimestampMs is the last record's timestamp, Unix milliseconds.
+	TimestampMs int64 `json:"ts"`
 	// Generation and Session are the owner's (record.Record).
 	Generation int64 `json:"gen"`
 	Session    int64 `json:"session"`
@@ -114,10 +116,13 @@ type txnProducer struct {
 	pos    TxnPosition // after the last record in the open transaction
 	inTxn  bool
 	failed error // fatal: the producer is fenced or broken
-	idle   int   // commit ticks without a record
-	stop   chan struct{}
-	done   chan struct{}
-	shut   sync.Once // closes p
+	align  *alignment
+	// aligned are the copies aligned with the committed position.
+	aligned map[string]bool
+	idle    int // commit ticks without a record
+	stop    chan struct{}
+	done    chan struct{}
+	shut    sync.Once // closes p
 }
 
 // txnIdleTicks is how many transaction intervals a producer waits without
@@ -399,6 +404,82 @@ func (t *txnProducer) add(ctx context.Context, om *outMsg) error {
 	if t.failed != nil {
 		return t.failed
 	}
+	rec := om.d.rec
+	if t.align == nil && t.mustAlign(rec) {
+		t.align = &alignment{copy: physical(rec.Cluster, rec.Topic, rec.Partition), since: time.Now()}
+	}
+	if a := t.align; a != nil {
+		c := t.committed
+		ts := rec.Timestamp.UnixMilli()
+		switch {
+		case ts == c.TimestampMs && offsets.FingerprintOf(rec.Key, rec.Value, rec.Timestamp) == c.Fingerprint:
+			// The last record committed, on this copy: it and what
+			// came before it here were delivered from the other copy.
+			for _, h := range append(a.held, om) {
+				t.set.r.skip(h)
+			}
+			t.endAlign(len(a.held)+1, "matched")
+			return nil
+		case ts <= c.TimestampMs:
+			a.held = append(a.held, om) // before the last committed record, or it
+			return nil
+		default: // after it: the copy does not hold it where expected
+			held := a.held
+			t.endAlign(0, "passed")
+			for _, h := range held {
+				if err := t.put(ctx, h); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return t.put(ctx, om)
+}
+
+// alignment is a producer's search, on a copy of the stream other than
+// the one its last committed transaction consumed, for the last record
+// committed (by fingerprint): the owner starts from etcd's position, which
+// may be behind the cluster's (an owner crashed, then the fleet switched
+// clusters), translated to this copy. The records up to that one were
+// delivered before and are skipped. Records are held until it is found;
+// the first record after its timestamp, or alignTimeout, ends the search
+// and the held records are delivered (at least once: no record is skipped
+// that might not have been delivered).
+type alignment struct {
+	copy  string
+	since time.Time
+	held  []*outMsg
+}
+
+// alignTimeout bounds how long records are held while a copy is aligned.
+const alignTimeout = time.Second
+
+// mustAlign reports whether rec's copy is not the one the last committed
+// transaction consumed and has not been aligned by this producer.
+func (t *txnProducer) mustAlign(rec *record.Record) bool {
+	c := t.committed
+	if c == nil || c.TimestampMs <= 0 || (c.Cluster == rec.Cluster && c.Topic == rec.Topic && c.Partition == rec.Partition) {
+		return false
+	}
+	return !t.aligned[physical(rec.Cluster, rec.Topic, rec.Partition)]
+}
+
+// endAlign ends the alignment; skipped records were found delivered.
+func (t *txnProducer) endAlign(skipped int, how string) {
+	a := t.align
+	t.align = nil
+	if t.aligned == nil {
+		t.aligned = map[string]bool{}
+	}
+	t.aligned[a.copy] = true
+	t.set.r.log.Info("exactly-once: aligned a copy of the stream with the last committed transaction", zap.String("cluster", t.key.cluster),
+		zap.String("stream", t.key.positionKey(t.set.fleet)), zap.String("copy", a.copy), zap.String("how", how),
+		zap.Int("skipped", skipped), zap.Duration("held", time.Since(a.since)))
+}
+
+// put adds om to the open transaction, beginning one if needed. Called
+// with mu held.
+func (t *txnProducer) put(ctx context.Context, om *outMsg) error {
 	if !t.inTxn {
 		if err := t.p.BeginTxn(); err != nil {
 			return t.fail(fmt.Errorf("begin transaction: %w", err))
@@ -423,7 +504,8 @@ func (t *txnProducer) add(ctx context.Context, om *outMsg) error {
 	at := physical(rec.Cluster, rec.Topic, rec.Partition)
 	done[at] = max(done[at], rec.Offset+1)
 	t.pos = TxnPosition{Cluster: rec.Cluster, Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset + 1,
-		Fingerprint: offsets.FingerprintOf(rec.Key, rec.Value, rec.Timestamp), Generation: rec.Generation, Session: rec.Session, Done: done}
+		Fingerprint: offsets.FingerprintOf(rec.Key, rec.Value, rec.Timestamp), TimestampMs: rec.Timestamp.UnixMilli(),
+		Generation: rec.Generation, Session: rec.Session, Done: done}
 	return nil
 }
 
@@ -487,6 +569,16 @@ func (t *txnProducer) commit() (closeIt bool) {
 	if t.failed != nil {
 		t.dropAll()
 		return true
+	}
+	if a := t.align; a != nil && time.Since(a.since) >= alignTimeout {
+		held := a.held
+		t.endAlign(0, "timed out")
+		for _, h := range held {
+			if err := t.put(context.Background(), h); err != nil {
+				t.dropAll()
+				return true
+			}
+		}
 	}
 	if !t.inTxn {
 		t.idle++
@@ -556,6 +648,12 @@ func (t *txnProducer) commit() (closeIt bool) {
 func (t *txnProducer) dropAll() {
 	for _, om := range t.msgs {
 		t.set.r.settle(om)
+	}
+	if a := t.align; a != nil {
+		for _, om := range a.held {
+			t.set.r.settle(om)
+		}
+		t.align = nil
 	}
 	t.msgs = nil
 	t.inTxn = false

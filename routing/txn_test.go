@@ -14,6 +14,7 @@ import (
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/record"
 )
 
 // readCommitted returns the values of every record of topic on cluster, as
@@ -212,5 +213,69 @@ func TestExactlyOnceChannelSettingsRefused(t *testing.T) {
 	_, err := Compile(Config{Default: []string{"out"}, Channels: map[string]Channel{"out": {Cluster: "S", Topic: "out", Acks: "leader"}}}, clusters)
 	if err == nil || !strings.Contains(err.Error(), "channels.out: cluster S is exactly_once") {
 		t.Fatalf("acks leader on an exactly_once cluster: %v", err)
+	}
+}
+
+// TestExactlyOnceAlignsACopyAfterACrashAndASwitch: the owner of A's
+// orders/0 crashes with etcd's position behind its last transaction, and
+// the fleet switches to B before anyone consumes A again: the next owner
+// starts on B's copy at the translation of etcd's position, finds there
+// the last record committed (by fingerprint) and skips what precedes it.
+func TestExactlyOnceAlignsACopyAfterACrashAndASwitch(t *testing.T) {
+	w := newWorld(t, map[string][]string{"S": {"out"}}, "A", "S")
+	s := w.cfg.Clusters["S"]
+	s.Delivery = config.ExactlyOnce
+	w.cfg.Clusters["S"] = s
+	w.cfg.Routing = Config{Default: []string{"out"}, Channels: map[string]Channel{"out": {Cluster: "S", Topic: "out"}}}
+	base := time.Now().Truncate(time.Millisecond)
+	// The record numbered id, on A at offset id and on B (A.orders, the
+	// mirror's copy) at offset id+1000: the same key, value and time.
+	copyOf := func(o *eosOwner, cluster string, id int64) *record.Record {
+		topic, off := "orders", id
+		if cluster == "B" {
+			topic, off = "A.orders", id+1000
+		}
+		return &record.Record{Cluster: cluster, Topic: topic, SourceTopic: "orders", Origin: "A", Offset: off,
+			Key: []byte(fmt.Sprint("k", id)), Value: []byte(fmt.Sprint("record-", id)), Timestamp: base.Add(time.Duration(id) * time.Millisecond),
+			Generation: o.gen, Session: o.gen}
+	}
+	hand := func(o *eosOwner, cluster string, from, to int64) {
+		for id := from; id < to; id++ {
+			if err := deliver(t.Context(), o.r, copyOf(o, cluster, id), 10*time.Second); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	onA := w.owner(1, 50*time.Millisecond)
+	hand(onA, "A", 0, 100)
+	wait.For(t, 10*time.Second, "100 records acknowledged on A", func() error {
+		if n := onA.acks.count("orders/0@"); n != 100 {
+			return fmt.Errorf("%d", n)
+		}
+		return nil
+	})
+	onA.close(t, false)
+	// etcd's position was 80: the next owner, on B, starts at the copy
+	// of 80 and goes on to 150.
+	onB := w.owner(2, 50*time.Millisecond)
+	hand(onB, "B", 80, 150)
+	wait.For(t, 10*time.Second, "70 records acknowledged on B", func() error {
+		if n := onB.acks.count("A.orders/0@"); n != 70 {
+			return fmt.Errorf("%d", n)
+		}
+		return nil
+	})
+	if n := metricValue(onB.r.m.skipped); n != 20 {
+		t.Errorf("%v produces skipped on B, want 20 (the copies of 80-99)", n)
+	}
+	onB.close(t, false)
+	got := w.readCommitted("S", "out")
+	for id := range int64(150) {
+		if v := fmt.Sprint("record-", id); got[v] != 1 {
+			t.Errorf("%s on the channel %d times, want once", v, got[v])
+		}
+	}
+	if len(got) != 150 {
+		t.Errorf("%d distinct records on the channel, want 150", len(got))
 	}
 }

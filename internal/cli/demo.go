@@ -30,8 +30,12 @@ record to a channel on C. The story, narrated as a timeline:
   6. a summary read back from C: produced, delivered, lost (must be 0),
      duplicated, pause, failover and failback times.
 
+With --exactly-once, C is an exactly_once cluster: the channel gets each
+record once, the killed agent's last records included (read_committed).
+
 Exit status is non-zero when a record was lost or a step missed its bound.`,
 		Example: `  kswitch demo
+  kswitch demo --exactly-once
   kswitch demo --agents 5 --rate 500 --keep-running`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -51,6 +55,7 @@ Exit status is non-zero when a record was lost or a step missed its bound.`,
 	cmd.Flags().IntVar(&o.Rate, "rate", 200, "records per second the producer writes to A")
 	cmd.Flags().DurationVar(&o.Duration, "duration", 12*time.Second, "how long the calm phases of the story last altogether (the switches add about 10s)")
 	cmd.Flags().BoolVar(&o.KeepRunning, "keep-running", false, "leave everything up after the story, with the producer writing again; print the agents' URLs and etcdctl lines to try (pause, pin, routes)")
+	cmd.Flags().BoolVar(&o.ExactlyOnce, "exactly-once", false, "make C an exactly_once cluster (Kafka transactions with the source positions): 0 duplicated, the killed agent's records included")
 	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "also print the agents' logs (console format) on stderr")
 	return cmd
 }

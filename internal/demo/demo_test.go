@@ -229,3 +229,22 @@ func TestDemoRefusesAFleetOfOne(t *testing.T) {
 		t.Fatalf("Run with one agent: %v, want a refusal naming --agents", err)
 	}
 }
+
+// TestDemoExactlyOnce plays the story with C exactly_once: an agent is
+// killed while it delivers (its last transaction is aborted when the next
+// owner fences it, and what it committed is skipped), the fleet fails over
+// and back, and C, read read_committed, holds every record once.
+func TestDemoExactlyOnce(t *testing.T) {
+	out := &output{}
+	s, err := Run(t.Context(), Options{Agents: 3, Rate: 200, Duration: 4 * time.Second, ExactlyOnce: true, Out: out})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if s.Produced == 0 || s.Lost != 0 || s.Duplicated != 0 || s.OnC != s.Produced {
+		t.Errorf("produced %d, delivered %d, on C %d: %d lost, %d duplicated; want every record once\n%s",
+			s.Produced, s.Delivered, s.OnC, s.Lost, s.Duplicated, out.String())
+	}
+	if !strings.Contains(out.String(), "is killed") {
+		t.Errorf("the story did not kill an agent:\n%s", out.String())
+	}
+}

@@ -1,6 +1,7 @@
 package demo
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"strings"
@@ -8,6 +9,8 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+
+	"github.com/kswitch/kswitch/internal/kafka"
 )
 
 // reader reads every partition of the destination topic on C from its
@@ -21,9 +24,8 @@ type reader struct {
 	pcs      []sarama.PartitionConsumer
 	wg       sync.WaitGroup
 
-	mu   sync.Mutex
-	got  []arrival
-	next []int64 // per partition: the offset after the last record read
+	mu  sync.Mutex
+	got []arrival
 }
 
 // arrival is one record read from C.
@@ -37,6 +39,7 @@ func startReader(brokers []string, topic string, partitions int32) (*reader, err
 	sc := sarama.NewConfig()
 	sc.Version = sarama.V3_6_0_0
 	sc.Consumer.MaxWaitTime = 50 * time.Millisecond
+	sc.Consumer.IsolationLevel = sarama.ReadCommitted // C may be exactly_once
 	cl, err := sarama.NewClient(brokers, sc)
 	if err != nil {
 		return nil, fmt.Errorf("demo: a client of C: %w", err)
@@ -46,7 +49,7 @@ func startReader(brokers []string, topic string, partitions int32) (*reader, err
 		cl.Close()
 		return nil, fmt.Errorf("demo: a consumer of C: %w", err)
 	}
-	r := &reader{client: cl, consumer: c, topic: topic, next: make([]int64, partitions)}
+	r := &reader{client: cl, consumer: c, topic: topic}
 	for p := range partitions {
 		pc, err := c.ConsumePartition(topic, p, sarama.OffsetOldest)
 		if err != nil {
@@ -68,7 +71,6 @@ func (r *reader) read(p int32, pc sarama.PartitionConsumer) {
 		if err == nil && from != "" { // else not routed by the demo's channel
 			r.got = append(r.got, arrival{id: id, from: from, at: now})
 		}
-		r.next[p] = m.Offset + 1
 		r.mu.Unlock()
 	}
 }
@@ -153,27 +155,31 @@ func (r *reader) counts() map[int64]int {
 	return out
 }
 
-// ends returns the end offset of every partition now.
-func (r *reader) ends() ([]int64, error) {
-	out := make([]int64, len(r.next))
-	for p := range out {
-		end, err := r.client.GetOffset(r.topic, int32(p), sarama.OffsetNewest)
+// readC reads every partition of C's outTopic to its end, as a
+// read_committed consumer sees it (up to the last stable offset: with
+// --exactly-once the last offsets are transaction markers, which no
+// consumer receives), and counts each record the demo's channel routed by
+// its number.
+func readC(ctx context.Context, brokers []string) (map[int64]int, error) {
+	sc := sarama.NewConfig()
+	sc.Version = sarama.V3_6_0_0
+	cl, err := sarama.NewClient(brokers, sc)
+	if err != nil {
+		return nil, fmt.Errorf("demo: a client of C: %w", err)
+	}
+	defer cl.Close()
+	out := map[int64]int{}
+	for p := range int32(partitions) {
+		err := kafka.ReadAll(ctx, cl, outTopic, p, func(r kafka.Record) bool {
+			num, from, _ := strings.Cut(string(r.Key), "@")
+			if id, err := strconv.ParseInt(num, 10, 64); err == nil && from != "" {
+				out[id]++
+			}
+			return true
+		})
 		if err != nil {
-			return nil, fmt.Errorf("demo: the end of C's %s/%d: %w", r.topic, p, err)
+			return nil, fmt.Errorf("demo: read C's %s/%d: %w", outTopic, p, err)
 		}
-		out[p] = end
 	}
 	return out, nil
-}
-
-// reached reports whether every partition was read up to ends.
-func (r *reader) reached(ends []int64) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for p, end := range ends {
-		if r.next[p] < end {
-			return false
-		}
-	}
-	return true
 }
