@@ -115,7 +115,11 @@ type txnProducer struct {
 	msgs   []*outMsg   // in the open transaction
 	pos    TxnPosition // after the last record in the open transaction
 	inTxn  bool
-	failed error // fatal: the producer is fenced or broken
+	failed error // fenced: the partition has a new owner
+	// broken is set when the sarama producer failed otherwise (its
+	// cluster went away): the loop opens another, which aborts what was
+	// not committed, and sends the open transaction's records again.
+	broken error
 	align  *alignment
 	// aligned are the copies aligned with the committed position.
 	aligned map[string]bool
@@ -265,43 +269,57 @@ func (s *txnSet) open(k txnKey, gen, session int64, old *txnProducer, done chan 
 }
 
 func (s *txnSet) newProducer(k txnKey, gen, session int64) (*txnProducer, error) {
+	p, committed, err := s.openSarama(k)
+	if err != nil {
+		return nil, err
+	}
+	return &txnProducer{key: k, gen: gen, session: session, set: s, p: p, committed: committed,
+		stop: make(chan struct{}), done: make(chan struct{})}, nil
+}
+
+// openSarama opens a sarama producer with k's transactional.id, which
+// fences the last one (Kafka aborts its open transaction, so the position
+// read next is final), and reads the stream's committed position.
+func (s *txnSet) openSarama(k txnKey) (sarama.AsyncProducer, *TxnPosition, error) {
 	s.mu.Lock()
 	cl, ok := s.clusters[k.cluster]
 	s.mu.Unlock()
 	if !ok {
-		return nil, fmt.Errorf("cluster %q is not configured", k.cluster)
+		return nil, nil, fmt.Errorf("cluster %q is not configured", k.cluster)
 	}
 	client, err := s.client(k.cluster, cl)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	sc, err := ProducerConfig(cl, "none", "all")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	sc.Producer.Transaction.ID = k.transactionalID(s.fleet)
 	sc.Producer.Return.Successes = false
-	// Opening fences the last owner: Kafka aborts its open transaction,
-	// so the position read below is final.
+	// sarama retries a transaction's requests (finding the coordinator,
+	// adding partitions) 50 times by default, holding its lock: with the
+	// cluster gone, a commit would wait for minutes. A few seconds, then
+	// the producer is opened again (reopen), which retries for ever.
+	sc.Producer.Transaction.Retry.Max = 5
+	sc.Producer.Transaction.Retry.Backoff = 200 * time.Millisecond
 	p, err := sarama.NewAsyncProducer(cl.Brokers, sc)
 	if err != nil {
-		return nil, fmt.Errorf("open transactional producer %s: %w", sc.Producer.Transaction.ID, err)
+		return nil, nil, fmt.Errorf("open transactional producer %s: %w", sc.Producer.Transaction.ID, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), sc.Producer.Timeout)
 	defer cancel()
 	committed, err := s.readPosition(ctx, client, k)
 	if err != nil {
 		_ = p.Close()
-		return nil, err
+		return nil, nil, err
 	}
-	tp := &txnProducer{key: k, gen: gen, session: session, set: s, p: p, committed: committed,
-		stop: make(chan struct{}), done: make(chan struct{})}
 	s.wg.Go(func() {
 		for pe := range p.Errors() {
 			s.r.log.Debug("transactional produce failed", zap.String("cluster", k.cluster), zap.Error(pe.Err))
 		}
 	})
-	return tp, nil
+	return p, committed, nil
 }
 
 // client returns the cluster's client for the positions topic, creating
@@ -403,6 +421,9 @@ func (t *txnProducer) add(ctx context.Context, om *outMsg) error {
 	defer t.mu.Unlock()
 	if t.failed != nil {
 		return t.failed
+	}
+	if t.broken != nil {
+		return fmt.Errorf("transactional producer of %s on %s being opened again: %w", t.key.positionKey(t.set.fleet), t.key.cluster, t.broken)
 	}
 	rec := om.d.rec
 	if t.align == nil && t.mustAlign(rec) {
@@ -509,9 +530,13 @@ func (t *txnProducer) put(ctx context.Context, om *outMsg) error {
 	return nil
 }
 
-// fail marks the producer broken; called with mu held.
+// fail marks the producer fenced or broken; called with mu held.
 func (t *txnProducer) fail(err error) error {
-	t.failed = err
+	if fenced(err) {
+		t.failed = err
+	} else {
+		t.broken = err
+	}
 	return err
 }
 
@@ -529,6 +554,9 @@ func (t *txnProducer) run() {
 		case <-t.stop:
 			return
 		case <-tick.C:
+			if t.reopen() {
+				continue
+			}
 			if t.commit() {
 				t.retire()
 				return
@@ -557,6 +585,51 @@ func (t *txnProducer) covers(rec *record.Record) bool {
 	return t.committed.covers(rec)
 }
 
+// reopen replaces a broken sarama producer (see broken) and reports
+// whether it tried. The new one aborts what the old one did not commit;
+// the records of the open transaction are then skipped if the position
+// read says that their transaction did commit (the commit's answer was
+// lost), and sent again in a new one otherwise. A failed attempt is tried
+// again at the next tick.
+func (t *txnProducer) reopen() bool {
+	t.mu.Lock()
+	broken := t.broken
+	t.mu.Unlock()
+	if broken == nil {
+		return false
+	}
+	p, committed, err := t.set.openSarama(t.key)
+	if err != nil {
+		t.set.r.log.Debug("transactional producer not opened again yet", zap.String("cluster", t.key.cluster), zap.Error(err))
+		return true
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old := t.p
+	t.set.wg.Go(func() { _ = old.Close() }) // a broken producer's Close may wait for its retries
+	t.p, t.committed, t.broken, t.inTxn = p, committed, nil, false
+	t.shut = sync.Once{}
+	msgs := t.msgs
+	t.msgs, t.pos.Done = nil, nil
+	skipped := 0
+	for i, om := range msgs {
+		if committed.covers(om.d.rec) {
+			t.set.r.skip(om)
+			skipped++
+			continue
+		}
+		om.msg = resendable(om.msg)
+		if err := t.put(context.Background(), om); err != nil {
+			// Broken again: the rest wait for the next attempt.
+			t.msgs = append(t.msgs, msgs[i:]...)
+			break
+		}
+	}
+	t.set.r.log.Info("transactional producer opened again", zap.String("cluster", t.key.cluster),
+		zap.String("stream", t.key.positionKey(t.set.fleet)), zap.Int("committed_before", skipped), zap.Int("sent_again", len(msgs)-skipped))
+	return true
+}
+
 // commit commits the open transaction with the position it completes,
 // then acknowledges its records. An abortable failure aborts it and
 // sends the same records again in a new one. It reports whether the
@@ -569,6 +642,9 @@ func (t *txnProducer) commit() (closeIt bool) {
 	if t.failed != nil {
 		t.dropAll()
 		return true
+	}
+	if t.broken != nil {
+		return false // reopen's business
 	}
 	if a := t.align; a != nil && time.Since(a.since) >= alignTimeout {
 		held := a.held
@@ -625,7 +701,12 @@ func (t *txnProducer) commit() (closeIt bool) {
 		// The abort's error may say why (a new owner fenced this one).
 		err = errors.Join(err, aerr)
 	}
-	t.fail(fmt.Errorf("transaction on cluster %s failed: %w", t.key.cluster, err))
+	if t.fail(fmt.Errorf("transaction on cluster %s failed: %w", t.key.cluster, err)); t.broken != nil {
+		m.WithLabelValues(t.key.cluster, "failed").Inc()
+		t.set.r.log.Warn("transactional producer failed; it is opened again and its open transaction's records sent again",
+			zap.String("cluster", t.key.cluster), zap.String("stream", t.key.positionKey(t.set.fleet)), zap.Int("records", len(t.msgs)), zap.Error(err))
+		return false
+	}
 	if fenced(err) {
 		m.WithLabelValues(t.key.cluster, "fenced").Inc()
 		t.set.mu.Lock()
@@ -633,10 +714,6 @@ func (t *txnProducer) commit() (closeIt bool) {
 		t.set.mu.Unlock()
 		t.set.r.log.Info("transactional producer fenced: the partition has a new owner", zap.String("cluster", t.key.cluster),
 			zap.String("stream", t.key.positionKey(t.set.fleet)))
-	} else {
-		m.WithLabelValues(t.key.cluster, "failed").Inc()
-		t.set.r.log.Warn("transactional producer failed; it is opened again for the next records", zap.String("cluster", t.key.cluster),
-			zap.String("stream", t.key.positionKey(t.set.fleet)), zap.Error(err))
 	}
 	t.dropAll()
 	return true

@@ -279,3 +279,43 @@ func TestExactlyOnceAlignsACopyAfterACrashAndASwitch(t *testing.T) {
 		t.Errorf("%d distinct records on the channel, want 150", len(got))
 	}
 }
+
+// TestExactlyOnceThroughASinkOutage: the exactly_once cluster fails while
+// a transaction is open: the producer is opened again once it is back,
+// and the transaction's records are sent again, once.
+func TestExactlyOnceThroughASinkOutage(t *testing.T) {
+	w := newWorld(t, map[string][]string{"S": {"out"}}, "A", "S")
+	s := w.cfg.Clusters["S"]
+	s.Delivery = config.ExactlyOnce
+	w.cfg.Clusters["S"] = s
+	w.cfg.Routing = Config{Default: []string{"out"}, Channels: map[string]Channel{"out": {Cluster: "S", Topic: "out"}}}
+	o := w.owner(1, 50*time.Millisecond)
+	o.handle(t, 0, 50)
+	o.waitAcked(t, 50)
+
+	w.kafkas["S"].Fail()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		o.handle(t, 50, 100) // t.Fatal from here ends only this goroutine: the acks below then fail
+	}()
+	wait.For(t, 30*time.Second, "a transaction fails with S down", func() error {
+		if n := metricValue(o.r.m.txns.WithLabelValues("S", "failed")); n == 0 {
+			return fmt.Errorf("no failed transaction yet")
+		}
+		return nil
+	})
+	w.kafkas["S"].Recover()
+	<-done
+	o.waitAcked(t, 100)
+	o.close(t, false)
+	got := w.readCommitted("S", "out")
+	for off := range int64(100) {
+		if v := fmt.Sprintf("orders/0@%d", off); got[v] != 1 {
+			t.Errorf("%s on the channel %d times (read_committed), want once", v, got[v])
+		}
+	}
+	if len(got) != 100 {
+		t.Errorf("%d distinct records on the channel, want 100", len(got))
+	}
+}
