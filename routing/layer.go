@@ -35,6 +35,8 @@ type layer struct {
 	// tried is the fingerprint of the content last compiled, accepted or
 	// refused, so that a re-read that finds nothing new builds nothing.
 	tried [32]byte
+	// triedNumber is the version number tried was compiled under.
+	triedNumber int64
 	// dirty is set when a change was seen but could not be read.
 	dirty bool
 	// failures counts the reads that failed in a row.
@@ -208,13 +210,17 @@ func (r *Router) rebuild(ctx context.Context, c *clientv3.Client) {
 	}
 	l.dirty, l.failures = false, 0
 	fp := s.fingerprint()
-	if fp == l.tried {
+	number := max(s.maxMod, l.lastDelete)
+	// The same content under a higher number is compiled and put in force
+	// again: a rebuild that read the layer after a key's deletion but
+	// before its event was seen (another follower's, or a relist) numbered
+	// the content without the deletion's revision.
+	if fp == l.tried && number <= l.triedNumber {
 		r.mu.Unlock()
 		r.markReady()
 		return
 	}
-	l.tried = fp
-	number := max(s.maxMod, l.lastDelete)
+	l.tried, l.triedNumber = fp, number
 	r.mu.Unlock()
 
 	v, src, err := r.compileLayer(s.routes, s.channels)

@@ -820,3 +820,34 @@ func TestRefusedRecord(t *testing.T) {
 		t.Errorf("dead_lettered{produce} = %v", got)
 	}
 }
+
+// TestVersionNumberedAfterADeletionSeenLate: a rebuild that read the layer
+// after a key's deletion but before its event was seen numbers the
+// version without the deletion's revision; when the event comes, the same
+// content is put in force again under that revision (waiting for the
+// deletion's revision, as kswitch routes apply does, would hang).
+func TestVersionNumberedAfterADeletionSeenLate(t *testing.T) {
+	w := newWorld(t, map[string][]string{"B": {"b"}}, "A", "B").withEtcd()
+	w.cfg.Routing = Config{Default: []string{"b"}, Channels: map[string]Channel{"b": {Cluster: "B", Topic: "b"}}}
+	r, err := New(w.cfg, nil, Options{Etcd: w.etcd, Logger: zaptest.NewLogger(t)}) // not Run: rebuilds by hand
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close(context.Background()) })
+	k := keys.New(fleet)
+	put := w.put(k.Routes(), "default: [b]\nrules:\n  - name: r\n    match: topic == \"x\"\n    channels: [b]\n")
+	r.rebuild(t.Context(), w.etcd)
+	if n := r.Version().Number; n != put {
+		t.Fatalf("version %d after the put, want %d", n, put)
+	}
+	del, err := w.etcd.Delete(t.Context(), k.Routes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.rebuild(t.Context(), w.etcd) // before the delete event
+	r.noteDelete(del.Header.Revision)
+	r.rebuild(t.Context(), w.etcd)
+	if n := r.Version().Number; n != del.Header.Revision {
+		t.Errorf("version %d once the deletion was seen, want its revision %d", n, del.Header.Revision)
+	}
+}
