@@ -265,10 +265,12 @@ func TestOutageProducersMoveAndMirrorBothWays(t *testing.T) {
 	}
 	// Late are the tail's records nobody consumed before the failover
 	// (the pause holds the fleet; on a loaded machine a record or two
-	// handed on as it took hold are consumed, and so not late).
+	// handed on as it took hold are consumed, and so not late). The
+	// failover's revocation commits what was handled until then, so the
+	// boundary is its end, not its start.
 	late := 0
 	for _, id := range tail {
-		if at, ok := l.firstHandled(id); !ok || !at.Before(failover.Started) {
+		if at, ok := l.firstHandled(id); !ok || !at.Before(failover.Finished) {
 			late++
 		}
 	}
