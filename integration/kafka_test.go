@@ -390,11 +390,22 @@ type kRecord struct {
 // readTopic reads every record of topic on addr with kcat, up to the end
 // of each partition at the time of reading, by partition in offset order.
 func readTopic(addr, topic string) (map[int32][]kRecord, error) {
+	return readTopicWith(addr, topic)
+}
+
+// readCommitted is readTopic as a read_committed consumer sees the topic:
+// no aborted transaction's records, up to the last stable offset.
+func readCommitted(addr, topic string) (map[int32][]kRecord, error) {
+	return readTopicWith(addr, topic, "-X", "isolation.level=read_committed")
+}
+
+func readTopicWith(addr, topic string, extra ...string) (map[int32][]kRecord, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	// Tab-separated; keys and values of the suite hold no tabs or newlines.
-	out, err := kcat(ctx, "-C", "-b", addr, "-t", topic, "-o", "beginning", "-e", "-q",
-		"-f", `%p\t%o\t%k\t%s\n`, "-X", "fetch.wait.max.ms=50")
+	args := append([]string{"-C", "-b", addr, "-t", topic, "-o", "beginning", "-e", "-q",
+		"-f", `%p\t%o\t%k\t%s\n`, "-X", "fetch.wait.max.ms=50"}, extra...)
+	out, err := kcat(ctx, args...)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,152 @@
+//go:build integration
+
+package integration
+
+import (
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kswitch/kswitch/internal/wait"
+)
+
+// TestExactlyOnceOnRealKafka: the fleet's channel "delivered" is on B,
+// which is exactly_once. Real Kafka A and B (KRaft), MirrorMaker 2 A→B,
+// etcd ×3, kswitch agents and a kcat producer writing to A. While it
+// writes: an agent gets SIGKILL and another joins; B's broker (the
+// channel's) gets SIGKILL and is started again on its data; A's broker
+// gets SIGKILL (failover to B) and is started again (failback). Read back
+// with kcat as a read_committed consumer, the channel holds every record
+// A holds exactly once.
+func TestExactlyOnceOnRealKafka(t *testing.T) { addReport(runExactlyOnce(t)) }
+
+func runExactlyOnce(t *testing.T) (rep scenarioReport) {
+	rep = newReport("exactly-once")
+	rep.Covers = "B exactly_once; SIGKILL of an agent, one joining; SIGKILL of B's broker and restart; failover on SIGKILL of A, failback; read_committed: each record once"
+	defer func() { rep.Passed = !t.Failed() }()
+	timed := rep.timer(t)
+	st := startStack(t, timed, prefixPolicy, true)
+	a, b, tl, began := st.a, st.b, st.tl, st.began
+	conf := st.agentConfig()
+	conf.Clusters += "    delivery: exactly_once\n" // B's, the last cluster
+	var agents []*agentProc
+	for i := 1; i <= 3; i++ {
+		agents = append(agents, startAgentWith(t, fmt.Sprintf("agent-%d", i), conf))
+	}
+	prod := startProducer(t, a.addr, "orders", produceRate)
+	consuming := func(what string) {
+		t.Helper()
+		base := offsetsOf(tl.offsets("A", "orders"))
+		wait.For(t, time.Minute, what, func() error {
+			got := offsetsOf(tl.offsets("A", "orders"))
+			for p := range int32(ordersPartitions) {
+				if got[p] <= base[p] {
+					return fmt.Errorf("orders/%d committed at %d, was %d", p, got[p], base[p])
+				}
+			}
+			return nil
+		})
+	}
+	consuming("the fleet commits on every partition of orders on A")
+
+	// An agent dies, another joins.
+	killed := time.Now()
+	stopProc(t, agents[1].proc, syscall.SIGKILL)
+	agents = append(agents, startAgentWith(t, "agent-4", conf))
+	wait.For(t, time.Minute, "the killed agent's partitions owned by the others", func() error {
+		owners := tl.owners()
+		n := 0
+		for id, k := range owners {
+			if id == "agent-2" && k > 0 {
+				return fmt.Errorf("agent-2 still owns %d", k)
+			}
+			n += k
+		}
+		if n != ordersPartitions {
+			return fmt.Errorf("%d of %d partitions owned: %v", n, ordersPartitions, owners)
+		}
+		return nil
+	})
+	timed("agent_killed_rebalanced", time.Since(killed))
+	consuming("the fleet consumes A after the kill")
+
+	// The channel's broker dies and comes back on its data.
+	stopProc(t, b.proc, syscall.SIGKILL)
+	b.start(t)
+	timed("kafka_b_restart_ready", b.waitReady(t, 2*time.Minute))
+	consuming("the fleet consumes A after B's restart")
+
+	// A fails: the fleet moves to B; A comes back: it moves back.
+	fault := time.Now()
+	stopProc(t, a.proc, syscall.SIGKILL)
+	waitFailedOver(t, tl, fault, timed)
+	a.start(t)
+	timed("kafka_a_restart_ready", a.waitReady(t, 2*time.Minute))
+	aReady := time.Now()
+	activeA := tl.waitActive(t, aReady, "A", failbackStable+time.Minute)
+	timed("failback_switched", activeA.Sub(aReady))
+
+	// The producer finishes; the fleet consumes everything on A.
+	prod.finish(t, time.Minute)
+	aEnds, err := endOffsets(a.addr, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, time.Minute, "the fleet consumes all of A's orders", func() error { return tl.caughtUp("A", "orders", aEnds) })
+	written := map[string]bool{}
+	content, err := readTopic(a.addr, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, recs := range content {
+		for _, r := range recs {
+			written[r.Value] = true
+		}
+	}
+	var got map[string]int
+	wait.For(t, 30*time.Second, "every record of A's orders on the channel (read_committed)", func() error {
+		delivered, err := readCommitted(b.addr, "delivered")
+		if err != nil {
+			return err
+		}
+		got = map[string]int{}
+		for _, recs := range delivered {
+			for _, r := range recs {
+				got[r.Value]++
+			}
+		}
+		missing := 0
+		for v := range written {
+			if got[v] == 0 {
+				missing++
+			}
+		}
+		if missing > 0 {
+			return fmt.Errorf("%d of %d records missing", missing, len(written))
+		}
+		return nil
+	})
+	dups, strangers := 0, 0
+	for v, n := range got {
+		switch {
+		case !written[v]:
+			strangers++
+		case n > 1:
+			dups += n - 1
+			if dups <= 10 {
+				t.Errorf("%s on the channel %d times", v, n)
+			}
+		}
+	}
+	rep.Details = append(rep.Details, fmt.Sprintf("%d records written to A, on the channel read_committed: %d duplicated, %d not written", len(written), dups, strangers))
+	t.Logf("%d records written to A; on the channel (read_committed): %d duplicated, %d not written", len(written), dups, strangers)
+	if dups > 0 || strangers > 0 {
+		t.Errorf("%d duplicated, %d records on the channel that A does not hold", dups, strangers)
+	}
+	if n, err := sumMetric(agents, "kswitch_routing_exactly_once_skipped_total"); err == nil {
+		t.Logf("produces skipped as already committed, over the live agents: %v", n)
+	}
+	timed("scenario", time.Since(began))
+	return rep
+}
