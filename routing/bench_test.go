@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -137,10 +138,17 @@ func BenchmarkExactlyOnceCost(b *testing.B) {
 	cli := testenv.EtcdClientT(b, e)
 	cfg := relayConfig(e, src, dst)
 	eosCfg := cfg.Clone()
+	var err error
+	var srcClient sarama.Client
 	d := eosCfg.Clusters["D"]
 	d.Delivery = config.ExactlyOnce
+	if v := os.Getenv("KSWITCH_BENCH_TXN_INTERVAL"); v != "" { // to compare intervals
+		if d.TransactionInterval, err = time.ParseDuration(v); err != nil {
+			b.Fatal(err)
+		}
+	}
 	eosCfg.Clusters["D"] = d
-	srcClient, err := kafka.NewClient("A", cfg.Clusters["A"])
+	srcClient, err = kafka.NewClient("A", cfg.Clusters["A"])
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -191,7 +199,7 @@ func BenchmarkExactlyOnceCost(b *testing.B) {
 	b.ReportMetric(x/a, "exactly/at-least")
 	fmt.Printf("exactly-once cost, relay of %d records of %d B, %d partitions, transactions every %s: at_least_once %.0f records/s (rounds %.0f), exactly_once %.0f (rounds %.0f): "+
 		"exactly ÷ at-least %.2f (target ≥ 0.8: %s); process CPU per record %.1f µs and %.1f µs\n",
-		relayRecords, relayValueBytes, relayPartitions, config.DefaultTransactionInterval, a, alo.rates, x, eos.rates, x/a, met(x/a >= 0.8), acpu, xcpu)
+		relayRecords, relayValueBytes, relayPartitions, d.TransactionInterval, a, alo.rates, x, eos.rates, x/a, met(x/a >= 0.8), acpu, xcpu)
 }
 
 // positionsReach returns a completion check of an exactly_once relay of

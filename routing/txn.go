@@ -121,6 +121,10 @@ type txnProducer struct {
 	// not committed, and sends the open transaction's records again.
 	broken error
 	align  *alignment
+	// committing is set while CommitTxn runs without mu; records handed
+	// meanwhile are queued for the next transaction.
+	committing bool
+	queued     []*outMsg
 	// aligned are the copies aligned with the committed position.
 	aligned map[string]bool
 	idle    int // commit ticks without a record
@@ -425,6 +429,18 @@ func (t *txnProducer) add(ctx context.Context, om *outMsg) error {
 	if t.broken != nil {
 		return fmt.Errorf("transactional producer of %s on %s being opened again: %w", t.key.positionKey(t.set.fleet), t.key.cluster, t.broken)
 	}
+	if t.committing {
+		// The partition's loop does not wait for the commit: the
+		// record joins the next transaction when it ends.
+		t.queued = append(t.queued, om)
+		return nil
+	}
+	return t.admit(ctx, om)
+}
+
+// admit puts om in the open transaction, or holds or skips it while a
+// copy is aligned. Called with mu held.
+func (t *txnProducer) admit(ctx context.Context, om *outMsg) error {
 	rec := om.d.rec
 	if t.align == nil && t.mustAlign(rec) {
 		t.align = &alignment{copy: physical(rec.Cluster, rec.Topic, rec.Partition), since: time.Now()}
@@ -625,6 +641,9 @@ func (t *txnProducer) reopen() bool {
 			break
 		}
 	}
+	if t.broken == nil {
+		t.admitQueued()
+	}
 	t.set.r.log.Info("transactional producer opened again", zap.String("cluster", t.key.cluster),
 		zap.String("stream", t.key.positionKey(t.set.fleet)), zap.Int("committed_before", skipped), zap.Int("sent_again", len(msgs)-skipped))
 	return true
@@ -668,7 +687,12 @@ func (t *txnProducer) commit() (closeIt bool) {
 	}
 	t.p.Input() <- &sarama.ProducerMessage{Topic: config.PositionsTopic, Key: sarama.StringEncoder(t.key.positionKey(t.set.fleet)),
 		Value: sarama.ByteEncoder(val)}
+	t.committing = true
+	t.mu.Unlock()
 	err = t.p.CommitTxn()
+	t.mu.Lock()
+	t.committing = false
+	defer t.admitQueued()
 	m := t.set.r.m.txns
 	if err == nil {
 		m.WithLabelValues(t.key.cluster, "committed").Inc()
@@ -719,6 +743,23 @@ func (t *txnProducer) commit() (closeIt bool) {
 	return true
 }
 
+// admitQueued puts the records queued during a commit in the next
+// transaction; those that cannot go in yet (the producer failed) stay
+// queued. Called with mu held.
+func (t *txnProducer) admitQueued() {
+	if t.failed != nil || t.broken != nil {
+		return
+	}
+	q := t.queued
+	t.queued = nil
+	for i, om := range q {
+		if err := t.admit(context.Background(), om); err != nil {
+			t.queued = append(q[i:i:i], q[i:]...)
+			return
+		}
+	}
+}
+
 // dropAll forgets the open transaction's records without acknowledging
 // them: they are consumed again (by this agent or the partition's next
 // owner) from the last committed position. Called with mu held.
@@ -732,7 +773,10 @@ func (t *txnProducer) dropAll() {
 		}
 		t.align = nil
 	}
-	t.msgs = nil
+	for _, om := range t.queued {
+		t.set.r.settle(om)
+	}
+	t.msgs, t.queued = nil, nil
 	t.inTxn = false
 }
 
