@@ -125,7 +125,7 @@ func goBenchLines(path string) []string {
 	}
 	var out []string
 	for _, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(l, "Benchmark") || strings.HasPrefix(l, "pause apply") || strings.HasPrefix(l, "FAIL") {
+		if strings.HasPrefix(l, "Benchmark") || strings.HasPrefix(l, "pause apply") || strings.HasPrefix(l, "exactly-once cost") || strings.HasPrefix(l, "FAIL") {
 			out = append(out, strings.Join(strings.Fields(l), " "))
 		}
 	}
