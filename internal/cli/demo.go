@@ -25,7 +25,8 @@ record to a channel on C. The story, narrated as a timeline:
   2. a pause and a start through the etcd signal key (the etcdctl line shown);
   3. cluster A fails for the fleet: verdict, switch, translation per
      partition, the first record consumed from B reaching C;
-  4. an agent is killed: its partitions move;
+  4. an agent is killed: its partitions move; a replacement joins and gets
+     its share;
   5. A comes back: caught-up check, failback;
   6. a summary read back from C: produced, delivered, lost (must be 0),
      duplicated, pause, failover and failback times.

@@ -477,6 +477,18 @@ func (d *demo) story(ctx context.Context) error {
 	}
 	d.say("its partitions moved in %v (gossip found it dead, or its 2s etcd session expired): %s", time.Since(killed).Round(time.Millisecond), strings.Join(moved, ", "))
 
+	// A replacement joins: the leader gives it a share.
+	id := fmt.Sprintf("agent-%d", d.o.Agents+1)
+	joined := time.Now()
+	if err := d.startMember(ctx, id); err != nil {
+		return err
+	}
+	newcomer := d.fleet[len(d.fleet)-1].agent()
+	if err := d.await(ctx, 20*time.Second, id+" gets partitions", func() bool { return len(newcomer.Owned()) > 0 && d.consuming("B") }); err != nil {
+		return err
+	}
+	d.say("%s joined and owns %s (%v after it started)", id, owned(newcomer), time.Since(joined).Round(time.Millisecond))
+
 	// 5. A comes back with its data, the unmirrored tail included. The
 	// producer moves back; the mirrors catch up.
 	if err := d.sleep(ctx, d.phase/2); err != nil {

@@ -91,6 +91,7 @@ func TestDemo(t *testing.T) {
 		"written on B: ",
 		"the first record consumed from B reached C",
 		"is killed (no clean stop)",
+		"agent-4 joined and owns ",
 		"switch B → A (epoch ",
 		"A's unmirrored tail: ",
 		"the first record consumed from A again reached C",
@@ -147,8 +148,8 @@ func TestDemo(t *testing.T) {
 func checkURLs(t *testing.T, text string) {
 	t.Helper()
 	urls := regexp.MustCompile(`curl (http://\S+/status)`).FindAllStringSubmatch(text, -1)
-	if len(urls) != 2 { // 3 agents, one killed
-		t.Fatalf("%d agent URLs printed, want 2", len(urls))
+	if len(urls) != 3 { // 3 agents, one killed, one joined
+		t.Fatalf("%d agent URLs printed, want 3", len(urls))
 	}
 	for _, u := range urls {
 		var st struct {
@@ -232,8 +233,9 @@ func TestDemoRefusesAFleetOfOne(t *testing.T) {
 
 // TestDemoExactlyOnce plays the story with C exactly_once: an agent is
 // killed while it delivers (its last transaction is aborted when the next
-// owner fences it, and what it committed is skipped), the fleet fails over
-// and back, and C, read read_committed, holds every record once.
+// owner fences it, and what it committed is skipped), another joins, the
+// fleet fails over and back, and C, read read_committed, holds every
+// record once.
 func TestDemoExactlyOnce(t *testing.T) {
 	out := &output{}
 	s, err := Run(t.Context(), Options{Agents: 3, Rate: 200, Duration: 4 * time.Second, ExactlyOnce: true, Out: out})
@@ -244,7 +246,7 @@ func TestDemoExactlyOnce(t *testing.T) {
 		t.Errorf("produced %d, delivered %d, on C %d: %d lost, %d duplicated; want every record once\n%s",
 			s.Produced, s.Delivered, s.OnC, s.Lost, s.Duplicated, out.String())
 	}
-	if !strings.Contains(out.String(), "is killed") {
-		t.Errorf("the story did not kill an agent:\n%s", out.String())
+	if !strings.Contains(out.String(), "is killed") || !strings.Contains(out.String(), "agent-4 joined") {
+		t.Errorf("the story did not kill an agent and start another:\n%s", out.String())
 	}
 }
