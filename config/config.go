@@ -209,7 +209,7 @@ type Cluster struct {
 	// TransactionInterval is, with exactly_once, how often each source
 	// partition's open transaction is committed: the delay before its
 	// records are visible to read_committed readers and acknowledged.
-	TransactionInterval time.Duration `yaml:"transaction_interval" help:"exactly_once: how often each source partition's transaction is committed (default 100ms)"`
+	TransactionInterval time.Duration `yaml:"transaction_interval" help:"exactly_once: how often each source partition's transaction is committed (default 50ms)"`
 }
 
 // Delivery modes of a cluster's channels (Cluster.Delivery).
@@ -219,7 +219,7 @@ const (
 )
 
 // DefaultTransactionInterval is Cluster.TransactionInterval's default.
-const DefaultTransactionInterval = 100 * time.Millisecond
+const DefaultTransactionInterval = 50 * time.Millisecond
 
 // PositionsTopic is the compacted topic, on each exactly_once cluster,
 // that holds the source positions committed with its transactions. Its

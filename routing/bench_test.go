@@ -202,6 +202,145 @@ func BenchmarkExactlyOnceCost(b *testing.B) {
 		relayRecords, relayValueBytes, relayPartitions, d.TransactionInterval, a, alo.rates, x, eos.rates, x/a, met(x/a >= 0.8), acpu, xcpu)
 }
 
+// The latency workload: a steady trickle, so that each record waits for
+// nothing but the relay.
+const (
+	latencyRecords = 1500
+	latencyRate    = 500 // records per second
+)
+
+// BenchmarkExactlyOnceLatency writes latencyRecords records at
+// latencyRate to A while one agent relays them to D, and measures each
+// record's delay from its write to its arrival at a read_committed reader
+// of D, for D at_least_once and exactly_once (alternating rounds, a fresh
+// fleet and topics each). Reported: the p50 and p99 of each mode. An
+// exactly_once record waits for its transaction's commit: about half the
+// transaction interval more on average.
+func BenchmarkExactlyOnceLatency(b *testing.B) {
+	e := testenv.StartEtcdT(b)
+	src := testenv.StartKafkaT(b, "A", devstack.KafkaOptions{})
+	dst := testenv.StartKafkaT(b, "D", devstack.KafkaOptions{})
+	cli := testenv.EtcdClientT(b, e)
+	base := relayConfig(e, src, dst)
+	round := 0
+	var alo, eos []time.Duration
+	b.ResetTimer()
+	for range b.N {
+		alo, eos = nil, nil
+		for i := range 4 {
+			for j, exactly := range []bool{false, true} {
+				if (i+j)%2 == 1 {
+					exactly = !exactly
+				}
+				round++
+				d := relayLatency(b, base, cli, src, dst, round, exactly)
+				if exactly {
+					eos = append(eos, d...)
+				} else {
+					alo = append(alo, d...)
+				}
+			}
+		}
+	}
+	b.StopTimer()
+	a50, a99, x50, x99 := percentile(alo, 0.5), percentile(alo, 0.99), percentile(eos, 0.5), percentile(eos, 0.99)
+	b.ReportMetric(float64(a50.Microseconds())/1000, "at-least-once-p50-ms")
+	b.ReportMetric(float64(x50.Microseconds())/1000, "exactly-once-p50-ms")
+	fmt.Printf("exactly-once cost, latency of %d records at %d/s after a second of warm-up (write to A → read_committed read of D, %d rounds of each), transactions every %s: "+
+		"at_least_once p50 %v p99 %v, exactly_once p50 %v p99 %v\n",
+		latencyRecords-latencyRate, latencyRate, 4, config.DefaultTransactionInterval, a50.Round(100*time.Microsecond), a99.Round(100*time.Microsecond),
+		x50.Round(100*time.Microsecond), x99.Round(100*time.Microsecond))
+}
+
+func percentile(ds []time.Duration, q float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(q*float64(len(s))))]
+}
+
+// relayLatency runs one latency round and returns each record's delay.
+func relayLatency(b *testing.B, base config.Config, cli *clientv3.Client, src, dst *devstack.Kafka, round int, exactly bool) []time.Duration {
+	b.Helper()
+	srcTopic, dstTopic, fleet := fmt.Sprintf("lat-src-%d", round), fmt.Sprintf("lat-dst-%d", round), fmt.Sprintf("lat-%d", round)
+	for _, c := range []struct {
+		k     *devstack.Kafka
+		topic string
+	}{{src, srcTopic}, {dst, dstTopic}} {
+		if err := c.k.CreateTopic(c.topic, relayPartitions); err != nil {
+			b.Fatal(err)
+		}
+	}
+	cfg := base.Clone()
+	cfg.Fleet, cfg.Agent.ID, cfg.Source.Group = fleet, "latency", fleet
+	cfg.Source.Topics = []string{srcTopic}
+	cfg.Source.CommitInterval = 200 * time.Millisecond
+	if exactly {
+		d := cfg.Clusters["D"]
+		d.Delivery = config.ExactlyOnce
+		cfg.Clusters["D"] = d
+	}
+	cfg.Routing = config.Routing{Default: []string{"out"}, Channels: map[string]config.RoutingChannel{"out": {Cluster: "D", Topic: dstTopic}}}
+	m := startRelay(b, cfg, zap.NewNop())
+	defer stopRelay(b, m)
+	wait.For(b, 20*time.Second, "every partition owned", func() error {
+		if n := len(m.Agent().Owned()); n != relayPartitions {
+			return fmt.Errorf("%d partitions owned", n)
+		}
+		return nil
+	})
+	reader, err := kgo.NewClient(kgo.SeedBrokers(dst.Brokers()...), kgo.ConsumeTopics(dstTopic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.FetchMaxWait(10*time.Millisecond))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer reader.Close()
+	writer, err := kgo.NewClient(kgo.SeedBrokers(src.Brokers()...), kgo.DefaultProduceTopic(srcTopic), kgo.ProducerLinger(0))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer writer.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(time.Second / latencyRate)
+		defer tick.Stop()
+		for i := range latencyRecords {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			writer.Produce(ctx, &kgo.Record{Key: []byte(strconv.Itoa(i)), Value: []byte("x"), Timestamp: time.Now()}, nil)
+		}
+	})
+	var out []time.Duration
+	n := 0
+	for n < latencyRecords && ctx.Err() == nil {
+		fs := reader.PollFetches(ctx)
+		now := time.Now()
+		fs.EachRecord(func(r *kgo.Record) {
+			n++
+			// The first second is warm-up, left out for both modes: the
+			// first record of each partition waits for its producer to
+			// open (an exactly_once one also fences and reads the last
+			// position).
+			if id, err := strconv.Atoi(string(r.Key)); err == nil && id >= latencyRate {
+				out = append(out, now.Sub(r.Timestamp))
+			}
+		})
+	}
+	cancel()
+	wg.Wait()
+	if n < latencyRecords {
+		b.Fatalf("round %d: %d of %d records read from D within a minute", round, n, latencyRecords)
+	}
+	return out
+}
+
 // positionsReach returns a completion check of an exactly_once relay of
 // fleet: every partition's committed position in __kswitch.positions has
 // reached its end on A. It reads the topic on from where it left off.
