@@ -32,6 +32,25 @@ type RouterStatus struct {
 	InFlight int64 `json:"in_flight"`
 	// LastRefusal is the last version refused, if any.
 	LastRefusal *Refusal `json:"last_refusal,omitempty"`
+	// ExactlyOnce summarises the transactional producers, by
+	// exactly_once cluster that has any.
+	ExactlyOnce []TxnClusterStatus `json:"exactly_once,omitempty"`
+}
+
+// TxnClusterStatus is the state of a router's transactional producers on
+// one exactly_once cluster.
+type TxnClusterStatus struct {
+	Cluster string `json:"cluster"`
+	// Producers open, one per source stream partition owned.
+	Producers int `json:"producers"`
+	// Open counts the records in open transactions, Queued those waiting
+	// for a commit to end, Held those held while a copy is aligned.
+	Open   int `json:"open"`
+	Queued int `json:"queued"`
+	Held   int `json:"held"`
+	// Broken lists the streams whose producer is being opened again after
+	// a failure, with the failure.
+	Broken []string `json:"broken,omitempty"`
 }
 
 // ChannelStatus is one channel of the version in force.
@@ -86,6 +105,7 @@ func (r *Router) Status() RouterStatus {
 		st.LastRefusal = &ref
 	}
 	r.mu.Unlock()
+	st.ExactlyOnce = r.txns.status()
 	return st
 }
 

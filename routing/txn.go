@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -377,9 +378,12 @@ func ensurePositionsTopic(c sarama.Client) error {
 	}
 	// The admin shares c: closing it would close c.
 	rf := int16(min(3, len(c.Brokers())))
-	compact := "compact"
+	// A new owner reads the whole topic (readPosition): small segments
+	// let compaction keep it to about one record per stream and the
+	// active segment's few MiB.
+	compact, segBytes, segMs := "compact", strconv.Itoa(8<<20), strconv.Itoa(10*60*1000)
 	err = admin.CreateTopic(config.PositionsTopic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: max(rf, 1),
-		ConfigEntries: map[string]*string{"cleanup.policy": &compact}}, false)
+		ConfigEntries: map[string]*string{"cleanup.policy": &compact, "segment.bytes": &segBytes, "segment.ms": &segMs}}, false)
 	if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
 		return fmt.Errorf("create the positions topic %s: %w", config.PositionsTopic, err)
 	}
@@ -793,6 +797,41 @@ func (t *txnProducer) close() {
 	t.dropAll()
 	t.mu.Unlock()
 	t.closeProducer()
+}
+
+// status summarises the producers by cluster, sorted.
+func (s *txnSet) status() []TxnClusterStatus {
+	s.mu.Lock()
+	live := make([]*txnProducer, 0, len(s.live))
+	for _, tp := range s.live {
+		live = append(live, tp)
+	}
+	s.mu.Unlock()
+	by := map[string]*TxnClusterStatus{}
+	for _, tp := range live {
+		cs := by[tp.key.cluster]
+		if cs == nil {
+			cs = &TxnClusterStatus{Cluster: tp.key.cluster}
+			by[tp.key.cluster] = cs
+		}
+		tp.mu.Lock()
+		cs.Producers++
+		cs.Open += len(tp.msgs)
+		cs.Queued += len(tp.queued)
+		if tp.align != nil {
+			cs.Held += len(tp.align.held)
+		}
+		if tp.broken != nil {
+			cs.Broken = append(cs.Broken, tp.key.positionKey(s.fleet)+": "+tp.broken.Error())
+		}
+		tp.mu.Unlock()
+	}
+	out := make([]TxnClusterStatus, 0, len(by))
+	for _, name := range slices.Sorted(maps.Keys(by)) {
+		slices.Sort(by[name].Broken)
+		out = append(out, *by[name])
+	}
+	return out
 }
 
 // close closes every producer and client.

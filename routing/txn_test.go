@@ -137,6 +137,9 @@ func TestExactlyOnceThroughACrashAndAZombie(t *testing.T) {
 	if n := metricValue(second.r.m.skipped); n != 50 {
 		t.Errorf("second owner skipped %v produces, want 50 (offsets 100-149)", n)
 	}
+	if st := second.r.Status().ExactlyOnce; len(st) != 1 || st[0].Cluster != "S" || st[0].Producers != 1 || st[0].Open != 50 {
+		t.Errorf("second owner's status: %+v, want one producer on S with 50 records in its open transaction", st)
+	}
 
 	// The third owner (the second lost the partition without knowing)
 	// fences the second: Kafka aborts its transaction. It too consumes
