@@ -199,7 +199,7 @@ func BenchmarkExactlyOnceCost(b *testing.B) {
 	b.ReportMetric(x/a, "exactly/at-least")
 	fmt.Printf("exactly-once cost, relay of %d records of %d B, %d partitions, transactions every %s: at_least_once %.0f records/s (rounds %.0f), exactly_once %.0f (rounds %.0f): "+
 		"exactly ÷ at-least %.2f (target ≥ 0.8: %s); process CPU per record %.1f µs and %.1f µs\n",
-		relayRecords, relayValueBytes, relayPartitions, d.TransactionInterval, a, alo.rates, x, eos.rates, x/a, met(x/a >= 0.8), acpu, xcpu)
+		relayRecords, relayValueBytes, relayPartitions, cmp.Or(d.TransactionInterval, config.DefaultTransactionInterval), a, alo.rates, x, eos.rates, x/a, met(x/a >= 0.8), acpu, xcpu)
 }
 
 // The latency workload: a steady trickle, so that each record waits for

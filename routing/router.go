@@ -442,11 +442,16 @@ func (r *Router) submit(ctx context.Context, rec *record.Record, msgs []*outMsg)
 			r.skip(m)
 			continue
 		default:
-			err = m.tp.add(ctx, m)
+			if err = m.tp.add(ctx, m); err != nil && ctx.Err() == nil {
+				// Its producer is fenced or being opened again.
+				r.m.waits.WithLabelValues("failing").Inc()
+				err = &WaitError{Channel: m.ch.Name, Reason: "failing", Err: err}
+			}
 		}
 		if err != nil {
 			// The record will not be acknowledged: ctx ended (the
-			// partition is revoked) or the router is closing.
+			// partition is revoked), the router is closing, or its
+			// exactly_once producer failed (the agent offers it again).
 			for _, rest := range msgs[i:] {
 				r.settle(rest)
 			}

@@ -565,7 +565,8 @@ func (t *txnProducer) fail(err error) error {
 func (t *txnProducer) run() {
 	defer close(t.done)
 	t.set.mu.Lock()
-	interval := t.set.clusters[t.key.cluster].TransactionInterval
+	// A configuration built in code without config.Validate has none.
+	interval := cmp.Or(t.set.clusters[t.key.cluster].TransactionInterval, config.DefaultTransactionInterval)
 	t.set.mu.Unlock()
 	tick := time.NewTicker(max(interval, 10*time.Millisecond))
 	defer tick.Stop()
