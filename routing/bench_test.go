@@ -55,12 +55,7 @@ const (
 // side's counters. One benchmark iteration is relayRounds rounds of each
 // side, alternating which goes first; the medians are reported.
 func BenchmarkRelayThroughput(b *testing.B) {
-	e := testenv.StartEtcdT(b)
-	src := testenv.StartKafkaT(b, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": relayPartitions}})
-	dst := testenv.StartKafkaT(b, "D", devstack.KafkaOptions{})
-	preProduce(b, src, "orders", relayRecords)
-	cli := testenv.EtcdClientT(b, e)
-	cfg := relayConfig(e, src, dst)
+	_, dst, cli, cfg := relayStack(b)
 
 	hwm := newHighWater(b, cfg.Clusters["D"])
 	round := 0
@@ -131,12 +126,7 @@ const exactlyOnceRounds = 5
 // visible to a read_committed reader). Reported: the medians and their
 // ratio (issue target: exactly_once ≥ 0.8× at_least_once).
 func BenchmarkExactlyOnceCost(b *testing.B) {
-	e := testenv.StartEtcdT(b)
-	src := testenv.StartKafkaT(b, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": relayPartitions}})
-	dst := testenv.StartKafkaT(b, "D", devstack.KafkaOptions{})
-	preProduce(b, src, "orders", relayRecords)
-	cli := testenv.EtcdClientT(b, e)
-	cfg := relayConfig(e, src, dst)
+	_, dst, cli, cfg := relayStack(b)
 	eosCfg := cfg.Clone()
 	var err error
 	var srcClient sarama.Client
@@ -374,6 +364,17 @@ func positionsReach(c sarama.Client, fleet string, ends map[kafka.TopicPartition
 		}
 		return true, nil
 	}
+}
+
+// relayStack starts etcd, a cluster A whose topic orders holds
+// relayRecords records and an empty cluster D, and returns the
+// configuration relaying A to D.
+func relayStack(b *testing.B) (src, dst *devstack.Kafka, cli *clientv3.Client, cfg config.Config) {
+	e := testenv.StartEtcdT(b)
+	src = testenv.StartKafkaT(b, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": relayPartitions}})
+	dst = testenv.StartKafkaT(b, "D", devstack.KafkaOptions{})
+	preProduce(b, src, "orders", relayRecords)
+	return src, dst, testenv.EtcdClientT(b, e), relayConfig(e, src, dst)
 }
 
 func met(ok bool) string {

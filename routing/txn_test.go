@@ -47,6 +47,17 @@ func (w *world) readCommitted(cluster, topic string) map[string]int {
 	return out
 }
 
+// eosWorld is a source cluster A and an exactly_once cluster S whose
+// topic out is the default route's channel.
+func eosWorld(t *testing.T) *world {
+	w := newWorld(t, map[string][]string{"S": {"out"}}, "A", "S")
+	s := w.cfg.Clusters["S"]
+	s.Delivery = config.ExactlyOnce
+	w.cfg.Clusters["S"] = s
+	w.cfg.Routing = Config{Default: []string{"out"}, Channels: map[string]Channel{"out": {Cluster: "S", Topic: "out"}}}
+	return w
+}
+
 // owner starts a router for an owner of the source partitions: records it
 // is handed carry its generation and session.
 type eosOwner struct {
@@ -89,13 +100,36 @@ func (o *eosOwner) handle(t *testing.T, from, to int64) {
 // owner: on A orders, on B A.orders.
 func (o *eosOwner) handleOn(t *testing.T, cluster, topic string, from, to int64) {
 	t.Helper()
+	if err := o.offer(t.Context(), cluster, topic, from, to); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// offer is handleOn for any goroutine: it returns the first record not
+// taken.
+func (o *eosOwner) offer(ctx context.Context, cluster, topic string, from, to int64) error {
 	for off := from; off < to; off++ {
 		rec := testRecord(topic, 0, off, "")
 		rec.Cluster, rec.SourceTopic = cluster, "orders"
 		rec.Origin, rec.Generation, rec.Session = "A", o.gen, o.gen
-		if err := deliver(t.Context(), o.r, rec, 10*time.Second); err != nil {
-			t.Fatal(err)
+		if err := deliver(ctx, o.r, rec, 30*time.Second); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+// wantEachOnce checks that the channel's values (got: value → copies) are
+// want, each once.
+func wantEachOnce(t *testing.T, got map[string]int, want []string) {
+	t.Helper()
+	for _, v := range want {
+		if got[v] != 1 {
+			t.Errorf("%s on the channel %d times (read_committed), want once", v, got[v])
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("%d distinct records on the channel, want %d", len(got), len(want))
 	}
 }
 
@@ -115,11 +149,7 @@ func (o *eosOwner) waitAcked(t *testing.T, n int) {
 // the cluster's), and although an owner that lost the partition holds an
 // open transaction when the next one starts.
 func TestExactlyOnceThroughACrashAndAZombie(t *testing.T) {
-	w := newWorld(t, map[string][]string{"S": {"out"}}, "A", "S")
-	s := w.cfg.Clusters["S"]
-	s.Delivery = config.ExactlyOnce
-	w.cfg.Clusters["S"] = s
-	w.cfg.Routing = Config{Default: []string{"out"}, Channels: map[string]Channel{"out": {Cluster: "S", Topic: "out"}}}
+	w := eosWorld(t)
 
 	// The first owner produces 0-149, committed (acknowledged only once
 	// committed), and "crashes" with etcd's position at 100.
@@ -170,23 +200,14 @@ func TestExactlyOnceThroughACrashAndAZombie(t *testing.T) {
 	}
 	back.close(t, false)
 
-	got := w.readCommitted("S", "out")
-	want := 0
-	for _, copy := range []struct {
-		topic string
-		n     int64
-	}{{"orders", 260}, {"A.orders", 10}} {
-		for off := range copy.n {
-			v := fmt.Sprintf("%s/0@%d", copy.topic, off)
-			if got[v] != 1 {
-				t.Errorf("%s on the channel %d times (read_committed), want once", v, got[v])
-			}
-		}
-		want += int(copy.n)
+	var want []string
+	for off := range int64(260) {
+		want = append(want, fmt.Sprintf("orders/0@%d", off))
 	}
-	if len(got) != want {
-		t.Errorf("%d distinct records on the channel, want %d", len(got), want)
+	for off := range int64(10) {
+		want = append(want, fmt.Sprintf("A.orders/0@%d", off))
 	}
+	wantEachOnce(t, w.readCommitted("S", "out"), want)
 
 	// The position the last transaction wrote is the stream's.
 	pos := w.readCommitted("S", config.PositionsTopic)
@@ -225,11 +246,7 @@ func TestExactlyOnceChannelSettingsRefused(t *testing.T) {
 // starts on B's copy at the translation of etcd's position, finds there
 // the last record committed (by fingerprint) and skips what precedes it.
 func TestExactlyOnceAlignsACopyAfterACrashAndASwitch(t *testing.T) {
-	w := newWorld(t, map[string][]string{"S": {"out"}}, "A", "S")
-	s := w.cfg.Clusters["S"]
-	s.Delivery = config.ExactlyOnce
-	w.cfg.Clusters["S"] = s
-	w.cfg.Routing = Config{Default: []string{"out"}, Channels: map[string]Channel{"out": {Cluster: "S", Topic: "out"}}}
+	w := eosWorld(t)
 	base := time.Now().Truncate(time.Millisecond)
 	// The record numbered id, on A at offset id and on B (A.orders, the
 	// mirror's copy) at offset id+1000: the same key, value and time.
@@ -272,36 +289,25 @@ func TestExactlyOnceAlignsACopyAfterACrashAndASwitch(t *testing.T) {
 		t.Errorf("%v produces skipped on B, want 20 (the copies of 80-99)", n)
 	}
 	onB.close(t, false)
-	got := w.readCommitted("S", "out")
+	var want []string
 	for id := range int64(150) {
-		if v := fmt.Sprint("record-", id); got[v] != 1 {
-			t.Errorf("%s on the channel %d times, want once", v, got[v])
-		}
+		want = append(want, fmt.Sprint("record-", id))
 	}
-	if len(got) != 150 {
-		t.Errorf("%d distinct records on the channel, want 150", len(got))
-	}
+	wantEachOnce(t, w.readCommitted("S", "out"), want)
 }
 
 // TestExactlyOnceThroughASinkOutage: the exactly_once cluster fails while
 // a transaction is open: the producer is opened again once it is back,
 // and the transaction's records are sent again, once.
 func TestExactlyOnceThroughASinkOutage(t *testing.T) {
-	w := newWorld(t, map[string][]string{"S": {"out"}}, "A", "S")
-	s := w.cfg.Clusters["S"]
-	s.Delivery = config.ExactlyOnce
-	w.cfg.Clusters["S"] = s
-	w.cfg.Routing = Config{Default: []string{"out"}, Channels: map[string]Channel{"out": {Cluster: "S", Topic: "out"}}}
+	w := eosWorld(t)
 	o := w.owner(1, 50*time.Millisecond)
 	o.handle(t, 0, 50)
 	o.waitAcked(t, 50)
 
 	w.kafkas["S"].Fail()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		o.handle(t, 50, 100) // t.Fatal from here ends only this goroutine: the acks below then fail
-	}()
+	done := make(chan error, 1)
+	go func() { done <- o.offer(t.Context(), "A", "orders", 50, 100) }()
 	wait.For(t, 30*time.Second, "a transaction fails with S down", func() error {
 		if n := metricValue(o.r.m.txns.WithLabelValues("S", "failed")); n == 0 {
 			return fmt.Errorf("no failed transaction yet")
@@ -309,16 +315,14 @@ func TestExactlyOnceThroughASinkOutage(t *testing.T) {
 		return nil
 	})
 	w.kafkas["S"].Recover()
-	<-done
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
 	o.waitAcked(t, 100)
 	o.close(t, false)
-	got := w.readCommitted("S", "out")
+	var want []string
 	for off := range int64(100) {
-		if v := fmt.Sprintf("orders/0@%d", off); got[v] != 1 {
-			t.Errorf("%s on the channel %d times (read_committed), want once", v, got[v])
-		}
+		want = append(want, fmt.Sprintf("orders/0@%d", off))
 	}
-	if len(got) != 100 {
-		t.Errorf("%d distinct records on the channel, want 100", len(got))
-	}
+	wantEachOnce(t, w.readCommitted("S", "out"), want)
 }
