@@ -60,6 +60,23 @@ func (l *Leader) countLate(ctx context.Context, term election.Term, ev SwitchEve
 // the fleet stopped there, and those of the primary's topic from the
 // failback's position on, both while their timestamps are before the
 // failover's start.
+// atFailover is, for one partition of the standby's copy at the failover:
+// its end, how many records the fleet had consumed on the primary past it
+// (lagged: delivered before the failover, not late) and the primary's
+// position (the lagged records are just before it).
+type atFailover struct{ end, lagged, from int64 }
+
+// counted returns how many of the lagged records the failback's counts
+// hold: those copied to the standby after the failover and consumed there
+// (the first copied past its end, before standbyPos), and those at or
+// after the failback's position on the primary (primaryPos: a failback
+// translated by the fingerprints consumed there resumes after them).
+func (a atFailover) counted(standbyPos, primaryPos int64) int64 {
+	onStandby := min(a.lagged, max(0, standbyPos-a.end))
+	onPrimary := max(0, a.from-max(primaryPos, a.from-a.lagged))
+	return onStandby + onPrimary
+}
+
 func (l *Leader) late(ctx context.Context, ev *SwitchEvent, log *zap.Logger) bool {
 	conf := l.conf()
 	ctx, cancel := context.WithTimeout(ctx, lateTimeout)
@@ -68,14 +85,10 @@ func (l *Leader) late(ctx context.Context, ev *SwitchEvent, log *zap.Logger) boo
 	if !ok || prev.From != ev.To || prev.To != ev.From || prev.Abandoned != "" {
 		return false
 	}
-	// At the failover, per partition of the standby's copy: its end, and
-	// how many records the fleet had consumed on the primary past it
-	// (lagged: counted there as delivered again, not late).
-	type atFailover struct{ end, lagged int64 }
 	failover := map[TopicPartition]atFailover{}
 	for _, ps := range prev.Partitions {
 		if ps.Origin == ev.To && ps.Method != "none" {
-			failover[TopicPartition{Topic: ps.ToTopic, Partition: ps.Partition}] = atFailover{ps.ToEnd, ps.Lagged}
+			failover[TopicPartition{Topic: ps.ToTopic, Partition: ps.Partition}] = atFailover{ps.ToEnd, ps.Lagged, ps.FromOffset}
 		}
 	}
 	open := func(cluster string) sarama.Client {
@@ -123,9 +136,7 @@ func (l *Leader) late(ctx context.Context, ev *SwitchEvent, log *zap.Logger) boo
 			count(standby, ps.FromTopic, at.end, ps.FromOffset) // copied after the failover, consumed on the standby
 		}
 		count(primary, ps.ToTopic, ps.ToOffset, -1) // consumed from the primary after this switch
-		// Both counts begin with the records the fleet had consumed
-		// before the failover that the standby lacked (its lagged ones).
-		ps.Late = max(0, n-at.lagged)
+		ps.Late = max(0, n-at.counted(ps.FromOffset, ps.ToOffset))
 		if ps.Late == 0 {
 			ps.LateOldest = time.Time{}
 		}
