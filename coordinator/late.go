@@ -52,14 +52,6 @@ func (l *Leader) countLate(ctx context.Context, term election.Term, ev SwitchEve
 	}()
 }
 
-// late fills in ev's unmirrored tail, and reports whether ev ends a
-// failover: for each of the primary's own partitions, the records written
-// before that failover began that the standby did not hold at it,
-// consumed after the primary returned. They are the records of the
-// standby's copy past its end at the failover (copied late) up to where
-// the fleet stopped there, and those of the primary's topic from the
-// failback's position on, both while their timestamps are before the
-// failover's start.
 // atFailover is, for one partition of the standby's copy at the failover:
 // its end, how many records the fleet had consumed on the primary past it
 // (lagged: delivered before the failover, not late) and the primary's
@@ -77,6 +69,16 @@ func (a atFailover) counted(standbyPos, primaryPos int64) int64 {
 	return onStandby + onPrimary
 }
 
+// late fills in ev's unmirrored tail, and reports whether ev ends a
+// failover: for each of the primary's own partitions, the records written
+// before that failover began that the standby did not hold at it,
+// consumed after the primary returned. They are the records of the
+// standby's copy past its end at the failover (copied late) up to where
+// the fleet stopped there, and those of the primary's topic from the
+// failback's position on, both while their timestamps are before the
+// failover's start, less the records consumed on the primary before the
+// failover that the standby lacked (lagged: delivered, not late;
+// atFailover.counted).
 func (l *Leader) late(ctx context.Context, ev *SwitchEvent, log *zap.Logger) bool {
 	conf := l.conf()
 	ctx, cancel := context.WithTimeout(ctx, lateTimeout)
