@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -146,6 +147,10 @@ type txnSet struct {
 	r     *Router
 	fleet string
 
+	// eo holds the names of the exactly_once clusters, read on every
+	// produce without the lock (setClusters replaces it).
+	eo atomic.Pointer[map[string]bool]
+
 	mu       sync.Mutex
 	clusters map[string]config.Cluster
 	live     map[txnKey]*txnProducer
@@ -160,16 +165,27 @@ type txnSet struct {
 }
 
 func newTxnSet(r *Router, fleet string, clusters map[string]config.Cluster) *txnSet {
-	return &txnSet{r: r, fleet: fleet, clusters: clusters, live: map[txnKey]*txnProducer{},
+	s := &txnSet{r: r, fleet: fleet, clusters: clusters, live: map[txnKey]*txnProducer{},
 		opening: map[txnKey]chan struct{}{}, fenced: map[txnKey]owner{}, clients: map[string]sarama.Client{}, ready: map[string]bool{}}
+	s.eo.Store(exactlyOnceClusters(clusters))
+	return s
 }
 
 // exactlyOnce reports whether channels on cluster get exactly-once
-// delivery.
+// delivery. It takes no lock: every produce asks.
 func (s *txnSet) exactlyOnce(cluster string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.clusters[cluster].ExactlyOnce()
+	return (*s.eo.Load())[cluster]
+}
+
+// exactlyOnceClusters returns the names of the exactly_once clusters.
+func exactlyOnceClusters(clusters map[string]config.Cluster) *map[string]bool {
+	eo := map[string]bool{}
+	for name, c := range clusters {
+		if c.ExactlyOnce() {
+			eo[name] = true
+		}
+	}
+	return &eo
 }
 
 func (s *txnSet) setClusters(clusters map[string]config.Cluster) {
@@ -183,6 +199,7 @@ func (s *txnSet) setClusters(clusters map[string]config.Cluster) {
 		}
 	}
 	s.clusters = clusters
+	s.eo.Store(exactlyOnceClusters(clusters))
 }
 
 func sameConnection(a, b config.Cluster) bool {
