@@ -84,6 +84,11 @@ func logDir(t *testing.T) string {
 		logDirsMu.Unlock()
 		if t.Failed() || os.Getenv("KSWITCH_TEST_KEEP_LOGS") != "" {
 			t.Logf("logs of every process kept in %s", dir)
+			// Last, so that a CI summary showing only the tail of the
+			// output shows it: what failed, beside the processes' logs.
+			for _, line := range recaps.take(t) {
+				t.Logf("recap: %s", line)
+			}
 			return
 		}
 		_ = os.RemoveAll(dir)
@@ -96,6 +101,30 @@ var (
 	logDirsMu sync.Mutex
 	logDirs   = map[*testing.T]string{}
 )
+
+// recaps are the failures of a test that its log directory's cleanup
+// repeats at the very end of its output (processes that exited by
+// themselves, the waits that timed out).
+var recaps = &recapList{lines: map[*testing.T][]string{}}
+
+type recapList struct {
+	mu    sync.Mutex
+	lines map[*testing.T][]string
+}
+
+func (r *recapList) add(t *testing.T, format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.lines[t] = append(r.lines[t], fmt.Sprintf(format, args...))
+}
+
+func (r *recapList) take(t *testing.T) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := r.lines[t]
+	delete(r.lines, t)
+	return out
+}
 
 // proc is one OS process of the suite. Its output goes to a log file in
 // logDir, appended to when a process of the same name is started again;
@@ -149,6 +178,7 @@ func startProcWith(t *testing.T, o procOptions, name string, bin string, args ..
 	go func() {
 		p.err = cmd.Wait()
 		if !p.expected.Load() {
+			recaps.add(t, "%s (pid %d) exited by itself: %v", name, cmd.Process.Pid, p.err)
 			t.Errorf("%s (pid %d) exited by itself: %v; last output:\n%s", name, cmd.Process.Pid, p.err, tail(logPath, 30))
 		}
 		f.Close()
@@ -158,7 +188,7 @@ func startProcWith(t *testing.T, o procOptions, name string, bin string, args ..
 		p.signal(syscall.SIGKILL)
 		<-p.done
 		if t.Failed() {
-			t.Logf("--- last output of %s (%s):\n%s", name, logPath, tail(logPath, 60))
+			t.Logf("--- last output of %s (%s):\n%s", name, logPath, tail(logPath, 25))
 		}
 	})
 	return p

@@ -163,9 +163,22 @@ func newReport(name string) scenarioReport {
 // timer returns a function that records a step's duration in the report
 // and logs it.
 func (r *scenarioReport) timer(t *testing.T) func(step string, d time.Duration) {
+	began := time.Now()
+	var once sync.Once
+	last := "none"
 	return func(step string, d time.Duration) {
 		r.Timings[step] = math.Round(d.Seconds()*1000) / 1000
 		t.Logf("%-28s %v", step, d.Round(time.Millisecond))
+		last = step
+		once.Do(func() {
+			// Runs before the log directory's recap (cleanups run last
+			// first): the step a failed scenario reached.
+			t.Cleanup(func() {
+				if t.Failed() {
+					recaps.add(t, "the last step reached was %s, %v into the scenario", last, time.Since(began).Round(time.Millisecond))
+				}
+			})
+		})
 	}
 }
 
