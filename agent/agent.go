@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"slices"
@@ -138,12 +139,12 @@ type Agent struct {
 	etcdErr    atomic.Pointer[string] // last etcd probe error; nil or "" = reachable
 	session    atomic.Pointer[sessionState]
 	lastLeader election.Leader
-	owned      atomic.Pointer[[]coordinator.TopicPartition] // set by the worker
-	budget     atomic.Pointer[byteBudget]                   // the current worker's bytes in flight
-	current    atomic.Pointer[concurrency.Session]          // while registered
-	active     atomic.Pointer[string]                       // cluster of the applied assignment
-	hold       atomic.Pointer[commitHold]                   // the current worker's
-	stuck      atomic.Pointer[string]                       // the current worker's stuck partitions, "" if none
+	owned      atomic.Pointer[map[string][]coordinator.TopicPartition] // by cluster; set by the worker
+	budget     atomic.Pointer[byteBudget]                              // the current worker's bytes in flight
+	current    atomic.Pointer[concurrency.Session]                     // while registered
+	active     atomic.Pointer[string]                                  // cluster of the applied assignment
+	hold       atomic.Pointer[commitHold]                              // the current worker's
+	stuck      atomic.Pointer[string]                                  // the current worker's stuck partitions, "" if none
 	// dyn is the dynamic configuration version in force.
 	dyn dynConfig
 	// signalsApplied is the etcd revision of the signals every running
@@ -434,8 +435,14 @@ func (a *Agent) Ready() (bool, string) {
 		}
 	}
 	if p := a.active.Load(); p != nil && a.prober != nil {
-		if v, ok := a.prober.view()[*p]; ok && !v.Reachable {
+		view := a.prober.view()
+		if v, ok := view[*p]; ok && !v.Reachable {
 			return false, fmt.Sprintf("cannot reach the active cluster %s: %s", *p, v.Error)
+		}
+		for _, c := range slices.Sorted(maps.Keys(a.OwnedByCluster())) {
+			if v, ok := view[c]; ok && !v.Reachable && c != *p {
+				return false, fmt.Sprintf("cannot reach cluster %s, where topics this agent consumes are placed: %s", c, v.Error)
+			}
 		}
 	}
 	return true, ""
@@ -470,9 +477,18 @@ func (a *Agent) Status() Status {
 		Clusters:       a.gossip.views(),
 		Signals:        a.signals.State(),
 		SignalsApplied: a.SignalsApplied(),
-		Owned:          a.Owned(),
 		Active:         deref(a.active.Load()),
 		Config:         a.dyn.status(),
+	}
+	for c, tps := range a.OwnedByCluster() {
+		if c == st.Active {
+			st.Owned = tps
+			continue
+		}
+		if st.OwnedOn == nil {
+			st.OwnedOn = map[string][]coordinator.TopicPartition{}
+		}
+		st.OwnedOn[c] = tps
 	}
 	if a.Leading() {
 		st.Coordinator = a.leader.Status()
@@ -502,10 +518,22 @@ func (a *Agent) Registered() []Registration { return a.registry.list() }
 // handler any more.
 func (a *Agent) SignalsApplied() int64 { return a.signalsApplied.Load() }
 
-// Owned returns the partitions this agent consumes now, sorted.
+// Owned returns the partitions this agent consumes now, on every cluster,
+// sorted (OwnedByCluster tells them apart).
 func (a *Agent) Owned() []coordinator.TopicPartition {
+	var out []coordinator.TopicPartition
+	for _, tps := range a.OwnedByCluster() {
+		out = append(out, tps...)
+	}
+	slices.SortFunc(out, coordinator.TopicPartition.Compare)
+	return out
+}
+
+// OwnedByCluster returns the partitions this agent consumes now, by
+// cluster, each list sorted.
+func (a *Agent) OwnedByCluster() map[string][]coordinator.TopicPartition {
 	if p := a.owned.Load(); p != nil {
-		return slices.Clone(*p)
+		return maps.Clone(*p)
 	}
 	return nil
 }

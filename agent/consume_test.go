@@ -662,7 +662,7 @@ func TestAReleaseOutlivedByItsGenerationStillCommits(t *testing.T) {
 			return fmt.Errorf("state/assignment generation %d (%v)", a.Generation, err)
 		}
 		for _, tp := range revoked.Revoking["agent-1"] {
-			if !a.MayCommit("agent-1", tp) {
+			if !a.MayCommit("agent-1", a.Cluster, tp) {
 				return fmt.Errorf("generation %d no longer lets agent-1 commit %s: %+v", a.Generation, tp, a)
 			}
 		}

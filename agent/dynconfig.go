@@ -160,25 +160,34 @@ func (w *worker) reconfigure(ctx context.Context, u configUpdate) {
 	if w.warm != nil && !reflect.DeepEqual(old[w.warm.name], w.clusters[w.warm.name]) {
 		w.dropWarm()
 	}
-	if w.kafka != nil && !reflect.DeepEqual(old[w.kafka.name], w.clusters[w.kafka.name]) {
-		tps := slices.SortedFunc(maps.Keys(w.parts), coordinator.TopicPartition.Compare)
-		w.log.Info("the definition of the cluster being consumed changed: draining, committing and reconnecting",
-			zap.String("cluster", w.kafka.name), zap.Strings("brokers", w.clusters[w.kafka.name].Brokers),
-			zap.Int64("config_version", u.version), zap.Int("partitions", len(tps)))
-		if len(tps) > 0 {
-			w.release(ctx, tps, w.applied)
+	for _, name := range slices.Sorted(maps.Keys(w.conns)) {
+		if reflect.DeepEqual(old[name], w.clusters[name]) {
+			continue
 		}
-		w.kafka.close()
-		w.kafka = nil
-		for _, tp := range tps {
-			if !slices.Contains(w.pending, tp) {
-				w.pending = append(w.pending, tp)
+		var cps []cpart
+		for cp := range w.parts {
+			if cp.Cluster == name {
+				cps = append(cps, cp)
 			}
 		}
-		slices.SortFunc(w.pending, coordinator.TopicPartition.Compare)
-		w.startPending(ctx)
-		w.publishOwned()
+		slices.SortFunc(cps, cpart.Compare)
+		w.log.Info("the definition of a cluster being consumed changed: draining, committing and reconnecting",
+			zap.String("cluster", name), zap.Strings("brokers", w.clusters[name].Brokers),
+			zap.Int64("config_version", u.version), zap.Int("partitions", len(cps)))
+		if len(cps) > 0 {
+			w.release(ctx, cps, w.applied)
+		}
+		w.conns[name].close()
+		delete(w.conns, name)
+		for _, cp := range cps {
+			if !slices.Contains(w.pending, cp) {
+				w.pending = append(w.pending, cp)
+			}
+		}
 	}
+	slices.SortFunc(w.pending, cpart.Compare)
+	w.startPending(ctx)
+	w.publishOwned()
 	w.ackConfig(ctx)
 }
 

@@ -42,8 +42,11 @@ type Status struct {
 	Clusters coordinator.AgentViews `json:"clusters"`
 	// Active is the cluster of the assignment this agent applied.
 	Active string `json:"active_cluster,omitempty"`
-	// Owned are the partitions this agent consumes.
-	Owned []coordinator.TopicPartition `json:"owned"`
+	// Owned are the partitions this agent consumes on the active cluster;
+	// OwnedOn those it consumes on the clusters topics are placed on
+	// (Active.Topics), by cluster.
+	Owned   []coordinator.TopicPartition            `json:"owned"`
+	OwnedOn map[string][]coordinator.TopicPartition `json:"owned_on,omitempty"`
 	// Signals are the pause/start signals in force and the refused ones.
 	Signals signals.State `json:"signals"`
 	// SignalsApplied is the etcd revision of the signals every partition

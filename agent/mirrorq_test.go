@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 	"testing"
@@ -9,11 +10,13 @@ import (
 )
 
 // TestMirrorQueueKeepsTheNewestPositionsAndCluster: the queue of positions
-// for the Kafka group holds one job; merging keeps, per partition, the
-// newer side's position, and after a switch only the newer cluster's
-// positions with its client. A failed job put back is the older side.
+// for the Kafka groups holds one job; merging keeps, per cluster and
+// partition, the newer side's position; a cluster's batch through a
+// connection replaced since is dropped, and a cluster only one side has is
+// kept (a topic placed there). A failed job put back is the older side.
 func TestMirrorQueueKeepsTheNewestPositionsAndCluster(t *testing.T) {
-	onA, onB := &offsets.KafkaMirror{}, &offsets.KafkaMirror{}
+	onA, onB, onA2 := &offsets.KafkaMirror{}, &offsets.KafkaMirror{}, &offsets.KafkaMirror{}
+	var mirrors map[string]*offsets.KafkaMirror
 	at := func(cluster string, offs ...int64) []offsets.Commit {
 		var out []offsets.Commit
 		for p, o := range offs {
@@ -21,10 +24,15 @@ func TestMirrorQueueKeepsTheNewestPositionsAndCluster(t *testing.T) {
 		}
 		return out
 	}
-	positions := func(j mirrorJob) map[int32]int64 {
-		m := map[int32]int64{}
-		for _, c := range j.commits {
-			m[c.Partition] = c.Offset
+	positions := func(j mirrorJob) map[string]int64 {
+		m := map[string]int64{}
+		for c, b := range j {
+			for _, p := range b.commits {
+				m[fmt.Sprintf("%s/%d", c, p.Partition)] = p.Offset
+			}
+			if b.mirror != mirrors[c] {
+				m[c+" through another mirror"] = 1
+			}
 		}
 		return m
 	}
@@ -32,24 +40,35 @@ func TestMirrorQueueKeepsTheNewestPositionsAndCluster(t *testing.T) {
 		name         string
 		queued, next mirrorJob
 		retry        bool
-		mirror       *offsets.KafkaMirror
-		want         map[int32]int64
+		mirrors      map[string]*offsets.KafkaMirror
+		want         map[string]int64
 	}{
-		{"fresh over queued, same cluster", mirrorJob{onA, at("A", 10, 20)}, mirrorJob{onA, at("A", 15)}, false, onA, map[int32]int64{0: 15, 1: 20}},
-		{"retry under queued, same cluster", mirrorJob{onA, at("A", 15)}, mirrorJob{onA, at("A", 10, 20)}, true, onA, map[int32]int64{0: 15, 1: 20}},
-		{"fresh after a switch", mirrorJob{onA, at("A", 10, 20)}, mirrorJob{onB, at("B", 7)}, false, onB, map[int32]int64{0: 7}},
-		{"retry of the old cluster after a switch", mirrorJob{onB, at("B", 7)}, mirrorJob{onA, at("A", 10, 20)}, true, onB, map[int32]int64{0: 7}},
+		{"fresh over queued, same cluster", mirrorJob{"A": {onA, at("A", 10, 20)}}, mirrorJob{"A": {onA, at("A", 15)}}, false,
+			map[string]*offsets.KafkaMirror{"A": onA}, map[string]int64{"A/0": 15, "A/1": 20}},
+		{"retry under queued, same cluster", mirrorJob{"A": {onA, at("A", 15)}}, mirrorJob{"A": {onA, at("A", 10, 20)}}, true,
+			map[string]*offsets.KafkaMirror{"A": onA}, map[string]int64{"A/0": 15, "A/1": 20}},
+		{"two clusters at once", mirrorJob{"A": {onA, at("A", 10, 20)}}, mirrorJob{"B": {onB, at("B", 7)}}, false,
+			map[string]*offsets.KafkaMirror{"A": onA, "B": onB}, map[string]int64{"A/0": 10, "A/1": 20, "B/0": 7}},
+		{"fresh through a new connection", mirrorJob{"A": {onA, at("A", 10, 20)}}, mirrorJob{"A": {onA2, at("A", 15)}}, false,
+			map[string]*offsets.KafkaMirror{"A": onA2}, map[string]int64{"A/0": 15}},
+		{"retry through an old connection", mirrorJob{"A": {onA2, at("A", 15)}}, mirrorJob{"A": {onA, at("A", 10, 20)}}, true,
+			map[string]*offsets.KafkaMirror{"A": onA2}, map[string]int64{"A/0": 15}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			mirrors = tc.mirrors
 			w := &worker{mirrorq: make(chan mirrorJob, 1)}
 			w.mirrorq <- tc.queued
 			w.enqueueMirror(tc.next, tc.retry)
 			got := <-w.mirrorq
-			if got.mirror != tc.mirror || !maps.Equal(positions(got), tc.want) {
-				t.Errorf("queued %v through mirror %p; want %v through %p", positions(got), got.mirror, tc.want, tc.mirror)
+			if !maps.Equal(positions(got), tc.want) {
+				t.Errorf("queued %v; want %v", positions(got), tc.want)
 			}
-			if n := len(slices.Collect(maps.Keys(positions(got)))); n != len(got.commits) {
-				t.Errorf("%d commits for %d partitions", len(got.commits), n)
+			n := 0
+			for _, b := range got {
+				n += len(b.commits)
+			}
+			if len(slices.Collect(maps.Keys(positions(got)))) != n {
+				t.Errorf("%d commits for %d partitions", n, len(positions(got)))
 			}
 		})
 	}

@@ -200,8 +200,9 @@ type FleetView struct {
 	Active *coordinator.Active `json:"active,omitempty"`
 	// Assignment is nil when none was published yet.
 	Assignment *coordinator.Assignment `json:"assignment,omitempty"`
-	// Partitions are the assigned partitions with their committed
-	// positions on the assignment's cluster.
+	// Partitions are the assigned partitions of every cluster consumed
+	// (the assignment's, and those topics are placed on) with their
+	// committed positions there, by cluster.
 	Partitions []PartitionView `json:"partitions,omitempty"`
 	// Signals are the pause/start signals in force, and refused values.
 	Signals signals.State `json:"signals"`
@@ -269,6 +270,9 @@ func askReady(ctx context.Context, hc *http.Client, addr string) Readiness {
 
 // PartitionView is one partition of a FleetView.
 type PartitionView struct {
+	// Cluster is the cluster the partition is consumed on: the
+	// assignment's, or the one its topic is placed on.
+	Cluster string `json:"cluster"`
 	coordinator.TopicPartition
 	Owner string `json:"owner"`
 	// Revoking is true while the owner is releasing it.
@@ -347,32 +351,36 @@ func ReadFleet(ctx context.Context, c *clientv3.Client, fleet string) (FleetView
 		return v, nil
 	}
 	v.Assignment = &a
-	positions, bad, err := offsets.NewStore(c, k).List(ctx, a.Cluster)
-	if err != nil {
-		return v, err
-	}
-	for _, b := range bad {
-		v.Refused = append(v.Refused, b.Error())
-	}
-	byTP := map[coordinator.TopicPartition]offsets.Position{}
-	for _, p := range positions {
-		byTP[p.TopicPartition()] = p
-	}
-	for _, m := range []map[string][]coordinator.TopicPartition{a.Owned, a.Revoking} {
-		for owner, tps := range m {
-			for _, tp := range tps {
-				pv := PartitionView{TopicPartition: tp, Owner: owner, Revoking: isRevoking(a, owner, tp), Committed: -1, End: -1, Lag: -1}
-				if p, ok := byTP[tp]; ok {
-					pv.Committed, pv.CommittedAt = p.Offset, p.CommittedAt
+	store := offsets.NewStore(c, k)
+	for _, cluster := range a.Sections() {
+		positions, bad, err := store.List(ctx, cluster)
+		if err != nil {
+			return v, err
+		}
+		for _, b := range bad {
+			v.Refused = append(v.Refused, b.Error())
+		}
+		byTP := map[coordinator.TopicPartition]offsets.Position{}
+		for _, p := range positions {
+			byTP[p.TopicPartition()] = p
+		}
+		sec := a.Section(cluster)
+		for _, m := range []map[string][]coordinator.TopicPartition{sec.Owned, sec.Revoking} {
+			for owner, tps := range m {
+				for _, tp := range tps {
+					pv := PartitionView{Cluster: cluster, TopicPartition: tp, Owner: owner, Revoking: slices.Contains(sec.Revoking[owner], tp),
+						Committed: -1, End: -1, Lag: -1}
+					if p, ok := byTP[tp]; ok {
+						pv.Committed, pv.CommittedAt = p.Offset, p.CommittedAt
+					}
+					v.Partitions = append(v.Partitions, pv)
 				}
-				v.Partitions = append(v.Partitions, pv)
 			}
 		}
 	}
-	slices.SortFunc(v.Partitions, func(x, y PartitionView) int { return x.TopicPartition.Compare(y.TopicPartition) })
+	slices.SortFunc(v.Partitions, func(x, y PartitionView) int {
+		return coordinator.ClusterPartition{Cluster: x.Cluster, TopicPartition: x.TopicPartition}.Compare(
+			coordinator.ClusterPartition{Cluster: y.Cluster, TopicPartition: y.TopicPartition})
+	})
 	return v, nil
-}
-
-func isRevoking(a coordinator.Assignment, owner string, tp coordinator.TopicPartition) bool {
-	return slices.Contains(a.Revoking[owner], tp)
 }

@@ -25,7 +25,11 @@ import (
 	"github.com/kswitch/kswitch/signals"
 )
 
-// kafkaConn is the worker's connection to the cluster it consumes.
+// cpart names a partition of one cluster: the worker's partitions are
+// keyed so, as A's orders/0 and B's orders/0 are different streams.
+type cpart = coordinator.ClusterPartition
+
+// kafkaConn is the worker's connection to a cluster it consumes.
 type kafkaConn struct {
 	name     string
 	client   sarama.Client
@@ -128,8 +132,9 @@ type worker struct {
 	// sessionAlive tells a clean stop (commit, then release) from a lost
 	// session (nothing can be committed).
 	sessionAlive func() bool
-	// owned is where the worker publishes the partitions it runs.
-	owned  *atomic.Pointer[[]coordinator.TopicPartition]
+	// owned is where the worker publishes the partitions it runs, by
+	// cluster.
+	owned  *atomic.Pointer[map[string][]coordinator.TopicPartition]
 	naming coordinator.Naming
 	// active publishes the cluster of the applied assignment, for
 	// readiness.
@@ -145,8 +150,9 @@ type worker struct {
 	// dialer, when set, opens this agent's connections to a cluster.
 	dialer func(cluster string) kafka.Dialer
 	// mirrorq hands committed positions to the goroutine that mirrors
-	// them to the Kafka group, so a slow or dead cluster never delays a
-	// commit, a release or an acknowledgement. It holds the latest batch.
+	// them to the Kafka groups, so a slow or dead cluster never delays a
+	// commit, a release or an acknowledgement. It holds the latest
+	// positions, by cluster.
 	mirrorq chan mirrorJob
 
 	// reachable reports whether this agent's last probe reached a
@@ -185,18 +191,20 @@ type worker struct {
 	configVersion int64
 	clusters      map[string]config.Cluster
 	initial       string
-	kafka         *kafkaConn
+	// conns are the connections to the clusters this agent consumes:
+	// the fleet's, and those topics are placed on.
+	conns map[string]*kafkaConn
 	// warm is a connection opened ahead of a planned switch to its
-	// cluster (Assignment.Warm); it becomes kafka when the switch assigns
-	// that cluster.
+	// cluster (Assignment.Warm); it joins conns when the switch assigns
+	// partitions there.
 	warm *kafkaConn
 	// warming names the cluster of the warm-up in flight, "" if none;
 	// warmAck is the generation to acknowledge when it ends (0: none).
 	warming    string
 	warmAck    int64
-	parts      map[coordinator.TopicPartition]*partitionRun
-	committed  map[coordinator.TopicPartition]int64
-	pending    []coordinator.TopicPartition // owned but not started (Kafka trouble): retried
+	parts      map[cpart]*partitionRun
+	committed  map[cpart]int64
+	pending    []cpart // owned but not started (Kafka trouble): retried
 	applied    coordinator.Assignment
 	appliedRev int64
 }
@@ -220,8 +228,9 @@ var errLeaseLost = errors.New("agent: session lease lost; stopped consuming")
 // clean stop it drains and commits every partition before returning; after
 // losing the lease it stops them without committing.
 func (w *worker) run(ctx context.Context) error {
-	w.parts = map[coordinator.TopicPartition]*partitionRun{}
-	w.committed = map[coordinator.TopicPartition]int64{}
+	w.parts = map[cpart]*partitionRun{}
+	w.committed = map[cpart]int64{}
+	w.conns = map[string]*kafkaConn{}
 	w.mirrorq = make(chan mirrorJob, 1)
 	w.warmed = make(chan warmResult, 1)
 	mctx, mcancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -240,8 +249,8 @@ func (w *worker) run(ctx context.Context) error {
 		<-mdone
 		hcancel()
 		w.bg.Wait()
-		if w.kafka != nil {
-			w.kafka.close()
+		for _, k := range w.conns {
+			k.close()
 		}
 		w.dropWarm()
 		select {
@@ -374,17 +383,19 @@ func (w *worker) applyValue(ctx context.Context, val []byte, rev int64, changed 
 // acknowledged.
 func (w *worker) apply(ctx context.Context, a coordinator.Assignment, rev int64) {
 	log := w.log.With(zap.Int64("generation", a.Generation), zap.String("cluster", a.Cluster))
-	want := map[coordinator.TopicPartition]bool{}
-	for _, tp := range a.Owned[w.id] {
-		want[tp] = true
-	}
-	switching := w.kafka != nil && w.kafka.name != a.Cluster
-	var release []coordinator.TopicPartition
-	for tp := range w.parts {
-		if switching || !want[tp] {
-			release = append(release, tp)
+	want := map[cpart]bool{}
+	for c, tps := range a.OwnedBy(w.id) {
+		for _, tp := range tps {
+			want[cpart{Cluster: c, TopicPartition: tp}] = true
 		}
 	}
+	var release []cpart
+	for cp := range w.parts {
+		if !want[cp] {
+			release = append(release, cp)
+		}
+	}
+	slices.SortFunc(release, cpart.Compare)
 	// The final commits of released partitions are fenced by the new
 	// generation, in which they are ours to release.
 	w.applied, w.appliedRev = a, rev
@@ -392,25 +403,31 @@ func (w *worker) apply(ctx context.Context, a coordinator.Assignment, rev int64)
 		w.release(ctx, release, a)
 		log.Info("released partitions", zap.Stringers("partitions", release))
 	}
-	if switching {
+	uses := map[string]bool{}
+	for cp := range want {
+		uses[cp.Cluster] = true
+	}
+	for name, k := range w.conns {
+		if uses[name] {
+			continue
+		}
 		// Closing waits for sarama's consumer to wind down: not on the
 		// way to the acknowledgement the switch waits for.
-		old := w.kafka
-		w.kafka = nil
+		delete(w.conns, name)
 		w.bg.Add(1)
 		go func() {
 			defer w.bg.Done()
-			old.close()
+			k.close()
 		}()
 	}
 	deferAck := w.followWarm(ctx, a)
 	w.pending = w.pending[:0]
-	for tp := range want {
-		if w.parts[tp] == nil {
-			w.pending = append(w.pending, tp)
+	for cp := range want {
+		if w.parts[cp] == nil {
+			w.pending = append(w.pending, cp)
 		}
 	}
-	slices.SortFunc(w.pending, coordinator.TopicPartition.Compare)
+	slices.SortFunc(w.pending, cpart.Compare)
 	started := slices.Clone(w.pending)
 	w.startPending(ctx)
 	if len(started) > 0 {
@@ -435,14 +452,15 @@ func (w *worker) apply(ctx context.Context, a coordinator.Assignment, rev int64)
 // open or in flight. It reports whether a's acknowledgement waits for
 // that warm-up.
 func (w *worker) followWarm(ctx context.Context, a coordinator.Assignment) bool {
-	if w.warm != nil && w.kafka == nil && w.warm.name == a.Cluster {
-		w.kafka, w.warm = w.warm, nil
-		w.log.Info("consuming through the connection warmed ahead of the switch", zap.String("cluster", a.Cluster))
+	if w.warm != nil && w.conns[w.warm.name] == nil && w.wants(a, w.warm.name) {
+		w.conns[w.warm.name] = w.warm
+		w.log.Info("consuming through the connection warmed ahead of the switch", zap.String("cluster", w.warm.name))
+		w.warm = nil
 	}
 	if w.warm != nil && w.warm.name != a.Warm {
 		w.dropWarm()
 	}
-	if a.Warm == "" || a.Warm == a.Cluster || w.warm != nil {
+	if a.Warm == "" || a.Warm == a.Cluster || w.warm != nil || w.conns[a.Warm] != nil {
 		return false
 	}
 	if w.warming == "" {
@@ -476,12 +494,12 @@ func (w *worker) warmDone(ctx context.Context, res warmResult) {
 	switch {
 	case res.err != nil:
 		w.log.Info("cannot warm a connection ahead of the switch; connecting when assigned", zap.String("cluster", res.cluster), zap.Error(res.err))
-	case w.applied.Warm == res.cluster && w.warm == nil:
+	case w.conns[res.cluster] == nil && w.wants(w.applied, res.cluster):
+		w.conns[res.cluster] = res.conn
+		w.startPending(ctx)
+	case w.applied.Warm == res.cluster && w.warm == nil && w.conns[res.cluster] == nil:
 		w.warm = res.conn
 		w.log.Info("warmed a connection ahead of the switch", zap.String("cluster", res.cluster))
-	case w.applied.Cluster == res.cluster && w.kafka == nil:
-		w.kafka = res.conn
-		w.startPending(ctx)
 	default:
 		res.conn.close()
 	}
@@ -489,6 +507,11 @@ func (w *worker) warmDone(ctx context.Context, res warmResult) {
 		w.ack(ctx, w.warmAck)
 	}
 	w.warmAck = 0
+}
+
+// wants reports whether a gives this agent partitions of cluster.
+func (w *worker) wants(a coordinator.Assignment, cluster string) bool {
+	return len(a.Section(cluster).Owned[w.id]) > 0
 }
 
 // dropWarm closes the warm connection, if any.
@@ -509,7 +532,7 @@ func (w *worker) dialerFor(cluster string) kafka.Dialer {
 // release stops tps, waits for their records to be acknowledged, and
 // commits their final positions. The partitions stop concurrently: each
 // stop waits for sarama to end the partition's fetching.
-func (w *worker) release(ctx context.Context, tps []coordinator.TopicPartition, a coordinator.Assignment) {
+func (w *worker) release(ctx context.Context, tps []cpart, a coordinator.Assignment) {
 	var wg sync.WaitGroup
 	for _, tp := range tps {
 		r := w.parts[tp]
@@ -523,10 +546,10 @@ func (w *worker) release(ctx context.Context, tps []coordinator.TopicPartition, 
 		}()
 	}
 	wg.Wait()
-	var allowed []coordinator.TopicPartition
-	for _, tp := range tps {
-		if a.MayCommit(w.id, tp) {
-			allowed = append(allowed, tp)
+	var allowed []cpart
+	for _, cp := range tps {
+		if a.MayCommit(w.id, cp.Cluster, cp.TopicPartition) {
+			allowed = append(allowed, cp)
 		}
 	}
 	err := w.commit(ctx, allowed)
@@ -547,7 +570,7 @@ func (w *worker) release(ctx context.Context, tps []coordinator.TopicPartition, 
 				zap.Stringers("partitions", allowed), zap.Error(rerr))
 			break
 		}
-		still := slices.DeleteFunc(slices.Clone(allowed), func(tp coordinator.TopicPartition) bool { return !cur.MayCommit(w.id, tp) })
+		still := slices.DeleteFunc(slices.Clone(allowed), func(cp cpart) bool { return !cur.MayCommit(w.id, cp.Cluster, cp.TopicPartition) })
 		if cur.Generation < a.Generation || len(still) == 0 {
 			w.log.Warn("released partitions could not be committed under the current generation; the next owners consume again what was not committed",
 				zap.Stringers("partitions", allowed), zap.Int64("generation", a.Generation), zap.Int64("current_generation", cur.Generation))
@@ -583,55 +606,74 @@ func (w *worker) readAssignment(ctx context.Context) (coordinator.Assignment, in
 	return a, resp.Kvs[0].ModRevision, err
 }
 
-// startPending starts the owned partitions not yet running. A partition
-// that cannot start (its cluster unreachable) stays pending and is retried
-// on the next commit tick.
+// startPending starts the owned partitions not yet running, cluster by
+// cluster. A partition that cannot start (its cluster unreachable) stays
+// pending and is retried on the next commit tick.
 func (w *worker) startPending(ctx context.Context) {
 	if len(w.pending) == 0 {
 		return
 	}
+	byCluster := map[string][]coordinator.TopicPartition{}
+	for _, cp := range w.pending {
+		byCluster[cp.Cluster] = append(byCluster[cp.Cluster], cp.TopicPartition)
+	}
+	var still []cpart
+	for _, c := range slices.Sorted(maps.Keys(byCluster)) {
+		for _, tp := range w.startOn(ctx, c, byCluster[c]) {
+			still = append(still, cpart{Cluster: c, TopicPartition: tp})
+		}
+	}
+	slices.SortFunc(still, cpart.Compare)
+	w.pending = still
+	w.publishOwned()
+}
+
+// startOn starts partitions tps of cluster, and returns those that could
+// not start.
+func (w *worker) startOn(ctx context.Context, cluster string, tps []coordinator.TopicPartition) (still []coordinator.TopicPartition) {
 	// A cluster this agent's probe cannot reach would hold the loop for a
 	// client's whole retry budget per attempt, while the next assignment
 	// (a switch away from that cluster, often) waits to be applied: the
 	// partitions start once the probe reaches it again.
-	if w.reachable != nil && !w.reachable(w.applied.Cluster) {
-		w.log.Debug("not starting partitions: this agent's probe cannot reach the cluster", zap.String("cluster", w.applied.Cluster),
-			zap.Int("partitions", len(w.pending)))
-		return
+	if w.reachable != nil && !w.reachable(cluster) {
+		w.log.Debug("not starting partitions: this agent's probe cannot reach the cluster", zap.String("cluster", cluster),
+			zap.Int("partitions", len(tps)))
+		return tps
 	}
-	if w.kafka == nil {
-		c, ok := w.clusters[w.applied.Cluster]
+	k := w.conns[cluster]
+	if k == nil {
+		c, ok := w.clusters[cluster]
 		if !ok {
-			w.log.Error("assignment names a cluster this agent has no configuration for", zap.String("cluster", w.applied.Cluster))
-			return
+			w.log.Error("assignment names a cluster this agent has no configuration for", zap.String("cluster", cluster))
+			return tps
 		}
-		k, err := dialKafka(w.applied.Cluster, c, w.cfg.Source.Group, w.cfg.Etcd.RequestTimeout, w.dialerFor(w.applied.Cluster))
-		if err != nil {
-			w.log.Warn("cannot connect to the assigned cluster; retrying", zap.Error(err))
-			return
+		var err error
+		if k, err = dialKafka(cluster, c, w.cfg.Source.Group, w.cfg.Etcd.RequestTimeout, w.dialerFor(cluster)); err != nil {
+			w.log.Warn("cannot connect to the assigned cluster; retrying", zap.String("cluster", cluster), zap.Error(err))
+			return tps
 		}
-		w.kafka = k
+		w.conns[cluster] = k
 	}
 	// New partitions or topics are not in the client's metadata yet: one
 	// refresh up front instead of a failed lookup and a retry per
 	// partition. (A client just opened, or warmed ahead of a switch,
 	// knows them all.)
-	if !w.kafka.knows(w.pending) {
+	if !k.knows(tps) {
 		topics := map[string]bool{}
-		for _, tp := range w.pending {
+		for _, tp := range tps {
 			topics[tp.Topic] = true
 		}
-		if err := w.kafka.client.RefreshMetadata(slices.Sorted(maps.Keys(topics))...); err != nil {
-			w.log.Warn("cannot refresh metadata of the assigned topics; retrying", zap.Error(err))
-			return
+		if err := k.client.RefreshMetadata(slices.Sorted(maps.Keys(topics))...); err != nil {
+			w.log.Warn("cannot refresh metadata of the assigned topics; retrying", zap.String("cluster", cluster), zap.Error(err))
+			return tps
 		}
 	}
 	lctx, cancel := context.WithTimeout(ctx, w.cfg.Etcd.RequestTimeout)
-	positions, bad, err := w.store.LoadMany(lctx, w.kafka.name, w.pending)
+	positions, bad, err := w.store.LoadMany(lctx, cluster, tps)
 	cancel()
 	if err != nil {
-		w.log.Warn("cannot read committed offsets; retrying", zap.Error(err))
-		return
+		w.log.Warn("cannot read committed offsets; retrying", zap.String("cluster", cluster), zap.Error(err))
+		return tps
 	}
 	for _, b := range bad {
 		// Treated as "no committed offset": the partition starts at the
@@ -648,60 +690,63 @@ func (w *worker) startPending(ctx context.Context) {
 		r   *partitionRun
 		err error
 	}
-	results := make(chan started, len(w.pending))
+	results := make(chan started, len(tps))
 	// Signals hold across rebalances and switches: a partition starts
 	// paused when a signal in force pauses it.
 	state := w.signals.State()
 	paused := map[coordinator.TopicPartition]bool{}
-	for _, tp := range w.pending {
-		paused[tp], _ = state.Paused(w.naming.Logical(w.kafka.name, tp.Topic), w.id)
+	for _, tp := range tps {
+		paused[tp], _ = state.Paused(w.naming.Logical(cluster, tp.Topic), w.id)
 	}
 	var startAt []offsets.Commit
-	for _, tp := range w.pending {
+	for _, tp := range tps {
 		p, ok := positions[tp]
 		if ok {
-			w.committed[tp] = p.Offset
+			w.committed[cpart{Cluster: cluster, TopicPartition: tp}] = p.Offset
 			startAt = append(startAt, p.Commit)
 		}
 		go func() {
 			start := p.Offset
 			if !ok {
 				var err error
-				if start, err = w.kafka.resolve(tp, w.initialOffset(w.kafka.name, tp)); err != nil {
+				if start, err = k.resolve(tp, w.initialOffset(cluster, tp)); err != nil {
 					results <- started{tp: tp, err: err}
 					return
 				}
 			}
-			r, err := w.startPartition(ctx, w.kafka, w.applied.Generation, tp, start, paused[tp])
+			r, err := w.startPartition(ctx, k, w.applied.Generation, tp, start, paused[tp])
 			results <- started{tp, r, err}
 		}()
 	}
-	var still []coordinator.TopicPartition
-	for range w.pending {
+	for range tps {
 		s := <-results
 		if s.err != nil {
-			w.log.Warn("cannot consume partition; retrying", zap.Stringer("partition", s.tp), zap.Error(s.err))
+			w.log.Warn("cannot consume partition; retrying", zap.String("cluster", cluster), zap.Stringer("partition", s.tp), zap.Error(s.err))
 			still = append(still, s.tp)
 			continue
 		}
-		w.parts[s.tp] = s.r
+		w.parts[cpart{Cluster: cluster, TopicPartition: s.tp}] = s.r
 	}
-	slices.SortFunc(still, coordinator.TopicPartition.Compare)
 	// The group on this cluster shows where the fleet starts (after a
 	// switch: the translated positions), before anything is consumed.
 	if len(startAt) > 0 {
-		w.enqueueMirror(mirrorJob{mirror: w.kafka.mirror, commits: startAt}, false)
+		w.enqueueMirror(mirrorJob{cluster: {mirror: k.mirror, commits: startAt}}, false)
 	}
-	w.pending = still
-	w.publishOwned()
+	return still
 }
 
 // publishOwned makes the running partitions visible to Agent.Owned and
 // the metrics.
 func (w *worker) publishOwned() {
-	tps := slices.SortedFunc(maps.Keys(w.parts), coordinator.TopicPartition.Compare)
-	w.owned.Store(&tps)
-	w.metrics.ownedPartitions.Set(float64(len(tps)))
+	on := map[string][]coordinator.TopicPartition{}
+	for cp := range w.parts {
+		on[cp.Cluster] = append(on[cp.Cluster], cp.TopicPartition)
+	}
+	for _, tps := range on {
+		slices.SortFunc(tps, coordinator.TopicPartition.Compare)
+	}
+	w.owned.Store(&on)
+	w.metrics.ownedPartitions.Set(float64(len(w.parts)))
 }
 
 // commit writes the positions of tps that moved since their last commit,
@@ -710,13 +755,13 @@ func (w *worker) publishOwned() {
 // lease is gone, and an error matching offsets.ErrStaleGeneration when
 // state/assignment changed since the applied revision (nothing was
 // written; a running partition is committed again at the next tick).
-func (w *worker) commit(ctx context.Context, tps []coordinator.TopicPartition) error {
+func (w *worker) commit(ctx context.Context, tps []cpart) error {
 	return w.commitUnder(ctx, tps, w.applied, w.appliedRev)
 }
 
 // commitUnder is commit fenced by assignment a at revision rev, which
 // must let this agent commit tps (Assignment.MayCommit).
-func (w *worker) commitUnder(ctx context.Context, tps []coordinator.TopicPartition, a coordinator.Assignment, rev int64) error {
+func (w *worker) commitUnder(ctx context.Context, tps []cpart, a coordinator.Assignment, rev int64) error {
 	var commits []offsets.Commit
 	for _, tp := range tps {
 		r := w.parts[tp]
@@ -758,13 +803,19 @@ func (w *worker) commitUnder(ctx context.Context, tps []coordinator.TopicPartiti
 		w.metrics.commitErrors.WithLabelValues("etcd").Inc()
 		return nil
 	}
+	job := mirrorJob{}
 	for _, c := range commits {
-		w.committed[coordinator.TopicPartition{Topic: c.Topic, Partition: c.Partition}] = c.Offset
+		w.committed[cpart{Cluster: c.Cluster, TopicPartition: c.TopicPartition()}] = c.Offset
+		if k := w.conns[c.Cluster]; k != nil {
+			b := job[c.Cluster]
+			b.mirror, b.commits = k.mirror, append(b.commits, c)
+			job[c.Cluster] = b
+		}
 	}
 	w.committedAll()
 	w.metrics.commits.Add(float64(len(commits)))
-	if w.kafka != nil {
-		w.enqueueMirror(mirrorJob{mirror: w.kafka.mirror, commits: commits}, false)
+	if len(job) > 0 {
+		w.enqueueMirror(job, false)
 	}
 	return nil
 }
@@ -779,9 +830,10 @@ func (w *worker) commitUnder(ctx context.Context, tps []coordinator.TopicPartiti
 // Paused partitions are neither.
 func (w *worker) checkStuck(ctx context.Context, now time.Time) {
 	var stuck, stalled []string
-	var ask []kafka.TopicPartition // still partitions whose end is due to be asked
-	for _, tp := range slices.SortedFunc(maps.Keys(w.parts), coordinator.TopicPartition.Compare) {
-		r := w.parts[tp]
+	ask := map[string][]kafka.TopicPartition{} // by cluster: still partitions whose end is due to be asked
+	home := w.applied.Cluster
+	for _, cp := range slices.SortedFunc(maps.Keys(w.parts), cpart.Compare) {
+		r, tp := w.parts[cp], cp.On(home)
 		next, unacked := r.t.progress()
 		if r.movedAt.IsZero() || next != r.next || r.gate.isPaused() {
 			r.next, r.movedAt, r.end = next, now, -1
@@ -792,23 +844,23 @@ func (w *worker) checkStuck(ctx context.Context, now time.Time) {
 		case d <= w.stuckAfter:
 		case unacked > 0:
 			stuck = append(stuck, fmt.Sprintf("%s (offset %d, %d records handed on, not acknowledged for %s)", tp, next, unacked, d.Round(time.Second)))
-		case now.Sub(r.endAt) > w.stuckAfter/2 && w.kafka != nil && (w.reachable == nil || w.reachable(r.cluster)):
-			ask = append(ask, kafka.TopicPartition{Topic: tp.Topic, Partition: tp.Partition})
+		case now.Sub(r.endAt) > w.stuckAfter/2 && w.conns[cp.Cluster] != nil && (w.reachable == nil || w.reachable(r.cluster)):
+			ask[cp.Cluster] = append(ask[cp.Cluster], kafka.TopicPartition{Topic: cp.Topic, Partition: cp.Partition})
 			r.endAt = now
 		}
 	}
-	if len(ask) > 0 {
+	for c, tps := range ask {
 		// One request per broker for all of them (an idle agent's
 		// partitions all stand still).
-		ends, _ := kafka.EndOffsets(w.kafka.client, ask)
+		ends, _ := kafka.EndOffsets(w.conns[c].client, tps)
 		for tp, end := range ends {
-			if r := w.parts[coordinator.TopicPartition{Topic: tp.Topic, Partition: tp.Partition}]; r != nil {
+			if r := w.parts[cpart{Cluster: c, TopicPartition: coordinator.TopicPartition{Topic: tp.Topic, Partition: tp.Partition}}]; r != nil {
 				r.end = end
 			}
 		}
 	}
-	for _, tp := range slices.SortedFunc(maps.Keys(w.parts), coordinator.TopicPartition.Compare) {
-		r := w.parts[tp]
+	for _, cp := range slices.SortedFunc(maps.Keys(w.parts), cpart.Compare) {
+		r, tp := w.parts[cp], cp.On(home)
 		if d := now.Sub(r.movedAt); d > w.stuckAfter && r.end > r.next && !r.gate.isPaused() {
 			if _, unacked := r.t.progress(); unacked == 0 {
 				stalled = append(stalled, fmt.Sprintf("%s (offset %d, end %d, no progress for %s)", tp, r.next, r.end, d.Round(time.Second)))
@@ -899,15 +951,13 @@ func (w *worker) watchCommits(ctx context.Context) {
 	}
 }
 
-// enqueueMirror queues positions for the Kafka group, merged with those
-// still queued (per partition the newer wins). It never blocks: the queue
-// holds one job, and both the worker and the mirror goroutine call it.
 // enqueueMirror queues job for mirrorLoop, merged with the job already
-// queued, if any. A fresh job is newer than the queued one; a failed job
-// put back (retry) is older. The newer side's positions win per
-// partition, and its cluster: positions of the older side on another
-// cluster (the fleet switched meanwhile) are dropped, never sent to the
-// newer cluster's group or through the older cluster's closed client.
+// queued, if any. It never blocks: the queue holds one job, and both the
+// worker and the mirror goroutine call it. A fresh job is newer than the
+// queued one; a failed job put back (retry) is older. Per cluster, the
+// newer side's positions win per partition; an older batch through
+// another connection to the cluster (reconnected since) is dropped, never
+// sent through a closed client.
 func (w *worker) enqueueMirror(job mirrorJob, retry bool) {
 	for {
 		select {
@@ -921,24 +971,40 @@ func (w *worker) enqueueMirror(job mirrorJob, retry bool) {
 			if retry {
 				older, newer = job, queued
 			}
-			job = mirrorJob{mirror: newer.mirror, commits: mergeCommits(older.commits, newer.commits, older.mirror == newer.mirror)}
+			job = mergeJobs(older, newer)
 		default:
 		}
 	}
 }
 
-// mirrorJob is one batch of positions to mirror to a cluster's group.
-type mirrorJob struct {
+// mirrorJob is the positions to mirror, by cluster.
+type mirrorJob map[string]mirrorBatch
+
+// mirrorBatch is one batch of positions to mirror to a cluster's group.
+type mirrorBatch struct {
 	mirror  *offsets.KafkaMirror
 	commits []offsets.Commit
 }
 
-// mergeCommits keeps, per partition, the newest position; older positions
-// of another cluster are dropped.
-func mergeCommits(old, newer []offsets.Commit, sameCluster bool) []offsets.Commit {
-	if !sameCluster {
-		return newer
+// mergeJobs merges two jobs, newer's positions winning.
+func mergeJobs(older, newer mirrorJob) mirrorJob {
+	out := mirrorJob{}
+	for c, b := range older {
+		out[c] = b
 	}
+	for c, b := range newer {
+		o, ok := out[c]
+		if !ok || o.mirror != b.mirror {
+			out[c] = b
+			continue
+		}
+		out[c] = mirrorBatch{mirror: b.mirror, commits: mergeCommits(o.commits, b.commits)}
+	}
+	return out
+}
+
+// mergeCommits keeps, per partition, the newest position.
+func mergeCommits(old, newer []offsets.Commit) []offsets.Commit {
 	byTP := map[coordinator.TopicPartition]offsets.Commit{}
 	for _, c := range old {
 		byTP[c.TopicPartition()] = c
@@ -949,7 +1015,7 @@ func mergeCommits(old, newer []offsets.Commit, sameCluster bool) []offsets.Commi
 	return slices.Collect(maps.Values(byTP))
 }
 
-// mirrorLoop mirrors committed positions to the Kafka group until ctx
+// mirrorLoop mirrors committed positions to the Kafka groups until ctx
 // ends. Best effort: etcd holds the positions.
 func (w *worker) mirrorLoop(ctx context.Context) {
 	backoff := time.Second
@@ -958,14 +1024,24 @@ func (w *worker) mirrorLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case job := <-w.mirrorq:
-			mctx, cancel := context.WithTimeout(ctx, w.cfg.Etcd.RequestTimeout)
-			err := job.mirror.Commit(mctx, job.commits)
-			cancel()
-			if err == nil || ctx.Err() != nil {
+			failed := mirrorJob{}
+			var errs []error
+			for c, b := range job {
+				mctx, cancel := context.WithTimeout(ctx, w.cfg.Etcd.RequestTimeout)
+				err := b.mirror.Commit(mctx, b.commits)
+				cancel()
+				// A connection closed since (its partitions moved
+				// away): nothing to retry through it.
+				if err != nil && ctx.Err() == nil && !errors.Is(err, sarama.ErrClosedClient) {
+					failed[c] = b
+					errs = append(errs, err)
+				}
+			}
+			if len(failed) == 0 {
 				backoff = time.Second
 				continue
 			}
-			w.log.Debug("mirroring offsets to the Kafka group failed; retrying (etcd holds them)", zap.Error(err), zap.Duration("backoff", backoff))
+			w.log.Debug("mirroring offsets to the Kafka group failed; retrying (etcd holds them)", zap.Error(errors.Join(errs...)), zap.Duration("backoff", backoff))
 			w.metrics.commitErrors.WithLabelValues("kafka_mirror").Inc()
 			// Try again later with whatever is newest then: the group
 			// must not stay behind because one attempt failed.
@@ -975,7 +1051,7 @@ func (w *worker) mirrorLoop(ctx context.Context) {
 			case <-time.After(backoff):
 			}
 			backoff = min(2*backoff, 30*time.Second)
-			w.enqueueMirror(job, true)
+			w.enqueueMirror(failed, true)
 		}
 	}
 }

@@ -3,6 +3,7 @@ package coordinator
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -32,11 +33,84 @@ type Active struct {
 	// Automatic is set when the health verdict (not a pin) decided the
 	// switch, so that a leader resuming it counts it for the breaker.
 	Automatic bool `json:"automatic,omitempty"`
+	// Topics lists the logical topics that are not where the fleet is:
+	// placed on another cluster (a topic pin), or in a switch of their
+	// own. A topic absent here follows the fleet.
+	Topics map[string]TopicActive `json:"topics,omitempty"`
 
 	// unwritten marks a value the leader recovered (state/active absent
 	// or unusable): it writes it at once.
 	unwritten bool
 }
+
+// TopicActive is where one logical topic is consumed when it is not where
+// the fleet is (Active.Topics), and the topic switch that put it there.
+type TopicActive struct {
+	Cluster string `json:"cluster"`
+	// Phase is PhaseActive, or PhaseSwitching while the topic moves from
+	// From to Cluster (its partitions released on From, its positions
+	// being translated).
+	Phase string `json:"phase"`
+	From  string `json:"from,omitempty"`
+	// Epoch is the epoch of the switch that moved the topic here
+	// (history/<epoch>).
+	Epoch     int64     `json:"epoch"`
+	Reason    string    `json:"reason"`
+	Since     time.Time `json:"since"`
+	Automatic bool      `json:"automatic,omitempty"`
+}
+
+// TopicCluster returns the cluster logical topic is consumed on, or moving
+// to, and whether it is moving (nobody consumes it then).
+func (a Active) TopicCluster(logical string) (cluster string, switching bool) {
+	if e, ok := a.Topics[logical]; ok {
+		return e.Cluster, e.Phase == PhaseSwitching
+	}
+	return a.Cluster, a.Phase == PhaseSwitching
+}
+
+// PositionsOf returns the cluster that holds logical's committed positions:
+// where it is consumed, or the cluster its switch in progress left.
+func (a Active) PositionsOf(logical string) string {
+	if e, ok := a.Topics[logical]; ok {
+		if e.Phase == PhaseSwitching {
+			return e.From
+		}
+		return e.Cluster
+	}
+	if a.Phase == PhaseSwitching {
+		return a.From
+	}
+	return a.Cluster
+}
+
+// Placed returns the clusters other than a.Cluster that topics are consumed
+// on or moving to, sorted.
+func (a Active) Placed() []string {
+	var out []string
+	for _, e := range a.Topics {
+		if e.Cluster != a.Cluster && !slices.Contains(out, e.Cluster) {
+			out = append(out, e.Cluster)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TopicSwitching returns the topics in a switch of their own, sorted.
+func (a Active) TopicSwitching() []string {
+	var out []string
+	for t, e := range a.Topics {
+		if e.Phase == PhaseSwitching {
+			out = append(out, t)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// maxTopicEntries bounds state/active's topics.
+const maxTopicEntries = 10000
 
 // ParseActive decodes and checks a state/active value.
 func ParseActive(val []byte) (Active, error) {
@@ -49,6 +123,23 @@ func ParseActive(val []byte) (Active, error) {
 	}
 	if a.Cluster == "" || a.Epoch <= 0 || (a.Phase != PhaseActive && a.Phase != PhaseSwitching) {
 		return a, fmt.Errorf("coordinator: state/active %q: needs a cluster, a positive epoch and phase active or switching", val)
+	}
+	if len(a.Topics) > maxTopicEntries {
+		return a, fmt.Errorf("coordinator: state/active places %d topics, over the limit of %d", len(a.Topics), maxTopicEntries)
+	}
+	for t, e := range a.Topics {
+		switch {
+		case t == "" || e.Cluster == "" || e.Epoch <= 0:
+			return a, fmt.Errorf("coordinator: state/active, topic %q: needs a name, a cluster and a positive epoch", t)
+		case e.Phase != PhaseActive && e.Phase != PhaseSwitching:
+			return a, fmt.Errorf("coordinator: state/active, topic %q: phase %q is neither active nor switching", t, e.Phase)
+		case e.Phase == PhaseSwitching && e.From == "":
+			return a, fmt.Errorf("coordinator: state/active, topic %q: a switch in progress needs the cluster it leaves (from)", t)
+		case e.Phase == PhaseActive && e.Cluster == a.Cluster && a.Phase == PhaseActive:
+			// (During a fleet switch, the topics already on its target
+			// are listed so: their positions are there, not on From.)
+			return a, fmt.Errorf("coordinator: state/active, topic %q: placed on %s, where the fleet is; such a topic is not listed", t, e.Cluster)
+		}
 	}
 	return a, nil
 }
@@ -97,8 +188,12 @@ type SwitchEvent struct {
 	// activate, in seconds.
 	Phases     map[string]float64 `json:"phases_seconds"`
 	Partitions []PartitionSwitch  `json:"partitions"`
-	Leader     string             `json:"leader"`
-	Token      int64              `json:"fencing_token"`
+	// Topics, when set, are the logical topics a topic switch moved; the
+	// other topics stayed where they were, consumed throughout. Unset: the
+	// fleet switched.
+	Topics []string `json:"topics,omitempty"`
+	Leader string   `json:"leader"`
+	Token  int64    `json:"fencing_token"`
 	// Automatic: decided by the health verdict (failover, failback), not
 	// by a pin. The circuit breaker counts these.
 	Automatic bool `json:"automatic,omitempty"`

@@ -3,7 +3,9 @@ package coordinator
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/kswitch/kswitch/offsets"
@@ -11,6 +13,33 @@ import (
 
 // TopicPartition names one partition of a source topic.
 type TopicPartition = offsets.TopicPartition
+
+// ClusterPartition names a partition of one cluster: A's orders/0 and B's
+// orders/0 are different streams.
+type ClusterPartition struct {
+	Cluster string
+	TopicPartition
+}
+
+// String is cluster:topic/partition.
+func (c ClusterPartition) String() string { return c.Cluster + ":" + c.TopicPartition.String() }
+
+// On names the partition as seen from cluster home: without the cluster
+// when it is home's.
+func (c ClusterPartition) On(home string) string {
+	if c.Cluster == "" || c.Cluster == home {
+		return c.TopicPartition.String()
+	}
+	return c.String()
+}
+
+// Compare orders by cluster, then topic and partition.
+func (c ClusterPartition) Compare(o ClusterPartition) int {
+	if n := strings.Compare(c.Cluster, o.Cluster); n != 0 {
+		return n
+	}
+	return c.TopicPartition.Compare(o.TopicPartition)
+}
 
 // Assignment is the value of state/assignment: which agent consumes which
 // partition of which cluster, in one generation.
@@ -41,6 +70,62 @@ type Assignment struct {
 	// only: an agent that has not warmed connects when it is assigned
 	// partitions there.
 	Warm string `json:"warm,omitempty"`
+	// Placed holds, by cluster other than Cluster, the partitions of the
+	// topics consumed there (Active.Topics): the same invariants hold in
+	// each cluster's section. A's orders/0 and B's orders/0 are different
+	// streams, so a partition is named by its cluster and its physical
+	// topic.
+	Placed map[string]Placement `json:"placed,omitempty"`
+}
+
+// Placement is one cluster's section of an assignment beside its own
+// cluster's: who owns and who revokes which partition there.
+type Placement struct {
+	Owned    map[string][]TopicPartition `json:"owned"`
+	Revoking map[string][]TopicPartition `json:"revoking,omitempty"`
+}
+
+// Section returns cluster's section of a: who owns and who revokes which of
+// its partitions.
+func (a Assignment) Section(cluster string) Placement {
+	if cluster == a.Cluster {
+		return Placement{Owned: a.Owned, Revoking: a.Revoking}
+	}
+	return a.Placed[cluster]
+}
+
+// Sections returns the clusters a has a section for, its own first, then
+// the placed ones sorted.
+func (a Assignment) Sections() []string {
+	out := []string{a.Cluster}
+	for _, c := range slices.Sorted(maps.Keys(a.Placed)) {
+		if c != a.Cluster {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// OwnedBy returns, by cluster, the partitions agent owns in a (only the
+// clusters where it owns any).
+func (a Assignment) OwnedBy(agent string) map[string][]TopicPartition {
+	out := map[string][]TopicPartition{}
+	for _, c := range a.Sections() {
+		if tps := a.Section(c).Owned[agent]; len(tps) > 0 {
+			out[c] = tps
+		}
+	}
+	return out
+}
+
+// Revokes reports whether agent is revoking anything in a, on any cluster.
+func (a Assignment) Revokes(agent string) bool {
+	for _, c := range a.Sections() {
+		if len(a.Section(c).Revoking[agent]) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // maxGeneration bounds the generations a value may carry: a stranger's
@@ -65,23 +150,29 @@ func ParseAssignment(val []byte) (Assignment, error) {
 	if a.Generation <= 0 || a.Generation > maxGeneration {
 		return a, fmt.Errorf("coordinator: assignment generation %d is out of range (1 to 2^53)", a.Generation)
 	}
-	seen := map[TopicPartition]string{}
-	for _, m := range []map[string][]TopicPartition{a.Owned, a.Revoking} {
-		for agent, tps := range m {
-			for _, tp := range tps {
-				if prev, dup := seen[tp]; dup {
-					return a, fmt.Errorf("coordinator: assignment generation %d gives %s to both %s and %s", a.Generation, tp, prev, agent)
+	if _, dup := a.Placed[a.Cluster]; dup {
+		return a, fmt.Errorf("coordinator: assignment generation %d places partitions on its own cluster %s", a.Generation, a.Cluster)
+	}
+	for _, c := range a.Sections() {
+		sec := a.Section(c)
+		seen := map[TopicPartition]string{}
+		for _, m := range []map[string][]TopicPartition{sec.Owned, sec.Revoking} {
+			for agent, tps := range m {
+				for _, tp := range tps {
+					if prev, dup := seen[tp]; dup {
+						return a, fmt.Errorf("coordinator: assignment generation %d gives %s to both %s and %s", a.Generation, ClusterPartition{c, tp}.On(a.Cluster), prev, agent)
+					}
+					seen[tp] = agent
 				}
-				seen[tp] = agent
 			}
 		}
 	}
 	return a, nil
 }
 
-// OwnerOf returns the agent that owns tp, or "".
-func (a Assignment) OwnerOf(tp TopicPartition) string {
-	for agent, tps := range a.Owned {
+// OwnerOf returns the agent that owns tp of cluster, or "".
+func (a Assignment) OwnerOf(cluster string, tp TopicPartition) string {
+	for agent, tps := range a.Section(cluster).Owned {
 		if slices.Contains(tps, tp) {
 			return agent
 		}
@@ -89,8 +180,9 @@ func (a Assignment) OwnerOf(tp TopicPartition) string {
 	return ""
 }
 
-// MayCommit reports whether agent may commit tp in this generation: it owns
-// it or is releasing it.
-func (a Assignment) MayCommit(agent string, tp TopicPartition) bool {
-	return slices.Contains(a.Owned[agent], tp) || slices.Contains(a.Revoking[agent], tp)
+// MayCommit reports whether agent may commit tp of cluster in this
+// generation: it owns it or is releasing it.
+func (a Assignment) MayCommit(agent, cluster string, tp TopicPartition) bool {
+	sec := a.Section(cluster)
+	return slices.Contains(sec.Owned[agent], tp) || slices.Contains(sec.Revoking[agent], tp)
 }

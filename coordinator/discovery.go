@@ -15,13 +15,15 @@ import (
 	"github.com/kswitch/kswitch/internal/kafka"
 )
 
-// discoverLoop lists the source partitions now and every refresh interval,
-// and hands each successful result to found (keeping only the latest).
-func (l *Leader) discoverLoop(ctx context.Context, cluster string, log *zap.Logger, found chan []TopicPartition) {
+// discoverLoop lists the source partitions now, every refresh interval
+// and when the source changes, and hands each successful result to found
+// (keeping only the latest), telling listed.
+func (l *Leader) discoverLoop(ctx context.Context, cluster string, log *zap.Logger, found chan []TopicPartition, listed chan<- struct{}) {
 	d := &discovery{leader: l, cluster: cluster, log: log}
 	defer d.close()
 	t := time.NewTicker(l.cfg.Source.RefreshInterval)
 	defer t.Stop()
+	rediscover := l.rediscover.Subscribe(ctx)
 	for {
 		ps, err := d.partitions(ctx, l.conf())
 		switch {
@@ -35,12 +37,16 @@ func (l *Leader) discoverLoop(ctx context.Context, cluster string, log *zap.Logg
 			default:
 			}
 			found <- ps
+			select {
+			case listed <- struct{}{}:
+			default:
+			}
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		case <-l.rediscover:
+		case <-rediscover:
 		}
 	}
 }

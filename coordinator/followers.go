@@ -3,6 +3,7 @@ package coordinator
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 	"sync"
@@ -155,4 +156,92 @@ func (p *pin) get() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.val
+}
+
+// maxTopicPins bounds how many topic pins the leader follows.
+const maxTopicPins = 10000
+
+// topicPins follows control/pin/topic/: logical topic → cluster. A value
+// that names no cluster of the configuration is refused per key: the pin
+// in force for that topic stays.
+type topicPins struct {
+	prefix  string
+	mu      sync.Mutex
+	vals    map[string]string
+	changed chan struct{}
+	valid   func(string) bool
+	log     *zap.Logger
+	refused func()
+}
+
+func (p *topicPins) Reset(kvs []*mvccpb.KeyValue, _ int64) {
+	p.mu.Lock()
+	old := p.vals
+	p.vals = map[string]string{}
+	for _, kv := range kvs {
+		p.put(old, string(kv.Key), string(kv.Value))
+	}
+	p.mu.Unlock()
+	p.notify()
+}
+
+func (p *topicPins) Apply(evs []*clientv3.Event) {
+	p.mu.Lock()
+	for _, ev := range evs {
+		topic := strings.TrimPrefix(string(ev.Kv.Key), p.prefix)
+		if ev.Type == clientv3.EventTypeDelete {
+			delete(p.vals, topic)
+			continue
+		}
+		p.put(p.vals, string(ev.Kv.Key), string(ev.Kv.Value))
+	}
+	p.mu.Unlock()
+	p.notify()
+}
+
+// put sets the pin of key's topic to v in p.vals, or refuses v and keeps
+// the topic's pin in prev.
+func (p *topicPins) put(prev map[string]string, key, v string) {
+	topic := strings.TrimPrefix(key, p.prefix)
+	c := strings.TrimSpace(v)
+	why := ""
+	switch {
+	case topic == "" || strings.Contains(topic, "/"):
+		why = "the key names no topic: control/pin/topic/<logical topic>"
+	case len(v) > maxPinSize:
+		why = fmt.Sprintf("%d bytes, over the %d-byte limit", len(v), maxPinSize)
+	case c == "" || !p.valid(c):
+		why = "not a primary or standby cluster of this configuration"
+	case len(p.vals) >= maxTopicPins:
+		why = fmt.Sprintf("over the limit of %d topic pins", maxTopicPins)
+	}
+	if why == "" {
+		p.vals[topic] = c
+		return
+	}
+	if was, ok := prev[topic]; ok {
+		p.vals[topic] = was
+	}
+	p.log.Warn("refusing a topic pin; the pin in force for the topic stays", zap.String("key", key), zap.String("reason", why),
+		zap.String("value", refused.Truncate([]byte(v), 200)), zap.String("in_force", cmp.Or(prev[topic], "none (the fleet's cluster)")))
+	if p.refused != nil {
+		p.refused()
+	}
+}
+
+func (p *topicPins) notify() {
+	select {
+	case p.changed <- struct{}{}:
+	default:
+	}
+}
+
+// get returns the pins in force, nil when there are none.
+func (p *topicPins) get() map[string]string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.vals) == 0 {
+		return nil
+	}
+	return maps.Clone(p.vals)
 }

@@ -84,7 +84,7 @@ func (l *Leader) late(ctx context.Context, ev *SwitchEvent, log *zap.Logger) boo
 	ctx, cancel := context.WithTimeout(ctx, lateTimeout)
 	defer cancel()
 	prev, ok := l.readEvent(ctx, ev.Epoch-1)
-	if !ok || prev.From != ev.To || prev.To != ev.From || prev.Abandoned != "" {
+	if !ok || prev.From != ev.To || prev.To != ev.From || prev.Abandoned != "" || len(prev.Topics) > 0 {
 		return false
 	}
 	failover := map[TopicPartition]atFailover{}

@@ -19,6 +19,7 @@ import (
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/election"
 	"github.com/kswitch/kswitch/internal/kafka"
+	"github.com/kswitch/kswitch/internal/notify"
 	"github.com/kswitch/kswitch/internal/refused"
 	"github.com/kswitch/kswitch/keys"
 	"github.com/kswitch/kswitch/offsets"
@@ -62,7 +63,7 @@ type Leader struct {
 	dyn atomic.Pointer[dynamic]
 	// rediscover asks the discovery loop to list the partitions now (the
 	// source changed).
-	rediscover chan struct{}
+	rediscover notify.Subscribers
 	store      *offsets.Store
 	// metrics receives the leader's measurements (LeaderOptions.Metrics;
 	// nil: none).
@@ -106,7 +107,7 @@ func NewLeader(cfg config.Config, c *clientv3.Client, m Membership, opts LeaderO
 		log = zap.NewNop()
 	}
 	l := &Leader{cfg: cfg, keys: keys.New(cfg.Fleet), etcd: c, members: m, bg: opts.Background, log: log, opts: opts, metrics: opts.Metrics,
-		store: offsets.NewStore(c, keys.New(cfg.Fleet)), rediscover: make(chan struct{}, 1)}
+		store: offsets.NewStore(c, keys.New(cfg.Fleet))}
 	if err := l.SetConfig(cfg); err != nil {
 		return nil, err
 	}
@@ -145,10 +146,7 @@ func (l *Leader) SetConfig(cfg config.Config) error {
 	}
 	old := l.dyn.Swap(d)
 	if old != nil && !reflect.DeepEqual(old.source, d.source) {
-		select {
-		case l.rediscover <- struct{}{}:
-		default:
-		}
+		l.rediscover.Notify()
 	}
 	return nil
 }
@@ -186,6 +184,10 @@ type LeaderStatus struct {
 	Pin     string    `json:"pin,omitempty"`
 	Breaker time.Time `json:"breaker_open_until,omitzero"`
 	CutOff  []string  `json:"cut_off,omitempty"`
+	// TopicPins are the topic pins in force (control/pin/topic/), by
+	// logical topic; CutOffOn the agents cut off, by cluster in use.
+	TopicPins map[string]string   `json:"topic_pins,omitempty"`
+	CutOffOn  map[string][]string `json:"cut_off_on,omitempty"`
 	// Unassigned lists the discovered partitions that no agent consumes
 	// or is releasing, with how long: the fleet's stalled partitions.
 	Unassigned []string `json:"unassigned,omitempty"`
@@ -314,10 +316,17 @@ func (l *Leader) checkCaughtUp(ctx context.Context, t *term, log *zap.Logger) (b
 		return false, err.Error(), -1
 	}
 	defer x.close()
+	// Only the topics consumed on the standby: those placed on the
+	// primary are there already.
+	onStandby := func(logical string) bool { return t.active.PositionsOf(logical) == standby }
+	x.restrict(onStandby)
 	positions, err := l.committed(ctx, standby, log)
 	if err != nil {
 		return false, err.Error(), -1
 	}
+	maps.DeleteFunc(positions, func(tp TopicPartition, _ offsets.Position) bool {
+		return !onStandby(conf.naming.Logical(standby, tp.Topic))
+	})
 	parts, _, terr := l.translate(ctx, x, positions, nil)
 	exact := map[TopicPartition]bool{}
 	for _, ps := range parts {

@@ -11,6 +11,7 @@ import (
 // Metrics are the leader's measurements. Register them once per agent.
 type Metrics struct {
 	activeCluster  *prometheus.GaugeVec
+	topicActive    *prometheus.GaugeVec
 	lastSwitch     prometheus.Gauge
 	switchDuration prometheus.Histogram
 	switchFailures prometheus.Counter
@@ -34,6 +35,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		activeCluster: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "kswitch_active_cluster", Help: "1 for the cluster the fleet consumes, as the leader sees it (0 for the others).",
 		}, []string{"cluster"}),
+		topicActive: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kswitch_topic_active_cluster",
+			Help: "1 for the cluster a topic placed away from the fleet's cluster is consumed on (kswitch failover --topic), as the leader sees it; 0 while it moves there. Topics without a series are consumed on kswitch_active_cluster's cluster.",
+		}, []string{"topic", "cluster"}),
 		lastSwitch: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kswitch_last_switch_timestamp_seconds", Help: "When the last cluster switch finished (Unix time).",
 		}),
@@ -78,7 +83,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "At the last failback with an unmirrored tail: from the oldest tail record's timestamp to the end of the failback (an upper bound of its lateness).",
 		}),
 	}
-	reg.MustRegister(m.activeCluster, m.lastSwitch, m.switchDuration, m.switchFailures, m.translation, m.reachable, m.breakerOpen,
+	reg.MustRegister(m.activeCluster, m.topicActive, m.lastSwitch, m.switchDuration, m.switchFailures, m.translation, m.reachable, m.breakerOpen,
 		m.behind, m.late, m.lateBy, m.repairs, m.refuted, m.unassignedN)
 	var err error
 	if m.refused, err = refused.Counter(reg); err != nil {
@@ -109,6 +114,17 @@ func (m *Metrics) observe(views AgentViews, a Active) {
 	m.activeCluster.Reset()
 	if a.Phase == PhaseActive {
 		m.activeCluster.WithLabelValues(a.Cluster).Set(1)
+	}
+	m.topicActive.Reset()
+	for topic, e := range a.Topics {
+		if e.Cluster == a.Cluster {
+			continue // joining the fleet's cluster in a fleet switch
+		}
+		val := 0.0
+		if e.Phase == PhaseActive {
+			val = 1
+		}
+		m.topicActive.WithLabelValues(topic, e.Cluster).Set(val)
 	}
 }
 

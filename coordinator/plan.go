@@ -308,3 +308,97 @@ func sortedUnique(ss []string) []string {
 	slices.Sort(s)
 	return slices.Compact(s)
 }
+
+// SectionsInput is what the leader knows when it plans a generation over
+// several clusters: the fleet's own and those topics are placed on.
+type SectionsInput struct {
+	// Current is the last published assignment, as for Plan.
+	Current Assignment
+	// Cluster is the assignment's own cluster: the fleet's.
+	Cluster string
+	// Partitions are, by cluster, the source partitions to consume there.
+	// A cluster absent here gets none: every section of Current that is
+	// not listed is released.
+	Partitions map[string][]TopicPartition
+	// Live, as for Plan.
+	Live []string
+	// CutOff are, by cluster, the live agents that get no partitions
+	// there (Plan's CutOff).
+	CutOff map[string][]string
+	// Acks, as for Plan.
+	Acks map[string]int64
+}
+
+// PlanSections plans the generation that follows in.Current over every
+// cluster of in.Partitions and every section of in.Current: Plan, once
+// per cluster, on that cluster's section, under one generation. So
+// whatever Plan guarantees holds in each cluster, and a partition that
+// moves between clusters (its topic placed elsewhere) is released in the
+// section it leaves before it is assigned in the other: the caller leaves
+// it out of both until its position is translated.
+//
+// Unlike Plan, a change of in.Cluster is not a switch: the sections keep
+// their owners, the assignment's own cluster is relabelled. A fleet switch
+// releases the cluster it leaves by listing no partitions there.
+//
+// When changed, next has Generation = Current.Generation+1, Cluster =
+// in.Cluster and Placed holding only sections with partitions.
+func PlanSections(in SectionsInput) (next Assignment, changed bool) {
+	cur := in.Current
+	clusters := map[string]bool{in.Cluster: true}
+	for c := range in.Partitions {
+		clusters[c] = true
+	}
+	if cur.Generation > 0 {
+		for _, c := range cur.Sections() {
+			clusters[c] = true
+		}
+	}
+	next = Assignment{Generation: cur.Generation + 1, Cluster: in.Cluster}
+	changed = cur.Cluster != in.Cluster
+	for _, c := range slices.Sorted(maps.Keys(clusters)) {
+		sec := cur.Section(c)
+		if cur.Generation == 0 {
+			sec = Placement{}
+		}
+		was := Assignment{Generation: cur.Generation, Cluster: c, Owned: sec.Owned, Revoking: sec.Revoking}
+		p, ch := Plan(PlanInput{Current: was, Partitions: in.Partitions[c], Cluster: c, Live: in.Live, CutOff: in.CutOff[c], Acks: in.Acks})
+		changed = changed || ch
+		owned, revoking := nonEmpty(p.Owned), nonEmpty(p.Revoking)
+		if c == in.Cluster {
+			next.Owned, next.Revoking = owned, revoking
+			continue
+		}
+		if len(owned) > 0 || len(revoking) > 0 {
+			if next.Placed == nil {
+				next.Placed = map[string]Placement{}
+			}
+			next.Placed[c] = Placement{Owned: owned, Revoking: revoking}
+		}
+	}
+	if !changed {
+		return cur, false
+	}
+	if next.Owned == nil {
+		next.Owned = map[string][]TopicPartition{}
+	}
+	if next.Revoking == nil {
+		next.Revoking = map[string][]TopicPartition{}
+	}
+	return next, true
+}
+
+// nonEmpty returns m without the agents that have no partitions, nil when
+// none has any.
+func nonEmpty(m map[string][]TopicPartition) map[string][]TopicPartition {
+	var out map[string][]TopicPartition
+	for a, tps := range m {
+		if len(tps) > 0 {
+			if out == nil {
+				out = map[string][]TopicPartition{}
+			}
+			out[a] = tps
+		}
+	}
+	return out
+}

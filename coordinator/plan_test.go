@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/internal/wait"
 )
 
@@ -937,6 +938,9 @@ func TestParseAssignmentRefusesDuplicates(t *testing.T) {
 		{"owned and revoked by the same agent", `{"generation":3,"owned":{"a":[{"topic":"t","partition":0}]},"revoking":{"a":[{"topic":"t","partition":0}]}}`, "gives t/0 to both a and a"},
 		{"listed twice for one agent", `{"generation":3,"owned":{"a":[{"topic":"t","partition":1},{"topic":"t","partition":1}]}}`, "gives t/1 to both a and a"},
 		{"valid", `{"generation":3,"owned":{"a":[{"topic":"t","partition":0}]},"revoking":{"b":[{"topic":"t","partition":1}]}}`, ""},
+		{"placed twice on B", `{"generation":3,"cluster":"A","placed":{"B":{"owned":{"a":[{"topic":"t","partition":0}],"b":[{"topic":"t","partition":0}]}}}}`, "gives B:t/0 to both"},
+		{"same partition on A and on B", `{"generation":3,"cluster":"A","owned":{"a":[{"topic":"t","partition":0}]},"placed":{"B":{"owned":{"b":[{"topic":"t","partition":0}]}}}}`, ""},
+		{"placed on its own cluster", `{"generation":3,"cluster":"A","placed":{"A":{"owned":{}}}}`, "places partitions on its own cluster A"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -950,5 +954,173 @@ func TestParseAssignmentRefusesDuplicates(t *testing.T) {
 				t.Fatalf("error %q does not say %q", err, tt.wantErr)
 			}
 		})
+	}
+}
+
+// TestPlanSections: each cluster's section is planned by Plan on its own
+// partitions under one generation: a topic that leaves one cluster is
+// released there while nothing else moves, it is assigned on the other
+// once listed there, and a fleet switch that lists no partitions on the
+// cluster it leaves releases that section and keeps the owners of the
+// target's.
+func TestPlanSections(t *testing.T) {
+	tp := func(topic string, p int32) TopicPartition { return TopicPartition{Topic: topic, Partition: p} }
+	orders := []TopicPartition{tp("orders", 0), tp("orders", 1)}
+	audit := []TopicPartition{tp("audit", 0), tp("audit", 1)}
+	live := []string{"a1", "a2"}
+	all := append(slices.Clone(orders), audit...)
+	acked := func(a Assignment) map[string]int64 { return map[string]int64{"a1": a.Generation, "a2": a.Generation} }
+	settle := func(cur Assignment, parts map[string][]TopicPartition, cluster string) Assignment {
+		t.Helper()
+		for range 4 {
+			next, changed := PlanSections(SectionsInput{Current: cur, Cluster: cluster, Partitions: parts, Live: live, Acks: acked(cur)})
+			if !changed {
+				return cur
+			}
+			val, err := json.Marshal(next)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ParseAssignment(val); err != nil {
+				t.Fatalf("PlanSections made an assignment ParseAssignment refuses: %v", err)
+			}
+			cur = next
+		}
+		t.Fatalf("no fixed point after 4 generations: %+v", cur)
+		return cur
+	}
+	start := settle(Assignment{}, map[string][]TopicPartition{"A": all}, "A")
+	if len(start.Placed) != 0 || len(start.Owned["a1"])+len(start.Owned["a2"]) != 4 {
+		t.Fatalf("start: %+v", start)
+	}
+	// audit leaves A: released in one generation, orders untouched.
+	rel, changed := PlanSections(SectionsInput{Current: start, Cluster: "A", Partitions: map[string][]TopicPartition{"A": orders},
+		Live: live, Acks: acked(start)})
+	if !changed {
+		t.Fatal("no generation releases audit")
+	}
+	for _, agent := range live {
+		for _, p := range rel.Owned[agent] {
+			if p.Topic != "orders" || start.OwnerOf("A", p) != agent {
+				t.Errorf("after the release %s owns %s (it owned %v)", agent, p, start.Owned[agent])
+			}
+		}
+		for _, p := range rel.Revoking[agent] {
+			if p.Topic != "audit" {
+				t.Errorf("%s revokes %s", agent, p)
+			}
+		}
+	}
+	if Moves(start.Owned, rel.Owned) != 0 {
+		t.Errorf("orders moved between agents: %v → %v", start.Owned, rel.Owned)
+	}
+	// audit arrives on B once translated: assigned at once there; A keeps
+	// its owners.
+	placed := settle(rel, map[string][]TopicPartition{"A": orders, "B": audit}, "A")
+	if got := len(placed.Section("B").Owned["a1"]) + len(placed.Section("B").Owned["a2"]); got != 2 {
+		t.Fatalf("audit on B: %d partitions owned: %+v", got, placed.Placed)
+	}
+	for _, agent := range live {
+		if !slices.Equal(placed.Owned[agent], rel.Owned[agent]) {
+			t.Errorf("%s's partitions on A changed when audit was placed on B: %v → %v", agent, rel.Owned[agent], placed.Owned[agent])
+		}
+	}
+	if by := placed.OwnedBy("a1"); len(by["A"])+len(by["B"]) == 0 {
+		t.Errorf("a1 owns nothing: %+v", placed)
+	}
+	// The fleet moves to B: A's section is released, B's owners of audit
+	// keep it (relabelled as the assignment's own cluster).
+	sw, changed := PlanSections(SectionsInput{Current: placed, Cluster: "B", Partitions: map[string][]TopicPartition{"B": audit},
+		Live: live, Acks: acked(placed)})
+	if !changed || sw.Cluster != "B" {
+		t.Fatalf("fleet switch to B: changed %v, %+v", changed, sw)
+	}
+	if len(sw.Placed["A"].Owned) != 0 || len(sw.Placed["A"].Revoking["a1"])+len(sw.Placed["A"].Revoking["a2"]) != 2 {
+		t.Errorf("A's section in the switch: %+v", sw.Placed["A"])
+	}
+	for _, agent := range live {
+		if !slices.Equal(sw.Owned[agent], placed.Section("B").Owned[agent]) {
+			t.Errorf("%s's audit partitions moved in the switch: %v → %v", agent, placed.Section("B").Owned[agent], sw.Owned[agent])
+		}
+	}
+	done := settle(sw, map[string][]TopicPartition{"B": all}, "B")
+	if len(done.Placed) != 0 || len(done.Owned["a1"])+len(done.Owned["a2"]) != 4 {
+		t.Errorf("after the switch: %+v", done)
+	}
+}
+
+// TestParseActiveTopics: state/active's topics are checked: a placement
+// needs a cluster, an epoch and a phase, a switch in progress the cluster
+// it leaves, and a topic is not placed where the fleet is (except during
+// a fleet switch, on its target).
+func TestParseActiveTopics(t *testing.T) {
+	for _, tc := range []struct{ name, val, wantErr string }{
+		{"placed", `{"cluster":"A","epoch":3,"phase":"active","topics":{"audit":{"cluster":"B","phase":"active","epoch":3}}}`, ""},
+		{"moving", `{"cluster":"A","epoch":3,"phase":"active","topics":{"audit":{"cluster":"B","phase":"switching","from":"A","epoch":3}}}`, ""},
+		{"moving without from", `{"cluster":"A","epoch":3,"phase":"active","topics":{"audit":{"cluster":"B","phase":"switching","epoch":3}}}`, "needs the cluster it leaves"},
+		{"no epoch", `{"cluster":"A","epoch":3,"phase":"active","topics":{"audit":{"cluster":"B","phase":"active"}}}`, "positive epoch"},
+		{"bad phase", `{"cluster":"A","epoch":3,"phase":"active","topics":{"audit":{"cluster":"B","phase":"done","epoch":3}}}`, "neither active nor switching"},
+		{"placed where the fleet is", `{"cluster":"A","epoch":3,"phase":"active","topics":{"audit":{"cluster":"A","phase":"active","epoch":3}}}`, "where the fleet is"},
+		{"on the target of a fleet switch", `{"cluster":"B","epoch":3,"phase":"switching","from":"A","topics":{"audit":{"cluster":"B","phase":"active","epoch":2}}}`, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, err := ParseActive([]byte(tc.val))
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Fatalf("error %v, want one saying %q", err, tc.wantErr)
+			case err == nil && a.Topics["audit"].Cluster == "":
+				t.Fatalf("topics lost: %+v", a)
+			}
+		})
+	}
+	a := Active{Cluster: "A", Epoch: 4, Phase: PhaseActive, Topics: map[string]TopicActive{
+		"audit":  {Cluster: "B", Phase: PhaseActive, Epoch: 3},
+		"clicks": {Cluster: "B", Phase: PhaseSwitching, From: "A", Epoch: 4},
+	}}
+	for topic, want := range map[string]string{"audit": "B", "clicks": "A", "orders": "A"} {
+		if got := a.PositionsOf(topic); got != want {
+			t.Errorf("positions of %s on %s, want %s", topic, got, want)
+		}
+	}
+	if c, moving := a.TopicCluster("clicks"); c != "B" || !moving {
+		t.Errorf("clicks: %s moving %v", c, moving)
+	}
+	if got := throughSwitch(a, "B", nil, 5, time.Now()); len(got) != 1 || got["audit"].Phase != PhaseActive {
+		t.Errorf("a fleet switch to B keeps %v on B, want audit only", got)
+	}
+	// A topic pinned to A stays there through a fleet switch to B; one
+	// placed on B joins the fleet there; clicks, moving, follows it.
+	got := throughSwitch(a, "B", []string{"orders"}, 5, time.Now())
+	if len(got) != 2 || got["orders"].Cluster != "A" || got["orders"].Phase != PhaseActive || got["orders"].Epoch != 5 || got["audit"].Cluster != "B" {
+		t.Errorf("a fleet switch to B with orders staying: %+v", got)
+	}
+}
+
+// TestRecoveredActiveKeepsPlacements: a leader that finds state/active
+// unusable recovers the placements from state/assignment's placed
+// sections (by logical topic), so that a topic consumed on B is not
+// treated as on A, whose positions for it are older.
+func TestRecoveredActiveKeepsPlacements(t *testing.T) {
+	cfg := config.Config{Clusters: map[string]config.Cluster{
+		"A": {Role: config.RolePrimary},
+		"B": {Role: config.RoleStandby},
+	}}
+	conf := &dynamic{cfg: cfg, clusters: cfg.Clusters, naming: NewNaming(cfg), primary: "A", standby: "B"}
+	asg := Assignment{Generation: 7, Cluster: "A",
+		Owned: map[string][]TopicPartition{"agent-1": {{Topic: "orders", Partition: 0}}},
+		Placed: map[string]Placement{"B": {
+			Owned:    map[string][]TopicPartition{"agent-1": {{Topic: "A.audit", Partition: 0}}},
+			Revoking: map[string][]TopicPartition{"agent-2": {{Topic: "clicks", Partition: 1}}},
+		}},
+	}
+	a := Active{Cluster: "A", Epoch: 9, Phase: PhaseActive}
+	got := recoverPlaced(asg, a, conf)
+	if len(got) != 2 || got["audit"].Cluster != "B" || got["clicks"].Cluster != "B" || got["audit"].Phase != PhaseActive || got["audit"].Epoch != 9 {
+		t.Fatalf("recovered placements %+v, want audit and clicks on B, active, epoch 9", got)
+	}
+	if got := recoverPlaced(Assignment{Cluster: "A"}, a, conf); got != nil {
+		t.Errorf("an assignment without placed sections recovers %+v", got)
 	}
 }

@@ -130,41 +130,48 @@ func maxAck(ak *acks) int64 {
 // stalled follows the discovered partitions that no agent consumes or
 // releases: the leader's fleet-level verdict of what is not moving.
 type stalled struct {
-	since   map[TopicPartition]time.Time
+	since   map[ClusterPartition]time.Time
 	metrics *Metrics
 }
 
 // note updates the partitions without a consumer in a (over the
-// discovered ones: not owned or released by anyone, or by an agent in
-// cannot, which cannot reach the cluster) and returns them with how long,
-// sorted.
-func (s *stalled) note(now time.Time, discovered []TopicPartition, a Assignment, cannot map[string]bool) []string {
-	held := map[TopicPartition]bool{}
-	for _, m := range []map[string][]TopicPartition{a.Owned, a.Revoking} {
-		for id, tps := range m {
-			if cannot[id] {
-				continue
-			}
-			for _, tp := range tps {
-				held[tp] = true
+// discovered ones, by cluster: not owned or released by anyone, or by an
+// agent in cannot[cluster], which cannot reach that cluster) and returns
+// them with how long, sorted. Partitions of a's own cluster are named
+// without it.
+func (s *stalled) note(now time.Time, discovered map[string][]TopicPartition, a Assignment, cannot map[string]map[string]bool) []string {
+	held := map[ClusterPartition]bool{}
+	for _, c := range a.Sections() {
+		sec := a.Section(c)
+		for _, m := range []map[string][]TopicPartition{sec.Owned, sec.Revoking} {
+			for id, tps := range m {
+				if cannot[c][id] {
+					continue
+				}
+				for _, tp := range tps {
+					held[ClusterPartition{c, tp}] = true
+				}
 			}
 		}
 	}
 	var out []string
-	seen := map[TopicPartition]bool{}
-	for _, tp := range discovered {
-		if held[tp] {
-			continue
+	seen := map[ClusterPartition]bool{}
+	for _, c := range slices.Sorted(maps.Keys(discovered)) {
+		for _, tp := range discovered[c] {
+			cp := ClusterPartition{c, tp}
+			if held[cp] {
+				continue
+			}
+			seen[cp] = true
+			if _, ok := s.since[cp]; !ok {
+				s.since[cp] = now
+			}
+			out = append(out, fmt.Sprintf("%s for %s", cp.On(a.Cluster), now.Sub(s.since[cp]).Round(time.Second)))
 		}
-		seen[tp] = true
-		if _, ok := s.since[tp]; !ok {
-			s.since[tp] = now
-		}
-		out = append(out, fmt.Sprintf("%s for %s", tp, now.Sub(s.since[tp]).Round(time.Second)))
 	}
-	for tp := range s.since {
-		if !seen[tp] {
-			delete(s.since, tp)
+	for cp := range s.since {
+		if !seen[cp] {
+			delete(s.since, cp)
 		}
 	}
 	s.metrics.unassigned(len(out))
@@ -186,10 +193,18 @@ type Stalled struct {
 	Partitions []StalledPartition `json:"partitions"`
 }
 
-// StalledPartition is a partition without a consumer since Since.
+// StalledPartition is a partition without a consumer since Since. Cluster
+// is set for a partition of a cluster a topic is placed on, not the
+// fleet's.
 type StalledPartition struct {
 	TopicPartition
-	Since time.Time `json:"since"`
+	Cluster string    `json:"cluster,omitempty"`
+	Since   time.Time `json:"since"`
+}
+
+// name is the partition's name, prefixed by its cluster when it has one.
+func (p StalledPartition) name() string {
+	return ClusterPartition{p.Cluster, p.TopicPartition}.On("")
 }
 
 // ParseStalled decodes a state/stalled value.
@@ -210,18 +225,22 @@ func (s Stalled) String(now time.Time) string {
 	parts := slices.SortedFunc(slices.Values(s.Partitions), func(a, b StalledPartition) int { return a.Since.Compare(b.Since) })
 	out := make([]string, len(parts))
 	for i, p := range parts {
-		out[i] = fmt.Sprintf("%s for %s", p.TopicPartition, now.Sub(p.Since).Round(time.Second))
+		out[i] = fmt.Sprintf("%s for %s", p.name(), now.Sub(p.Since).Round(time.Second))
 	}
 	return strings.Join(out, ", ")
 }
 
 // over returns the partitions without a consumer for longer than
-// StalledAfter at now, sorted.
-func (s *stalled) over(now time.Time) []StalledPartition {
+// StalledAfter at now, sorted; those of fleet's cluster without a cluster.
+func (s *stalled) over(now time.Time, fleet string) []StalledPartition {
 	var out []StalledPartition
-	for _, tp := range slices.SortedFunc(maps.Keys(s.since), TopicPartition.Compare) {
-		if since := s.since[tp]; now.Sub(since) > StalledAfter {
-			out = append(out, StalledPartition{tp, since.UTC()})
+	for _, cp := range slices.SortedFunc(maps.Keys(s.since), ClusterPartition.Compare) {
+		if since := s.since[cp]; now.Sub(since) > StalledAfter {
+			c := cp.Cluster
+			if c == fleet {
+				c = ""
+			}
+			out = append(out, StalledPartition{TopicPartition: cp.TopicPartition, Cluster: c, Since: since.UTC()})
 		}
 	}
 	return out
@@ -231,10 +250,10 @@ func (s *stalled) over(now time.Time) []StalledPartition {
 // consumer for longer than StalledAfter changed since the term last wrote
 // it (deleting it when empty). A failed write is tried again next turn.
 func (l *Leader) publishStalled(ctx context.Context, t *term, s *stalled, now time.Time, log *zap.Logger) {
-	over := s.over(now)
+	over := s.over(now, t.active.Cluster)
 	names := make([]string, len(over))
 	for i, p := range over {
-		names[i] = p.TopicPartition.String()
+		names[i] = p.name()
 	}
 	set := strings.Join(names, ",")
 	if t.stalled != nil && *t.stalled == set {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -32,7 +33,7 @@ func (l *Leader) Run(ctx context.Context, et election.Term) error {
 	if err := r.readState(ctx); err != nil {
 		return err
 	}
-	defer func() { r.stopDiscovery() }() // the discovery of the moment
+	defer r.stopDiscoveries()
 	r.loadBreaker(ctx)
 	for {
 		again, err := r.turn(ctx)
@@ -54,26 +55,30 @@ type leaderRun struct {
 	log  *zap.Logger
 	ak   *acks
 	pn   *pin
+	tp   *topicPins
 	asg  *keyWatch // state/assignment
 	act  *keyWatch // state/active
 	memb <-chan struct{}
 	h    *health
 	br   *breaker
 
-	// Discovery of the active cluster's partitions runs in a goroutine of
-	// its own (discovery.go); partitions is nil until its first list.
-	found         chan []TopicPartition
-	partitions    []TopicPartition
-	discovering   string
-	stopDiscovery context.CancelFunc
+	// Discovery runs for every cluster in use (the fleet's, and those
+	// topics are placed on), each in a goroutine of its own
+	// (discovery.go); lists[c] is nil until c's first list, and listed
+	// receives a value when any discovery has a new one.
+	disc   map[string]*discoveryRun
+	lists  map[string][]TopicPartition
+	listed chan struct{}
 
 	// A switch that failed is retried after a backoff; failedEpoch is the
 	// epoch of the last one that failed, counted once by the breaker
 	// however often it is retried.
-	retryAt     time.Time
-	retryDelay  time.Duration
-	switchErr   error
+	retry       retrying
 	failedEpoch int64
+	// A topic switch that failed is retried after a backoff of its own:
+	// it never delays a fleet switch, and the other topics are consumed
+	// meanwhile.
+	topicRetry retrying
 
 	lastVerdict string
 	// The failback gate's caught-up check, at most every 2 s.
@@ -89,8 +94,13 @@ func (l *Leader) newRun(et election.Term) *leaderRun {
 	ak := newAcks(l.keys, log)
 	r := &leaderRun{Leader: l, log: log, ak: ak, asg: newKeyWatch(), act: newKeyWatch(),
 		t: &term{Term: et, log: log, acks: ak}, h: newHealth(), br: &breaker{cfg: l.cfg.Failover},
-		found: make(chan []TopicPartition, 1), stopDiscovery: func() {}, failedEpoch: -1,
-		caughtUpWhy: "not checked yet", unowned: &stalled{since: map[TopicPartition]time.Time{}, metrics: l.metrics}}
+		disc: map[string]*discoveryRun{}, lists: map[string][]TopicPartition{}, listed: make(chan struct{}, 1), failedEpoch: -1,
+		caughtUpWhy: "not checked yet", unowned: &stalled{since: map[ClusterPartition]time.Time{}, metrics: l.metrics}}
+	r.tp = &topicPins{prefix: l.keys.TopicPins(), vals: map[string]string{}, changed: make(chan struct{}, 1), log: log,
+		refused: func() { l.metrics.refusedValue(refused.Pin) }, valid: func(c string) bool {
+			conf := l.conf()
+			return c == conf.primary || c == conf.standby
+		}}
 	r.pn = &pin{changed: make(chan struct{}, 1), log: log, refused: func() { l.metrics.refusedValue(refused.Pin) }, valid: func(c string) bool {
 		conf := l.conf()
 		return c != "" && (c == conf.primary || c == conf.standby)
@@ -106,6 +116,7 @@ func (r *leaderRun) follow(ctx context.Context, wg *sync.WaitGroup) {
 	wg.Go(func() { _ = etcdwatch.Follow(ctx, r.etcd, r.keys.Assignment(), false, timeout, r.asg, nil) })
 	wg.Go(func() { _ = etcdwatch.Follow(ctx, r.etcd, r.keys.Active(), false, timeout, r.act, nil) })
 	wg.Go(func() { _ = etcdwatch.Follow(ctx, r.etcd, r.keys.Pin(), false, timeout, r.pn, nil) })
+	wg.Go(func() { _ = etcdwatch.Follow(ctx, r.etcd, r.keys.TopicPins(), true, timeout, r.tp, nil) })
 	r.memb = r.members.Subscribe(ctx)
 	r.probe = time.NewTicker(r.cfg.Failover.ProbeInterval)
 	context.AfterFunc(ctx, r.probe.Stop)
@@ -184,7 +195,7 @@ func (r *leaderRun) turn(ctx context.Context) (again bool, err error) {
 	dec, why := verdict(verdictInput{now: now, active: r.t.active, primary: conf.primary, standby: conf.standby, pin: r.pn.get(),
 		live: live, h: r.h, b: r.br, cfg: r.cfg.Failover, caughtUp: func() (bool, string) { return r.caughtUpGate(ctx) }})
 	switching := r.t.active.Phase == PhaseSwitching
-	if (switching || dec.to != "") && now.Before(r.retryAt) {
+	if (switching || dec.to != "") && now.Before(r.retry.at) {
 		if switching {
 			return true, r.whileRetrying(ctx)
 		}
@@ -192,6 +203,16 @@ func (r *leaderRun) turn(ctx context.Context) (again bool, err error) {
 	}
 	if switching || dec.to != "" {
 		return true, r.doSwitch(ctx, dec)
+	}
+	mv, note := r.topicDecision(now, live)
+	if _, listed := consumed(r.t.active, r.lists, conf.naming); listed && mv != nil && !now.Before(r.topicRetry.at) {
+		return true, r.doTopicSwitch(ctx, mv)
+	}
+	if r.topicRetry.err != nil && now.Before(r.topicRetry.at) {
+		note = fmt.Sprintf("topic switch failed, retrying at %s: %v", r.topicRetry.at.UTC().Format(time.RFC3339Nano), r.topicRetry.err)
+	}
+	if note != "" {
+		why = strings.TrimPrefix(why+"; "+note, "; ")
 	}
 	if why != r.lastVerdict && why != "" {
 		r.log.Info("verdict", zap.String("active", r.t.active.Cluster), zap.String("state", why))
@@ -230,18 +251,37 @@ func (r *leaderRun) whileRetrying(ctx context.Context) error {
 			r.log.Warn("cannot abandon the switch; retrying", zap.Error(err))
 			r.reread(ctx, t, r.ak, r.log)
 		} else {
-			r.retryAt, r.retryDelay = time.Time{}, 0
+			r.retry.set(nil, 0)
 		}
 		return nil
 	}
 	r.status.Store(&LeaderStatus{Active: t.active, Pin: r.pn.get(), Breaker: r.br.openUntil,
-		Verdict: fmt.Sprintf("switch to %s failed, retrying at %s: %v", t.active.Cluster, r.retryAt.UTC().Format(time.RFC3339Nano), r.switchErr)})
+		Verdict: fmt.Sprintf("switch to %s failed, retrying at %s: %v", t.active.Cluster, r.retry.at.UTC().Format(time.RFC3339Nano), r.retry.err)})
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-time.After(min(time.Until(r.retryAt), r.cfg.Failover.ProbeInterval)):
+	case <-time.After(min(time.Until(r.retry.at), r.cfg.Failover.ProbeInterval)):
 	}
 	return nil
+}
+
+// staying returns the topics a fleet switch to `to` leaves on the cluster
+// it leaves: those pinned there, while a quorum of agents reaches it (a
+// pin is honoured only then; a failover away from a dead cluster takes
+// every topic along).
+func (r *leaderRun) staying(to string) []string {
+	from := r.t.active.Cluster
+	if r.t.active.Phase == PhaseSwitching || !r.h.quorumUpNow(from) {
+		return nil
+	}
+	var out []string
+	for topic, c := range r.tp.get() {
+		if c == from && c != to {
+			out = append(out, topic)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // doSwitch switches clusters (or finishes a switch in progress), counts
@@ -251,36 +291,18 @@ func (r *leaderRun) doSwitch(ctx context.Context, dec decision) error {
 	// Planned: the cluster being left is healthy (a pin, a failback), so
 	// the switch can be made before it is broken.
 	planned := r.h.quorumUpNow(t.active.Cluster) && r.h.quorumUpNow(dec.to)
-	ev, err := r.switchTo(ctx, t, dec.to, dec.reason, dec.auto, planned, r.members.Live, r.readyOn)
+	ev, err := r.switchTo(ctx, t, dec.to, dec.reason, dec.auto, planned, r.staying(dec.to))
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
 	if errors.Is(err, election.ErrNotLeader) {
 		return err
 	}
-	tripped := false
-	switch {
-	case err == nil && dec.auto:
-		tripped = r.br.record(time.Now(), false)
-	case err != nil && t.active.Epoch != r.failedEpoch:
-		// One failed switch, however many attempts.
-		r.failedEpoch = t.active.Epoch
-		tripped = r.br.record(time.Now(), true)
-	}
-	if r.metrics != nil {
-		r.metrics.switched(ev, ev.Finished.Sub(ev.Started), err)
-	}
-	r.switchErr = err
+	r.counted(ev, err, dec.auto, t.active.Epoch)
+	r.retry.set(err, r.cfg.Failover.ProbeInterval)
 	if err != nil {
-		r.retryDelay = min(max(2*r.retryDelay, r.cfg.Failover.ProbeInterval), maxSwitchRetry)
-		r.retryAt = time.Now().Add(r.retryDelay)
 		r.log.Error("cluster switch failed; retrying (the fleet stays released while a switch is in progress)",
-			zap.Error(err), zap.Duration("retry_in", r.retryDelay))
-	} else {
-		r.retryAt, r.retryDelay = time.Time{}, 0
-	}
-	if tripped {
-		r.log.Error("circuit breaker tripped: automatic switching stops", zap.Time("until", r.br.openUntil))
+			zap.Error(err), zap.Duration("retry_in", r.retry.delay))
 	}
 	// Re-read what the switch wrote, then plan on the new cluster. After
 	// a failure state/active may have changed under the leader (a stale
@@ -291,16 +313,50 @@ func (r *leaderRun) doSwitch(ctx context.Context, dec decision) error {
 	}
 	// The switch listed the partitions on the new cluster (and assigned
 	// them): plan with them until discovery there reports.
-	r.discover(ctx, t.active.Cluster)
-	r.partitions = t.found
+	r.discoverInUse(ctx)
+	if r.lists[t.active.Cluster] == nil {
+		r.lists[t.active.Cluster] = t.found
+	}
 	return nil
 }
 
-// readyOn returns the live agents that are not alone in failing to reach
-// cluster: those that get partitions there.
-func (r *leaderRun) readyOn(cluster string) []string {
-	cut := r.h.cutOff(time.Now(), cluster, r.cfg.Failover.FailureWindow)
-	return slices.DeleteFunc(slices.Clone(r.members.Live()), func(id string) bool { return cut[id] })
+// retrying is the backoff of a kind of switch whose last attempt failed.
+type retrying struct {
+	at    time.Time // the next attempt, zero when the last one succeeded
+	delay time.Duration
+	err   error // the last attempt's
+}
+
+// set notes an attempt's outcome: a failure doubles the delay (from base,
+// up to maxSwitchRetry), a success clears it.
+func (b *retrying) set(err error, base time.Duration) {
+	b.err = err
+	if err == nil {
+		b.at, b.delay = time.Time{}, 0
+		return
+	}
+	b.delay = min(max(2*b.delay, base), maxSwitchRetry)
+	b.at = time.Now().Add(b.delay)
+}
+
+// counted counts a switch's outcome with the breaker (an automatic one
+// that succeeded; a failed one once per epoch, however many attempts;
+// epoch 0: it failed before it took an epoch) and the metrics.
+func (r *leaderRun) counted(ev SwitchEvent, err error, auto bool, epoch int64) {
+	tripped := false
+	switch {
+	case err == nil && auto:
+		tripped = r.br.record(time.Now(), false)
+	case err != nil && epoch > 0 && epoch != r.failedEpoch:
+		r.failedEpoch = epoch
+		tripped = r.br.record(time.Now(), true)
+	}
+	if r.metrics != nil {
+		r.metrics.switched(ev, ev.Finished.Sub(ev.Started), err)
+	}
+	if tripped {
+		r.log.Error("circuit breaker tripped: automatic switching stops", zap.Time("until", r.br.openUntil))
+	}
 }
 
 // keepAssignment is a turn without a switch: it repairs the fleet's state,
@@ -317,23 +373,26 @@ func (r *leaderRun) keepAssignment(ctx context.Context, now time.Time, live []st
 		r.log.Warn("cannot repair the fleet's state; re-reading it", zap.Error(err))
 		r.reread(ctx, t, r.ak, r.log)
 	}
-	if r.discovering != t.active.Cluster {
-		r.discover(ctx, t.active.Cluster)
+	r.discoverInUse(ctx)
+	r.takeLists()
+	// Agents that alone cannot reach a cluster get no partitions there:
+	// they would only stall them. They are still live: what they own is
+	// revoked, not handed straight to another agent, since they may still
+	// be consuming (a probe that timed out on a loaded machine is enough
+	// to be cut off) and only their release commits what they handled.
+	cut := r.cutOffAll(now)
+	parts, listed := consumed(t.active, r.lists, r.conf().naming)
+	cannot := map[string]map[string]bool{}
+	for _, c := range inUse(t.active) {
+		cannot[c] = r.h.downFor(now, c, r.cfg.Failover.FailureWindow)
 	}
-	// Agents that alone cannot reach the active cluster get no
-	// partitions: they would only stall them. They are still live: what
-	// they own is revoked, not handed straight to another agent, since
-	// they may still be consuming (a probe that timed out on a loaded
-	// machine is enough to be cut off) and only their release commits
-	// what they handled.
-	cut := slices.Sorted(maps.Keys(r.h.cutOff(now, t.active.Cluster, r.cfg.Failover.FailureWindow)))
-	r.status.Store(&LeaderStatus{Active: t.active, Verdict: why, Pin: r.pn.get(), Breaker: r.br.openUntil, CutOff: cut,
-		Unassigned: r.unowned.note(now, r.partitions, t.current, r.h.downFor(now, t.active.Cluster, r.cfg.Failover.FailureWindow))})
+	r.status.Store(&LeaderStatus{Active: t.active, Verdict: why, Pin: r.pn.get(), TopicPins: r.tp.get(), Breaker: r.br.openUntil,
+		CutOff: cut[t.active.Cluster], CutOffOn: cut, Unassigned: r.unowned.note(now, parts, t.current, cannot)})
 	r.publishStalled(ctx, t, r.unowned, now, r.log)
-	if r.partitions == nil {
+	if !listed {
 		return false, nil
 	}
-	next, changed := Plan(PlanInput{Current: t.current, Partitions: r.partitions, Cluster: t.active.Cluster,
+	next, changed := PlanSections(SectionsInput{Current: t.current, Cluster: t.active.Cluster, Partitions: parts,
 		Live: live, CutOff: cut, Acks: r.ak.snapshot()})
 	if !changed {
 		return false, nil
@@ -355,25 +414,118 @@ func (r *leaderRun) keepAssignment(ctx context.Context, now time.Time, live []st
 	return false, nil
 }
 
-// discover follows cluster's partitions from now on: the discovery of the
-// cluster followed before ends, and partitions is nil until the new one
-// lists them. Discovery talks to Kafka in a goroutine of its own (on bg):
-// a dead or hung cluster delays the partition list, never the loop or the
-// end of the term.
-func (r *leaderRun) discover(ctx context.Context, cluster string) {
-	r.stopDiscovery()
-	dctx, dcancel := context.WithCancel(ctx)
-	r.stopDiscovery = dcancel
-	r.discovering, r.partitions = cluster, nil
-	select {
-	case <-r.found:
-	default:
+// discoveryRun is the discovery of one cluster's partitions.
+type discoveryRun struct {
+	found chan []TopicPartition
+	stop  context.CancelFunc
+}
+
+// discoverInUse follows the partitions of every cluster the fleet uses
+// now (inUse) and of no other: a cluster no longer in use loses its list.
+// Discovery talks to Kafka in a goroutine of its own (on bg): a dead or
+// hung cluster delays the partition list, never the loop or the end of
+// the term.
+func (r *leaderRun) discoverInUse(ctx context.Context) {
+	use := inUse(r.t.active)
+	for c, d := range r.disc {
+		if !slices.Contains(use, c) {
+			d.stop()
+			delete(r.disc, c)
+			delete(r.lists, c)
+		}
 	}
-	r.bg.Add(1)
-	go func() {
-		defer r.bg.Done()
-		r.discoverLoop(dctx, cluster, r.log, r.found)
-	}()
+	for _, c := range use {
+		if r.disc[c] != nil {
+			continue
+		}
+		dctx, dcancel := context.WithCancel(ctx)
+		d := &discoveryRun{found: make(chan []TopicPartition, 1), stop: dcancel}
+		r.disc[c] = d
+		r.bg.Add(1)
+		go func() {
+			defer r.bg.Done()
+			r.discoverLoop(dctx, c, r.log, d.found, r.listed)
+		}()
+	}
+}
+
+// stopDiscoveries ends every discovery of the term.
+func (r *leaderRun) stopDiscoveries() {
+	for _, d := range r.disc {
+		d.stop()
+	}
+}
+
+// takeLists takes the lists the discoveries have found since the last
+// call.
+func (r *leaderRun) takeLists() {
+	for c, d := range r.disc {
+		select {
+		case ps := <-d.found:
+			if !slices.Equal(ps, r.lists[c]) {
+				r.log.Info("source partitions", zap.String("cluster", c), zap.Int("partitions", len(ps)))
+			}
+			r.lists[c] = ps
+		default:
+		}
+	}
+}
+
+// inUse returns the clusters a has partitions consumed on or moving to:
+// its own first.
+func inUse(a Active) []string { return append([]string{a.Cluster}, a.Placed()...) }
+
+// consumed returns, by cluster in use, the listed partitions consumed there
+// under a: those of the topics a places there, not in a switch of their
+// own. ok is false while a cluster in use has not been listed: planning
+// without its list would release what is consumed there.
+func consumed(a Active, lists map[string][]TopicPartition, naming Naming) (parts map[string][]TopicPartition, ok bool) {
+	parts = map[string][]TopicPartition{}
+	for _, c := range inUse(a) {
+		ps := lists[c]
+		if ps == nil && c != a.Cluster && !consumesOn(a, c) {
+			// Only topics moving there: nothing is consumed there yet.
+			continue
+		}
+		if ps == nil {
+			return nil, false
+		}
+		if len(a.Topics) == 0 {
+			parts[c] = ps
+			continue
+		}
+		var keep []TopicPartition
+		for _, tp := range ps {
+			if tc, moving := a.TopicCluster(naming.Logical(c, tp.Topic)); tc == c && !moving {
+				keep = append(keep, tp)
+			}
+		}
+		parts[c] = keep
+	}
+	return parts, true
+}
+
+// consumesOn reports whether a places a topic on cluster c, other than
+// its own, that is consumed there now (not moving there).
+func consumesOn(a Active, c string) bool {
+	for _, e := range a.Topics {
+		if e.Cluster == c && e.Phase == PhaseActive {
+			return true
+		}
+	}
+	return false
+}
+
+// cutOffAll returns, by cluster in use, the agents that alone cannot reach
+// it (health.cutOff), sorted.
+func (r *leaderRun) cutOffAll(now time.Time) map[string][]string {
+	out := map[string][]string{}
+	for _, c := range inUse(r.t.active) {
+		if cut := r.h.cutOff(now, c, r.cfg.Failover.FailureWindow); len(cut) > 0 {
+			out[c] = slices.Sorted(maps.Keys(cut))
+		}
+	}
+	return out
 }
 
 // wait waits for what may change the next turn's decision: a member, an
@@ -406,6 +558,7 @@ func (r *leaderRun) wait(ctx context.Context) error {
 	case <-r.memb:
 	case <-r.ak.changed:
 	case <-r.pn.changed:
+	case <-r.tp.changed:
 	case <-r.asg.changed:
 	case <-r.act.changed:
 	case <-r.probe.C:
@@ -418,11 +571,8 @@ func (r *leaderRun) wait(ctx context.Context) error {
 			defer r.bg.Done()
 			r.evict(ctx, t.Term, id, r.log)
 		}()
-	case ps := <-r.found:
-		if !slices.Equal(ps, r.partitions) {
-			r.log.Info("source partitions", zap.String("cluster", t.active.Cluster), zap.Int("partitions", len(ps)))
-		}
-		r.partitions = ps
+	case <-r.listed:
+		r.takeLists()
 	}
 	return nil
 }

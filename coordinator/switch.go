@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -109,9 +111,14 @@ func (l *Leader) recoverActive(ctx context.Context) (Active, error) {
 	}
 	if len(resp.Kvs) > 0 {
 		if ev, err := ParseSwitchEvent(resp.Kvs[0].Value); err == nil && ev.Epoch > 0 {
-			a.Epoch, a.Cluster, a.Reason = ev.Epoch, ev.To, "recovered from history/"
-			if ev.Abandoned != "" {
-				a.Cluster = ev.From
+			a.Epoch = ev.Epoch
+			switch {
+			case len(ev.Topics) > 0:
+				// A topic switch: the fleet's cluster is not in it.
+			case ev.Abandoned != "":
+				a.Cluster, a.Reason = ev.From, "recovered from history/"
+			default:
+				a.Cluster, a.Reason = ev.To, "recovered from history/"
 			}
 		}
 	}
@@ -121,12 +128,39 @@ func (l *Leader) recoverActive(ctx context.Context) (Active, error) {
 	if len(resp.Kvs) > 0 {
 		if asg, err := ParseAssignment(resp.Kvs[0].Value); err == nil && asg.Cluster != "" {
 			a.Cluster, a.Reason = asg.Cluster, "recovered from state/assignment"
+			a.Topics = recoverPlaced(asg, a, conf)
 		}
 	}
 	if _, ok := conf.clusters[a.Cluster]; !ok {
-		a.Cluster = conf.primary
+		a.Cluster, a.Topics = conf.primary, nil
 	}
 	return a, nil
+}
+
+// recoverPlaced returns the topics asg consumes on a cluster other than
+// its own (its placed sections), placed there in a: their positions are
+// there, and treating them as on a.Cluster would consume them again from
+// older positions.
+func recoverPlaced(asg Assignment, a Active, conf *dynamic) map[string]TopicActive {
+	var out map[string]TopicActive
+	for _, c := range asg.Sections()[1:] {
+		if _, ok := conf.clusters[c]; !ok || c == a.Cluster {
+			continue
+		}
+		sec := asg.Section(c)
+		for _, m := range []map[string][]TopicPartition{sec.Owned, sec.Revoking} {
+			for _, tps := range m {
+				for _, tp := range tps {
+					if out == nil {
+						out = map[string]TopicActive{}
+					}
+					out[conf.naming.Logical(c, tp.Topic)] = TopicActive{Cluster: c, Phase: PhaseActive, Epoch: a.Epoch,
+						Reason: "recovered from state/assignment", Since: a.Since}
+				}
+			}
+		}
+	}
+	return out
 }
 
 // switchTo moves the fleet to cluster to, or resumes a switch that a
@@ -149,14 +183,15 @@ func (l *Leader) recoverActive(ctx context.Context) (Active, error) {
 // Nobody consumes `to` before step 4: it assigns partitions there in the
 // same transaction that makes the phase active. So a leader that dies anywhere in 1–3
 // leaves a state the next leader resumes from, and re-translating is safe.
-func (l *Leader) switchTo(ctx context.Context, t *term, to, reason string, auto, planned bool, live func() []string, readyOn func(cluster string) []string) (SwitchEvent, error) {
+func (r *leaderRun) switchTo(ctx context.Context, t *term, to, reason string, auto, planned bool, stay []string) (SwitchEvent, error) {
+	live := r.members.Live
 	began := time.Now()
 	from := t.active.Cluster
 	started := began.UTC()
 	var prep *prepared
 	defer func() { prep.close() }()
-	if t.active.Phase != PhaseSwitching && planned && !l.opts.BreakBeforeMake {
-		prep = l.prepare(ctx, t, to, live, t.log.With(zap.String("from", from), zap.String("to", to)))
+	if t.active.Phase != PhaseSwitching && planned && !r.opts.BreakBeforeMake {
+		prep = r.prepare(ctx, t, to, live, t.log.With(zap.String("from", from), zap.String("to", to)))
 		if ctx.Err() != nil {
 			return SwitchEvent{Started: started, Finished: time.Now().UTC()}, ctx.Err()
 		}
@@ -172,8 +207,12 @@ func (l *Leader) switchTo(ctx context.Context, t *term, to, reason string, auto,
 			reason += " (resumed by " + t.ID + ")"
 		}
 	} else {
+		if sw := t.active.TopicSwitching(); len(sw) > 0 {
+			reason += fmt.Sprintf(" (overrides the switch of %s in progress)", strings.Join(sw, ", "))
+		}
 		next := Active{Cluster: to, Epoch: t.active.Epoch + 1, Phase: PhaseSwitching, From: from, Reason: reason, Since: started, Automatic: auto}
-		if err := l.writeActive(ctx, t, next); err != nil {
+		next.Topics = throughSwitch(t.active, to, stay, next.Epoch, started)
+		if err := r.writeActive(ctx, t, next); err != nil {
 			return SwitchEvent{Started: started, Finished: time.Now().UTC()}, err
 		}
 	}
@@ -188,37 +227,45 @@ func (l *Leader) switchTo(ctx context.Context, t *term, to, reason string, auto,
 	log := t.log.With(zap.String("from", from), zap.String("to", to), zap.Int64("epoch", ev.Epoch))
 	log.Info("switching clusters", zap.String("reason", reason), zap.Bool("prepared", prep != nil))
 
-	// 2. Release everything on `from`.
-	if err := l.releaseAll(ctx, t, to, live, log); err != nil {
+	// 2. Release everything that moves.
+	if err := r.releaseAll(ctx, t, live, log); err != nil {
 		return fail(err)
 	}
 	ev.Phases["revoke"] = time.Since(began).Seconds()
 
-	// 3. Translate.
-	tt := time.Now()
-	parts, ops, waited, err := l.translateAll(ctx, t, from, to, prep, planned, log)
+	// 3. Translate the topics that move: those state/active does not
+	// place (already consumed on `to`, or staying on `from`).
+	leaving := t.active
+	ops, err := r.translateAll(ctx, t, &ev, prep, planned, func(logical string) bool { _, placed := leaving.Topics[logical]; return !placed }, log)
 	if err != nil {
 		return fail(err)
-	}
-	ev.Partitions = parts
-	ev.Phases["translate"] = time.Since(tt).Seconds()
-	if waited > 0 {
-		// Part of translate: the wait for the replica to hold what the
-		// fleet consumed.
-		ev.Phases["replica_wait"] = waited.Seconds()
 	}
 
 	// 4. Activate.
 	ta := time.Now()
 	active := Active{Cluster: to, Epoch: ev.Epoch, Phase: PhaseActive, From: from, Reason: reason, Since: time.Now().UTC(), Automatic: auto}
-	if err := l.activate(ctx, t, active, ops, readyOn(to)); err != nil {
+	for topic, e := range leaving.Topics {
+		if e.Cluster != to {
+			if active.Topics == nil {
+				active.Topics = map[string]TopicActive{}
+			}
+			active.Topics[topic] = e
+		}
+	}
+	lists := maps.Clone(r.lists)
+	lists[to] = t.found
+	parts, listed := consumed(active, lists, r.conf().naming)
+	if !listed {
+		return fail(fmt.Errorf("coordinator: activate %s: the partitions of %s are not listed yet", to, strings.Join(inUse(active), ", ")))
+	}
+	if err := r.activate(ctx, t, active, ops, parts, live(), r.cutOffAll(time.Now())); err != nil {
 		return fail(err)
 	}
 	ev.Phases["activate"] = time.Since(ta).Seconds()
 	ev.Finished = time.Now().UTC()
-	l.record(ctx, t.Term, ev, log)
-	l.countLate(ctx, t.Term, ev, log)
-	log.Info("switched clusters", zap.Duration("took", ev.Finished.Sub(ev.Started)), zap.Int("partitions", len(parts)))
+	r.record(ctx, t.Term, ev, log)
+	r.countLate(ctx, t.Term, ev, log)
+	log.Info("switched clusters", zap.Duration("took", ev.Finished.Sub(ev.Started)), zap.Int("partitions", len(ev.Partitions)))
 	return ev, nil
 }
 
@@ -241,13 +288,14 @@ const maxSwitchOps = 100
 
 // activate completes a switch in one transaction, fenced by the term and
 // the revisions of state/active and state/assignment: the translated
-// positions (ops), state/active := a, and the first generation on
-// a.Cluster over the agents ready there, planned on the partitions the
-// translation listed. Agents start on the new cluster the moment the
+// positions (ops), state/active := a, and the next generation over the
+// live agents not cut off (by cluster), planned on parts: by cluster, the
+// partitions consumed there under a (those the translation listed on the
+// target among them). Agents start on the new cluster the moment the
 // switch is visible, at the positions written with it. Positions too many
 // for one transaction are written first, fenced the same way: harmless,
 // as nobody consumes the target before state/active says so.
-func (l *Leader) activate(ctx context.Context, t *term, a Active, ops []clientv3.Op, ready []string) error {
+func (l *Leader) activate(ctx context.Context, t *term, a Active, ops []clientv3.Op, parts map[string][]TopicPartition, live []string, cut map[string][]string) error {
 	a.Leader, a.Token = t.ID, t.Rev
 	aval, err := json.Marshal(a)
 	if err != nil {
@@ -255,8 +303,8 @@ func (l *Leader) activate(ctx context.Context, t *term, a Active, ops []clientv3
 	}
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(l.keys.Active()), "=", t.activeRev)}
 	final := []clientv3.Op{clientv3.OpPut(l.keys.Active(), string(aval))}
-	next, changed := Plan(PlanInput{Current: t.current, Partitions: t.found, Cluster: a.Cluster, Live: ready, Acks: t.acks.snapshot()})
-	if changed && t.found != nil {
+	next, changed := PlanSections(SectionsInput{Current: t.current, Cluster: a.Cluster, Partitions: parts, Live: live, CutOff: cut, Acks: t.acks.snapshot()})
+	if changed && parts != nil {
 		next.Leader, next.Token, next.Published = t.ID, t.Rev, time.Now().UTC()
 		val, err := json.Marshal(next)
 		if err != nil {
@@ -304,8 +352,10 @@ func (l *Leader) abandonSwitch(ctx context.Context, t *term, why string) error {
 	from, to := t.active.From, t.active.Cluster
 	ev := SwitchEvent{Epoch: t.active.Epoch, From: from, To: to, Reason: t.active.Reason, Started: t.active.Since,
 		Phases: map[string]float64{}, Leader: t.ID, Token: t.Rev, Automatic: t.active.Automatic, Abandoned: why}
+	// The topics consumed on `to` before the switch stay placed there:
+	// their positions are there.
 	back := Active{Cluster: from, Epoch: t.active.Epoch, Phase: PhaseActive, Since: time.Now().UTC(),
-		Reason: fmt.Sprintf("back on %s: the switch to %s was abandoned: %s", from, to, why)}
+		Reason: fmt.Sprintf("back on %s: the switch to %s was abandoned: %s", from, to, why), Topics: t.active.Topics}
 	if err := l.writeActive(ctx, t, back); err != nil {
 		return err
 	}
@@ -322,19 +372,39 @@ func (l *Leader) abandonSwitch(ctx context.Context, t *term, why string) error {
 	return nil
 }
 
-// releaseAll publishes a generation on `to` in which every live owner
-// releases its partitions, and waits until each has acknowledged it.
-func (l *Leader) releaseAll(ctx context.Context, t *term, to string, live func() []string, log *zap.Logger) error {
-	if t.current.Cluster != to || hasOwned(t.current) {
-		next, changed := Plan(PlanInput{Current: t.current, Partitions: nil, Cluster: to, Live: live(), Acks: t.acks.snapshot()})
-		if changed {
-			if err := l.publishTerm(ctx, t, next); err != nil {
-				return err
+// releaseAll publishes a generation in which every live owner releases
+// what moves in the fleet switch in progress (t.active, switching), and
+// waits until each has acknowledged it. What state/active keeps where it
+// is consumed (topics placed on the target already, topics staying on
+// the cluster being left) stays with its owners: they are not paused.
+func (r *leaderRun) releaseAll(ctx context.Context, t *term, live func() []string, log *zap.Logger) error {
+	keep := map[string][]TopicPartition{}
+	naming := r.conf().naming
+	for _, c := range t.current.Sections() {
+		for _, tps := range t.current.Section(c).Owned {
+			for _, tp := range tps {
+				if tc, moving := t.active.TopicCluster(naming.Logical(c, tp.Topic)); tc == c && !moving {
+					keep[c] = append(keep[c], tp)
+				}
 			}
 		}
 	}
-	// Agents drain their handlers (bounded by their drain timeout, 5 s by
-	// default) before they commit and acknowledge.
+	next, changed := PlanSections(SectionsInput{Current: t.current, Cluster: t.active.Cluster, Partitions: keep,
+		Live: live(), Acks: t.acks.snapshot()})
+	if changed {
+		if err := r.publishTerm(ctx, t, next); err != nil {
+			return err
+		}
+	}
+	return r.awaitReleases(ctx, t, live, log)
+}
+
+// awaitReleases waits until every live agent has acknowledged the current
+// generation's releases. Agents drain their handlers (bounded by their
+// drain timeout, 5 s by default) before they commit and acknowledge; one
+// that has not within ackTimeout is evicted: its lease is revoked, so it
+// can commit nothing more.
+func (l *Leader) awaitReleases(ctx context.Context, t *term, live func() []string, log *zap.Logger) error {
 	deadline := time.Now().Add(l.ackTimeout())
 	for {
 		waiting := l.unacked(t, live())
@@ -359,22 +429,13 @@ func (l *Leader) releaseAll(ctx context.Context, t *term, to string, live func()
 
 func (l *Leader) ackTimeout() time.Duration { return 10 * time.Second }
 
-func hasOwned(a Assignment) bool {
-	for _, tps := range a.Owned {
-		if len(tps) > 0 {
-			return true
-		}
-	}
-	return false
-}
-
 // unacked returns the live agents that still hold partitions of the
 // current generation unreleased.
 func (l *Leader) unacked(t *term, live []string) []string {
 	acks := t.acks.snapshot()
 	var out []string
 	for _, id := range live {
-		if len(t.current.Revoking[id]) > 0 && acks[id] < t.current.Generation {
+		if t.current.Revokes(id) && acks[id] < t.current.Generation {
 			out = append(out, id)
 		}
 	}
@@ -402,8 +463,9 @@ type translation struct {
 	// offset-syncs live there (in a failover `from` is down, and opening
 	// it costs a connection timeout): at most once, on first use.
 	source *lazyClient
-	// tps are the source partitions on `to`, sorted.
-	tps []TopicPartition
+	// all are the source partitions on `to`, sorted; tps those of them
+	// to translate (restrict).
+	all, tps []TopicPartition
 	// unconsumed is source.initial_offset: where a partition nothing was
 	// consumed from yet continues (translate.Request.Unconsumed).
 	unconsumed string
@@ -445,10 +507,11 @@ func (l *Leader) openTranslation(ctx context.Context, from, to string, log *zap.
 			kafka.Options{Dialer: l.dialer(from), Timeout: l.cfg.Failover.ProbeTimeout})
 	}}
 	d := &discovery{leader: l, cluster: to, log: log, client: target, def: conf.clusters[to], missing: map[string]bool{}}
-	if x.tps, err = d.partitions(ctx, conf); err != nil {
+	if x.all, err = d.partitions(ctx, conf); err != nil {
 		x.close()
 		return nil, err
 	}
+	x.tps = x.all
 	flow := func(into string) *translate.Translator {
 		rep := conf.cfg.Replication(into)
 		tr := &translate.Translator{Target: target, Replication: rep, TimestampMargin: l.cfg.Failover.TimestampMargin,
@@ -463,6 +526,15 @@ func (l *Leader) openTranslation(ctx context.Context, from, to string, log *zap.
 	}
 	x.fwd, x.back = flow(to), flow(from)
 	return x, nil
+}
+
+// restrict makes x translate the partitions of the logical topics only
+// accepts (all when nil).
+func (x *translation) restrict(only func(logical string) bool) {
+	x.tps = x.all
+	if only != nil {
+		x.tps = slices.DeleteFunc(slices.Clone(x.all), func(tp TopicPartition) bool { return !only(x.naming.Logical(x.to, tp.Topic)) })
+	}
 }
 
 func (x *translation) close() {
@@ -582,10 +654,12 @@ func (l *Leader) translate(ctx context.Context, x *translation, positions map[To
 	return parts, commits, nil
 }
 
-// translateAll translates every partition of the source topics on `to`
-// from its committed position on `from`, and returns the outcomes and the
-// operations that write the translated positions. It uses
-// prep's clients and hints when a planned switch prepared them.
+// translateAll translates every partition on ev.To of the source topics
+// only accepts (all when nil) from its committed position on ev.From,
+// records the outcomes and the phase's durations (translate, and of it
+// replica_wait: the wait for the replica to hold what the fleet consumed)
+// in ev, and returns the operations that write the translated positions.
+// It uses prep's clients and hints when a planned switch prepared them.
 //
 // In a planned switch the replica may be a little behind the fleet (the
 // replicator copies what the fleet has just consumed): records consumed on
@@ -593,7 +667,20 @@ func (l *Leader) translate(ctx context.Context, x *translation, positions map[To
 // planned switch translates again, every lagPoll, until the target holds
 // every consumed record, for at most prepareTimeout; a failover cannot
 // wait for a replicator whose source is gone, and reports the lag.
-func (l *Leader) translateAll(ctx context.Context, t *term, from, to string, prep *prepared, planned bool, log *zap.Logger) (
+func (l *Leader) translateAll(ctx context.Context, t *term, ev *SwitchEvent, prep *prepared, planned bool, only func(logical string) bool, log *zap.Logger) (
+	[]clientv3.Op, error) {
+	began := time.Now()
+	parts, ops, waited, err := l.translateFrom(ctx, t, ev.From, ev.To, prep, planned, only, log)
+	ev.Partitions = parts
+	ev.Phases["translate"] = time.Since(began).Seconds()
+	if waited > 0 {
+		ev.Phases["replica_wait"] = waited.Seconds()
+	}
+	return ops, err
+}
+
+// translateFrom is translateAll's work, from `from` to `to`.
+func (l *Leader) translateFrom(ctx context.Context, t *term, from, to string, prep *prepared, planned bool, only func(logical string) bool, log *zap.Logger) (
 	parts []PartitionSwitch, ops []clientv3.Op, replicaWait time.Duration, err error) {
 	x, hints := prep.use(from, to)
 	if x == nil {
@@ -602,6 +689,7 @@ func (l *Leader) translateAll(ctx context.Context, t *term, from, to string, pre
 		}
 		defer x.close()
 	}
+	x.restrict(only)
 	positions, err := l.committed(ctx, from, log)
 	if err != nil {
 		return nil, nil, 0, err
@@ -634,7 +722,7 @@ func (l *Leader) translateAll(ctx context.Context, t *term, from, to string, pre
 	if ops, err = l.store.PutOps("leader:"+t.ID, t.current.Generation, commits); err != nil {
 		return parts, nil, 0, err
 	}
-	t.found = x.tps
+	t.found = x.all
 	return parts, ops, replicaWait, nil
 }
 
@@ -649,4 +737,35 @@ func lagging(parts []PartitionSwitch) int64 {
 		n += ps.Lagged
 	}
 	return n
+}
+
+// throughSwitch returns the topics of a that a fleet switch to `to` (under
+// epoch) leaves where they are consumed: those whose positions are on
+// `to` already, which join the fleet there, and those of stay, pinned to
+// the cluster being left and consumed there now, which stay placed there.
+// Every other topic follows the fleet: its positions are translated.
+func throughSwitch(a Active, to string, stay []string, epoch int64, since time.Time) map[string]TopicActive {
+	out := map[string]TopicActive{}
+	for topic, e := range a.Topics {
+		if a.PositionsOf(topic) != to {
+			continue
+		}
+		e.Phase, e.From = PhaseActive, ""
+		out[topic] = e
+	}
+	for _, topic := range stay {
+		if a.PositionsOf(topic) != a.Cluster {
+			continue
+		}
+		e, ok := a.Topics[topic]
+		if !ok || e.Phase != PhaseActive {
+			e = TopicActive{Cluster: a.Cluster, Phase: PhaseActive, Epoch: epoch, Since: since.UTC(),
+				Reason: fmt.Sprintf("pinned to %s: stays there while the fleet moves to %s", a.Cluster, to)}
+		}
+		out[topic] = e
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
 }

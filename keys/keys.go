@@ -128,6 +128,12 @@ func (f Fleet) ChannelSignal(channel string) string { return f.Signals() + "chan
 // Pin is the operator's manual cluster pin.
 func (f Fleet) Pin() string { return f.prefix + "control/pin" }
 
+// TopicPins is the prefix of the operator's pins of single topics.
+func (f Fleet) TopicPins() string { return f.prefix + "control/pin/topic/" }
+
+// TopicPin is the pin of one logical topic to a cluster.
+func (f Fleet) TopicPin(topic string) string { return f.TopicPins() + topic }
+
 // Routes is the key of the dynamic routing rules.
 func (f Fleet) Routes() string { return f.prefix + "routes" }
 

@@ -2,6 +2,9 @@ package cli
 
 import (
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 
 	"github.com/spf13/cobra"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -13,11 +16,11 @@ import (
 
 func newFailoverCmd(g *globals) *cobra.Command {
 	var ef etcdFlags
-	var to string
+	var to, topic string
 	var auto bool
 	cmd := &cobra.Command{
-		Use:   "failover (--to CLUSTER | --auto)",
-		Short: "Pin the fleet to a cluster, or return it to automatic failover",
+		Use:   "failover (--to CLUSTER | --auto) [--topic TOPIC]",
+		Short: "Pin the fleet (or one topic) to a cluster, or return it to automatic failover",
 		Long: `Pin the fleet to a cluster: the leader switches to it (if a quorum of agents
 can reach it) and stays there whatever the health verdict says, until the pin
 is removed with --auto. The pin is the etcd key /kswitch/<fleet>/control/pin;
@@ -27,14 +30,28 @@ operators can do the same with etcdctl:
   etcdctl del /kswitch/orders/control/pin       # same as --auto
 
 A switch releases every partition, translates each committed position to the
-target cluster, then resumes there; 'kswitch status' shows its progress.`,
+target cluster, then resumes there; 'kswitch status' shows its progress.
+
+With --topic, only that logical topic moves (a canary): its partitions are
+released, translated and assigned on the other cluster while every other topic
+goes on being consumed where it is, unpaused. The topic stays there through
+the fleet's own switches while a quorum of agents reaches that cluster; if the
+cluster fails it comes back to the fleet's cluster by itself. --auto --topic
+returns it to wherever the fleet is. The key is
+/kswitch/<fleet>/control/pin/topic/<TOPIC>:
+
+  etcdctl put /kswitch/orders/control/pin/topic/audit B   # same as --to B --topic audit
+  etcdctl del /kswitch/orders/control/pin/topic/audit     # same as --auto --topic audit`,
 		Example: `  kswitch failover --etcd 127.0.0.1:2379 --fleet orders --to B
-  kswitch failover --config kswitch.yaml --auto`,
+  kswitch failover --config kswitch.yaml --auto
+  kswitch failover --config kswitch.yaml --to B --topic audit
+  kswitch failover --config kswitch.yaml --auto --topic audit`,
 		Args: cobra.NoArgs,
 	}
 	ef.bind(cmd)
 	cmd.Flags().StringVar(&to, "to", "", "cluster to pin the fleet to (the primary or the standby)")
 	cmd.Flags().BoolVar(&auto, "auto", false, "remove the pin: automatic failover and failback")
+	cmd.Flags().StringVar(&topic, "topic", "", "pin (or, with --auto, unpin) this logical topic alone")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if (to == "") == !auto {
 			return fmt.Errorf("give exactly one of --to CLUSTER and --auto")
@@ -45,6 +62,14 @@ target cluster, then resumes there; 'kswitch status' shows its progress.`,
 		}
 		defer cn.close()
 		cfg, c, ctx, k := cn.cfg, cn.client, cn.ctx, cn.keys
+		if topic != "" {
+			if err := keys.ValidName(topic); err != nil {
+				return fmt.Errorf("--topic %q: %v", topic, err)
+			}
+			if ef.file != "" && len(cfg.Source.Topics) > 0 && !slices.Contains(cfg.Source.Topics, topic) {
+				return fmt.Errorf("--topic %q: not a source topic of %s (its topics: %s)", topic, ef.file, strings.Join(cfg.Source.Topics, ", "))
+			}
+		}
 		if to != "" {
 			if err := keys.ValidName(to); err != nil {
 				return fmt.Errorf("--to %q: %v", to, err)
@@ -53,12 +78,24 @@ target cluster, then resumes there; 'kswitch status' shows its progress.`,
 				return fmt.Errorf("--to %q: not the primary or standby cluster of %s", to, ef.file)
 			}
 		}
-		if auto {
+		switch {
+		case topic != "" && auto:
+			if _, err := c.Delete(ctx, k.TopicPin(topic)); err != nil {
+				return fmt.Errorf("delete %s: %w", k.TopicPin(topic), err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "deleted %s: %s goes back to the fleet's cluster\n", k.TopicPin(topic), topic)
+		case topic != "":
+			if _, err := c.Put(ctx, k.TopicPin(topic), to); err != nil {
+				return fmt.Errorf("put %s: %w", k.TopicPin(topic), err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "put %s = %s: the leader moves %s alone to %s and keeps it there until 'kswitch failover --auto --topic %s'\n",
+				k.TopicPin(topic), to, topic, to, topic)
+		case auto:
 			if _, err := c.Delete(ctx, k.Pin()); err != nil {
 				return fmt.Errorf("delete %s: %w", k.Pin(), err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "deleted %s: automatic failover and failback\n", k.Pin())
-		} else {
+		default:
 			if _, err := c.Put(ctx, k.Pin(), to); err != nil {
 				return fmt.Errorf("put %s: %w", k.Pin(), err)
 			}
@@ -67,6 +104,10 @@ target cluster, then resumes there; 'kswitch status' shows its progress.`,
 		if resp, err := c.Get(ctx, k.Active(), clientv3.WithSerializable()); err == nil && len(resp.Kvs) > 0 {
 			if a, err := coordinator.ParseActive(resp.Kvs[0].Value); err == nil {
 				fmt.Fprintf(cmd.OutOrStdout(), "now: cluster %s, epoch %d, %s (%s)\n", a.Cluster, a.Epoch, a.Phase, a.Reason)
+				for _, t := range slices.Sorted(maps.Keys(a.Topics)) {
+					e := a.Topics[t]
+					fmt.Fprintf(cmd.OutOrStdout(), "now: topic %s on %s, epoch %d, %s (%s)\n", t, e.Cluster, e.Epoch, e.Phase, e.Reason)
+				}
 			}
 		}
 		return nil

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/internal/etcdclient"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/keys"
@@ -172,9 +174,11 @@ shows the lag; otherwise the lag column shows '-'.`,
 			return fmt.Errorf("read fleet %q from etcd %v: %w", ef.fleet, ef.endpoints, err)
 		}
 		if v.Assignment != nil {
-			if cl, ok := cfg.Clusters[v.Assignment.Cluster]; ok && len(cl.Brokers) > 0 {
-				if err := fillLag(v.Assignment.Cluster, cl, v.Partitions); err != nil {
-					fmt.Fprintf(cmd.ErrOrStderr(), "warning: no lag: %v\n", err)
+			for _, name := range v.Assignment.Sections() {
+				if cl, ok := cfg.Clusters[name]; ok && len(cl.Brokers) > 0 {
+					if err := fillLag(name, cl, v.Partitions); err != nil {
+						fmt.Fprintf(cmd.ErrOrStderr(), "warning: no lag on %s: %v\n", name, err)
+					}
 				}
 			}
 		}
@@ -206,8 +210,8 @@ func orDash(n int64) string {
 	return fmt.Sprint(n)
 }
 
-// fillLag asks the cluster for the end offset of each partition. Each
-// call is bounded by the client's timeouts (internal/kafka).
+// fillLag asks cluster name for the end offset of each of its partitions
+// in ps. Each call is bounded by the client's timeouts (internal/kafka).
 func fillLag(name string, c config.Cluster, ps []agent.PartitionView) error {
 	client, err := kafka.NewClient(name, c)
 	if err != nil {
@@ -216,6 +220,9 @@ func fillLag(name string, c config.Cluster, ps []agent.PartitionView) error {
 	defer client.Close()
 	var errs []error
 	for i := range ps {
+		if ps[i].Cluster != name {
+			continue
+		}
 		end, err := client.GetOffset(ps[i].Topic, ps[i].Partition, sarama.OffsetNewest)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", ps[i].TopicPartition, err))
@@ -243,6 +250,16 @@ func printFleet(w io.Writer, v agent.FleetView, now time.Time) {
 		config = fmt.Sprintf("version %d, accepted %s (changed: %s)", cv.Number, cv.At.Format(time.RFC3339), strings.Join(cv.Changed, ", "))
 	}
 	fmt.Fprintf(w, "fleet:   %s\nleader:  %s\nactive:  %s\n", v.Fleet, leader, active)
+	if a := v.Active; a != nil {
+		for _, t := range slices.Sorted(maps.Keys(a.Topics)) {
+			e := a.Topics[t]
+			state := "consumed there"
+			if e.Phase == coordinator.PhaseSwitching {
+				state = "moving there from " + e.From
+			}
+			fmt.Fprintf(w, "topic:   %s on %s (epoch %d, %s since %s: %s)\n", t, e.Cluster, e.Epoch, state, e.Since.Format(time.RFC3339), e.Reason)
+		}
+	}
 	if fb := v.Failback; fb != nil {
 		state := "the primary holds everything consumed here"
 		if !fb.CaughtUp {
@@ -282,16 +299,20 @@ func printFleet(w io.Writer, v agent.FleetView, now time.Time) {
 		fmt.Fprintf(w, "  %s\n", r)
 	}
 	if a := v.Assignment; a != nil {
-		fmt.Fprintf(w, "\nassignment: generation %d on cluster %s, published %s by %s\n\n", a.Generation, a.Cluster,
+		placed := ""
+		if secs := a.Sections(); len(secs) > 1 {
+			placed = " (topics placed on " + strings.Join(secs[1:], ", ") + ")"
+		}
+		fmt.Fprintf(w, "\nassignment: generation %d on cluster %s%s, published %s by %s\n\n", a.Generation, a.Cluster, placed,
 			a.Published.Format(time.RFC3339), a.Leader)
 		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "PARTITION\tOWNER\tCOMMITTED\tEND\tLAG")
+		fmt.Fprintln(tw, "CLUSTER\tPARTITION\tOWNER\tCOMMITTED\tEND\tLAG")
 		for _, p := range v.Partitions {
 			owner := p.Owner
 			if p.Revoking {
 				owner += " (releasing)"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.TopicPartition, owner, orDash(p.Committed), orDash(p.End), orDash(p.Lag))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", p.Cluster, p.TopicPartition, owner, orDash(p.Committed), orDash(p.End), orDash(p.Lag))
 		}
 		tw.Flush()
 	}
