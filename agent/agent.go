@@ -58,6 +58,11 @@ type Options struct {
 	// routing sink reports its rules version and channels through it. It
 	// must be safe to call from any goroutine and must not block.
 	HandlerStatus func() any
+	// DeadLetters, when set, returns the records the handler sent to a
+	// dead-letter channel by logical topic (the routing sink's); when nil
+	// and Handler is a record.DeadLetterCounter, its counts. The agent
+	// publishes them for a staged move's health check.
+	DeadLetters func() map[string]int64
 	// StuckAfter is how long a partition's committable position may stand
 	// still while records handed to the handler wait for their
 	// acknowledgement before the agent reports the handler stuck
@@ -711,6 +716,19 @@ func (a *Agent) runLeader(ctx context.Context, term election.Term) {
 	log.Info("leadership ended")
 }
 
+// deadLetters returns the handler's dead-letter counts
+// (Options.DeadLetters, else a record.DeadLetterCounter handler's), nil
+// when it has none.
+func (a *Agent) deadLetters() func() map[string]int64 {
+	if a.opts.DeadLetters != nil {
+		return a.opts.DeadLetters
+	}
+	if dl, ok := a.opts.Handler.(record.DeadLetterCounter); ok {
+		return dl.DeadLettered
+	}
+	return nil
+}
+
 // fleetView is what the leader work sees of the fleet through this agent:
 // registrations from etcd, deaths from gossip.
 type fleetView struct{ a *Agent }
@@ -751,7 +769,7 @@ func (a *Agent) newWorker(s *concurrency.Session) *worker {
 		},
 		reconf: reconf, configVersion: version, clusters: cfg.Clusters, initial: cfg.Source.InitialOffset,
 		cfg: a.cfg, id: a.id, keys: a.keys, log: a.log, etcd: a.client, store: a.store,
-		handler: a.opts.Handler, metrics: a.metrics, drain: a.opts.DrainTimeout,
+		handler: a.opts.Handler, deadLetters: a.deadLetters(), metrics: a.metrics, drain: a.opts.DrainTimeout,
 		lease:          s.Lease(),
 		sessionAlive:   func() bool { return s.Ctx().Err() == nil },
 		owned:          &a.owned,

@@ -214,6 +214,9 @@ type FleetView struct {
 	// Failback is the leader's last failback check while the fleet is
 	// on the standby (nil otherwise): why it does not fail back yet.
 	Failback *coordinator.FailbackCheck `json:"failback,omitempty"`
+	// Stages is the staged move's progress (state/stages), nil when
+	// there is none.
+	Stages *coordinator.StageState `json:"stages,omitempty"`
 	// Stalled is the leader's list of partitions that no agent has
 	// consumed for over coordinator.StalledAfter (nil: none).
 	Stalled *coordinator.Stalled `json:"stalled,omitempty"`
@@ -327,6 +330,15 @@ func ReadFleet(ctx context.Context, c *clientv3.Client, fleet string) (FleetView
 			v.Refused = append(v.Refused, err.Error())
 		} else if fb.Standby == v.Active.Cluster && fb.Epoch == v.Active.Epoch && v.Active.Phase == coordinator.PhaseActive {
 			v.Failback = &fb
+		}
+	}
+	if resp, err := c.Get(ctx, k.StagesState()); err != nil {
+		return v, fmt.Errorf("agent: read %s: %w", k.StagesState(), err)
+	} else if len(resp.Kvs) > 0 {
+		if st, err := coordinator.ParseStageState(resp.Kvs[0].Value); err != nil {
+			v.Refused = append(v.Refused, err.Error())
+		} else {
+			v.Stages = &st
 		}
 	}
 	if resp, err := c.Get(ctx, k.Stalled()); err != nil {

@@ -32,11 +32,12 @@ type topicMeter struct {
 	cluster map[string]string
 	maxGap  map[string]time.Duration
 	starts  map[string]map[string]int64 // logical → cluster:topic/partition → generation
+	times   map[string][]time.Time      // logical → every delivery's time
 }
 
 func newTopicMeter() *topicMeter {
 	return &topicMeter{last: map[string]time.Time{}, cluster: map[string]string{}, maxGap: map[string]time.Duration{},
-		starts: map[string]map[string]int64{}}
+		starts: map[string]map[string]int64{}, times: map[string][]time.Time{}}
 }
 
 func (m *topicMeter) wrap(next record.Handler) record.Handler {
@@ -47,6 +48,7 @@ func (m *topicMeter) wrap(next record.Handler) record.Handler {
 			m.maxGap[r.SourceTopic] = max(m.maxGap[r.SourceTopic], now.Sub(last))
 		}
 		m.last[r.SourceTopic], m.cluster[r.SourceTopic] = now, r.Cluster
+		m.times[r.SourceTopic] = append(m.times[r.SourceTopic], now)
 		if m.starts[r.SourceTopic] == nil {
 			m.starts[r.SourceTopic] = map[string]int64{}
 		}
@@ -72,6 +74,22 @@ func (m *topicMeter) generations(logical string) map[string]int64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return maps.Clone(m.starts[logical])
+}
+
+// gapIn returns logical's largest time without a delivery within
+// [from, to], its ends included.
+func (m *topicMeter) gapIn(logical string, from, to time.Time) time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var gap time.Duration
+	last := from
+	for _, at := range m.times[logical] {
+		if at.Before(from) || at.After(to) {
+			continue
+		}
+		gap, last = max(gap, at.Sub(last)), at
+	}
+	return max(gap, to.Sub(last))
 }
 
 func (m *topicMeter) clusterOf(logical string) string {

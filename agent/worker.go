@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -124,7 +125,10 @@ type worker struct {
 	etcd    *clientv3.Client
 	store   *offsets.Store
 	handler record.Handler
-	metrics *metrics
+	// deadLetters, when not nil, returns the handler's dead-letter
+	// counts by logical topic (Options.DeadLetters).
+	deadLetters func() map[string]int64
+	metrics     *metrics
 	// drain bounds how long a revoked partition waits for the handler to
 	// acknowledge what it was given before its final commit.
 	drain time.Duration
@@ -270,6 +274,13 @@ func (w *worker) run(ctx context.Context) error {
 		defer w.bg.Done()
 		w.watchCommits(hctx)
 	}()
+	if w.deadLetters != nil {
+		w.bg.Add(1)
+		go func() {
+			defer w.bg.Done()
+			w.publishDeadLetters(hctx, w.deadLetters)
+		}()
+	}
 	// Signals are read before anything is consumed: an agent that
 	// restarts during a pause must not deliver a record.
 	select {
@@ -1136,5 +1147,39 @@ func (w *worker) ack(ctx context.Context, gen int64) {
 	defer cancel()
 	if _, err := w.etcd.Put(actx, w.keys.Ack(w.id), strconv.FormatInt(gen, 10), clientv3.WithLease(w.lease)); err != nil {
 		w.log.Warn("cannot acknowledge generation; the leader waits", zap.Int64("generation", gen), zap.Error(err))
+	}
+}
+
+// deadLetterInterval is how often the worker publishes its handler's
+// dead-letter counts when they changed.
+const deadLetterInterval = time.Second
+
+// publishDeadLetters writes the handler's dead-letter counts to
+// deadletters/<id> on the session lease whenever they changed, at most
+// every deadLetterInterval, until ctx ends: a staged move's check reads
+// them (coordinator.ParseDeadLetters).
+func (w *worker) publishDeadLetters(ctx context.Context, counts func() map[string]int64) {
+	tick := time.NewTicker(deadLetterInterval)
+	defer tick.Stop()
+	var last map[string]int64
+	for {
+		if counts := counts(); !maps.Equal(counts, last) {
+			val, err := json.Marshal(counts)
+			if err == nil {
+				pctx, cancel := context.WithTimeout(ctx, w.cfg.Etcd.RequestTimeout)
+				_, err = w.etcd.Put(pctx, w.keys.DeadLetterCount(w.id), string(val), clientv3.WithLease(w.lease))
+				cancel()
+			}
+			if err == nil {
+				last = counts
+			} else if ctx.Err() == nil {
+				w.log.Debug("cannot publish the dead-letter counts; trying again", zap.Error(err))
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
 	}
 }

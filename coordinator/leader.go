@@ -186,8 +186,10 @@ type LeaderStatus struct {
 	CutOff  []string  `json:"cut_off,omitempty"`
 	// TopicPins are the topic pins in force (control/pin/topic/), by
 	// logical topic; CutOffOn the agents cut off, by cluster in use.
-	TopicPins map[string]string   `json:"topic_pins,omitempty"`
-	CutOffOn  map[string][]string `json:"cut_off_on,omitempty"`
+	TopicPins map[string]string `json:"topic_pins,omitempty"`
+	// Stages is the staged move's progress (state/stages), if any.
+	Stages   *StageState         `json:"stages,omitempty"`
+	CutOffOn map[string][]string `json:"cut_off_on,omitempty"`
 	// Unassigned lists the discovered partitions that no agent consumes
 	// or is releasing, with how long: the fleet's stalled partitions.
 	Unassigned []string `json:"unassigned,omitempty"`

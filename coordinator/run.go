@@ -33,6 +33,9 @@ func (l *Leader) Run(ctx context.Context, et election.Term) error {
 	if err := r.readState(ctx); err != nil {
 		return err
 	}
+	if err := r.readStages(ctx); err != nil {
+		return err
+	}
 	defer r.stopDiscoveries()
 	r.loadBreaker(ctx)
 	for {
@@ -51,16 +54,20 @@ func (l *Leader) Run(ctx context.Context, et election.Term) error {
 // leaderRun is one term's state: what the loop's steps read and change.
 type leaderRun struct {
 	*Leader
-	t    *term
-	log  *zap.Logger
-	ak   *acks
-	pn   *pin
-	tp   *topicPins
-	asg  *keyWatch // state/assignment
-	act  *keyWatch // state/active
-	memb <-chan struct{}
-	h    *health
-	br   *breaker
+	t   *term
+	log *zap.Logger
+	ak  *acks
+	pn  *pin
+	tp  *topicPins
+	sp  *stagePlan
+	// stages is state/stages as this term wrote or found it (nil: no
+	// staged move).
+	stages *StageState
+	asg    *keyWatch // state/assignment
+	act    *keyWatch // state/active
+	memb   <-chan struct{}
+	h      *health
+	br     *breaker
 
 	// Discovery runs for every cluster in use (the fleet's, and those
 	// topics are placed on), each in a goroutine of its own
@@ -101,6 +108,15 @@ func (l *Leader) newRun(et election.Term) *leaderRun {
 			conf := l.conf()
 			return c == conf.primary || c == conf.standby
 		}}
+	r.sp = &stagePlan{changed: make(chan struct{}, 1), log: log, refused: func() { l.metrics.refusedValue(refused.Stages) },
+		valid: func(c string) bool {
+			conf := l.conf()
+			return c == conf.primary || c == conf.standby
+		},
+		source: func(topic string) bool {
+			conf := l.conf()
+			return slices.Contains(conf.source.Topics, topic) || (conf.regex != nil && conf.regex.MatchString(topic))
+		}}
 	r.pn = &pin{changed: make(chan struct{}, 1), log: log, refused: func() { l.metrics.refusedValue(refused.Pin) }, valid: func(c string) bool {
 		conf := l.conf()
 		return c != "" && (c == conf.primary || c == conf.standby)
@@ -117,6 +133,7 @@ func (r *leaderRun) follow(ctx context.Context, wg *sync.WaitGroup) {
 	wg.Go(func() { _ = etcdwatch.Follow(ctx, r.etcd, r.keys.Active(), false, timeout, r.act, nil) })
 	wg.Go(func() { _ = etcdwatch.Follow(ctx, r.etcd, r.keys.Pin(), false, timeout, r.pn, nil) })
 	wg.Go(func() { _ = etcdwatch.Follow(ctx, r.etcd, r.keys.TopicPins(), true, timeout, r.tp, nil) })
+	wg.Go(func() { _ = etcdwatch.Follow(ctx, r.etcd, r.keys.Stages(), false, timeout, r.sp, nil) })
 	r.memb = r.members.Subscribe(ctx)
 	r.probe = time.NewTicker(r.cfg.Failover.ProbeInterval)
 	context.AfterFunc(ctx, r.probe.Stop)
@@ -203,6 +220,12 @@ func (r *leaderRun) turn(ctx context.Context) (again bool, err error) {
 	}
 	if switching || dec.to != "" {
 		return true, r.doSwitch(ctx, dec)
+	}
+	if err := r.stageStep(ctx, now); err != nil {
+		if errors.Is(err, election.ErrNotLeader) {
+			return false, err
+		}
+		r.log.Warn("staged move: cannot record its progress; trying again", zap.Error(err))
 	}
 	mv, note := r.topicDecision(now, live)
 	if _, listed := consumed(r.t.active, r.lists, conf.naming); listed && mv != nil && !now.Before(r.topicRetry.at) {
@@ -291,7 +314,11 @@ func (r *leaderRun) doSwitch(ctx context.Context, dec decision) error {
 	// Planned: the cluster being left is healthy (a pin, a failback), so
 	// the switch can be made before it is broken.
 	planned := r.h.quorumUpNow(t.active.Cluster) && r.h.quorumUpNow(dec.to)
-	ev, err := r.switchTo(ctx, t, dec.to, dec.reason, dec.auto, planned, r.staying(dec.to))
+	reason := dec.reason
+	if st := r.stages; st != nil && st.Running() && t.active.Phase != PhaseSwitching {
+		reason += fmt.Sprintf(" (overrides the staged move to %s at stage %d of %d)", st.Plan.To, st.Stage+1, len(st.Plan.Stages))
+	}
+	ev, err := r.switchTo(ctx, t, dec.to, reason, dec.auto, planned, r.staying(dec.to))
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
@@ -311,6 +338,7 @@ func (r *leaderRun) doSwitch(ctx context.Context, dec decision) error {
 		r.reread(ctx, t, r.ak, r.log)
 		return nil
 	}
+	r.overrideStages(ctx, ev)
 	// The switch listed the partitions on the new cluster (and assigned
 	// them): plan with them until discovery there reports.
 	r.discoverInUse(ctx)
@@ -386,7 +414,7 @@ func (r *leaderRun) keepAssignment(ctx context.Context, now time.Time, live []st
 	for _, c := range inUse(t.active) {
 		cannot[c] = r.h.downFor(now, c, r.cfg.Failover.FailureWindow)
 	}
-	r.status.Store(&LeaderStatus{Active: t.active, Verdict: why, Pin: r.pn.get(), TopicPins: r.tp.get(), Breaker: r.br.openUntil,
+	r.status.Store(&LeaderStatus{Active: t.active, Verdict: why, Pin: r.pn.get(), TopicPins: r.tp.get(), Stages: r.stages, Breaker: r.br.openUntil,
 		CutOff: cut[t.active.Cluster], CutOffOn: cut, Unassigned: r.unowned.note(now, parts, t.current, cannot)})
 	r.publishStalled(ctx, t, r.unowned, now, r.log)
 	if !listed {
@@ -559,6 +587,7 @@ func (r *leaderRun) wait(ctx context.Context) error {
 	case <-r.ak.changed:
 	case <-r.pn.changed:
 	case <-r.tp.changed:
+	case <-r.sp.changed:
 	case <-r.asg.changed:
 	case <-r.act.changed:
 	case <-r.probe.C:

@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -36,7 +37,7 @@ type topicMove struct {
 // failure window goes back to the fleet's cluster (automatic: the breaker
 // counts it, and an open breaker holds it), and returns when that cluster
 // is reachable again. Topics moving between the same two clusters for the
-// same reason kind move together.
+// same reason (one pin's cluster, one stage) move together.
 func (r *leaderRun) topicDecision(now time.Time, live []string) (*topicMove, string) {
 	a := r.t.active
 	if sw := a.TopicSwitching(); len(sw) > 0 {
@@ -49,9 +50,9 @@ func (r *leaderRun) topicDecision(now time.Time, live []string) (*topicMove, str
 		}
 		return mv, ""
 	}
-	pins := r.tp.get()
+	wants := r.topicWants()
 	topics := map[string]bool{}
-	for t := range pins {
+	for t := range wants {
 		topics[t] = true
 	}
 	for t := range a.Topics {
@@ -60,6 +61,7 @@ func (r *leaderRun) topicDecision(now time.Time, live []string) (*topicMove, str
 	type key struct {
 		from, to string
 		auto     bool
+		reason   string
 	}
 	moves := map[key]*topicMove{}
 	var notes []string
@@ -67,8 +69,8 @@ func (r *leaderRun) topicDecision(now time.Time, live []string) (*topicMove, str
 	for _, topic := range slices.Sorted(maps.Keys(topics)) {
 		at, _ := a.TopicCluster(topic)
 		want, why, auto := a.Cluster, "unpinned: back on the fleet's cluster "+a.Cluster, false
-		if c, ok := pins[topic]; ok {
-			want, why = c, "manual: topic pinned to "+c
+		if w, ok := wants[topic]; ok {
+			want, why = cmp.Or(w.cluster, a.Cluster), w.reason
 		}
 		if want != a.Cluster && at == want {
 			// Placed where its pin says: it stays unless that
@@ -90,7 +92,7 @@ func (r *leaderRun) topicDecision(now time.Time, live []string) (*topicMove, str
 			notes = append(notes, fmt.Sprintf("%s pinned to %s, which a quorum of agents cannot reach yet", topic, want))
 			continue
 		}
-		k := key{at, want, auto}
+		k := key{at, want, auto, why}
 		if moves[k] == nil {
 			moves[k] = &topicMove{from: at, to: want, reason: why, auto: auto}
 		}
@@ -101,16 +103,9 @@ func (r *leaderRun) topicDecision(now time.Time, live []string) (*topicMove, str
 		return nil, note
 	}
 	ks := slices.SortedFunc(maps.Keys(moves), func(x, y key) int {
-		return strings.Compare(x.from+"\x00"+x.to, y.from+"\x00"+y.to)
+		return strings.Compare(x.from+"\x00"+x.to+"\x00"+x.reason, y.from+"\x00"+y.to+"\x00"+y.reason)
 	})
-	mv := moves[ks[0]]
-	if len(mv.topics) > 1 && !mv.auto {
-		mv.reason = fmt.Sprintf("manual: topics pinned to %s", mv.to)
-		if mv.to == a.Cluster {
-			mv.reason = "unpinned: back on the fleet's cluster " + a.Cluster
-		}
-	}
-	return mv, note
+	return moves[ks[0]], note
 }
 
 // doTopicSwitch carries out mv, counts it with the breaker when automatic,

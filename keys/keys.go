@@ -134,6 +134,29 @@ func (f Fleet) TopicPins() string { return f.prefix + "control/pin/topic/" }
 // TopicPin is the pin of one logical topic to a cluster.
 func (f Fleet) TopicPin(topic string) string { return f.TopicPins() + topic }
 
+// Stages is the operator's staged move: topics moved to a cluster stage by
+// stage, with a health check between stages.
+func (f Fleet) Stages() string { return f.prefix + "control/stages" }
+
+// StagesState is the leader's progress of the staged move.
+func (f Fleet) StagesState() string { return f.prefix + "state/stages" }
+
+// StageHistory is the prefix of the staged moves' steps.
+func (f Fleet) StageHistory() string { return f.History() + "stages/" }
+
+// StageEvent is the key of step n of the staged move written at etcd
+// revision rev, zero-padded so that keys sort in order.
+func (f Fleet) StageEvent(rev int64, n int) string {
+	return fmt.Sprintf("%s%020d/%06d", f.StageHistory(), rev, n)
+}
+
+// DeadLetters is the prefix of the agents' dead-letter counts
+// (deadletters/<id>, on the agent's lease).
+func (f Fleet) DeadLetters() string { return f.prefix + "deadletters/" }
+
+// DeadLetterCount is the key of one agent's dead-letter counts.
+func (f Fleet) DeadLetterCount(id string) string { return f.DeadLetters() + id }
+
 // Routes is the key of the dynamic routing rules.
 func (f Fleet) Routes() string { return f.prefix + "routes" }
 

@@ -91,6 +91,17 @@ type Handler interface {
 	Handle(ctx context.Context, r *Record) error
 }
 
+// DeadLetterCounter is implemented by a Handler that sends the records it
+// cannot deliver to a dead-letter channel (the routing sink does). The
+// agent publishes the counts, and a staged move's health check reads
+// them: a stage whose topics are dead-lettered on the new cluster is
+// rolled back.
+type DeadLetterCounter interface {
+	// DeadLettered returns, by logical topic (Record.SourceTopic), the
+	// records dead-lettered since the handler was created.
+	DeadLettered() map[string]int64
+}
+
 // HandlerFunc adapts a function to Handler.
 type HandlerFunc func(ctx context.Context, r *Record) error
 

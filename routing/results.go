@@ -234,6 +234,7 @@ func (r *Router) resend(om *outMsg) {
 		om.msg.Metadata = om
 		om.ds.inFlight.Add(1)
 		r.m.dead.WithLabelValues("produce").Inc()
+		r.countDead(rec)
 	}
 	if om.pr.retired.Load() {
 		// The cluster's definition changed (SetClusters): send it again

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -76,6 +77,11 @@ type Router struct {
 	ready   chan struct{}
 	started atomic.Bool
 	closed  atomic.Bool
+
+	// deadMu guards deadBy: records dead-lettered by logical topic
+	// (DeadLettered).
+	deadMu sync.Mutex
+	deadBy map[string]int64
 
 	loopCtx    context.Context // cancelled by Close to end the loop
 	loopCancel context.CancelFunc
@@ -340,8 +346,29 @@ func (r *Router) deadLetter(ctx context.Context, v *Version, rec *record.Record,
 		reason = "budget"
 	}
 	r.m.dead.WithLabelValues(reason).Inc()
+	r.countDead(rec)
 	r.log.Debug("record dead-lettered", zap.String("source", sourceOf(rec)), zap.String("rule", rule), zap.Error(err))
 	return nil
+}
+
+// countDead counts a record sent to the dead-letter channel by its
+// logical topic.
+func (r *Router) countDead(rec *record.Record) {
+	r.deadMu.Lock()
+	if r.deadBy == nil {
+		r.deadBy = map[string]int64{}
+	}
+	r.deadBy[rec.SourceTopic]++
+	r.deadMu.Unlock()
+}
+
+// DeadLettered returns, by logical topic, the records sent to the
+// dead-letter channel since the router was created
+// (record.DeadLetterCounter).
+func (r *Router) DeadLettered() map[string]int64 {
+	r.deadMu.Lock()
+	defer r.deadMu.Unlock()
+	return maps.Clone(r.deadBy)
 }
 
 func sourceOf(rec *record.Record) string {

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -16,10 +17,11 @@ import (
 
 func newFailoverCmd(g *globals) *cobra.Command {
 	var ef etcdFlags
-	var to, topic string
+	var to, topic, stages string
+	var check time.Duration
 	var auto bool
 	cmd := &cobra.Command{
-		Use:   "failover (--to CLUSTER | --auto) [--topic TOPIC]",
+		Use:   "failover (--to CLUSTER | --auto) [--topic TOPIC | --stages STAGES [--check DURATION]]",
 		Short: "Pin the fleet (or one topic) to a cluster, or return it to automatic failover",
 		Long: `Pin the fleet to a cluster: the leader switches to it (if a quorum of agents
 can reach it) and stays there whatever the health verdict says, until the pin
@@ -41,20 +43,59 @@ returns it to wherever the fleet is. The key is
 /kswitch/<fleet>/control/pin/topic/<TOPIC>:
 
   etcdctl put /kswitch/orders/control/pin/topic/audit B   # same as --to B --topic audit
-  etcdctl del /kswitch/orders/control/pin/topic/audit     # same as --auto --topic audit`,
+  etcdctl del /kswitch/orders/control/pin/topic/audit     # same as --auto --topic audit
+
+With --stages, topics move stage by stage (stages separated by ';', topics by
+','): the leader moves the first stage's topics, holds them on the target for
+--check, and moves the next stage only if they are healthy there: every
+partition consumed, the lag not grown by more than 1000 records, and no record
+dead-lettered. A stage that is not healthy is moved back and the move stops
+(the earlier stages stay). Each step is in history/stages/ and kswitch status.
+An automatic failover or a fleet pin overrides a move in progress. --auto
+--stages ends the move: its topics go back to the fleet's cluster. The key is
+/kswitch/<fleet>/control/stages (YAML):
+
+  etcdctl put /kswitch/orders/control/stages "$(printf 'to: B\ncheck: 30s\nstages:\n  - topics: [audit, clicks]\n  - topics: [orders, payments]\n')"`,
 		Example: `  kswitch failover --etcd 127.0.0.1:2379 --fleet orders --to B
   kswitch failover --config kswitch.yaml --auto
   kswitch failover --config kswitch.yaml --to B --topic audit
-  kswitch failover --config kswitch.yaml --auto --topic audit`,
+  kswitch failover --config kswitch.yaml --auto --topic audit
+  kswitch failover --config kswitch.yaml --to B --stages "audit,clicks;orders,payments" --check 30s
+  kswitch failover --config kswitch.yaml --auto --stages`,
 		Args: cobra.NoArgs,
 	}
 	ef.bind(cmd)
 	cmd.Flags().StringVar(&to, "to", "", "cluster to pin the fleet to (the primary or the standby)")
 	cmd.Flags().BoolVar(&auto, "auto", false, "remove the pin: automatic failover and failback")
 	cmd.Flags().StringVar(&topic, "topic", "", "pin (or, with --auto, unpin) this logical topic alone")
+	cmd.Flags().StringVar(&stages, "stages", "", "move topics stage by stage: \"audit,clicks;orders,payments\" (with --auto: any value, or none with --stages=, ends the move)")
+	cmd.Flags().DurationVar(&check, "check", 30*time.Second, "with --stages: how long each stage is held and checked before the next")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if (to == "") == !auto {
 			return fmt.Errorf("give exactly one of --to CLUSTER and --auto")
+		}
+		staged := cmd.Flags().Changed("stages")
+		if staged && topic != "" {
+			return fmt.Errorf("give --topic or --stages, not both")
+		}
+		var plan coordinator.StagePlan
+		if staged && !auto {
+			plan = coordinator.StagePlan{To: to, Check: check}
+			for i, st := range strings.Split(stages, ";") {
+				var ts []string
+				for _, t := range strings.Split(st, ",") {
+					if t = strings.TrimSpace(t); t != "" {
+						ts = append(ts, t)
+					}
+				}
+				if len(ts) == 0 {
+					return fmt.Errorf("--stages %q: stage %d has no topics (stages are separated by ';', topics by ',')", stages, i+1)
+				}
+				plan.Stages = append(plan.Stages, coordinator.Stage{Topics: ts})
+			}
+			if _, err := coordinator.ParseStagePlan([]byte(coordinator.FormatStagePlan(plan)), nil); err != nil {
+				return fmt.Errorf("--stages %q --check %s: %v", stages, check, err)
+			}
 		}
 		cn, err := ef.open(cmd, g.environ)
 		if err != nil {
@@ -79,6 +120,24 @@ returns it to wherever the fleet is. The key is
 			}
 		}
 		switch {
+		case staged && auto:
+			if _, err := c.Delete(ctx, k.Stages()); err != nil {
+				return fmt.Errorf("delete %s: %w", k.Stages(), err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "deleted %s: the staged move ends, its topics go back to the fleet's cluster\n", k.Stages())
+		case staged:
+			for _, st := range plan.Stages {
+				for _, t := range st.Topics {
+					if ef.file != "" && len(cfg.Source.Topics) > 0 && !slices.Contains(cfg.Source.Topics, t) {
+						return fmt.Errorf("--stages: %q is not a source topic of %s (its topics: %s)", t, ef.file, strings.Join(cfg.Source.Topics, ", "))
+					}
+				}
+			}
+			if _, err := c.Put(ctx, k.Stages(), coordinator.FormatStagePlan(plan)); err != nil {
+				return fmt.Errorf("put %s: %w", k.Stages(), err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "put %s: the leader moves %d stages to %s, each held and checked for %s; follow it with 'kswitch status'\n",
+				k.Stages(), len(plan.Stages), to, check)
 		case topic != "" && auto:
 			if _, err := c.Delete(ctx, k.TopicPin(topic)); err != nil {
 				return fmt.Errorf("delete %s: %w", k.TopicPin(topic), err)

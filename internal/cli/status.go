@@ -267,6 +267,18 @@ func printFleet(w io.Writer, v agent.FleetView, now time.Time) {
 		}
 		fmt.Fprintf(w, "failback: %s (checked %s)\n", state, fb.Checked.Format(time.RFC3339))
 	}
+	if st := v.Stages; st != nil {
+		var stages []string
+		for i, sg := range st.Plan.Stages {
+			mark := ""
+			if i == st.Stage {
+				mark = "*"
+			}
+			stages = append(stages, mark+strings.Join(sg.Topics, ","))
+		}
+		fmt.Fprintf(w, "stages:  to %s, stage %d of %d %s since %s: %s (%s; checked for %s each)\n", st.Plan.To, st.Stage+1, len(st.Plan.Stages),
+			st.Phase, st.Since.Format(time.RFC3339), st.Reason, strings.Join(stages, "; "), st.Plan.Check)
+	}
 	if st := v.Stalled; st != nil {
 		fmt.Fprintf(w, "stalled: %d partitions have no consumer (noted by %s): %s\n", len(st.Partitions), st.Leader, st.String(now))
 	}

@@ -88,6 +88,7 @@ func New(cfg config.Config, opts agent.Options) (*Member, error) {
 		return m.router.Handle(ctx, r)
 	})
 	opts.HandlerStatus = func() any { return m.router.Status() }
+	opts.DeadLetters = func() map[string]int64 { return m.router.DeadLettered() }
 	onConfig := opts.OnConfig
 	opts.OnConfig = func(c config.Config) {
 		m.router.SetClusters(c.Clusters)

@@ -16,6 +16,7 @@ import (
 const (
 	Signal       = "signal"       // signals/…
 	Pin          = "pin"          // control/pin
+	Stages       = "stages"       // control/stages
 	Assignment   = "assignment"   // state/assignment
 	Active       = "active"       // state/active
 	Offset       = "offset"       // offsets/…
