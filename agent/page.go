@@ -43,6 +43,7 @@ var pageTemplate = template.Must(template.New("page").Funcs(template.FuncMap{
 		return fmt.Sprint(n)
 	},
 	"rate":  func(f float64) string { return fmt.Sprintf("%.0f", f) },
+	"inc":   func(i int) int { return i + 1 },
 	"stamp": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05.000Z") },
 	"ms":    func(s float64) string { return fmt.Sprintf("%.0f ms", s*1000) },
 }).Parse(pageHTML))
