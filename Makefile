@@ -34,7 +34,7 @@ build:
 test: lint unit example
 
 unit:
-	$(GO) test -race -count=1 ./...
+	KSWITCH_TEST_SCREENSHOTS=$(CURDIR)/$(BIN)/screenshots $(GO) test -race -count=1 ./...
 
 ## example: build, vet and run examples/embed, a module of its own that embeds an agent through the public API
 example:

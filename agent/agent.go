@@ -152,6 +152,8 @@ type Agent struct {
 	stuck      atomic.Pointer[string]                                  // the current worker's stuck partitions, "" if none
 	// dyn is the dynamic configuration version in force.
 	dyn dynConfig
+	// rate measures the records handed to the handler per second.
+	rate rateMeter
 	// signalsApplied is the etcd revision of the signals every running
 	// partition of this agent obeys.
 	signalsApplied atomic.Int64
@@ -303,6 +305,7 @@ func (a *Agent) Start(ctx context.Context) error {
 	a.goRun(func() { a.followConfig(runCtx) })
 	a.goRun(func() { _ = a.signals.Run(runCtx) })
 	a.goRun(func() { a.gossipHealthLoop(runCtx, healthChanged, 5*time.Second) })
+	a.goRun(func() { a.rate.run(runCtx) })
 	a.log.Info("agent started", zap.String("http", a.HTTPAddr()), zap.String("gossip", a.GossipAddr()),
 		zap.Strings("etcd", a.cfg.Etcd.Endpoints), zap.String("version", version.Version))
 	return nil
@@ -769,7 +772,7 @@ func (a *Agent) newWorker(s *concurrency.Session) *worker {
 		},
 		reconf: reconf, configVersion: version, clusters: cfg.Clusters, initial: cfg.Source.InitialOffset,
 		cfg: a.cfg, id: a.id, keys: a.keys, log: a.log, etcd: a.client, store: a.store,
-		handler: a.opts.Handler, deadLetters: a.deadLetters(), metrics: a.metrics, drain: a.opts.DrainTimeout,
+		handler: a.opts.Handler, deadLetters: a.deadLetters(), rate: &a.rate, metrics: a.metrics, drain: a.opts.DrainTimeout,
 		lease:          s.Lease(),
 		sessionAlive:   func() bool { return s.Ctx().Err() == nil },
 		owned:          &a.owned,

@@ -59,6 +59,14 @@ func (d *dynConfig) status() ConfigStatus {
 		LastRefusal: d.fleetRefusal}
 }
 
+// current returns the configuration in force (the file with the dynamic
+// version applied).
+func (d *dynConfig) current() config.Config {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.cfg
+}
+
 // attach registers a worker's channel and returns the version and
 // configuration it starts from; detach unregisters it.
 func (d *dynConfig) attach(ch chan configUpdate) (int64, config.Config) {

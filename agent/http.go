@@ -61,6 +61,16 @@ type Status struct {
 	Config ConfigStatus `json:"config"`
 }
 
+// readyBody is the answer of /readyz.
+type readyBody struct {
+	Status string `json:"status"`
+	Reason string `json:"reason,omitempty"`
+	Agent  string `json:"agent"`
+	// RecordsPerSecond is the records handed to the handler per second
+	// over the last 10 s.
+	RecordsPerSecond float64 `json:"records_per_second"`
+}
+
 // EtcdStatus is this agent's view of its etcd connection.
 type EtcdStatus struct {
 	Endpoints []string `json:"endpoints"`
@@ -93,11 +103,12 @@ func (a *Agent) handler() http.Handler {
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		ok, reason := a.Ready()
+		body := readyBody{Status: "ready", Agent: a.id, RecordsPerSecond: a.rate.perSecond()}
+		code := http.StatusOK
 		if !ok {
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": reason, "agent": a.id})
-			return
+			body.Status, body.Reason, code = "not ready", reason, http.StatusServiceUnavailable
 		}
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ready", "agent": a.id})
+		writeJSON(w, code, body)
 	})
 	mux.HandleFunc("GET /leader", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, a.LeaderView())
@@ -106,6 +117,7 @@ func (a *Agent) handler() http.Handler {
 		writeJSON(w, http.StatusOK, a.Status())
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /", a.servePage)
 	return readOnly(mux)
 }
 

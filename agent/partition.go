@@ -248,6 +248,9 @@ func (w *worker) deliver(ctx context.Context, log *zap.Logger, r *partitionRun, 
 		return false
 	}
 	w.metrics.records.Inc()
+	if w.rate != nil {
+		w.rate.n.Add(1)
+	}
 	return true
 }
 

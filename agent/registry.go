@@ -13,14 +13,17 @@ import (
 	"sync"
 	"time"
 
+	"github.com/IBM/sarama"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/election"
 	"github.com/kswitch/kswitch/internal/dynconfig"
 	"github.com/kswitch/kswitch/internal/etcdwatch"
+	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/internal/notify"
 	"github.com/kswitch/kswitch/keys"
 	"github.com/kswitch/kswitch/offsets"
@@ -231,6 +234,9 @@ type Readiness struct {
 	Answered bool   `json:"answered"`
 	Ready    bool   `json:"ready"`
 	Reason   string `json:"reason,omitempty"`
+	// RecordsPerSecond is what the agent handed its handler per second
+	// over the last 10 s.
+	RecordsPerSecond float64 `json:"records_per_second"`
 }
 
 // AskReady asks every registered agent's /readyz, in parallel, each within
@@ -262,13 +268,11 @@ func askReady(ctx context.Context, hc *http.Client, addr string) Readiness {
 		return Readiness{Reason: err.Error()}
 	}
 	defer resp.Body.Close()
-	var body struct {
-		Reason string `json:"reason"`
-	}
+	var body readyBody
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&body); err != nil {
 		return Readiness{Reason: fmt.Sprintf("/readyz %d: %v", resp.StatusCode, err)}
 	}
-	return Readiness{Answered: true, Ready: resp.StatusCode == http.StatusOK, Reason: body.Reason}
+	return Readiness{Answered: true, Ready: resp.StatusCode == http.StatusOK, Reason: body.Reason, RecordsPerSecond: body.RecordsPerSecond}
 }
 
 // PartitionView is one partition of a FleetView.
@@ -395,4 +399,50 @@ func ReadFleet(ctx context.Context, c *clientv3.Client, fleet string) (FleetView
 			coordinator.ClusterPartition{Cluster: y.Cluster, TopicPartition: y.TopicPartition})
 	})
 	return v, nil
+}
+
+// FillLag asks each cluster of the assignment that clusters names with
+// brokers for the end offset of its partitions, and sets their End and
+// Lag. Each call is bounded by the client's timeouts (internal/kafka);
+// a cluster that does not answer leaves its partitions' lag unknown (-1)
+// and is named in the error.
+func (v *FleetView) FillLag(clusters map[string]config.Cluster) error {
+	if v.Assignment == nil {
+		return nil
+	}
+	var errs []error
+	for _, name := range v.Assignment.Sections() {
+		c, ok := clusters[name]
+		if !ok || len(c.Brokers) == 0 {
+			continue
+		}
+		if err := fillLag(name, c, v.Partitions); err != nil {
+			errs = append(errs, fmt.Errorf("no lag on %s: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func fillLag(name string, c config.Cluster, ps []PartitionView) error {
+	client, err := kafka.NewClient(name, c)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	var errs []error
+	for i := range ps {
+		if ps[i].Cluster != name {
+			continue
+		}
+		end, err := client.GetOffset(ps[i].Topic, ps[i].Partition, sarama.OffsetNewest)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", ps[i].TopicPartition, err))
+			continue
+		}
+		ps[i].End = end
+		if ps[i].Committed >= 0 {
+			ps[i].Lag = max(0, end-ps[i].Committed)
+		}
+	}
+	return errors.Join(errs...)
 }

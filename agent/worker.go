@@ -125,6 +125,9 @@ type worker struct {
 	etcd    *clientv3.Client
 	store   *offsets.Store
 	handler record.Handler
+	// rate counts the records handed to the handler (the agent's
+	// records/s).
+	rate *rateMeter
 	// deadLetters, when not nil, returns the handler's dead-letter
 	// counts by logical topic (Options.DeadLetters).
 	deadLetters func() map[string]int64

@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -12,7 +11,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/spf13/cobra"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -21,7 +19,6 @@ import (
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/internal/etcdclient"
-	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/keys"
 )
 
@@ -173,14 +170,8 @@ shows the lag; otherwise the lag column shows '-'.`,
 		if err != nil {
 			return fmt.Errorf("read fleet %q from etcd %v: %w", ef.fleet, ef.endpoints, err)
 		}
-		if v.Assignment != nil {
-			for _, name := range v.Assignment.Sections() {
-				if cl, ok := cfg.Clusters[name]; ok && len(cl.Brokers) > 0 {
-					if err := fillLag(name, cl, v.Partitions); err != nil {
-						fmt.Fprintf(cmd.ErrOrStderr(), "warning: no lag on %s: %v\n", name, err)
-					}
-				}
-			}
+		if err := v.FillLag(cfg.Clusters); err != nil {
+			fmt.Fprintf(cmd.ErrOrStderr(), "warning: %v\n", err)
 		}
 		if ask {
 			v.AskReady(ctx, time.Second)
@@ -208,32 +199,6 @@ func orDash(n int64) string {
 		return "-"
 	}
 	return fmt.Sprint(n)
-}
-
-// fillLag asks cluster name for the end offset of each of its partitions
-// in ps. Each call is bounded by the client's timeouts (internal/kafka).
-func fillLag(name string, c config.Cluster, ps []agent.PartitionView) error {
-	client, err := kafka.NewClient(name, c)
-	if err != nil {
-		return err
-	}
-	defer client.Close()
-	var errs []error
-	for i := range ps {
-		if ps[i].Cluster != name {
-			continue
-		}
-		end, err := client.GetOffset(ps[i].Topic, ps[i].Partition, sarama.OffsetNewest)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", ps[i].TopicPartition, err))
-			continue
-		}
-		ps[i].End = end
-		if ps[i].Committed >= 0 {
-			ps[i].Lag = max(0, end-ps[i].Committed)
-		}
-	}
-	return errors.Join(errs...)
 }
 
 func printFleet(w io.Writer, v agent.FleetView, now time.Time) {

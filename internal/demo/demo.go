@@ -660,6 +660,7 @@ func (d *demo) keepRunning(ctx context.Context) {
 	etcdctl := "etcdctl --endpoints " + d.etcd.Endpoints()[0]
 	out := d.o.Out
 	fmt.Fprintf(out, "\nEverything keeps running, and the producer writes again. Try:\n")
+	fmt.Fprintf(out, "  # the status page, in a browser (every agent serves it)\n  http://%s/\n", d.fleet[0].agent().HTTPAddr())
 	fmt.Fprintf(out, "  # each agent's view of the fleet (also /leader, /readyz, /metrics)\n")
 	for _, f := range d.fleet {
 		fmt.Fprintf(out, "  curl http://%s/status\n", f.agent().HTTPAddr())

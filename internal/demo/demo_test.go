@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"regexp"
 	"slices"
@@ -160,6 +161,23 @@ func checkURLs(t *testing.T, text string) {
 		}
 		if st.Active != "A" {
 			t.Errorf("%s: active cluster %q, want A", u[1], st.Active)
+		}
+	}
+	// The status page's address, and the page: both switches of the
+	// story in its timeline, and the routing sink's status.
+	page := regexp.MustCompile(`the status page.*\n +(http://\S+/)\n`).FindStringSubmatch(text)
+	if page == nil {
+		t.Fatal("no status page address printed")
+	}
+	resp, err := http.Get(page[1])
+	if err != nil {
+		t.Fatalf("GET %s: %v", page[1], err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`<td id="active">A</td>`, "A → B", "B → A", `<pre id="routing">`} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("the status page %s has no %q", page[1], want)
 		}
 	}
 }

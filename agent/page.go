@@ -1,0 +1,288 @@
+package agent
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"html/template"
+	"io"
+	"math"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kswitch/kswitch/coordinator"
+	"github.com/kswitch/kswitch/internal/version"
+)
+
+// The status page at / on every agent: the fleet as etcd records it (what
+// kswitch status reads), each agent's own answer, the leader's verdict and
+// a timeline of the switches. Read-only: every change goes through etcd.
+// Plain HTML and CSS; it refreshes itself every 5 s without a script.
+
+//go:embed page/page.html
+var pageHTML string
+
+var pageTemplate = template.Must(template.New("page").Funcs(template.FuncMap{
+	"since": func(t time.Time, now time.Time) string {
+		if t.IsZero() {
+			return "-"
+		}
+		return now.Sub(t).Round(time.Second).String()
+	},
+	"dash": func(n int64) string {
+		if n < 0 {
+			return "-"
+		}
+		return fmt.Sprint(n)
+	},
+	"rate":  func(f float64) string { return fmt.Sprintf("%.0f", f) },
+	"inc":   func(i int) int { return i + 1 },
+	"stamp": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05.000Z") },
+	"ms":    func(s float64) string { return fmt.Sprintf("%.0f ms", s*1000) },
+}).Parse(pageHTML))
+
+// pageData is what the page shows.
+type pageData struct {
+	Agent, Version string
+	Now            time.Time
+	View           FleetView
+	ViewErr        string
+	// Leader is the leader's last verdict (its /status), nil when it
+	// could not be read (LeaderErr says why).
+	Leader    *coordinator.LeaderStatus
+	LeaderErr string
+	Agents    []pageAgent
+	Parts     []pagePartition
+	// Handler is this agent's handler status (the routing sink's rules
+	// version, channels and last refusal), as indented JSON.
+	Handler  string
+	LagErr   string
+	Timeline pageTimeline
+}
+
+type pageAgent struct {
+	Registration
+	Leader bool
+	Ready  Readiness
+	Asked  bool
+	Owned  int
+}
+
+type pagePartition struct {
+	PartitionView
+	Logical string
+	Paused  string
+}
+
+// pageTimeline is the switches of history/ drawn as SVG: a row per
+// switch, its phases as a bar scaled to the longest switch, a square per
+// partition colored by its translation method.
+type pageTimeline struct {
+	Width, Height int
+	Rows          []pageSwitch
+	Methods       []pageMethod
+}
+
+type pageSwitch struct {
+	Y          int
+	Ev         coordinator.SwitchEvent
+	Label      string
+	Took       string
+	Phases     []pageRect
+	Partitions []pageRect
+	Redelivery string
+	BarX       int
+}
+
+type pageRect struct {
+	X, W  int
+	Class string
+	Title string
+}
+
+type pageMethod struct{ Name, Class string }
+
+// maxTimeline is how many switches the timeline shows, the last ones.
+const maxTimeline = 20
+
+// page gathers the page's data within the request's context.
+func (a *Agent) page(ctx context.Context) pageData {
+	ctx, cancel := context.WithTimeout(ctx, 4*time.Second)
+	defer cancel()
+	d := pageData{Agent: a.id, Version: version.Version, Now: time.Now()}
+	v, err := ReadFleet(ctx, a.client, a.cfg.Fleet)
+	if err != nil {
+		d.ViewErr = err.Error()
+	}
+	v.AskReady(ctx, time.Second)
+	if err := v.FillLag(a.dyn.current().Clusters); err != nil {
+		d.LagErr = err.Error()
+	}
+	d.View = v
+	d.Leader, d.LeaderErr = a.leaderStatus(ctx, v)
+	naming := coordinator.NewNaming(a.dyn.current())
+	for _, r := range v.Agents {
+		pa := pageAgent{Registration: r, Leader: r.ID == v.Leader}
+		pa.Ready, pa.Asked = v.Ready[r.ID]
+		if v.Assignment != nil {
+			for _, tps := range v.Assignment.OwnedBy(r.ID) {
+				pa.Owned += len(tps)
+			}
+		}
+		d.Agents = append(d.Agents, pa)
+	}
+	for _, p := range v.Partitions {
+		pp := pagePartition{PartitionView: p, Logical: naming.Logical(p.Cluster, p.Topic)}
+		if paused, by := v.Signals.Paused(pp.Logical, p.Owner); paused {
+			pp.Paused = by.String()
+		}
+		d.Parts = append(d.Parts, pp)
+	}
+	if a.opts.HandlerStatus != nil {
+		if b, err := json.MarshalIndent(a.opts.HandlerStatus(), "", "  "); err == nil {
+			d.Handler = string(b)
+		}
+	}
+	d.Timeline = timeline(a.switches(ctx))
+	return d
+}
+
+// leaderStatus returns the leader's verdict: its own when this agent
+// leads, else from the leader's /status.
+func (a *Agent) leaderStatus(ctx context.Context, v FleetView) (*coordinator.LeaderStatus, string) {
+	if v.Leader == "" {
+		return nil, "no leader"
+	}
+	if v.Leader == a.id {
+		return a.leader.Status(), ""
+	}
+	var addr string
+	for _, r := range v.Agents {
+		if r.ID == v.Leader {
+			addr = r.HTTP
+		}
+	}
+	if addr == "" {
+		return nil, "the leader " + v.Leader + " has no registration"
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/status", nil)
+	if err != nil {
+		return nil, err.Error()
+	}
+	resp, err := (&http.Client{Timeout: time.Second}).Do(req)
+	if err != nil {
+		return nil, fmt.Sprintf("the leader %s did not answer: %v", v.Leader, err)
+	}
+	defer resp.Body.Close()
+	var st Status
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(&st); err != nil {
+		return nil, fmt.Sprintf("the leader %s's /status: %v", v.Leader, err)
+	}
+	if st.Coordinator == nil {
+		return nil, "the leader " + v.Leader + " has not decided yet"
+	}
+	return st.Coordinator, ""
+}
+
+// switches returns the last maxTimeline switches of history/, oldest
+// first.
+func (a *Agent) switches(ctx context.Context) []coordinator.SwitchEvent {
+	resp, err := a.client.Get(ctx, a.keys.SwitchHistory(), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend),
+		clientv3.WithLimit(maxTimeline))
+	if err != nil {
+		return nil
+	}
+	var out []coordinator.SwitchEvent
+	for _, kv := range resp.Kvs {
+		if ev, err := coordinator.ParseSwitchEvent(kv.Value); err == nil {
+			out = append(out, ev)
+		}
+	}
+	slices.Reverse(out)
+	return out
+}
+
+// The timeline's geometry, in SVG units.
+const (
+	tlLabel  = 430 // the text column
+	tlBar    = 300 // the longest switch's bar
+	tlRow    = 46
+	tlSquare = 9
+)
+
+var phaseOrder = []string{"prepare", "revoke", "translate", "activate"}
+
+func timeline(evs []coordinator.SwitchEvent) pageTimeline {
+	tl := pageTimeline{Width: tlLabel + tlBar + 20, Height: max(1, len(evs))*tlRow + 10}
+	longest := 0.001
+	for _, ev := range evs {
+		longest = math.Max(longest, ev.Finished.Sub(ev.Started).Seconds())
+	}
+	methods := map[string]bool{}
+	for i, ev := range evs {
+		what := ev.From + " → " + ev.To
+		if len(ev.Topics) > 0 {
+			what += " (" + strings.Join(ev.Topics, ", ") + ")"
+		}
+		row := pageSwitch{Y: 10 + i*tlRow, Ev: ev, BarX: tlLabel, Took: ev.Finished.Sub(ev.Started).Round(time.Millisecond).String(),
+			Label: fmt.Sprintf("epoch %d %s at %s", ev.Epoch, what, ev.Started.UTC().Format("15:04:05"))}
+		if ev.Abandoned != "" {
+			row.Label += " (abandoned)"
+		}
+		x := tlLabel
+		for _, ph := range phaseOrder {
+			s, ok := ev.Phases[ph]
+			if !ok {
+				continue
+			}
+			w := max(1, int(s/longest*tlBar))
+			row.Phases = append(row.Phases, pageRect{X: x, W: w, Class: "ph-" + ph, Title: fmt.Sprintf("%s %.0f ms", ph, s*1000)})
+			x += w
+		}
+		var lagged, late int64
+		for j, ps := range ev.Partitions {
+			m := cmp.Or(ps.Method, "unknown")
+			methods[m] = true
+			lagged += ps.Lagged
+			late += ps.Late
+			row.Partitions = append(row.Partitions, pageRect{X: tlLabel + j*(tlSquare+2), W: tlSquare, Class: "m-" + m,
+				Title: fmt.Sprintf("%s/%d: %s %d → %s %d by %s", ps.Topic, ps.Partition, ps.FromTopic, ps.FromOffset, ps.ToTopic, ps.ToOffset, m)})
+		}
+		if lagged > 0 || late > 0 {
+			row.Redelivery = fmt.Sprintf("%d may be delivered again (the target lagged), %d late", lagged, late)
+		}
+		tl.Rows = append(tl.Rows, row)
+	}
+	for _, m := range slices.Sorted(func(yield func(string) bool) {
+		for m := range methods {
+			if !yield(m) {
+				return
+			}
+		}
+	}) {
+		tl.Methods = append(tl.Methods, pageMethod{Name: m, Class: "m-" + m})
+	}
+	return tl
+}
+
+// servePage renders the page.
+func (a *Agent) servePage(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != "/" {
+		http.NotFound(w, r)
+		return
+	}
+	var buf bytes.Buffer
+	if err := pageTemplate.Execute(&buf, a.page(r.Context())); err != nil {
+		http.Error(w, "status page: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	_, _ = w.Write(buf.Bytes())
+}
