@@ -35,6 +35,7 @@ type metrics struct {
 	// stalledPartitions counts the partitions that make no progress while
 	// records wait on the cluster.
 	stalledPartitions prometheus.Gauge
+	lag               *prometheus.GaugeVec
 	signalApply       prometheus.Histogram
 	configVersion     prometheus.Gauge
 }
@@ -127,7 +128,11 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		Name: "kswitch_stalled_partitions",
 		Help: "Partitions whose position has not moved for the stuck bound, nothing waiting in the handler, while the cluster holds records past it.",
 	})
-	reg.MustRegister(m.deliveryHeld, m.stuckPartitions, m.stalledPartitions)
+	m.lag = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kswitch_consumer_lag_records",
+		Help: "Records on the cluster past this agent's acknowledged position, summed over the partitions it owns, by cluster and logical topic: up to the high watermark of the last fetch, updated every commit interval (a paused partition is not fetched: see kswitch_paused).",
+	}, []string{"cluster", "topic"})
+	reg.MustRegister(m.deliveryHeld, m.stuckPartitions, m.stalledPartitions, m.lag)
 	reg.MustRegister(m.isLeader, m.leaderChanges, m.ready, m.agents, m.gossipMembers, m.etcdErrors, info,
 		m.records, m.consumeErrors, m.handlerErrors, m.commits, m.commitErrors, m.ownedPartitions, m.generation, m.gossipDropped, m.paused, m.signalApply, m.configVersion,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -10,11 +10,13 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/record"
 )
 
 // chromium returns the headless browser's path, or skips t saying how to
@@ -148,4 +150,47 @@ func TestStatusPageInABrowser(t *testing.T) {
 	if resp.StatusCode != http.StatusMethodNotAllowed {
 		t.Errorf("POST / answered %d, want 405", resp.StatusCode)
 	}
+}
+
+// TestLagMetricFollowsASlowHandler: kswitch_consumer_lag_records, which
+// the lag alert and dashboard read, grows while the handler is slower
+// than the producer, and falls back once it keeps up.
+func TestLagMetricFollowsASlowHandler(t *testing.T) {
+	d := startDC(t)
+	var slow atomic.Bool
+	l := newLedger()
+	h := l.handler("agent-1")
+	a := startConsumer(t, d.config("agent-1"), record.HandlerFunc(func(ctx context.Context, r *record.Record) error {
+		if slow.Load() {
+			select {
+			case <-time.After(20 * time.Millisecond):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return h.Handle(ctx, r)
+	}))
+	waitConsuming(t, 20*time.Second, "A", a)
+	lag := func() float64 {
+		n, _ := metricValue(a, "kswitch_consumer_lag_records", map[string]string{"cluster": "A", "topic": "orders"})
+		return n
+	}
+	slow.Store(true)
+	p := startProducer(t, d.a.Brokers(), "orders", 0)
+	defer p.halt()
+	wait.For(t, 30*time.Second, "the lag growing behind a slow handler", func() error {
+		if n := lag(); n < 300 {
+			return fmt.Errorf("lag %v", n)
+		}
+		return nil
+	})
+	peak := lag()
+	slow.Store(false)
+	wait.For(t, 30*time.Second, "the lag falling once the handler keeps up", func() error {
+		if n := lag(); n > 100 {
+			return fmt.Errorf("lag %v (peak %v)", n, peak)
+		}
+		return nil
+	})
+	t.Logf("lag %v records behind the slow handler, %v once it kept up", peak, lag())
 }

@@ -344,6 +344,7 @@ func (w *worker) follow(ctx context.Context, tick <-chan time.Time, sig <-chan s
 				return err
 			}
 			w.checkStuck(ctx, now)
+			w.observeLag()
 			w.startPending(ctx)
 		case wr, ok := <-wch:
 			if !ok {
@@ -1184,5 +1185,24 @@ func (w *worker) publishDeadLetters(ctx context.Context, counts func() map[strin
 			return
 		case <-tick.C:
 		}
+	}
+}
+
+// observeLag sets kswitch_consumer_lag_records: by cluster and logical
+// topic, the records past the acknowledged position of each partition
+// this agent owns, up to the high watermark of its last fetch.
+func (w *worker) observeLag() {
+	type key struct{ cluster, topic string }
+	lag := map[key]int64{}
+	for _, r := range w.parts {
+		if r.pc == nil {
+			continue
+		}
+		next, _, _ := r.t.position()
+		lag[key{r.cluster, r.logical}] += max(0, r.pc.HighWaterMarkOffset()-next)
+	}
+	w.metrics.lag.Reset()
+	for k, n := range lag {
+		w.metrics.lag.WithLabelValues(k.cluster, k.topic).Set(float64(n))
 	}
 }
