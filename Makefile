@@ -8,6 +8,10 @@ STATICCHECK := $(TOOLS)/staticcheck
 STATICCHECK_VERSION := v0.8.2
 # Binaries the integration suite runs as real processes, cached between runs.
 CACHE       ?= $(HOME)/.cache/kswitch
+# promtool tests the alert rules (deploy/prometheus); built from the
+# Prometheus module once, into the cache.
+PROMTOOL_VERSION := v0.316.0
+PROMTOOL    := $(CACHE)/promtool-$(PROMTOOL_VERSION)/promtool
 ETCD_VERSION = $(shell cd integration/tools/etcd && $(GO) list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)
 ETCD_DIR     = $(CACHE)/etcd-$(ETCD_VERSION)
 # Kafka broker and MirrorMaker 2 jars (integration/kafka/pom.xml pins the version).
@@ -33,8 +37,8 @@ build:
 ## test: lint, then every package's tests with the race detector, then the embedding example
 test: lint unit example
 
-unit:
-	KSWITCH_TEST_SCREENSHOTS=$(CURDIR)/$(BIN)/screenshots $(GO) test -race -count=1 ./...
+unit: $(PROMTOOL)
+	KSWITCH_TEST_SCREENSHOTS=$(CURDIR)/$(BIN)/screenshots KSWITCH_PROMTOOL=$(PROMTOOL) $(GO) test -race -count=1 ./...
 
 ## example: build, vet and run examples/embed, a module of its own that embeds an agent through the public API
 example:
@@ -53,7 +57,10 @@ fmt-check:
 	@out=$$(gofmt -l $$(find . -name '*.go' -not -path './bin/*')); \
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 
-tools: $(STATICCHECK)
+tools: $(STATICCHECK) $(PROMTOOL)
+
+$(PROMTOOL):
+	GOBIN=$(dir $(PROMTOOL)) $(GO) install github.com/prometheus/prometheus/cmd/promtool@$(PROMTOOL_VERSION)
 
 $(STATICCHECK):
 	GOBIN=$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)

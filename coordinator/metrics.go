@@ -14,6 +14,7 @@ type Metrics struct {
 	topicActive    *prometheus.GaugeVec
 	lastSwitch     prometheus.Gauge
 	switchDuration prometheus.Histogram
+	switchPhase    *prometheus.HistogramVec
 	switchFailures prometheus.Counter
 	translation    *prometheus.CounterVec
 	reachable      *prometheus.GaugeVec
@@ -46,6 +47,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "kswitch_switch_duration_seconds", Help: "Duration of cluster switches, from decision to active.",
 			Buckets: []float64{0.1, 0.25, 0.5, 1, 2, 5, 10, 30},
 		}),
+		switchPhase: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "kswitch_switch_phase_seconds", Help: "Duration of each phase of the switches (prepare, revoke, translate, activate), fleet and topic switches alike.",
+			Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10},
+		}, []string{"phase"}),
 		switchFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kswitch_switch_failures_total", Help: "Cluster switches that failed (and are retried).",
 		}),
@@ -83,7 +88,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "At the last failback with an unmirrored tail: from the oldest tail record's timestamp to the end of the failback (an upper bound of its lateness).",
 		}),
 	}
-	reg.MustRegister(m.activeCluster, m.topicActive, m.lastSwitch, m.switchDuration, m.switchFailures, m.translation, m.reachable, m.breakerOpen,
+	reg.MustRegister(m.activeCluster, m.topicActive, m.lastSwitch, m.switchDuration, m.switchPhase, m.switchFailures, m.translation, m.reachable, m.breakerOpen,
 		m.behind, m.late, m.lateBy, m.repairs, m.refuted, m.unassignedN)
 	var err error
 	if m.refused, err = refused.Counter(reg); err != nil {
@@ -178,6 +183,9 @@ func (m *Metrics) switched(ev SwitchEvent, took time.Duration, err error) {
 		return
 	}
 	m.switchDuration.Observe(took.Seconds())
+	for phase, secs := range ev.Phases {
+		m.switchPhase.WithLabelValues(phase).Observe(secs)
+	}
 	m.lastSwitch.Set(float64(ev.Finished.Unix()))
 }
 
