@@ -26,7 +26,7 @@ MAVEN_REPO   ?=
 VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -X github.com/kswitch/kswitch/internal/version.Version=$(VERSION)
 
-.PHONY: all build test unit example lint vet staticcheck fmt-check tools bench demo integration etcd-bin kafka-jars kafka-tools clean
+.PHONY: all build test unit example deploy lint vet staticcheck fmt-check tools bench demo integration etcd-bin kafka-jars kafka-tools clean
 
 all: build
 
@@ -35,10 +35,14 @@ build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/kswitch ./cmd/kswitch
 
 ## test: lint, then every package's tests with the race detector, then the embedding example
-test: lint unit example
+test: lint unit example deploy
 
 unit: $(PROMTOOL)
 	KSWITCH_TEST_SCREENSHOTS=$(CURDIR)/$(BIN)/screenshots KSWITCH_PROMTOOL=$(PROMTOOL) $(GO) test -race -count=1 ./...
+
+## deploy: deploy/kubernetes's manifests decoded strictly into the Kubernetes API types and checked against the agent's configuration (a module of its own)
+deploy:
+	cd deploy/kubernetes && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 ## example: build, vet and run examples/embed, a module of its own that embeds an agent through the public API
 example:

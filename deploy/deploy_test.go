@@ -197,3 +197,47 @@ func TestGrafanaDashboard(t *testing.T) {
 		}
 	}
 }
+
+// TestSystemdUnit: the unit runs `kswitch agent --config` on a file it
+// may read, stops it with SIGTERM and the time to hand over, carries the
+// hardening options, and systemd-analyze verify accepts it (with the
+// binary replaced by one that exists here).
+func TestSystemdUnit(t *testing.T) {
+	b, err := os.ReadFile("systemd/kswitch.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	unit := map[string][]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, "="); ok && !strings.HasPrefix(line, "#") {
+			unit[k] = append(unit[k], v)
+		}
+	}
+	exec1 := strings.Fields(strings.Join(unit["ExecStart"], ""))
+	if len(exec1) != 4 || exec1[1] != "agent" || exec1[2] != "--config" {
+		t.Fatalf("ExecStart %v, want <kswitch> agent --config <file>", exec1)
+	}
+	if ro := strings.Join(unit["ReadOnlyPaths"], " "); !strings.HasPrefix(exec1[3], ro+"/") {
+		t.Errorf("the configuration %s is not under ReadOnlyPaths %q", exec1[3], ro)
+	}
+	for k, want := range map[string]string{"KillSignal": "SIGTERM", "NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes",
+		"PrivateTmp": "yes", "PrivateDevices": "yes", "RestrictSUIDSGID": "yes", "MemoryDenyWriteExecute": "yes", "CapabilityBoundingSet": "",
+		"User": "kswitch", "Restart": "on-failure"} {
+		if got := unit[k]; len(got) != 1 || got[0] != want {
+			t.Errorf("%s=%v, want %q", k, got, want)
+		}
+	}
+	analyze, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		t.Skip("no systemd-analyze here (Debian's systemd package): the unit was not verified")
+	}
+	dir := t.TempDir()
+	verified := strings.Replace(string(b), "ExecStart="+exec1[0], "ExecStart=/bin/true", 1)
+	if err := os.WriteFile(filepath.Join(dir, "kswitch.service"), []byte(verified), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(analyze, "verify", "--man=no", filepath.Join(dir, "kswitch.service")).CombinedOutput()
+	if err != nil || len(bytes.TrimSpace(out)) > 0 {
+		t.Errorf("systemd-analyze verify: %v\n%s", err, out)
+	}
+}
