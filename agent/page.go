@@ -73,6 +73,8 @@ type pageAgent struct {
 	Ready  Readiness
 	Asked  bool
 	Owned  int
+	// Lag is the lag of the partitions it owns, -1 when unknown.
+	Lag int64
 }
 
 type pagePartition struct {
@@ -130,6 +132,16 @@ func (a *Agent) page(ctx context.Context) pageData {
 	naming := coordinator.NewNaming(a.dyn.current())
 	for _, r := range v.Agents {
 		pa := pageAgent{Registration: r, Leader: r.ID == v.Leader}
+		for _, p := range v.Partitions {
+			if p.Owner != r.ID || pa.Lag < 0 {
+				continue
+			}
+			if p.Lag < 0 {
+				pa.Lag = -1
+				continue
+			}
+			pa.Lag += p.Lag
+		}
 		pa.Ready, pa.Asked = v.Ready[r.ID]
 		if v.Assignment != nil {
 			for _, tps := range v.Assignment.OwnedBy(r.ID) {
