@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -61,14 +62,15 @@ type Status struct {
 	Config ConfigStatus `json:"config"`
 }
 
-// readyBody is the answer of /readyz.
+// readyBody is the answer of /readyz. Every value is a string: probes and
+// scripts decode it as an object of strings.
 type readyBody struct {
 	Status string `json:"status"`
 	Reason string `json:"reason,omitempty"`
 	Agent  string `json:"agent"`
 	// RecordsPerSecond is the records handed to the handler per second
-	// over the last 10 s.
-	RecordsPerSecond float64 `json:"records_per_second"`
+	// over the last 10 s, formatted with one decimal.
+	RecordsPerSecond string `json:"records_per_second"`
 }
 
 // EtcdStatus is this agent's view of its etcd connection.
@@ -103,7 +105,7 @@ func (a *Agent) handler() http.Handler {
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		ok, reason := a.Ready()
-		body := readyBody{Status: "ready", Agent: a.id, RecordsPerSecond: a.rate.perSecond()}
+		body := readyBody{Status: "ready", Agent: a.id, RecordsPerSecond: strconv.FormatFloat(a.rate.perSecond(), 'f', 1, 64)}
 		code := http.StatusOK
 		if !ok {
 			body.Status, body.Reason, code = "not ready", reason, http.StatusServiceUnavailable

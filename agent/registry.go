@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -272,7 +273,8 @@ func askReady(ctx context.Context, hc *http.Client, addr string) Readiness {
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&body); err != nil {
 		return Readiness{Reason: fmt.Sprintf("/readyz %d: %v", resp.StatusCode, err)}
 	}
-	return Readiness{Answered: true, Ready: resp.StatusCode == http.StatusOK, Reason: body.Reason, RecordsPerSecond: body.RecordsPerSecond}
+	rate, _ := strconv.ParseFloat(body.RecordsPerSecond, 64) // an older agent's answer has none: 0
+	return Readiness{Answered: true, Ready: resp.StatusCode == http.StatusOK, Reason: body.Reason, RecordsPerSecond: rate}
 }
 
 // PartitionView is one partition of a FleetView.

@@ -299,6 +299,14 @@ type replicationPolicy struct {
 	syncTopic string // the offset-syncs topic (on B: offset-syncs.topic.location=target)
 }
 
+// remoteOf is the name on B of A's topic under the policy.
+func (p replicationPolicy) remoteOf(topic string) string {
+	if p == identityPolicy {
+		return topic
+	}
+	return "A." + topic
+}
+
 var (
 	prefixPolicy = replicationPolicy{kswitch: "prefix", class: "org.apache.kafka.connect.mirror.DefaultReplicationPolicy",
 		remote: "A.orders", syncTopic: "mm2-offset-syncs.A.internal"}
@@ -319,11 +327,15 @@ func startMirrorMaker(t *testing.T, env kafkaEnv, a, b *kafkaBroker, policy repl
 // kept on a (mm2-offset-syncs.B.internal), its checkpoints of group
 // orders in B.checkpoints.internal on a. Only with the default policy:
 // identity names both ways would copy each record round and round.
-func startMirrorMakerWith(t *testing.T, env kafkaEnv, a, b *kafkaBroker, policy replicationPolicy, twoWay bool) *mirrorMaker {
+// extraTopics are more of a's topics copied from a to b beside orders
+// (the flow back copies orders alone).
+func startMirrorMakerWith(t *testing.T, env kafkaEnv, a, b *kafkaBroker, policy replicationPolicy, twoWay bool, extraTopics ...string) *mirrorMaker {
 	t.Helper()
 	if twoWay && policy != prefixPolicy {
 		t.Fatalf("MirrorMaker 2 both ways needs the default replication policy, not %s", policy.class)
 	}
+	// A comma-separated list of patterns, each matching whole topic names.
+	topics := strings.Join(append([]string{"orders"}, extraTopics...), ", ")
 	back := "B->A.enabled = false\nB->A.emit.heartbeats.enabled = false\n"
 	if twoWay {
 		back = "B->A.enabled = true\nB->A.topics = orders\nB->A.groups = orders\n"
@@ -334,7 +346,7 @@ func startMirrorMakerWith(t *testing.T, env kafkaEnv, a, b *kafkaBroker, policy 
 A.bootstrap.servers = %s
 B.bootstrap.servers = %s
 A->B.enabled = true
-A->B.topics = orders
+A->B.topics = %s
 A->B.groups = orders
 %sreplication.policy.class = %s
 # one broker per cluster
@@ -358,7 +370,7 @@ sync.group.offsets.enabled = false
 B.offset.flush.interval.ms = 1000
 # every plugin has a ServiceLoader manifest: skip the classpath scan
 plugin.discovery = service_load
-`, a.addr, b.addr, back, policy.class)
+`, a.addr, b.addr, topics, back, policy.class)
 	if err := os.WriteFile(conf, []byte(props), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -27,8 +28,26 @@ type stack struct {
 	// A (B.orders), and the agents are told where that flow keeps its
 	// offset-syncs (a real data-centre outage, outage_test.go).
 	twoWay bool
+	// topics are the source topics on A, orders first: the agents'
+	// source.topics, each mirrored to B when MirrorMaker 2 runs.
+	topics []string
 	tl     *timeline
 	began  time.Time
+}
+
+// stackOptions say what a scenario's stack runs beyond Kafka A and B with
+// orders and delivered, and etcd.
+type stackOptions struct {
+	// mirror runs MirrorMaker 2 from A to B.
+	mirror bool
+	// twoWay runs it both ways (mirror is implied): orders is created on
+	// B too, and the stack is ready once A.orders is on B and B.orders on
+	// A.
+	twoWay bool
+	// topics are more source topics on A beside orders, ordersPartitions
+	// each, mirrored with orders from A to B (the flow back copies orders
+	// alone) and consumed by the agents (agentConfig).
+	topics []string
 }
 
 // startStack starts the stack, MirrorMaker 2 only with mirror, and reports
@@ -43,8 +62,14 @@ func startStack(t *testing.T, timed func(string, time.Duration), policy replicat
 // once A.orders is on B and B.orders on A.
 func startStackWith(t *testing.T, timed func(string, time.Duration), policy replicationPolicy, mirror, twoWay bool) *stack {
 	t.Helper()
-	mirror = mirror || twoWay
-	st := &stack{env: kafkaTools(t), policy: policy, twoWay: twoWay, began: time.Now()}
+	return startStackOpts(t, timed, policy, stackOptions{mirror: mirror, twoWay: twoWay})
+}
+
+// startStackOpts is startStack with the options o.
+func startStackOpts(t *testing.T, timed func(string, time.Duration), policy replicationPolicy, o stackOptions) *stack {
+	t.Helper()
+	mirror, twoWay := o.mirror || o.twoWay, o.twoWay
+	st := &stack{env: kafkaTools(t), policy: policy, twoWay: twoWay, topics: append([]string{"orders"}, o.topics...), began: time.Now()}
 	logs := logDir(t)
 
 	// Kafka A and B format their storage while etcd starts.
@@ -71,7 +96,9 @@ func startStackWith(t *testing.T, timed func(string, time.Duration), policy repl
 	st.b.start(t)
 	timed("kafka_a_ready", st.a.waitReady(t, 2*time.Minute))
 	timed("kafka_b_ready", st.b.waitReady(t, 2*time.Minute))
-	st.a.createTopic(t, "orders", ordersPartitions)
+	for _, topic := range st.topics {
+		st.a.createTopic(t, topic, ordersPartitions)
+	}
 	if twoWay {
 		// Where the producers write while A is down.
 		st.b.createTopic(t, "orders", ordersPartitions)
@@ -81,7 +108,7 @@ func startStackWith(t *testing.T, timed func(string, time.Duration), policy repl
 	st.b.createTopic(t, "delivered", ordersPartitions)
 
 	if mirror {
-		st.mm = startMirrorMakerWith(t, st.env, st.a, st.b, policy, twoWay)
+		st.mm = startMirrorMakerWith(t, st.env, st.a, st.b, policy, twoWay, o.topics...)
 		created := func(on *kafkaBroker, topic string) func() error {
 			return func() error {
 				if !st.mm.proc.running() {
@@ -99,6 +126,10 @@ func startStackWith(t *testing.T, timed func(string, time.Duration), policy repl
 		}
 		wait.For(t, 2*time.Minute, "MirrorMaker 2 creates "+policy.remote+" on B", created(st.b, policy.remote))
 		timed("mirrormaker_topic_on_b", time.Since(st.mm.began))
+		for _, topic := range o.topics {
+			remote := policy.remoteOf(topic)
+			wait.For(t, time.Minute, "MirrorMaker 2 creates "+remote+" on B", created(st.b, remote))
+		}
 		if twoWay {
 			wait.For(t, time.Minute, "MirrorMaker 2 creates B.orders on A", created(st.a, "B.orders"))
 			timed("mirrormaker_topic_on_a", time.Since(st.mm.began))
@@ -131,7 +162,8 @@ func (st *stack) agentConfig() agentConfig {
     offset_syncs_topic: %s
     checkpoints_topic: A.checkpoints.internal
 `, st.a.addr, kafkaVersion, back, st.b.addr, kafkaVersion, st.policy.kswitch, st.policy.syncTopic),
-		Source: "  topics: [orders]\n  group: orders\n  initial_offset: oldest\n  refresh_interval: 2s\n  commit_interval: 500ms\n",
+		Source: fmt.Sprintf("  topics: [%s]\n  group: orders\n  initial_offset: oldest\n  refresh_interval: 2s\n  commit_interval: %s\n",
+			strings.Join(st.topics, ", "), commitInterval),
 		Failover: fmt.Sprintf("  probe_interval: %s\n  probe_timeout: 1s\n  failure_window: %s\n  failback: auto\n  failback_stable: %s\n",
 			probeInterval, failureWindow, failbackStable),
 		// Every record to the channel "delivered" on B, in the partition

@@ -21,6 +21,8 @@ var layers = map[string]int{
 	"record": 0, "keys": 0, "election": 0, "internal/etcdwatch": 0, "internal/freeport": 0,
 	"internal/logx": 0, "internal/refused": 0, "internal/version": 0, "internal/wait": 0, "internal/archtest": 0,
 	"internal/notify": 0,
+	// deploy has tests only (the deployment files against the code).
+	"deploy": 0,
 	// 1: the configuration; the embedded stack.
 	"config": 1, "devstack": 1,
 	// 2: clients of Kafka and etcd; signals; the test wrappers.
