@@ -154,7 +154,9 @@ func TestStatusPageInABrowser(t *testing.T) {
 
 // TestLagMetricFollowsASlowHandler: kswitch_consumer_lag_records, which
 // the lag alert and dashboard read, grows while the handler is slower
-// than the producer, and falls back once it keeps up.
+// than the producer (10 records/s a partition, against a producer of
+// hundreds a second even on a loaded machine), and falls back once it
+// keeps up.
 func TestLagMetricFollowsASlowHandler(t *testing.T) {
 	d := startDC(t)
 	var slow atomic.Bool
@@ -163,7 +165,7 @@ func TestLagMetricFollowsASlowHandler(t *testing.T) {
 	a := startConsumer(t, d.config("agent-1"), record.HandlerFunc(func(ctx context.Context, r *record.Record) error {
 		if slow.Load() {
 			select {
-			case <-time.After(20 * time.Millisecond):
+			case <-time.After(100 * time.Millisecond):
 			case <-ctx.Done():
 				return ctx.Err()
 			}
@@ -179,7 +181,7 @@ func TestLagMetricFollowsASlowHandler(t *testing.T) {
 	p := startProducer(t, d.a.Brokers(), "orders", 0)
 	defer p.halt()
 	wait.For(t, 30*time.Second, "the lag growing behind a slow handler", func() error {
-		if n := lag(); n < 300 {
+		if n := lag(); n < 200 {
 			return fmt.Errorf("lag %v", n)
 		}
 		return nil

@@ -327,7 +327,11 @@ func TestStagedMoveSurvivesItsLeaderAndRollsBackAnUnhealthyStage(t *testing.T) {
 	for _, d := range f.dead {
 		d.set("B", "payments")
 	}
-	f.stages(t, 3*time.Second)
+	// The check outlasts the killed leader's session and the hand-over of
+	// its partitions, so that stage 1 is judged on what its partitions
+	// do once they have owners again (a partition without progress for a
+	// whole check fails it, which is what the check is for).
+	f.stages(t, 12*time.Second)
 	f.waitStages(t, 30*time.Second, 0, coordinator.StageChecking)
 	leader := leaderOf(t, f.agents...)
 	t.Logf("stage 1 on B, being checked: killing the leader %s", leader.ID())
@@ -338,7 +342,7 @@ func TestStagedMoveSurvivesItsLeaderAndRollsBackAnUnhealthyStage(t *testing.T) {
 			rest = append(rest, a)
 		}
 	}
-	rolled := f.waitStages(t, 60*time.Second, 1, coordinator.StageRolledBack)
+	rolled := f.waitStages(t, 90*time.Second, 1, coordinator.StageRolledBack)
 	t.Logf("stage 2 rolled back: %s", rolled.Reason)
 	if !strings.Contains(rolled.Reason, "dead-lettered") {
 		t.Errorf("the rollback's reason %q does not name the dead letters", rolled.Reason)
