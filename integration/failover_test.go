@@ -21,6 +21,8 @@ const (
 	probeInterval  = 500 * time.Millisecond
 	failureWindow  = 3 * time.Second
 	failbackStable = 10 * time.Second
+	// commitInterval is the agents' source.commit_interval.
+	commitInterval = 500 * time.Millisecond
 	// ordersPartitions is the partition count of topic orders on A (and,
 	// created by MirrorMaker 2, of its replica on B).
 	ordersPartitions = 4

@@ -222,12 +222,25 @@ func saramaConfig(timeout time.Duration) *sarama.Config {
 // createTopic creates topic with n partitions on the broker.
 func (b *kafkaBroker) createTopic(t *testing.T, topic string, n int32) {
 	t.Helper()
+	b.createTopicWith(t, topic, n, nil)
+}
+
+// createTopicWith is createTopic with topic configuration entries.
+func (b *kafkaBroker) createTopicWith(t *testing.T, topic string, n int32, config map[string]string) {
+	t.Helper()
 	adm, err := sarama.NewClusterAdmin([]string{b.addr}, saramaConfig(5*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer adm.Close()
-	if err := adm.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: n, ReplicationFactor: 1}, false); err != nil {
+	var entries map[string]*string
+	for k, v := range config {
+		if entries == nil {
+			entries = map[string]*string{}
+		}
+		entries[k] = &v
+	}
+	if err := adm.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: n, ReplicationFactor: 1, ConfigEntries: entries}, false); err != nil {
 		t.Fatalf("kafka %s: create topic %s: %v", b.name, topic, err)
 	}
 }

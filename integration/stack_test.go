@@ -48,6 +48,10 @@ type stackOptions struct {
 	// each, mirrored with orders from A to B (the flow back copies orders
 	// alone) and consumed by the agents (agentConfig).
 	topics []string
+	// appendTime makes the channel topic delivered take the broker's
+	// time on append (message.timestamp.type=LogAppendTime) instead of
+	// the source record's: when each delivery reached B.
+	appendTime bool
 }
 
 // startStack starts the stack, MirrorMaker 2 only with mirror, and reports
@@ -105,7 +109,11 @@ func startStackOpts(t *testing.T, timed func(string, time.Duration), policy repl
 	}
 	// The fleet's channel: one copy of every delivery, on B, which never
 	// fails in these tests.
-	st.b.createTopic(t, "delivered", ordersPartitions)
+	var channelConfig map[string]string
+	if o.appendTime {
+		channelConfig = map[string]string{"message.timestamp.type": "LogAppendTime"}
+	}
+	st.b.createTopicWith(t, "delivered", ordersPartitions, channelConfig)
 
 	if mirror {
 		st.mm = startMirrorMakerWith(t, st.env, st.a, st.b, policy, twoWay, o.topics...)

@@ -31,6 +31,19 @@ type activeState struct {
 	Phase   string `json:"phase"`
 	From    string `json:"from"`
 	Reason  string `json:"reason"`
+	// Topics are the logical topics placed elsewhere than Cluster (a
+	// topic pin), or moving on their own.
+	Topics map[string]topicActive `json:"topics"`
+}
+
+// topicActive is where one logical topic is consumed when it is not where
+// the fleet is (state/active's topics).
+type topicActive struct {
+	Cluster string `json:"cluster"`
+	Phase   string `json:"phase"`
+	From    string `json:"from"`
+	Epoch   int64  `json:"epoch"`
+	Reason  string `json:"reason"`
 }
 
 // committedOffset is the value of offsets/<cluster>/<topic>/<partition>.
@@ -50,6 +63,9 @@ type switchEvent struct {
 	Finished   time.Time          `json:"finished"`
 	Phases     map[string]float64 `json:"phases_seconds"`
 	Partitions []partitionSwitch  `json:"partitions"`
+	// Topics are the logical topics a topic switch moved, alone; empty
+	// for a switch of the fleet.
+	Topics []string `json:"topics"`
 	// Late (failbacks) counts the primary's unmirrored tail: records
 	// written before the failover, not on the standby by then, consumed
 	// after the primary returned; LateBySeconds bounds how late.
@@ -79,6 +95,8 @@ type partitionSwitch struct {
 	Lagged int64  `json:"lagged"`
 	Late   int64  `json:"late"`
 	Detail string `json:"detail"`
+	// ToEnd is the target partition's end at the translation.
+	ToEnd int64 `json:"to_end"`
 }
 
 // event is one change under the fleet's prefix as the suite's watch saw it.

@@ -34,6 +34,9 @@ import (
 // segment says the fleet delivered the records [From, To) of
 // Topic/Partition on Cluster.
 type segment struct {
+	// Logical is the logical topic (the name on A) whose partition the
+	// segment is of: a partition number names one stream per topic.
+	Logical string
 	// Origin is the cluster whose producers write the physical topic (a
 	// stream: A's orders and its copy A.orders on B are one), when a
 	// scenario has producers on both; empty otherwise.
@@ -56,24 +59,36 @@ func segments(events []switchEvent, topicOn func(cluster string) string, partiti
 // when origin is empty. topicOn names the stream's physical topic on a
 // cluster.
 func streamSegments(events []switchEvent, origin string, topicOn func(cluster string) string, partitions int32, last string, final map[int32]int64) ([]segment, error) {
+	return topicSegments(events, "orders", origin, topicOn, partitions, last, final)
+}
+
+// topicSegments is streamSegments for the logical topic logical: the
+// switches that moved it are those of the fleet (history entries without
+// topics) and its own topic switches (with logical among their topics);
+// a topic switch of other topics left it where it was, consumed. last is
+// the cluster it ends on.
+func topicSegments(events []switchEvent, logical, origin string, topicOn func(cluster string) string, partitions int32, last string, final map[int32]int64) ([]segment, error) {
 	var out []segment
 	for p := range partitions {
 		cur, start := "A", int64(0) // source.initial_offset oldest on a new topic
 		for _, ev := range events {
+			if len(ev.Topics) > 0 && !slices.Contains(ev.Topics, logical) {
+				continue
+			}
 			if ev.From != cur {
 				return nil, fmt.Errorf("switch %d leaves %s, but the fleet was on %s", ev.Epoch, ev.From, cur)
 			}
 			i := slices.IndexFunc(ev.Partitions, func(ps partitionSwitch) bool {
-				return ps.Topic == "orders" && ps.Partition == p && (origin == "" || ps.Origin == origin)
+				return ps.Topic == logical && ps.Partition == p && (origin == "" || ps.Origin == origin)
 			})
 			if i < 0 {
-				return nil, fmt.Errorf("switch %d has no translation for orders/%d (written on %q)", ev.Epoch, p, origin)
+				return nil, fmt.Errorf("switch %d has no translation for %s/%d (written on %q)", ev.Epoch, logical, p, origin)
 			}
 			ps := ev.Partitions[i]
 			if ps.FromOffset >= 0 {
-				out = append(out, segment{Origin: origin, Cluster: cur, Topic: topicOn(cur), Partition: p, From: start, To: ps.FromOffset})
+				out = append(out, segment{Logical: logical, Origin: origin, Cluster: cur, Topic: topicOn(cur), Partition: p, From: start, To: ps.FromOffset})
 			} else if start != 0 {
-				return nil, fmt.Errorf("switch %d: orders/%d (written on %q) had no committed position on %s, yet the fleet started it at %d", ev.Epoch, p, origin, cur, start)
+				return nil, fmt.Errorf("switch %d: %s/%d (written on %q) had no committed position on %s, yet the fleet started it at %d", ev.Epoch, logical, p, origin, cur, start)
 			}
 			cur, start = ev.To, max(ps.ToOffset, 0)
 		}
@@ -84,7 +99,7 @@ func streamSegments(events []switchEvent, origin string, topicOn func(cluster st
 		if !ok {
 			end = start
 		}
-		out = append(out, segment{Origin: origin, Cluster: cur, Topic: topicOn(cur), Partition: p, From: start, To: end})
+		out = append(out, segment{Logical: logical, Origin: origin, Cluster: cur, Topic: topicOn(cur), Partition: p, From: start, To: end})
 	}
 	return out, nil
 }
@@ -202,13 +217,13 @@ func judgeStreams(in judgeInput) (verdict, error) {
 
 	// The deliveries the committed ranges account for.
 	type streamPartition struct {
-		origin    string
-		partition int32
+		logical, origin string
+		partition       int32
 	}
 	byID := map[string][]delivery{}
 	nth := map[streamPartition]int{}
 	for _, s := range in.segs {
-		sp := streamPartition{s.Origin, s.Partition}
+		sp := streamPartition{s.Logical, s.Origin, s.Partition}
 		idx := nth[sp]
 		nth[sp]++
 		recs := in.content[physical{s.Cluster, s.Topic}][s.Partition]
