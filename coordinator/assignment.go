@@ -106,6 +106,18 @@ func (a Assignment) Sections() []string {
 	return out
 }
 
+// revokingPartitions counts the partitions being released in every
+// section of a (for logs).
+func revokingPartitions(a Assignment) int {
+	n := 0
+	for _, c := range a.Sections() {
+		for _, tps := range a.Section(c).Revoking {
+			n += len(tps)
+		}
+	}
+	return n
+}
+
 // OwnedBy returns, by cluster, the partitions agent owns in a (only the
 // clusters where it owns any).
 func (a Assignment) OwnedBy(agent string) map[string][]TopicPartition {

@@ -273,7 +273,7 @@ func (l *Leader) publishTerm(ctx context.Context, t *term, a Assignment) error {
 	}
 	t.current, t.currentRev = a, rev
 	t.log.Info("published assignment", zap.Int64("generation", a.Generation), zap.String("cluster", a.Cluster),
-		zap.Int("agents", len(a.Owned)), zap.Int("revoking", len(a.Revoking)))
+		zap.Int("agents", len(a.Owned)), zap.Int("revoking", revokingPartitions(a)), zap.Strings("placed", a.Sections()[1:]))
 	return nil
 }
 

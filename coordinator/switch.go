@@ -336,7 +336,8 @@ func (l *Leader) activate(ctx context.Context, t *term, a Active, ops []clientv3
 	if changed {
 		t.current, t.currentRev = next, resp.Header.Revision
 		t.log.Info("published assignment", zap.Int64("generation", next.Generation), zap.String("cluster", next.Cluster),
-			zap.Int("agents", len(next.Owned)), zap.Int("revoking", len(next.Revoking)), zap.Bool("with_activation", true))
+			zap.Int("agents", len(next.Owned)), zap.Int("revoking", revokingPartitions(next)), zap.Strings("placed", next.Sections()[1:]),
+			zap.Bool("with_activation", true))
 	}
 	return nil
 }
