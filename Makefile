@@ -26,7 +26,7 @@ MAVEN_REPO   ?=
 VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -X github.com/kswitch/kswitch/internal/version.Version=$(VERSION)
 
-.PHONY: all build test unit example deploy lint vet staticcheck fmt-check tools bench demo integration etcd-bin kafka-jars kafka-tools clean
+.PHONY: all build test unit example deploy image lint vet staticcheck fmt-check tools bench demo integration etcd-bin kafka-jars kafka-tools clean
 
 all: build
 
@@ -40,9 +40,15 @@ test: lint unit example deploy
 unit: $(PROMTOOL)
 	KSWITCH_TEST_SCREENSHOTS=$(CURDIR)/$(BIN)/screenshots KSWITCH_PROMTOOL=$(PROMTOOL) $(GO) test -race -count=1 ./...
 
-## deploy: deploy/kubernetes's manifests decoded strictly into the Kubernetes API types and checked against the agent's configuration (a module of its own)
+## deploy: deploy/kubernetes's manifests decoded strictly into the Kubernetes API types and checked against the agent's configuration, and the container image built, loaded back and run against the StatefulSet (modules of their own)
 deploy:
 	cd deploy/kubernetes && $(GO) vet ./... && $(GO) test -count=1 ./...
+	cd deploy/image && $(GO) vet ./... && $(GO) test -count=1 ./...
+
+## image: the agent's container image as a tarball, bin/kswitch-image.tar, built without a container daemon (deploy/image); load it with docker load -i or push it with crane push
+image:
+	CGO_ENABLED=0 GOOS=linux $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/kswitch-linux ./cmd/kswitch
+	cd deploy/image && SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 0) $(GO) run . -binary $(CURDIR)/$(BIN)/kswitch-linux -version $(VERSION) -tag kswitch:$(VERSION) -o $(CURDIR)/$(BIN)/kswitch-image.tar
 
 ## example: build, vet and run examples/embed, a module of its own that embeds an agent through the public API
 example:
