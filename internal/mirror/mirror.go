@@ -577,11 +577,19 @@ func (m *Mirror) fetch(ctx context.Context) error {
 		if len(p.pending) > 0 {
 			continue
 		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		b, err := m.src.Leader(p.topic, p.id)
 		if err != nil {
+			// Each lookup of an unknown leader refreshes the metadata
+			// (with sarama's retries): with the source down, asking for
+			// every partition made one round last minutes at 1200
+			// partitions, and Stop wait for it. One refresh, then the
+			// next round.
 			errs = append(errs, fmt.Errorf("leader of %s/%d: %w", p.topic, p.id, err))
 			refresh = true
-			continue
+			break
 		}
 		lf := byBroker[b]
 		if lf == nil {
