@@ -3,6 +3,8 @@ package agent_test
 import (
 	"context"
 	"fmt"
+	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -240,14 +242,23 @@ type scaleRun struct {
 
 func runScale(tb testing.TB, f *scaleFleet, perTopic int) scaleRun {
 	tb.Helper()
+	began := time.Now()
+	start := f.consuming(tb, 60*time.Second, "A", f.agents...)
+	r := runScaleSteps(tb, f, perTopic)
+	r.start = start
+	tb.Logf("%v: done", time.Since(began).Round(time.Millisecond))
+	return r
+}
+
+// runScaleSteps is runScale on a fleet already consuming.
+func runScaleSteps(tb testing.TB, f *scaleFleet, perTopic int) scaleRun {
+	tb.Helper()
 	var r scaleRun
 	budget := 60 * time.Second
 	began := time.Now()
 	step := func(what string) {
 		tb.Logf("%v: %s", time.Since(began).Round(time.Millisecond), what)
 	}
-	r.start = f.consuming(tb, budget, "A", f.agents...)
-	step("consuming")
 	f.produce(tb, "before", perTopic)
 	step("produced")
 	f.handledAll(tb, budget)
@@ -289,7 +300,6 @@ func runScale(tb testing.TB, f *scaleFleet, perTopic int) scaleRun {
 		}
 	}
 	f.l.mu.Unlock()
-	tb.Cleanup(func() { tb.Logf("%v: cleaned up", time.Since(began).Round(time.Millisecond)) })
 	return r
 }
 
@@ -374,4 +384,165 @@ func (w *etcdWrites) rates() (writes, bytes, revisions float64) {
 	defer w.mu.Unlock()
 	s := w.stoppedAt.Sub(w.watchedAt).Seconds()
 	return float64(w.events) / s, float64(w.bytes) / s, float64(len(w.revisions)) / s
+}
+
+// scalePoint is one point of BenchmarkScale's grid, measured.
+type scalePoint struct {
+	partitions, agents                    int
+	start, join, leave, kill, failover    time.Duration
+	phases                                map[string]float64
+	idleWrites                            float64
+	writes, bytes, revisions, flowRate    float64
+	dbGrowthPerMin                        float64
+	heapPerPartition                      float64
+	recordsPerSecond                      float64
+	lost, dups, killedDups, fingerprinted int
+}
+
+// measureScale runs one grid point: start, idle, steady flow (etcd cost),
+// a drain (records/s), an agent joining, one leaving cleanly, one killed,
+// then A failing.
+func measureScale(b *testing.B, partitions, agents int) scalePoint {
+	pt := scalePoint{partitions: partitions, agents: agents}
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	heapBefore := ms.HeapAlloc
+	f := startScaleFleet(b, partitions, agents)
+	budget := 90 * time.Second
+	pt.start = f.consuming(b, budget, "A", f.agents...)
+	cli := testenv.EtcdClientT(b, f.d.etcd)
+	// Every partition consumed once, so each has a position in etcd.
+	f.produce(b, "warm", 1)
+	f.handledAll(b, budget)
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	pt.heapPerPartition = float64(int64(ms.HeapAlloc)-int64(heapBefore)) / float64(partitions)
+
+	// Idle: nothing to commit.
+	time.Sleep(2 * config.Default().Source.CommitInterval)
+	w := watchWrites(b, cli, fleetKeys.Prefix())
+	time.Sleep(3 * time.Second)
+	w.stop()
+	pt.idleWrites, _, _ = w.rates()
+
+	// Steady flow over every partition: the commit cost.
+	pt.flowRate = float64(min(6000, 5*partitions))
+	db0 := dbSize(b, cli, f.d)
+	w = watchWrites(b, cli, fleetKeys.Prefix())
+	began := time.Now()
+	f.flow(b, "flow", int(pt.flowRate), 6*time.Second)
+	w.stop()
+	pt.dbGrowthPerMin = float64(dbSize(b, cli, f.d)-db0) / time.Since(began).Minutes()
+	pt.writes, pt.bytes, pt.revisions = w.rates()
+	f.handledAll(b, budget)
+
+	// 10 records a partition (at most 24 000) written at once: produced
+	// and handled, end to end.
+	per := max(1, min(24000, 10*partitions)/len(f.topics))
+	began = time.Now()
+	f.produce(b, "backlog", per)
+	f.handledAll(b, budget)
+	pt.recordsPerSecond = float64(per*len(f.topics)) / time.Since(began).Seconds()
+
+	// An agent joins.
+	id := fmt.Sprintf("agent-%02d", agents+1)
+	began = time.Now()
+	joined := startFleetAgent(b, f.config(id), agent.Options{Handler: f.l.handler(id), Logger: quietLogger(b, id)})
+	all := append(slices.Clone(f.agents), joined)
+	wait.For(b, budget, "the new agent owns partitions", func() error {
+		if len(joined.Status().Owned) == 0 {
+			return fmt.Errorf("owns none")
+		}
+		_, err := activeOfN(partitions, all...)
+		return err
+	})
+	pt.join = time.Since(began)
+
+	// It leaves cleanly.
+	began = time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	if err := joined.Stop(ctx); err != nil {
+		b.Fatal(err)
+	}
+	cancel()
+	pt.leave = time.Since(began) + f.consuming(b, budget, "A", f.agents...)
+
+	// The records, the kill and the failover, as the test does.
+	r := runScaleSteps(b, f, max(1, 20/len(f.topics)))
+	pt.kill, pt.failover = r.kill, r.failover
+	pt.dups, pt.killedDups = r.dups, r.killedDups
+	for _, id := range f.produced {
+		if f.l.timesHandled(id) == 0 {
+			pt.lost++
+		}
+	}
+	for _, ev := range readHistory(b, cli) {
+		if ev.To == "B" && ev.Abandoned == "" && len(ev.Topics) == 0 {
+			pt.phases, pt.fingerprinted = ev.Phases, 0 // the last failover's
+			for _, p := range ev.Partitions {
+				if p.Method == "fingerprint" {
+					pt.fingerprinted++
+				}
+			}
+		}
+	}
+	return pt
+}
+
+// dbSize is the etcd member's database size in bytes.
+func dbSize(tb testing.TB, cli *clientv3.Client, d *dc) int64 {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	st, err := cli.Status(ctx, d.etcd.Endpoints()[0])
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return st.DbSize
+}
+
+// BenchmarkScale runs the fleet on a grid of partitions (topics of 20) and
+// agents, in process on embedded etcd and kfake, and prints one line per
+// point and the targets of issue 20 as met or not.
+func BenchmarkScale(b *testing.B) {
+	type point struct{ partitions, agents int }
+	grid := []point{{12, 3}, {120, 3}, {1200, 3}, {12, 10}, {120, 10}, {1200, 10}, {1200, 30}}
+	got := map[point]scalePoint{}
+	for _, g := range grid {
+		b.Run(fmt.Sprintf("partitions=%d/agents=%d", g.partitions, g.agents), func(b *testing.B) {
+			for range b.N {
+				pt := measureScale(b, g.partitions, g.agents)
+				got[g] = pt
+				b.ReportMetric(pt.failover.Seconds(), "failover-s")
+				b.ReportMetric(pt.kill.Seconds(), "kill-rebalance-s")
+				b.ReportMetric(pt.bytes, "etcd-bytes/s")
+				fmt.Printf("scale %5d partitions %2d agents: start %5.2f s, join %5.2f s, leave %5.2f s, kill %5.2f s, failover %5.2f s (revoke %.2f, translate %.2f, activate %.2f); "+
+					"idle %.1f etcd writes/s; at %.0f records/s: %.0f etcd writes/s, %.0f kB/s, %.1f revisions/s, db +%.1f MB/min; "+
+					"%.0f B heap a partition (fleet, etcd and Kafka); %.0f records/s end to end; %d lost, %d twice (%d after the killed agent's last commit), %d of %d by fingerprint\n",
+					pt.partitions, pt.agents, pt.start.Seconds(), pt.join.Seconds(), pt.leave.Seconds(), pt.kill.Seconds(), pt.failover.Seconds(),
+					pt.phases["revoke"], pt.phases["translate"], pt.phases["activate"],
+					pt.idleWrites, pt.flowRate, pt.writes, pt.bytes/1e3, pt.revisions, pt.dbGrowthPerMin/1e6,
+					pt.heapPerPartition, pt.recordsPerSecond, pt.lost, pt.dups, pt.killedDups, pt.fingerprinted, pt.partitions)
+			}
+		})
+	}
+	target := func(ok bool, format string, args ...any) {
+		verdict := "not met"
+		if ok {
+			verdict = "met"
+		}
+		fmt.Printf("scale target: "+format+": %s\n", append(args, verdict)...)
+	}
+	small, big := got[point{12, 10}], got[point{1200, 10}]
+	if small.failover > 0 && big.failover > 0 {
+		target(big.failover <= 3*small.failover && big.lost == 0, "failover at 1200 partitions %.2f s <= 3 x at 12 (%.2f s), 0 lost (%d)",
+			big.failover.Seconds(), small.failover.Seconds(), big.lost)
+		target(big.kill <= ttl+2*time.Second, "rebalance after a kill at 1200 partitions %.2f s <= session TTL + 2 s (%.0f s)", big.kill.Seconds(), (ttl + 2*time.Second).Seconds())
+	}
+	idle := 0.0
+	for _, pt := range got {
+		idle = max(idle, pt.idleWrites)
+	}
+	target(idle == 0, "idle partitions write nothing to etcd (at most %.1f writes/s on the grid)", idle)
 }
