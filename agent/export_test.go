@@ -8,3 +8,7 @@ func WithHooks(o Options, h Hooks) Options {
 	o.hooks = h
 	return o
 }
+
+// PushPullInterval is how often gossip exchanges every member's state over
+// TCP: the longest a view whose broadcasts were lost takes to arrive.
+const PushPullInterval = pushPullInterval

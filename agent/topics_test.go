@@ -427,16 +427,27 @@ func TestFleetFailoverKeepsAPlacedTopic(t *testing.T) {
 	}
 }
 
-// waitFleetOn waits until state/active puts the fleet on cluster, active.
+// waitFleetOn waits until state/active puts the fleet on cluster, active,
+// and history/ holds the switch of its epoch: the leader records a switch
+// just after the transaction that activates it.
 func waitFleetOn(t *testing.T, cli *clientv3.Client, cluster string, timeout time.Duration) {
 	t.Helper()
-	wait.For(t, timeout, "the fleet active on "+cluster, func() error {
+	wait.For(t, timeout, "the fleet active on "+cluster+", its switch in history/", func() error {
 		a, err := readActive(cli)
 		if err != nil {
 			return err
 		}
 		if a.Cluster != cluster || a.Phase != coordinator.PhaseActive {
 			return fmt.Errorf("state/active %s %s (%s)", a.Cluster, a.Phase, a.Reason)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		resp, err := cli.Get(ctx, fleetKeys.HistoryEvent(a.Epoch), clientv3.WithCountOnly())
+		if err != nil {
+			return err
+		}
+		if resp.Count == 0 {
+			return fmt.Errorf("state/active on %s at epoch %d, not yet in history/", a.Cluster, a.Epoch)
 		}
 		return nil
 	})
