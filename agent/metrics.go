@@ -21,11 +21,16 @@ type metrics struct {
 	etcdErrors    *prometheus.CounterVec
 	badValues     *prometheus.CounterVec // kswitch_refused_values_total, shared (internal/refused)
 
-	records         prometheus.Counter
-	consumeErrors   prometheus.Counter
-	handlerErrors   prometheus.Counter
-	commits         prometheus.Counter
-	commitErrors    *prometheus.CounterVec
+	records       prometheus.Counter
+	consumeErrors prometheus.Counter
+	handlerErrors prometheus.Counter
+	commits       prometheus.Counter
+	commitErrors  *prometheus.CounterVec
+	// commitBytes, commitShare and commitsWaiting show the commit budget
+	// (source.commit_budget_kib, commitPacer).
+	commitBytes     prometheus.Counter
+	commitShare     prometheus.Gauge
+	commitsWaiting  prometheus.Gauge
 	ownedPartitions prometheus.Gauge
 	generation      prometheus.Gauge
 	gossipDropped   prometheus.Counter
@@ -132,7 +137,19 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		Name: "kswitch_consumer_lag_records",
 		Help: "Records on the cluster past this agent's acknowledged position, summed over the partitions it owns, by cluster and logical topic: up to the high watermark of the last fetch, updated every commit interval (a paused partition is not fetched: see kswitch_paused).",
 	}, []string{"cluster", "topic"})
-	reg.MustRegister(m.deliveryHeld, m.stuckPartitions, m.stalledPartitions, m.lag)
+	m.commitBytes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kswitch_offset_commit_bytes_total",
+		Help: "Bytes (keys and values) of the partition positions this agent committed to etcd: what source.commit_budget_kib bounds, over the fleet.",
+	})
+	m.commitShare = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "kswitch_offset_commit_budget_bytes_per_second",
+		Help: "This agent's share of source.commit_budget_kib in bytes per second (the share of the partitions it owns); 0: no bound.",
+	})
+	m.commitsWaiting = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "kswitch_offset_commits_waiting",
+		Help: "Partitions whose changed position the last commit left for a later one, to stay within the agent's share of source.commit_budget_kib: above 0, positions are committed less often than source.commit_interval.",
+	})
+	reg.MustRegister(m.deliveryHeld, m.stuckPartitions, m.stalledPartitions, m.lag, m.commitBytes, m.commitShare, m.commitsWaiting)
 	reg.MustRegister(m.isLeader, m.leaderChanges, m.ready, m.agents, m.gossipMembers, m.etcdErrors, info,
 		m.records, m.consumeErrors, m.handlerErrors, m.commits, m.commitErrors, m.ownedPartitions, m.generation, m.gossipDropped, m.paused, m.signalApply, m.configVersion,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -28,13 +28,16 @@ type partitionRun struct {
 	next    int64
 	// end is the partition's end offset as last asked at endAt by the
 	// stall check (-1: not asked since the position last moved).
-	end    int64
-	endAt  time.Time
-	pc     sarama.PartitionConsumer
-	t      *tracker
-	cancel context.CancelFunc
-	done   chan struct{}
-	gate   *gate
+	end   int64
+	endAt time.Time
+	// committedAt is when its position was last committed (zero: not
+	// by this run), for the commit budget's order.
+	committedAt time.Time
+	pc          sarama.PartitionConsumer
+	t           *tracker
+	cancel      context.CancelFunc
+	done        chan struct{}
+	gate        *gate
 }
 
 // gate holds a partition's delivery while it is paused. The worker sets

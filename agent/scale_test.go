@@ -33,6 +33,8 @@ type scaleFleet struct {
 	l          *ledger
 	agents     []*agent.Agent
 	produced   []string // every id written, in order
+	// configure, when set, changes every agent's configuration.
+	configure func(*config.Config)
 }
 
 // scaleTopics spreads partitions over topics of 20 (fewer: one topic).
@@ -45,7 +47,9 @@ func scaleTopics(partitions int) map[string]int32 {
 	return out
 }
 
-func startScaleFleet(tb testing.TB, partitions, agents int) *scaleFleet {
+// startScaleFleet starts it; configure, when not nil, changes every agent's
+// configuration.
+func startScaleFleet(tb testing.TB, partitions, agents int, configure func(*config.Config)) *scaleFleet {
 	tb.Helper()
 	topicParts := scaleTopics(partitions)
 	var topics []string
@@ -68,7 +72,7 @@ func startScaleFleet(tb testing.TB, partitions, agents int) *scaleFleet {
 	}
 	d.mirror = m
 	tb.Cleanup(m.Stop)
-	f := &scaleFleet{d: d, topics: topics, topicParts: topicParts, partitions: partitions, l: newLedger()}
+	f := &scaleFleet{d: d, topics: topics, topicParts: topicParts, partitions: partitions, l: newLedger(), configure: configure}
 	for i := range agents {
 		id := fmt.Sprintf("agent-%02d", i+1)
 		f.agents = append(f.agents, startFleetAgent(tb, f.config(id), agent.Options{Handler: f.l.handler(id), Logger: quietLogger(tb, id)}))
@@ -81,6 +85,9 @@ func (f *scaleFleet) config(id string) config.Config {
 	cfg.Source.Topics = f.topics
 	// The default commit interval: what a fleet this size runs with.
 	cfg.Source.CommitInterval = config.Default().Source.CommitInterval
+	if f.configure != nil {
+		f.configure(&cfg)
+	}
 	return cfg
 }
 
@@ -309,7 +316,7 @@ func runScaleSteps(tb testing.TB, f *scaleFleet, perTopic int) scaleRun {
 // twice are those the killed agent handled after its last commit; the
 // kill's rebalance fits in the session TTL and a margin.
 func TestFleetOf10At1200PartitionsLosesNothingThroughAKillAndAFailover(t *testing.T) {
-	f := startScaleFleet(t, 1200, 10)
+	f := startScaleFleet(t, 1200, 10, nil)
 	r := runScale(t, f, 40) // 2 records in every partition before each step
 	t.Logf("1200 partitions, 10 agents: consumed %v after start, %v after the kill of %s, on B %v after A failed; %d records, %d handled twice (%d first by the killed agent)",
 		r.start, r.kill, r.killed, r.failover, r.records, r.dups, r.killedDups)
@@ -399,6 +406,16 @@ type scalePoint struct {
 	lost, dups, killedDups, fingerprinted int
 }
 
+// scaleBudgetKiB is BenchmarkScale's source.commit_budget_kib, with commits
+// every 200 ms: 1200 busy partitions would write about 1.8 MB/s without
+// it, 120 about 180 kB/s.
+const scaleBudgetKiB = 256
+
+func scaleCommits(c *config.Config) {
+	c.Source.CommitInterval = 200 * time.Millisecond
+	c.Source.CommitBudgetKiB = scaleBudgetKiB
+}
+
 // measureScale runs one grid point: start, idle, steady flow (etcd cost),
 // a drain (records/s), an agent joining, one leaving cleanly, one killed,
 // then A failing.
@@ -408,7 +425,7 @@ func measureScale(b *testing.B, partitions, agents int) scalePoint {
 	runtime.GC()
 	runtime.ReadMemStats(&ms)
 	heapBefore := ms.HeapAlloc
-	f := startScaleFleet(b, partitions, agents)
+	f := startScaleFleet(b, partitions, agents, scaleCommits)
 	budget := 90 * time.Second
 	pt.start = f.consuming(b, budget, "A", f.agents...)
 	cli := testenv.EtcdClientT(b, f.d.etcd)
@@ -419,8 +436,9 @@ func measureScale(b *testing.B, partitions, agents int) scalePoint {
 	runtime.ReadMemStats(&ms)
 	pt.heapPerPartition = float64(int64(ms.HeapAlloc)-int64(heapBefore)) / float64(partitions)
 
-	// Idle: nothing to commit.
-	time.Sleep(2 * config.Default().Source.CommitInterval)
+	// Idle: nothing to commit (after a round of the budget for the
+	// last positions).
+	time.Sleep(2 * time.Second)
 	w := watchWrites(b, cli, fleetKeys.Prefix())
 	time.Sleep(3 * time.Second)
 	w.stop()
@@ -545,4 +563,13 @@ func BenchmarkScale(b *testing.B) {
 		idle = max(idle, pt.idleWrites)
 	}
 	target(idle == 0, "idle partitions write nothing to etcd (at most %.1f writes/s on the grid)", idle)
+	budget := float64(scaleBudgetKiB * 1024)
+	most, growth := 0.0, 0.0
+	for _, pt := range got {
+		most, growth = max(most, pt.bytes), max(growth, pt.dbGrowthPerMin)
+	}
+	target(most <= 1.1*budget, "etcd bytes/s bounded by source.commit_budget_kib whatever the partitions: at most %.0f kB/s on the grid, budget %.0f kB/s", most/1e3, budget/1e3)
+	// etcd stores each revision in bbolt pages with its index: the file
+	// grows faster than the bytes written (1.3 x measured unbudgeted).
+	target(growth <= 2*60*budget, "etcd database growth before compaction bounded by the budget: at most %.1f MB/min on the grid, bound 2 x 60 s x budget = %.1f MB/min", growth/1e6, 2*60*budget/1e6)
 }

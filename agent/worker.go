@@ -214,6 +214,9 @@ type worker struct {
 	pending    []cpart // owned but not started (Kafka trouble): retried
 	applied    coordinator.Assignment
 	appliedRev int64
+	// pacer keeps the periodic commits within the agent's share of the
+	// fleet's etcd budget.
+	pacer commitPacer
 }
 
 // initialOffset is where partition tp of cluster starts without a
@@ -237,6 +240,7 @@ var errLeaseLost = errors.New("agent: session lease lost; stopped consuming")
 func (w *worker) run(ctx context.Context) error {
 	w.parts = map[cpart]*partitionRun{}
 	w.committed = map[cpart]int64{}
+	w.pacer = commitPacer{interval: w.cfg.Source.CommitInterval}
 	w.conns = map[string]*kafkaConn{}
 	w.mirrorq = make(chan mirrorJob, 1)
 	w.warmed = make(chan warmResult, 1)
@@ -340,7 +344,7 @@ func (w *worker) follow(ctx context.Context, tick <-chan time.Time, sig <-chan s
 		case u := <-w.reconf:
 			w.reconfigure(ctx, u)
 		case now := <-tick:
-			if err := w.commit(ctx, slices.Collect(maps.Keys(w.parts))); errors.Is(err, errLeaseLost) {
+			if err := w.commitDue(ctx, now); errors.Is(err, errLeaseLost) {
 				return err
 			}
 			w.checkStuck(ctx, now)
@@ -404,6 +408,7 @@ func (w *worker) apply(ctx context.Context, a coordinator.Assignment, rev int64)
 			want[cpart{Cluster: c, TopicPartition: tp}] = true
 		}
 	}
+	w.sharePacer(a, len(want))
 	var release []cpart
 	for cp := range w.parts {
 		if !want[cp] {
@@ -774,6 +779,46 @@ func (w *worker) commit(ctx context.Context, tps []cpart) error {
 	return w.commitUnder(ctx, tps, w.applied, w.appliedRev)
 }
 
+// commitDue is a tick's commit: the positions that changed since their
+// last commit, within the agent's share of the fleet's etcd budget
+// (commitPacer), the longest uncommitted first.
+func (w *worker) commitDue(ctx context.Context, now time.Time) error {
+	var due []dueCommit
+	for cp, r := range w.parts {
+		next, _ := r.t.progress()
+		if last, ok := w.committed[cp]; ok && last == next {
+			continue
+		}
+		due = append(due, dueCommit{part: cp, last: r.committedAt})
+	}
+	each := 320.0 // bytes of a position with 8 fingerprints, until measured
+	if n, bytes := w.store.Written(); n > 0 {
+		each = float64(bytes) / float64(n)
+	}
+	tps, waiting := pick(due, w.pacer.refill(now), each)
+	w.metrics.commitsWaiting.Set(float64(waiting))
+	if len(tps) == 0 && waiting > 0 {
+		// Not a commit that succeeded: a hold (commitHold) in the
+		// making stays.
+		return nil
+	}
+	return w.commit(ctx, tps)
+}
+
+// sharePacer gives the pacer the agent's share of the fleet's commit
+// budget under a: that of the mine partitions it owns among all that a
+// assigns.
+func (w *worker) sharePacer(a coordinator.Assignment, mine int) {
+	total := 0
+	for _, c := range a.Sections() {
+		for _, tps := range a.Section(c).Owned {
+			total += len(tps)
+		}
+	}
+	w.pacer.share(float64(w.cfg.Source.CommitBudgetKiB)*1024, mine, total)
+	w.metrics.commitShare.Set(w.pacer.rate)
+}
+
 // commitUnder is commit fenced by assignment a at revision rev, which
 // must let this agent commit tps (Assignment.MayCommit).
 func (w *worker) commitUnder(ctx context.Context, tps []cpart, a coordinator.Assignment, rev int64) error {
@@ -800,8 +845,13 @@ func (w *worker) commitUnder(ctx context.Context, tps []cpart, a coordinator.Ass
 		Agent: w.id, Generation: a.Generation,
 	}
 	cctx, cancel := context.WithTimeout(ctx, w.cfg.Etcd.RequestTimeout)
+	_, before := w.store.Written()
 	err := w.store.Commit(cctx, fence, commits)
 	cancel()
+	// What a fence stopped mid-way was written all the same.
+	_, after := w.store.Written()
+	w.pacer.charge(after - before)
+	w.metrics.commitBytes.Add(float64(after - before))
 	switch {
 	case errors.Is(err, offsets.ErrLeaseLost):
 		w.log.Error("commit refused: this agent's lease is gone; stopping consumption", zap.Error(err))
@@ -819,8 +869,13 @@ func (w *worker) commitUnder(ctx context.Context, tps []cpart, a coordinator.Ass
 		return nil
 	}
 	job := mirrorJob{}
+	now := time.Now()
 	for _, c := range commits {
-		w.committed[cpart{Cluster: c.Cluster, TopicPartition: c.TopicPartition()}] = c.Offset
+		cp := cpart{Cluster: c.Cluster, TopicPartition: c.TopicPartition()}
+		w.committed[cp] = c.Offset
+		if r := w.parts[cp]; r != nil {
+			r.committedAt = now
+		}
 		if k := w.conns[c.Cluster]; k != nil {
 			b := job[c.Cluster]
 			b.mirror, b.commits = k.mirror, append(b.commits, c)

@@ -253,6 +253,17 @@ type Source struct {
 	// acknowledged, over all its partitions: the memory the relay holds
 	// beyond sarama's own fetch buffers. A partition waits for room.
 	MaxInFlightMiB int `yaml:"max_in_flight_mib" help:"MiB of records handed to the handler and not yet acknowledged, per agent"`
+	// CommitBudgetKiB bounds the KiB per second the whole fleet writes to
+	// etcd for its periodic commits (each busy partition's position, about
+	// 300 bytes, every CommitInterval), so that etcd's write rate and
+	// history do not grow with the partition count. Each agent takes the
+	// share of the partitions it owns; when its busy partitions need more,
+	// it commits the longest-uncommitted first and the others wait: a
+	// partition's commits then come every busy partitions × bytes ÷ share
+	// instead of every CommitInterval (more records are delivered again
+	// after a crash, none is lost). Final commits of released partitions
+	// are never delayed. Set the same value on every agent. 0: no bound.
+	CommitBudgetKiB int `yaml:"commit_budget_kib" help:"KiB/s of positions the whole fleet commits to etcd; agents share it by owned partitions and commit their longest-uncommitted partitions first when over it (0: no bound)"`
 }
 
 // Failover configures the cluster health verdict.
@@ -387,6 +398,7 @@ func Default() Config {
 			RefreshInterval: 10 * time.Second,
 			CommitInterval:  time.Second,
 			MaxInFlightMiB:  32,
+			CommitBudgetKiB: 512,
 		},
 		Failover: Failover{
 			ProbeInterval:     500 * time.Millisecond,

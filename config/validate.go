@@ -292,6 +292,9 @@ func (c *Config) validateSource(p *problems) {
 	if s.MaxInFlightMiB < 1 || s.MaxInFlightMiB > 1<<16 {
 		p.add("source.max_in_flight_mib", "%d must be between 1 and 65536 (MiB of records handed on and not yet acknowledged; default 32)", s.MaxInFlightMiB)
 	}
+	if s.CommitBudgetKiB < 0 || s.CommitBudgetKiB > 1<<20 {
+		p.add("source.commit_budget_kib", "%d must be between 0 (no bound) and 1048576 (KiB per second the fleet commits to etcd; default 512)", s.CommitBudgetKiB)
+	}
 }
 
 // defaultAgentID is <hostname>-<pid>: unique on a host, and readable in

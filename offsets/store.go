@@ -151,6 +151,16 @@ type Store struct {
 	// maxOps is the largest number of puts per transaction; lowered
 	// when the server refuses a transaction as too large.
 	maxOps atomic.Int64
+	// written and writtenBytes count the positions Commit wrote and
+	// their bytes (keys and values).
+	written, writtenBytes atomic.Int64
+}
+
+// Written returns how many positions Commit has written and their bytes
+// in etcd (keys and values), over the store's life: what a committer's
+// etcd budget is charged.
+func (s *Store) Written() (positions, bytes int64) {
+	return s.written.Load(), s.writtenBytes.Load()
 }
 
 // NewStore returns the offset store of fleet k on client c. A transaction
@@ -251,6 +261,12 @@ func (s *Store) Commit(ctx context.Context, f Fence, commits []Commit) error {
 		if !resp.Succeeded {
 			return fenceError(f, resp, tpsOf(chunk, func(e entry) TopicPartition { return e.tp }), done)
 		}
+		size := 0
+		for _, e := range chunk {
+			size += len(e.key) + len(e.val)
+		}
+		s.written.Add(int64(n))
+		s.writtenBytes.Add(int64(size))
 		done += n
 	}
 	return nil

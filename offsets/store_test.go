@@ -291,6 +291,38 @@ func TestCommitFencedStaleGeneration(t *testing.T) {
 	}
 }
 
+// TestWrittenCountsWhatEtcdHolds: Written counts the positions and the
+// bytes (keys and values) etcd stored, across the transactions of a large
+// batch, and nothing of a commit the fence refused.
+func TestWrittenCountsWhatEtcdHolds(t *testing.T) {
+	env := newFenceEnv(t)
+	ctx := testCtx(t)
+	const n = DefaultMaxTxnOps + 7
+	if err := env.store.Commit(ctx, env.fence, manyCommits(n, 100)); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := env.cli.Get(ctx, env.k.Offsets(), clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	size := 0
+	for _, kv := range resp.Kvs {
+		size += len(kv.Key) + len(kv.Value)
+	}
+	if got, bytes := env.store.Written(); got != n || bytes != int64(size) || len(resp.Kvs) != n {
+		t.Fatalf("Written() = %d positions, %d bytes; etcd holds %d keys of %d bytes", got, bytes, len(resp.Kvs), size)
+	}
+	if _, err := env.cli.Put(ctx, env.k.Assignment(), `{"generation":13}`); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.store.Commit(ctx, env.fence, manyCommits(3, 900)); !errors.Is(err, ErrStaleGeneration) {
+		t.Fatalf("Commit under a stale generation = %v", err)
+	}
+	if got, bytes := env.store.Written(); got != n || bytes != int64(size) {
+		t.Errorf("a refused commit was counted: Written() = %d positions, %d bytes, want %d, %d", got, bytes, n, size)
+	}
+}
+
 func manyCommits(n int, offset int64) []Commit {
 	cs := make([]Commit, n)
 	for i := range cs {
