@@ -191,7 +191,8 @@ func TestGrafanaDashboard(t *testing.T) {
 		}
 	}
 	for _, m := range []string{"kswitch_active_cluster", "kswitch_switch_duration_seconds", "kswitch_switch_phase_seconds", "kswitch_consumer_lag_records",
-		"kswitch_offset_commit_errors_total", "kswitch_signal_apply_seconds", "kswitch_routing_in_flight", "kswitch_routing_dead_lettered_total"} {
+		"kswitch_offset_commit_errors_total", "kswitch_signal_apply_seconds", "kswitch_routing_in_flight", "kswitch_routing_dead_lettered_total",
+		"kswitch_offset_commit_bytes_total", "kswitch_offset_commit_budget_bytes_per_second"} {
 		if !strings.Contains(all.String(), m) {
 			t.Errorf("no panel shows %s", m)
 		}
