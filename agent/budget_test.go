@@ -83,10 +83,10 @@ func (l *commitLog) between(from, to time.Time) (bytes int, partitions map[strin
 // the budget: nothing is handled twice and nothing is lost.
 func TestCommitBudgetBoundsEtcdWritesAndLosesNothing(t *testing.T) {
 	const budgetKiB = 24
-	f := startScaleFleet(t, 240, 3, func(c *config.Config) {
+	f := startScaleFleet(t, 240, 3, scaleOptions{configure: func(c *config.Config) {
 		c.Source.CommitInterval = 100 * time.Millisecond
 		c.Source.CommitBudgetKiB = budgetKiB
-	})
+	}})
 	f.consuming(t, 60*time.Second, "A", f.agents...)
 	cli := testenv.EtcdClientT(t, f.d.etcd)
 	commits := watchCommits(t, cli)

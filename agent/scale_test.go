@@ -3,6 +3,8 @@ package agent_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -47,17 +49,35 @@ func scaleTopics(partitions int) map[string]int32 {
 	return out
 }
 
-// startScaleFleet starts it; configure, when not nil, changes every agent's
-// configuration.
-func startScaleFleet(tb testing.TB, partitions, agents int, configure func(*config.Config)) *scaleFleet {
+// scaleOptions are what a scale fleet changes from the defaults.
+type scaleOptions struct {
+	// configure, when not nil, changes every agent's configuration.
+	configure func(*config.Config)
+	// compaction, when positive, is etcd's periodic auto-compaction
+	// retention.
+	compaction time.Duration
+}
+
+func startScaleFleet(tb testing.TB, partitions, agents int, o scaleOptions) *scaleFleet {
 	tb.Helper()
 	topicParts := scaleTopics(partitions)
 	var topics []string
 	for t := range topicParts {
 		topics = append(topics, t)
 	}
+	etcd := testenv.StartEtcdT
+	if o.compaction > 0 {
+		etcd = func(tb testing.TB) *devstack.Etcd {
+			e, err := devstack.StartEtcdCompacting(tb.TempDir(), nil, o.compaction)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			tb.Cleanup(e.Stop)
+			return e
+		}
+	}
 	d := &dc{
-		etcd: testenv.StartEtcdT(tb),
+		etcd: etcd(tb),
 		a:    testenv.StartKafkaT(tb, "A", devstack.KafkaOptions{Topics: topicParts}),
 		b:    testenv.StartKafkaT(tb, "B", devstack.KafkaOptions{}),
 	}
@@ -72,7 +92,7 @@ func startScaleFleet(tb testing.TB, partitions, agents int, configure func(*conf
 	}
 	d.mirror = m
 	tb.Cleanup(m.Stop)
-	f := &scaleFleet{d: d, topics: topics, topicParts: topicParts, partitions: partitions, l: newLedger(), configure: configure}
+	f := &scaleFleet{d: d, topics: topics, topicParts: topicParts, partitions: partitions, l: newLedger(), configure: o.configure}
 	for i := range agents {
 		id := fmt.Sprintf("agent-%02d", i+1)
 		f.agents = append(f.agents, startFleetAgent(tb, f.config(id), agent.Options{Handler: f.l.handler(id), Logger: quietLogger(tb, id)}))
@@ -316,7 +336,7 @@ func runScaleSteps(tb testing.TB, f *scaleFleet, perTopic int) scaleRun {
 // twice are those the killed agent handled after its last commit; the
 // kill's rebalance fits in the session TTL and a margin.
 func TestFleetOf10At1200PartitionsLosesNothingThroughAKillAndAFailover(t *testing.T) {
-	f := startScaleFleet(t, 1200, 10, nil)
+	f := startScaleFleet(t, 1200, 10, scaleOptions{})
 	r := runScale(t, f, 40) // 2 records in every partition before each step
 	t.Logf("1200 partitions, 10 agents: consumed %v after start, %v after the kill of %s, on B %v after A failed; %d records, %d handled twice (%d first by the killed agent)",
 		r.start, r.kill, r.killed, r.failover, r.records, r.dups, r.killedDups)
@@ -425,7 +445,7 @@ func measureScale(b *testing.B, partitions, agents int) scalePoint {
 	runtime.GC()
 	runtime.ReadMemStats(&ms)
 	heapBefore := ms.HeapAlloc
-	f := startScaleFleet(b, partitions, agents, scaleCommits)
+	f := startScaleFleet(b, partitions, agents, scaleOptions{configure: scaleCommits})
 	budget := 90 * time.Second
 	pt.start = f.consuming(b, budget, "A", f.agents...)
 	cli := testenv.EtcdClientT(b, f.d.etcd)
@@ -524,7 +544,7 @@ func dbSize(tb testing.TB, cli *clientv3.Client, d *dc) int64 {
 // agents, in process on embedded etcd and kfake, and prints one line per
 // point and the targets of issue 20 as met or not.
 func BenchmarkScale(b *testing.B) {
-	type point struct{ partitions, agents int }
+	type point = scaleKey
 	grid := []point{{12, 3}, {120, 3}, {1200, 3}, {12, 10}, {120, 10}, {1200, 10}, {1200, 30}}
 	got := map[point]scalePoint{}
 	for _, g := range grid {
@@ -545,13 +565,7 @@ func BenchmarkScale(b *testing.B) {
 			}
 		})
 	}
-	target := func(ok bool, format string, args ...any) {
-		verdict := "not met"
-		if ok {
-			verdict = "met"
-		}
-		fmt.Printf("scale target: "+format+": %s\n", append(args, verdict)...)
-	}
+	target := printTarget
 	small, big := got[point{12, 10}], got[point{1200, 10}]
 	if small.failover > 0 && big.failover > 0 {
 		target(big.failover <= 3*small.failover && big.lost == 0, "failover at 1200 partitions %.2f s <= 3 x at 12 (%.2f s), 0 lost (%d)",
@@ -572,4 +586,98 @@ func BenchmarkScale(b *testing.B) {
 	// etcd stores each revision in bbolt pages with its index: the file
 	// grows faster than the bytes written (1.3 x measured unbudgeted).
 	target(growth <= 2*60*budget, "etcd database growth before compaction bounded by the budget: at most %.1f MB/min on the grid, bound 2 x 60 s x budget = %.1f MB/min", growth/1e6, 2*60*budget/1e6)
+	if dir := os.Getenv("KSWITCH_BENCH_OUT"); dir != "" && len(got) == len(grid) {
+		if err := writeScaleSVG(filepath.Join(dir, "scale.svg"), got, budget); err != nil {
+			b.Error(err)
+		}
+	}
+}
+
+// printTarget prints one of a benchmark's targets, met or not.
+func printTarget(ok bool, format string, args ...any) {
+	verdict := "not met"
+	if ok {
+		verdict = "met"
+	}
+	fmt.Printf("scale target: "+format+": %s\n", append(args, verdict)...)
+}
+
+// BenchmarkEtcdDatabaseUnderCompaction: 1200 busy partitions, 3 agents,
+// commits every 200 ms within the 256 KiB/s budget, on an etcd that
+// compacts its history periodically (retention 1 min, as
+// --auto-compaction-mode=periodic --auto-compaction-retention=1m), for
+// KSWITCH_BENCH_FLAT (default 10m). The database's size, sampled every
+// 30 s, stays flat once the history of a few retentions has been written:
+// compaction frees the pages that later revisions reuse.
+func BenchmarkEtcdDatabaseUnderCompaction(b *testing.B) {
+	span := 10 * time.Minute
+	if v := os.Getenv("KSWITCH_BENCH_FLAT"); v != "" {
+		var err error
+		if span, err = time.ParseDuration(v); err != nil || span < time.Minute {
+			b.Fatalf("KSWITCH_BENCH_FLAT=%q: want a duration of at least 1m", v)
+		}
+	}
+	const retention = time.Minute
+	warm := min(3*retention, span/2)
+	for range b.N {
+		f := startScaleFleet(b, 1200, 3, scaleOptions{configure: scaleCommits, compaction: retention})
+		f.consuming(b, 90*time.Second, "A", f.agents...)
+		cli := testenv.EtcdClientT(b, f.d.etcd)
+		type sample struct {
+			at          time.Duration
+			size, inUse int64
+		}
+		var (
+			mu      sync.Mutex
+			samples []sample
+		)
+		began := time.Now()
+		measure := func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if st, err := cli.Status(ctx, f.d.etcd.Endpoints()[0]); err == nil {
+				mu.Lock()
+				samples = append(samples, sample{at: time.Since(began), size: st.DbSize, inUse: st.DbSizeInUse})
+				mu.Unlock()
+			}
+		}
+		stop, done := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(done)
+			t := time.NewTicker(30 * time.Second)
+			defer t.Stop()
+			measure()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-t.C:
+					measure()
+				}
+			}
+		}()
+		w := watchWrites(b, cli, fleetKeys.Prefix())
+		sent := f.flow(b, "flat", 2400, span)
+		w.stop()
+		close(stop)
+		<-done
+		measure()
+		f.handledAll(b, 2*time.Minute)
+		_, bytes, _ := w.rates()
+		var base, most int64
+		for _, s := range samples {
+			fmt.Printf("etcd flat %5.1f min: database %6.1f MB, in use %6.1f MB\n", s.at.Minutes(), float64(s.size)/1e6, float64(s.inUse)/1e6)
+			if s.at >= warm {
+				if base == 0 {
+					base = s.size
+				}
+				most = max(most, s.size)
+			}
+		}
+		written := bytes * span.Seconds()
+		fmt.Printf("etcd flat: %d records over 1200 partitions in %v, all handled; the fleet wrote %.0f MB to etcd (%.0f kB/s, budget %d KiB/s)\n",
+			sent, span, written/1e6, bytes/1e3, scaleBudgetKiB)
+		printTarget(base > 0 && float64(most) <= 1.1*float64(base), "etcd's database flat under periodic compaction (retention %v) over %v: %.1f MB at %v, at most %.1f MB after, while the fleet wrote %.0f MB",
+			retention, span, float64(base)/1e6, warm, float64(most)/1e6, written/1e6)
+	}
 }

@@ -56,6 +56,9 @@ type Etcd struct {
 	peerPort   int
 	// secure, when set, serves TLS with client certificates (secure.go).
 	secure *EtcdSecurity
+	// compaction, when positive, is the periodic auto-compaction's
+	// retention.
+	compaction time.Duration
 
 	mu  sync.Mutex
 	run *etcdRun // nil while stopped
@@ -81,17 +84,27 @@ type etcdRun struct {
 // Lease TTLs below 2 s are raised to 2 s by this server (default election
 // timing); use longer TTLs in tests.
 func StartEtcd(dir string, logger *zap.Logger) (*Etcd, error) {
-	return startEtcd(dir, logger, nil)
+	return startEtcd(dir, logger, nil, 0)
 }
 
-func startEtcd(dir string, logger *zap.Logger, secure *EtcdSecurity) (*Etcd, error) {
+// StartEtcdCompacting is StartEtcd with etcd's periodic auto-compaction
+// keeping retention of history (--auto-compaction-mode=periodic
+// --auto-compaction-retention), as a production cluster of kswitch runs.
+func StartEtcdCompacting(dir string, logger *zap.Logger, retention time.Duration) (*Etcd, error) {
+	if retention <= 0 {
+		return nil, fmt.Errorf("testenv: etcd auto-compaction retention %v must be positive", retention)
+	}
+	return startEtcd(dir, logger, nil, retention)
+}
+
+func startEtcd(dir string, logger *zap.Logger, secure *EtcdSecurity, compaction time.Duration) (*Etcd, error) {
 	var lastErr error
 	for range startAttempts {
 		ports, err := freeport.Ports(2)
 		if err != nil {
 			return nil, err
 		}
-		e := &Etcd{dir: dir, logger: logger, clientPort: ports[0], peerPort: ports[1], secure: secure}
+		e := &Etcd{dir: dir, logger: logger, clientPort: ports[0], peerPort: ports[1], secure: secure, compaction: compaction}
 		run, err := e.start()
 		if err == nil {
 			e.run = run
@@ -213,6 +226,10 @@ func (e *Etcd) start() (*etcdRun, error) {
 	cfg.UnsafeNoFsync = true
 	if e.secure != nil {
 		e.secure.apply(cfg)
+	}
+	if e.compaction > 0 {
+		cfg.AutoCompactionMode = embed.CompactorModePeriodic
+		cfg.AutoCompactionRetention = e.compaction.String()
 	}
 	lg := e.logger
 	if lg == nil {

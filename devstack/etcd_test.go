@@ -7,9 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
+
 	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/testenv"
-	"go.uber.org/goleak"
 )
 
 func TestEtcdStopRestartKeepsDataAndClient(t *testing.T) {
@@ -120,4 +123,35 @@ func TestEtcdNewValueOnExistingDataDir(t *testing.T) {
 	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "kept" {
 		t.Fatalf("get = %v, %v; want kept", resp, err)
 	}
+}
+
+// TestEtcdCompactingCompactsItsHistory: with a retention of 2 s the
+// server compacts away the revisions older than that by itself.
+func TestEtcdCompactingCompactsItsHistory(t *testing.T) {
+	if _, err := devstack.StartEtcdCompacting(t.TempDir(), nil, 0); err == nil {
+		t.Fatal("a retention of 0 was taken")
+	}
+	e, err := devstack.StartEtcdCompacting(t.TempDir(), nil, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Stop)
+	cli := testenv.EtcdClientT(t, e)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	first, err := cli.Put(ctx, "/testenv/k", "0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "the first revision compacted", func() error {
+		// The compactor compacts to revisions it saw a retention ago.
+		if _, err := cli.Put(ctx, "/testenv/k", time.Now().String()); err != nil {
+			return err
+		}
+		_, err := cli.Get(ctx, "/testenv/k", clientv3.WithRev(first.Header.Revision))
+		if errors.Is(err, rpctypes.ErrCompacted) {
+			return nil
+		}
+		return fmt.Errorf("revision %d still readable (%v)", first.Header.Revision, err)
+	})
 }

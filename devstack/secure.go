@@ -183,7 +183,7 @@ func StartSecureEtcd(dir string, logger *zap.Logger, pki *PKI) (*Etcd, error) {
 	if err != nil {
 		return nil, err
 	}
-	e, err := startEtcd(dir, logger, &EtcdSecurity{PKI: pki, Root: root, server: server})
+	e, err := startEtcd(dir, logger, &EtcdSecurity{PKI: pki, Root: root, server: server}, 0)
 	if err != nil {
 		return nil, err
 	}

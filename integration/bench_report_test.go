@@ -125,7 +125,8 @@ func goBenchLines(path string) []string {
 	}
 	var out []string
 	for _, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(l, "Benchmark") || strings.HasPrefix(l, "pause apply") || strings.HasPrefix(l, "exactly-once cost") || strings.HasPrefix(l, "FAIL") {
+		if strings.HasPrefix(l, "Benchmark") || strings.HasPrefix(l, "pause apply") || strings.HasPrefix(l, "exactly-once cost") ||
+			strings.HasPrefix(l, "scale") || strings.HasPrefix(l, "etcd flat") || strings.HasPrefix(l, "FAIL") {
 			out = append(out, strings.Join(strings.Fields(l), " "))
 		}
 	}
@@ -568,7 +569,12 @@ func (r *benchResults) markdown() string {
 	for _, l := range r.GoBenchmarks {
 		p("%s\n", l)
 	}
-	p("```\n\n## How to read and reproduce\n\n")
+	p("```\n\n")
+	if slices.ContainsFunc(r.GoBenchmarks, func(l string) bool { return strings.HasPrefix(l, "scale ") }) {
+		p("How the cost grows (`BenchmarkScale`, the `scale` lines above; `scale.svg` is drawn by the same run):\n\n")
+		p("![failover and kill rebalance times, and etcd bytes per second, against the partitions](scale.svg)\n\n")
+	}
+	p("## How to read and reproduce\n\n")
 	p("- `make bench` (about %.0f minutes here) builds kswitch and the baseline, fetches Kafka's tools once, runs the\n", r.DurationSeconds/60)
 	p("  in-process benchmarks, then `TestBenchmarksOnRealStack` (build tags `integration bench`), and rewrites this page\n")
 	p("  and `benchmarks.json`. `KSWITCH_BENCH_QUICK=1 make bench` does one trial of each, for development.\n")
