@@ -17,6 +17,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"runtime/pprof"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -694,8 +695,17 @@ func (a *Agent) register(ctx context.Context, lease clientv3.LeaseID) error {
 	return nil
 }
 
-// runLeader is the leader work of one term.
+// runLeader is the leader work of one term. Its goroutines, and those
+// they start, carry the profiler labels kswitch_agent=<id> and
+// kswitch_role=leader, so that a CPU profile of a process shows what
+// leading costs.
 func (a *Agent) runLeader(ctx context.Context, term election.Term) {
+	pprof.Do(ctx, pprof.Labels("kswitch_agent", a.id, "kswitch_role", "leader"), func(ctx context.Context) {
+		a.lead(ctx, term)
+	})
+}
+
+func (a *Agent) lead(ctx context.Context, term election.Term) {
 	a.metrics.isLeader.Set(1)
 	defer a.metrics.isLeader.Set(0)
 	log := a.log.With(zap.Int64("fencing_token", term.Rev))

@@ -1,11 +1,13 @@
 package agent_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -415,12 +417,15 @@ func (w *etcdWrites) rates() (writes, bytes, revisions float64) {
 
 // scalePoint is one point of BenchmarkScale's grid, measured.
 type scalePoint struct {
-	partitions, agents                    int
-	start, join, leave, kill, failover    time.Duration
-	phases                                map[string]float64
-	idleWrites                            float64
-	writes, bytes, revisions, flowRate    float64
-	dbGrowthPerMin                        float64
+	partitions, agents                 int
+	start, join, leave, kill, failover time.Duration
+	phases                             map[string]float64
+	idleWrites                         float64
+	writes, bytes, revisions, flowRate float64
+	dbGrowthPerMin                     float64
+	// leaderCPU and processCPU are the cores the leader's goroutines and
+	// the whole process (agents, etcd, Kafka, producer) used in the flow.
+	leaderCPU, processCPU                 float64
 	heapPerPartition                      float64
 	recordsPerSecond                      float64
 	lost, dups, killedDups, fingerprinted int
@@ -468,9 +473,20 @@ func measureScale(b *testing.B, partitions, agents int) scalePoint {
 	pt.flowRate = float64(min(6000, 5*partitions))
 	db0 := dbSize(b, cli, f.d)
 	w = watchWrites(b, cli, fleetKeys.Prefix())
+	var prof bytes.Buffer
+	profiling := pprof.StartCPUProfile(&prof) == nil // not under go test -cpuprofile
 	began := time.Now()
 	f.flow(b, "flow", int(pt.flowRate), 6*time.Second)
 	w.stop()
+	if profiling {
+		pprof.StopCPUProfile()
+		leader, total, err := cpuByLabel(prof.Bytes(), "kswitch_role", "leader")
+		if err != nil {
+			b.Fatal(err)
+		}
+		s := time.Since(began).Seconds()
+		pt.leaderCPU, pt.processCPU = leader.Seconds()/s, total.Seconds()/s
+	}
 	pt.dbGrowthPerMin = float64(dbSize(b, cli, f.d)-db0) / time.Since(began).Minutes()
 	pt.writes, pt.bytes, pt.revisions = w.rates()
 	f.handledAll(b, budget)
@@ -556,11 +572,11 @@ func BenchmarkScale(b *testing.B) {
 				b.ReportMetric(pt.kill.Seconds(), "kill-rebalance-s")
 				b.ReportMetric(pt.bytes, "etcd-bytes/s")
 				fmt.Printf("scale %5d partitions %2d agents: start %5.2f s, join %5.2f s, leave %5.2f s, kill %5.2f s, failover %5.2f s (revoke %.2f, translate %.2f, activate %.2f); "+
-					"idle %.1f etcd writes/s; at %.0f records/s: %.0f etcd writes/s, %.0f kB/s, %.1f revisions/s, db +%.1f MB/min; "+
+					"idle %.1f etcd writes/s; at %.0f records/s: %.0f etcd writes/s, %.0f kB/s, %.1f revisions/s, db +%.1f MB/min, leader %.3f cores of the process's %.2f; "+
 					"%.0f B heap a partition (fleet, etcd and Kafka); %.0f records/s end to end; %d lost, %d twice (%d after the killed agent's last commit), %d of %d by fingerprint\n",
 					pt.partitions, pt.agents, pt.start.Seconds(), pt.join.Seconds(), pt.leave.Seconds(), pt.kill.Seconds(), pt.failover.Seconds(),
 					pt.phases["revoke"], pt.phases["translate"], pt.phases["activate"],
-					pt.idleWrites, pt.flowRate, pt.writes, pt.bytes/1e3, pt.revisions, pt.dbGrowthPerMin/1e6,
+					pt.idleWrites, pt.flowRate, pt.writes, pt.bytes/1e3, pt.revisions, pt.dbGrowthPerMin/1e6, pt.leaderCPU, pt.processCPU,
 					pt.heapPerPartition, pt.recordsPerSecond, pt.lost, pt.dups, pt.killedDups, pt.fingerprinted, pt.partitions)
 			}
 		})
