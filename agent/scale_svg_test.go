@@ -48,9 +48,9 @@ func writeScaleSVG(path string, got map[scaleKey]scalePoint, budget float64) err
 		series(3, "kill, 3 agents", "#1f77b4", true, func(p scalePoint) float64 { return p.kill.Seconds() }),
 		series(10, "kill, 10 agents", "#ff7f0e", true, func(p scalePoint) float64 { return p.kill.Seconds() }),
 	}, 0)
-	chart(&b, 480, "etcd kB/s while every partition is busy", "kB/s", []scaleSeries{
-		series(3, "3 agents", "#1f77b4", false, func(p scalePoint) float64 { return p.bytes / 1e3 }),
-		series(10, "10 agents", "#ff7f0e", false, func(p scalePoint) float64 { return p.bytes / 1e3 }),
+	chart(&b, 480, "etcd kB/s of positions while every partition is busy", "kB/s", []scaleSeries{
+		series(3, "3 agents", "#1f77b4", false, func(p scalePoint) float64 { return p.offsetBytes / 1e3 }),
+		series(10, "10 agents", "#ff7f0e", false, func(p scalePoint) float64 { return p.offsetBytes / 1e3 }),
 	}, budget/1e3)
 	b.WriteString("</svg>\n")
 	return os.WriteFile(path, []byte(b.String()), 0o644)
@@ -126,7 +126,7 @@ func TestScaleSVGIsWellFormed(t *testing.T) {
 	got := map[scaleKey]scalePoint{}
 	for _, p := range []int{12, 120, 1200} {
 		for _, a := range []int{3, 10} {
-			got[scaleKey{p, a}] = scalePoint{failover: time.Duration(p) * time.Millisecond, kill: 2 * time.Second, bytes: float64(p * 100)}
+			got[scaleKey{p, a}] = scalePoint{failover: time.Duration(p) * time.Millisecond, kill: 2 * time.Second, offsetBytes: float64(p * 100)}
 		}
 	}
 	path := filepath.Join(t.TempDir(), "scale.svg")
