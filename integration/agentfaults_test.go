@@ -7,8 +7,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/kswitch/kswitch/internal/wait"
 )
 
 // TestAgentFaultsOnRealKafka kills agents and an etcd member while the
@@ -39,7 +37,7 @@ func TestAgentFaultsOnRealKafka(t *testing.T) {
 
 	// The leader's machine dies.
 	var leader string
-	wait.For(t, 10*time.Second, "the agents agree on a leader", func() (err error) {
+	waitFor(t, 10*time.Second, "the agents agree on a leader", func() (err error) {
 		leader, _, err = agreedLeader(agents)
 		return err
 	})
@@ -48,7 +46,7 @@ func TestAgentFaultsOnRealKafka(t *testing.T) {
 	_ = byID(agents, leader).wait(10 * time.Second)
 	rest := remove(agents, leader)
 	var next string
-	wait.For(t, sessionTTL+5*time.Second, "a new leader after SIGKILL of the leader", func() (err error) {
+	waitFor(t, sessionTTL+5*time.Second, "a new leader after SIGKILL of the leader", func() (err error) {
 		next, _, err = agreedLeader(rest)
 		return err
 	})
@@ -71,7 +69,7 @@ func TestAgentFaultsOnRealKafka(t *testing.T) {
 	follower.signal(syscall.SIGKILL)
 	_ = follower.wait(10 * time.Second)
 	timed("follower_killed_moving", st.moving(t, "every partition moves again after a follower died", 30*time.Second))
-	wait.For(t, sessionTTL+5*time.Second, "the dead follower owns nothing", func() error {
+	waitFor(t, sessionTTL+5*time.Second, "the dead follower owns nothing", func() error {
 		if n := tl.owners()[follower.id]; n > 0 {
 			return fmt.Errorf("%s owns %d partitions", follower.id, n)
 		}
@@ -79,7 +77,7 @@ func TestAgentFaultsOnRealKafka(t *testing.T) {
 	})
 	restarted := time.Now()
 	follower.restart(t)
-	wait.For(t, 30*time.Second, "the restarted follower gets partitions", func() error {
+	waitFor(t, 30*time.Second, "the restarted follower gets partitions", func() error {
 		if n := tl.owners()[follower.id]; n == 0 {
 			return fmt.Errorf("assignment owners: %v", tl.owners())
 		}
@@ -95,7 +93,7 @@ func TestAgentFaultsOnRealKafka(t *testing.T) {
 	// the duplicated offsets form runs that each start at the last commit
 	// of an owner that died (killed, or its session expired).
 	if !r.ok() {
-		t.Errorf("lost %d %v; duplicates not explained by a death %v; deliveries the committed offsets do not explain %v",
+		errorf(t, "lost %d %v; duplicates not explained by a death %v; deliveries the committed offsets do not explain %v",
 			r.LostCount, r.Lost, r.BadDuplicates, r.PositionMismatch)
 	}
 	timed("scenario", time.Since(st.began))

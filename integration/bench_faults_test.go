@@ -119,7 +119,7 @@ func (bx *bench) watchDelivered() *deliveredWatch {
 	t := bx.t
 	cl, err := sarama.NewClient([]string{bx.st.b.addr}, saramaConfig(3*time.Second))
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	w := &deliveredWatch{}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -289,7 +289,7 @@ func (bx *bench) failover() {
 	t, st := bx.t, bx.st
 	st.mm = startMirrorMaker(t, st.env, st.a, st.b, st.policy)
 	remote := st.policy.remote
-	wait.For(t, 2*time.Minute, "MirrorMaker 2 creates "+remote+" on B", func() error {
+	waitFor(t, 2*time.Minute, "MirrorMaker 2 creates "+remote+" on B", func() error {
 		_, err := endOffsets(st.b.addr, remote)
 		return err
 	})
@@ -317,14 +317,14 @@ func (bx *bench) failoverTrial(trial int, fault string, dupsBefore int) (failove
 	t, st, tl, w := bx.t, bx.st, bx.st.tl, bx.delivered
 	remote := st.policy.remote
 	tr := failoverTrial{Trial: trial, Fault: fault, Methods: map[string]int{}}
-	wait.For(t, time.Minute, "the fleet consumes every partition of A", func() error { return bx.allMoving(time.Now().Add(-2 * time.Second)) })
+	waitFor(t, time.Minute, "the fleet consumes every partition of A", func() error { return bx.allMoving(time.Now().Add(-2 * time.Second)) })
 	// A backlog on B: the fleet paused until MirrorMaker 2 has copied 150
 	// records more than it consumed, so that records are waiting on B when
 	// it gets there and "first record from B" is a consumption, not an
 	// arrival.
 	put(t, st.etcd, fleetPrefix+"signals/fleet", "pause")
 	atPause := sum(offsetsOf(tl.offsets("A", "orders")))
-	wait.For(t, 30*time.Second, "a backlog of 150 records on B", func() error {
+	waitFor(t, 30*time.Second, "a backlog of 150 records on B", func() error {
 		ends, err := endOffsets(st.b.addr, remote)
 		if err != nil {
 			return err
@@ -358,7 +358,7 @@ func (bx *bench) failoverTrial(trial int, fault string, dupsBefore int) (failove
 		tr.Methods[ps.Method]++
 		to[ps.Partition] = ps.ToOffset
 	}
-	wait.For(t, 30*time.Second, "an agent commits on B past the translated offsets", func() error {
+	waitFor(t, 30*time.Second, "an agent commits on B past the translated offsets", func() error {
 		first, ok := tl.first(faultAt, func(ev event) bool {
 			p, c, ok := offsetEvent(ev, "B", remote)
 			return ok && !strings.HasPrefix(c.Agent, "leader:") && c.Offset > to[p]
@@ -388,15 +388,15 @@ func (bx *bench) failoverTrial(trial int, fault string, dupsBefore int) (failove
 	// Lost and duplicated: every record below the fleet's commits on A
 	// must be in the channel topic.
 	back := time.Now()
-	wait.For(t, time.Minute, "the fleet consumes every partition of A again", func() error { return bx.allMoving(back) })
+	waitFor(t, time.Minute, "the fleet consumes every partition of A again", func() error { return bx.allMoving(back) })
 	committed := offsetsOf(tl.offsets("A", "orders"))
 	delivered, err := readTopic(st.b.addr, "delivered")
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	source, err := readTopic(st.a.addr, "orders")
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	count := map[string]int{}
 	for _, recs := range delivered {
@@ -432,7 +432,7 @@ func (bx *bench) rebalance() {
 			for _, a := range bx.agents {
 				a.signal(syscall.SIGTERM)
 				if err := a.wait(20 * time.Second); err != nil && a.running() {
-					t.Fatal(err)
+					fatal(t, err)
 				}
 			}
 			bx.agents = bx.fleet([]string{"--agent.death_detection=lease"})
@@ -455,7 +455,7 @@ type assignment struct {
 func (bx *bench) rebalanceTrial(mode string, trial int) rebalanceTrial {
 	t, tl, agents := bx.t, bx.st.tl, bx.agents
 	var leader string
-	wait.For(t, 30*time.Second, "a stable fleet: every agent owns partitions and every partition moves", func() (err error) {
+	waitFor(t, 30*time.Second, "a stable fleet: every agent owns partitions and every partition moves", func() (err error) {
 		if leader, _, err = agreedLeader(agents); err != nil {
 			return err
 		}
@@ -476,7 +476,7 @@ func (bx *bench) rebalanceTrial(mode string, trial int) rebalanceTrial {
 	err := json.Unmarshal(tl.latest["state/assignment"], &cur)
 	tl.mu.Unlock()
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	var parts []int32
 	for _, tp := range cur.Owned[victim.id] {
@@ -486,7 +486,7 @@ func (bx *bench) rebalanceTrial(mode string, trial int) rebalanceTrial {
 	stopProc(t, victim.proc, syscall.SIGKILL)
 	tr := rebalanceTrial{DeathDetection: mode, Trial: trial, Agent: victim.id, Partitions: parts}
 	var reassigned time.Time
-	wait.For(t, 30*time.Second, "the dead agent's partitions assigned to others", func() error {
+	waitFor(t, 30*time.Second, "the dead agent's partitions assigned to others", func() error {
 		ev, ok := tl.first(killed, func(ev event) bool {
 			var a assignment
 			if ev.Key != "state/assignment" || ev.Deleted || json.Unmarshal(ev.Value, &a) != nil {
@@ -516,7 +516,7 @@ func (bx *bench) rebalanceTrial(mode string, trial int) rebalanceTrial {
 	tr.ConsumedSeconds = round3(consumed.Sub(killed).Seconds())
 	t.Logf("rebalance %s trial %d: %+v", mode, trial, tr)
 	victim.restart(t)
-	wait.For(t, 30*time.Second, "the restarted agent owns partitions again", func() error {
+	waitFor(t, 30*time.Second, "the restarted agent owns partitions again", func() error {
 		if n := tl.owners()[victim.id]; n == 0 {
 			return fmt.Errorf("owners: %v", tl.owners())
 		}
@@ -547,7 +547,7 @@ func ownedByOther(a assignment, p int32, dead string) bool {
 // against a bare etcd watch in this process seeing the same write.
 func (bx *bench) pause() {
 	t, agents := bx.t, bx.agents
-	wait.For(t, 30*time.Second, "every agent consumes", func() error {
+	waitFor(t, 30*time.Second, "every agent consumes", func() error {
 		if owners := bx.st.tl.owners(); len(owners) != len(agents) {
 			return fmt.Errorf("owners: %v", owners)
 		}
@@ -555,7 +555,7 @@ func (bx *bench) pause() {
 	})
 	cli, err := clientv3.New(clientv3.Config{Endpoints: bx.st.etcd.endpoints(), DialTimeout: 5 * time.Second})
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	defer cli.Close()
 	key := fleetPrefix + "signals/fleet"
@@ -599,14 +599,14 @@ func (bx *bench) pause() {
 		began := time.Now()
 		resp, err := cli.Put(context.Background(), key, val)
 		if err != nil {
-			t.Fatal(err)
+			fatal(t, err)
 		}
 		rev := resp.Header.Revision
 		var watchAt time.Time
 		done := map[string]bool{}
 		for len(done) < len(agents) {
 			if time.Since(began) > 10*time.Second {
-				t.Fatalf("flip %d (%s at revision %d) not applied by every agent within 10 s: applied by %v", i, val, rev, done)
+				fatalf(t, "flip %d (%s at revision %d) not applied by every agent within 10 s: applied by %v", i, val, rev, done)
 			}
 			pollAt := time.Now()
 			for _, a := range agents {
@@ -615,7 +615,7 @@ func (bx *bench) pause() {
 				}
 				r, err := applied(a)
 				if err != nil {
-					t.Fatalf("%s /status: %v", a.id, err)
+					fatalf(t, "%s /status: %v", a.id, err)
 				}
 				if r >= rev {
 					done[a.id] = true
@@ -631,7 +631,7 @@ func (bx *bench) pause() {
 					watchAt = s.at
 				}
 			case <-time.After(10 * time.Second):
-				t.Fatalf("the bare watch did not see revision %d", rev)
+				fatalf(t, "the bare watch did not see revision %d", rev)
 			}
 		}
 		res.WatchMs = append(res.WatchMs, ms(watchAt.Sub(began)))

@@ -15,8 +15,6 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-
-	"github.com/kswitch/kswitch/internal/wait"
 )
 
 // Relay throughput (figure 1) and cost (figure 6). Every relay copies the
@@ -91,10 +89,10 @@ func (bx *bench) throughput() {
 	}
 	ends, err := endOffsets(st.a.addr, "relay")
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	if sum(ends) != int64(n) {
-		t.Fatalf("relay on A holds %d records, ProducerPerformance wrote %d", sum(ends), n)
+		fatalf(t, "relay on A holds %d records, ProducerPerformance wrote %d", sum(ends), n)
 	}
 	for i := 1; i <= bx.scale.RelayTrials; i++ {
 		bx.res.Ceiling = append(bx.res.Ceiling, bx.consumerPerf(i, "relay", n))
@@ -153,10 +151,10 @@ func (bx *bench) relay(kind string, instances, trial int, src string, n int) rel
 	}
 	bx.stopRelay(kind, procs)
 	if err != nil {
-		t.Fatalf("%s ×%d, trial %d: %v", kind, instances, trial, err)
+		fatalf(t, "%s ×%d, trial %d: %v", kind, instances, trial, err)
 	}
 	if !f.p80.After(f.p20) {
-		t.Fatalf("%s ×%d, trial %d: %s filled from 20 %% to 80 %% between two looks 20 ms apart: too few records to measure a rate", kind, instances, trial, dest)
+		fatalf(t, "%s ×%d, trial %d: %s filled from 20 %% to 80 %% between two looks 20 ms apart: too few records to measure a rate", kind, instances, trial, dest)
 	}
 	tr.StartupSeconds = round3(f.first.Sub(began).Seconds())
 	tr.TotalSeconds = round3(f.done.Sub(began).Seconds())
@@ -199,7 +197,7 @@ func (bx *bench) startRelay(kind string, instances, trial int, src, dest string)
 			st.a.addr, src, st.b.addr, dest)
 		procs = append(procs, startProc(t, "kcat-pipe", "bash", "-c", cmd))
 	default:
-		t.Fatalf("no relay %q", kind)
+		fatalf(t, "no relay %q", kind)
 	}
 	return procs
 }
@@ -296,7 +294,7 @@ config.storage.replication.factor = 1
 plugin.discovery = service_load
 `, alias, st.a.addr, st.b.addr, topic)
 	if err := os.WriteFile(conf, []byte(props), 0o644); err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	return startProc(t, "mirrormaker-"+alias, st.env.java,
 		append(st.env.jvmArgs("384m", dir, "org.apache.kafka.connect.mirror.MirrorMaker"), conf)...)
@@ -458,7 +456,7 @@ appender.err.layout.pattern = [%d{HH:mm:ss.SSS}] %p %m (%c{1})%n
 rootLogger.level = warn
 rootLogger.appenderRef.err.ref = STDERR
 `), 0o644); err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	cp := filepath.Join(env.libs, "*") + ":" + filepath.Join(bx.tools, "*")
 	all := append([]string{"-Xms256m", "-Xmx256m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
@@ -470,7 +468,7 @@ rootLogger.appenderRef.err.ref = STDERR
 	logf := filepath.Join(logDir(t), name+".log")
 	_ = os.WriteFile(logf, []byte(stdout.String()+stderr.String()), 0o644)
 	if err != nil {
-		t.Fatalf("%s: %v; last output:\n%s", name, err, tail(logf, 20))
+		fatalf(t, "%s: %v; last output:\n%s", name, err, tail(logf, 20))
 	}
 	return stdout.String()
 }
@@ -549,7 +547,7 @@ func (bx *bench) cost() {
 		pids := map[string]int{"kswitch": agent.cmd.Process.Pid, "relayloop": loop.cmd.Process.Pid}
 		// Both ready: the agent owns every partition, the baseline's group
 		// is stable with its member.
-		wait.For(t, time.Minute, "the agent and the baseline consume every partition", func() error {
+		waitFor(t, time.Minute, "the agent and the baseline consume every partition", func() error {
 			if n := bx.st.tl.owners()[agent.id]; n != relayPartitions {
 				return fmt.Errorf("the agent owns %d partitions", n)
 			}
@@ -559,7 +557,7 @@ func (bx *bench) cost() {
 		for k, pid := range pids {
 			u, err := treeUsage(pid)
 			if err != nil {
-				t.Fatal(err)
+				fatal(t, err)
 			}
 			before[k] = u
 		}
@@ -584,14 +582,14 @@ func (bx *bench) cost() {
 		for range dests {
 			r := <-fills
 			if r.err != nil {
-				t.Fatalf("cost trial %d, %s: %v", i, r.relay, r.err)
+				fatalf(t, "cost trial %d, %s: %v", i, r.relay, r.err)
 			}
 			ct.Lag[r.relay] = round3(max(0, r.f.done.Sub(produced).Seconds()))
 		}
 		for k, pid := range pids {
 			u, err := treeUsage(pid)
 			if err != nil {
-				t.Fatal(err)
+				fatal(t, err)
 			}
 			ct.CPUSeconds[k] = round3(u.cpu - before[k].cpu)
 			ct.PeakRSSMiB[k] = round1(float64(u.hwmKiB) / 1024)

@@ -75,10 +75,10 @@ func TestBenchmarksOnRealStack(t *testing.T) {
 	relayloop := os.Getenv("KSWITCH_BENCH_RELAYLOOP")
 	tools := os.Getenv("KSWITCH_BENCH_TOOLS")
 	if out == "" || relayloop == "" || tools == "" {
-		t.Fatal("KSWITCH_BENCH_OUT, KSWITCH_BENCH_RELAYLOOP and KSWITCH_BENCH_TOOLS are not set: run `make bench`")
+		fatal(t, "KSWITCH_BENCH_OUT, KSWITCH_BENCH_RELAYLOOP and KSWITCH_BENCH_TOOLS are not set: run `make bench`")
 	}
 	if jars, _ := filepath.Glob(filepath.Join(tools, "kafka-tools-[0-9]*.jar")); len(jars) == 0 {
-		t.Fatalf("no kafka-tools jar in %s: run `make bench`, which fetches Kafka's performance tools", tools)
+		fatalf(t, "no kafka-tools jar in %s: run `make bench`, which fetches Kafka's performance tools", tools)
 	}
 	began := time.Now()
 	res := &benchResults{Scale: scaleFromEnv(), Started: began.UTC(), Machine: describeMachine(t)}
@@ -116,10 +116,10 @@ func TestBenchmarksOnRealStack(t *testing.T) {
 		t.Logf("target %s: %s, measured %s: %s", x.What, x.Target, x.Measured, strings.Trim(met(x.Met), "*"))
 	}
 	if t.Failed() {
-		t.Fatalf("not writing %s: the run failed", out)
+		fatalf(t, "not writing %s: the run failed", out)
 	}
 	if err := res.write(out); err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	t.Logf("real-stack benchmarks: %v; wrote %s", time.Since(began).Round(time.Second), out)
 }
@@ -130,21 +130,21 @@ func TestBenchmarksOnRealStack(t *testing.T) {
 func TestBenchmarksPage(t *testing.T) {
 	out := os.Getenv("KSWITCH_BENCH_OUT")
 	if out == "" {
-		t.Fatal("KSWITCH_BENCH_OUT is not set: the directory of benchmarks.json (docs)")
+		fatal(t, "KSWITCH_BENCH_OUT is not set: the directory of benchmarks.json (docs)")
 	}
 	b, err := os.ReadFile(filepath.Join(out, "benchmarks.json"))
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	var res benchResults
 	if err := json.Unmarshal(b, &res); err != nil {
-		t.Fatalf("%s/benchmarks.json: %v", out, err)
+		fatalf(t, "%s/benchmarks.json: %v", out, err)
 	}
 	if err := writeCharts(out, &res); err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	if err := os.WriteFile(filepath.Join(out, "BENCHMARKS.md"), []byte(res.markdown()), 0o644); err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 }
 

@@ -7,8 +7,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/kswitch/kswitch/internal/wait"
 )
 
 // TestExactlyOnceOnRealKafka: the fleet's channel "delivered" is on B,
@@ -38,7 +36,7 @@ func runExactlyOnce(t *testing.T) (rep scenarioReport) {
 	consuming := func(what string) {
 		t.Helper()
 		base := offsetsOf(tl.offsets("A", "orders"))
-		wait.For(t, time.Minute, what, func() error {
+		waitFor(t, time.Minute, what, func() error {
 			got := offsetsOf(tl.offsets("A", "orders"))
 			for p := range int32(ordersPartitions) {
 				if got[p] <= base[p] {
@@ -54,7 +52,7 @@ func runExactlyOnce(t *testing.T) (rep scenarioReport) {
 	killed := time.Now()
 	stopProc(t, agents[1].proc, syscall.SIGKILL)
 	agents = append(agents, startAgentWith(t, "agent-4", conf))
-	wait.For(t, time.Minute, "the killed agent's partitions owned by the others", func() error {
+	waitFor(t, time.Minute, "the killed agent's partitions owned by the others", func() error {
 		owners := tl.owners()
 		n := 0
 		for id, k := range owners {
@@ -83,9 +81,9 @@ func runExactlyOnce(t *testing.T) (rep scenarioReport) {
 	bBack := time.Now()
 	atB, err := endOffsets(a.addr, "orders")
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
-	wait.For(t, time.Minute, "the fleet commits what A held when B was back", func() error {
+	waitFor(t, time.Minute, "the fleet commits what A held when B was back", func() error {
 		got := offsetsOf(tl.offsets("A", "orders"))
 		for p, end := range atB {
 			if got[p] < end {
@@ -110,13 +108,13 @@ func runExactlyOnce(t *testing.T) (rep scenarioReport) {
 	prod.finish(t, time.Minute)
 	aEnds, err := endOffsets(a.addr, "orders")
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
-	wait.For(t, time.Minute, "the fleet consumes all of A's orders", func() error { return tl.caughtUp("A", "orders", aEnds) })
+	waitFor(t, time.Minute, "the fleet consumes all of A's orders", func() error { return tl.caughtUp("A", "orders", aEnds) })
 	written := map[string]bool{}
 	content, err := readTopic(a.addr, "orders")
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	for _, recs := range content {
 		for _, r := range recs {
@@ -124,7 +122,7 @@ func runExactlyOnce(t *testing.T) (rep scenarioReport) {
 		}
 	}
 	var got map[string]int
-	wait.For(t, 30*time.Second, "every record of A's orders on the channel (read_committed)", func() error {
+	waitFor(t, 30*time.Second, "every record of A's orders on the channel (read_committed)", func() error {
 		delivered, err := readCommitted(b.addr, "delivered")
 		if err != nil {
 			return err
@@ -154,14 +152,14 @@ func runExactlyOnce(t *testing.T) (rep scenarioReport) {
 		case n > 1:
 			dups += n - 1
 			if dups <= 10 {
-				t.Errorf("%s on the channel %d times", v, n)
+				errorf(t, "%s on the channel %d times", v, n)
 			}
 		}
 	}
 	rep.Details = append(rep.Details, fmt.Sprintf("%d records written to A, on the channel read_committed: %d duplicated, %d not written", len(written), dups, strangers))
 	t.Logf("%d records written to A; on the channel (read_committed): %d duplicated, %d not written", len(written), dups, strangers)
 	if dups > 0 || strangers > 0 {
-		t.Errorf("%d duplicated, %d records on the channel that A does not hold", dups, strangers)
+		errorf(t, "%d duplicated, %d records on the channel that A does not hold", dups, strangers)
 	}
 	if n, err := sumMetric(agents, "kswitch_routing_exactly_once_skipped_total"); err == nil {
 		t.Logf("produces skipped as already committed, over the live agents: %v", n)

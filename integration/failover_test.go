@@ -91,7 +91,7 @@ func runFailover(t *testing.T, tc failoverCase) (rep scenarioReport) {
 	prod := startProducer(t, a.addr, "orders", produceRate)
 
 	// 1. Steady state: the fleet consumes A, MirrorMaker 2 copies to B.
-	wait.For(t, time.Minute, "the fleet commits offsets on A for every partition", func() error {
+	waitFor(t, time.Minute, "the fleet commits offsets on A for every partition", func() error {
 		got := tl.offsets("A", "orders")
 		if len(got) < ordersPartitions {
 			return fmt.Errorf("committed: %v", offsetsOf(got))
@@ -104,7 +104,7 @@ func runFailover(t *testing.T, tc failoverCase) (rep scenarioReport) {
 		return nil
 	})
 	timed("fleet_consuming_a", time.Since(agentsAt))
-	wait.For(t, 30*time.Second, "MirrorMaker 2 copies the records to B", func() error {
+	waitFor(t, 30*time.Second, "MirrorMaker 2 copies the records to B", func() error {
 		ends, err := endOffsets(b.addr, remote)
 		if err != nil {
 			return err
@@ -119,11 +119,11 @@ func runFailover(t *testing.T, tc failoverCase) (rep scenarioReport) {
 	// tools and MirrorMaker 2's checkpoints see the fleet; and MirrorMaker
 	// 2 translates them into checkpoints on B (compared with kswitch's
 	// translation after the failover).
-	wait.For(t, 20*time.Second, "the fleet's committed offsets appear as Kafka group orders on A", func() error {
+	waitFor(t, 20*time.Second, "the fleet's committed offsets appear as Kafka group orders on A", func() error {
 		return trailingOffsets(tl.offsets("A", "orders"), a.addr, "orders")
 	})
 	mark := time.Now()
-	wait.For(t, time.Minute, "MirrorMaker 2 checkpoints group orders on B", func() error {
+	waitFor(t, time.Minute, "MirrorMaker 2 checkpoints group orders on B", func() error {
 		cps, err := readCheckpoints(b.addr, "A.checkpoints.internal", "orders")
 		if err != nil {
 			return err
@@ -144,7 +144,7 @@ func runFailover(t *testing.T, tc failoverCase) (rep scenarioReport) {
 			t.Logf("NOTE (kswitch): while paused, Kafka group orders on A stays behind etcd: %v", err)
 		}
 		atPause := sum(offsetsOf(tl.offsets("A", "orders")))
-		wait.For(t, 30*time.Second, "a backlog of 150 records on B", func() error {
+		waitFor(t, 30*time.Second, "a backlog of 150 records on B", func() error {
 			ends, err := endOffsets(b.addr, remote)
 			if err != nil {
 				return err
@@ -155,7 +155,7 @@ func runFailover(t *testing.T, tc failoverCase) (rep scenarioReport) {
 			return nil
 		})
 	} else {
-		wait.For(t, 30*time.Second, "the fleet keeps up with A", func() error {
+		waitFor(t, 30*time.Second, "the fleet keeps up with A", func() error {
 			ends, err := endOffsets(a.addr, "orders")
 			if err != nil {
 				return err
@@ -178,7 +178,7 @@ func runFailover(t *testing.T, tc failoverCase) (rep scenarioReport) {
 	// Nothing reaches B while A is down: this is what was replicated.
 	replicatedAtFault, err := endOffsets(b.addr, remote)
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	failover := lastSwitch(t, tl, "A", "B")
 	rep.Methods["failover"] = methods(failover)
@@ -192,7 +192,7 @@ func runFailover(t *testing.T, tc failoverCase) (rep scenarioReport) {
 		// below accounts for. Otherwise fingerprints must match exactly.
 		lagged := ps.Method == "mm2" && strings.Contains(ps.Detail, "the last consumed record is not on the target")
 		if ps.Method != "fingerprint" && !lagged {
-			t.Errorf("failover translated orders/%d by %s (%s), want fingerprint: MirrorMaker 2 copies records faithfully", ps.Partition, ps.Method, ps.Detail)
+			errorf(t, "failover translated orders/%d by %s (%s), want fingerprint: MirrorMaker 2 copies records faithfully", ps.Partition, ps.Method, ps.Detail)
 		}
 		if lagged {
 			t.Logf("NOTE (scenario): orders/%d: B lagged behind what the fleet consumed; translated by the offset-syncs (%s)", ps.Partition, ps.Detail)
@@ -204,7 +204,7 @@ func runFailover(t *testing.T, tc failoverCase) (rep scenarioReport) {
 			to[ps.Partition] = ps.ToOffset
 		}
 		var first event
-		wait.For(t, 30*time.Second, "an agent commits on B past the translated offsets", func() error {
+		waitFor(t, 30*time.Second, "an agent commits on B past the translated offsets", func() error {
 			var ok bool
 			first, ok = tl.first(fault, func(ev event) bool {
 				p, c, ok := offsetEvent(ev, "B", remote)
@@ -217,7 +217,7 @@ func runFailover(t *testing.T, tc failoverCase) (rep scenarioReport) {
 		})
 		timed("failover_first_record", first.At.Sub(fault))
 	}
-	wait.For(t, time.Minute, "the fleet consumes everything B holds", func() error {
+	waitFor(t, time.Minute, "the fleet consumes everything B holds", func() error {
 		return tl.caughtUp("B", remote, replicatedAtFault)
 	})
 	timed("failover_drained", time.Since(fault))
@@ -253,7 +253,7 @@ func runFailover(t *testing.T, tc failoverCase) (rep scenarioReport) {
 		hold := time.Now()
 		for time.Since(hold) < failbackStable+3*time.Second {
 			if s, _ := tl.active(); s.Cluster != "B" {
-				t.Fatalf("the fleet left B while pinned to it: %+v", s)
+				fatalf(t, "the fleet left B while pinned to it: %+v", s)
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
@@ -266,28 +266,28 @@ func runFailover(t *testing.T, tc failoverCase) (rep scenarioReport) {
 	t.Logf("pin to A: %s", describe(pinA))
 	kswitchCLI(t, "failover", "--etcd", strings.Join(eps, ","), "--fleet", "orders", "--auto")
 	if out, err := etcd.etcdctl("get", fleetPrefix+"control/pin"); err != nil || strings.TrimSpace(out) != "" {
-		t.Fatalf("control/pin after kswitch failover --auto: %q, %v", out, err)
+		fatalf(t, "control/pin after kswitch failover --auto: %q, %v", out, err)
 	}
 
 	// 5. Verdict: stop producing, let the fleet finish A, read both back.
 	prod.finish(t, time.Minute)
 	ends, err := endOffsets(a.addr, "orders")
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	if got := sum(ends); got != int64(prod.count()) {
-		t.Errorf("A holds %d records, the producer wrote %d", got, prod.count())
+		errorf(t, "A holds %d records, the producer wrote %d", got, prod.count())
 	}
-	wait.For(t, time.Minute, "the fleet consumes all of A", func() error { return tl.caughtUp("A", "orders", ends) })
+	waitFor(t, time.Minute, "the fleet consumes all of A", func() error { return tl.caughtUp("A", "orders", ends) })
 	contentA, err := readTopic(a.addr, "orders")
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	contentB, err := readTopic(b.addr, remote)
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
-	wait.For(t, 30*time.Second, "every delivery is in the channel topic", func() error {
+	waitFor(t, 30*time.Second, "every delivery is in the channel topic", func() error {
 		// The router acknowledges only what B has; this is a formality.
 		ends, err := endOffsets(b.addr, "delivered")
 		if err != nil {
@@ -300,31 +300,31 @@ func runFailover(t *testing.T, tc failoverCase) (rep scenarioReport) {
 	})
 	delivered, err := readTopic(b.addr, "delivered")
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	events, err := tl.history()
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	segs, err := segments(events, topicOn, ordersPartitions, "A", offsetsOf(tl.offsets("A", "orders")))
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	handOvers := map[string]map[int32]map[int64]bool{"A": tl.handOvers("A", "orders"), "B": tl.handOvers("B", remote)}
 	v, err := judge(segs, map[string]map[int32][]kRecord{"A": contentA, "B": contentB}, delivered, replicatedAtFault, handOvers)
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	rep.verdict = v
 	t.Logf("verdict: %s", v)
 	if !v.ok() {
-		t.Errorf("lost %v (%d); duplicates of records B had at the fault %v; deliveries the committed ranges do not explain %v", v.Lost, v.LostCount, v.BadDuplicates, v.PositionMismatch)
+		errorf(t, "lost %v (%d); duplicates of records B had at the fault %v; deliveries the committed ranges do not explain %v", v.Lost, v.LostCount, v.BadDuplicates, v.PositionMismatch)
 	}
 	if dc := tl.doubleCommits(); len(dc) > 0 {
-		t.Errorf("two agents committed one partition in one generation: %v", dc)
+		errorf(t, "two agents committed one partition in one generation: %v", dc)
 	}
 	if v.Records != prod.count() {
-		t.Errorf("%d distinct records on A, the producer wrote %d", v.Records, prod.count())
+		errorf(t, "%d distinct records on A, the producer wrote %d", v.Records, prod.count())
 	}
 	timed("scenario", time.Since(began))
 	return rep
@@ -342,7 +342,7 @@ func sum(m map[int32]int64) int64 {
 func put(t *testing.T, etcd *etcdCluster, key, value string) {
 	t.Helper()
 	if _, err := etcd.etcdctl("put", key, value); err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 }
 
@@ -352,7 +352,7 @@ func kswitchCLI(t *testing.T, args ...string) string {
 	t.Helper()
 	out, err := runKswitch(t, args...)
 	if err != nil {
-		t.Fatalf("%v\n%s", err, out)
+		fatalf(t, "%v\n%s", err, out)
 	}
 	return out
 }
@@ -432,7 +432,7 @@ func lastSwitch(t *testing.T, tl *timeline, from, to string) switchEvent {
 func lastSwitchOf(t *testing.T, tl *timeline, from, to string, n int, timeout time.Duration) switchEvent {
 	t.Helper()
 	var ev switchEvent
-	wait.For(t, timeout, "history/ records the switch "+from+" → "+to, func() error {
+	waitFor(t, timeout, "history/ records the switch "+from+" → "+to, func() error {
 		events, err := tl.history()
 		if err != nil {
 			return err
@@ -455,7 +455,7 @@ func historyShown(t *testing.T, etcd *etcdCluster, epoch int64) {
 	t.Helper()
 	out, err := etcd.etcdctl("get", "--prefix", fleetPrefix+"history/")
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	for i := 0; i+1 < len(lines); i += 2 {
@@ -465,12 +465,12 @@ func historyShown(t *testing.T, etcd *etcdCluster, epoch int64) {
 		}
 		for _, ps := range ev.Partitions {
 			if ps.Method == "" {
-				t.Errorf("etcdctl shows %s without a translation method for %s/%d", lines[i], ps.Topic, ps.Partition)
+				errorf(t, "etcdctl shows %s without a translation method for %s/%d", lines[i], ps.Topic, ps.Partition)
 			}
 		}
 		return
 	}
-	t.Errorf("etcdctl get --prefix %shistory/ does not show epoch %d:\n%s", fleetPrefix, epoch, out)
+	errorf(t, "etcdctl get --prefix %shistory/ does not show epoch %d:\n%s", fleetPrefix, epoch, out)
 }
 
 func methods(ev switchEvent) []string {
@@ -500,10 +500,10 @@ func checkCheckpoints(t *testing.T, b *kafkaBroker, remote string, ev switchEven
 	t.Helper()
 	cps, err := readCheckpoints(b.addr, "A.checkpoints.internal", "orders")
 	if err != nil {
-		t.Fatalf("MirrorMaker 2's checkpoints: %v", err)
+		fatalf(t, "MirrorMaker 2's checkpoints: %v", err)
 	}
 	if len(cps[remote]) == 0 {
-		t.Errorf("no MirrorMaker 2 checkpoint of group orders for %s: the fleet's Kafka group commits do not reach MirrorMaker 2 (checkpoints: %v)", remote, cps)
+		errorf(t, "no MirrorMaker 2 checkpoint of group orders for %s: the fleet's Kafka group commits do not reach MirrorMaker 2 (checkpoints: %v)", remote, cps)
 		return
 	}
 	var notes []string
@@ -515,7 +515,7 @@ func checkCheckpoints(t *testing.T, b *kafkaBroker, remote string, ev switchEven
 		}
 		notes = append(notes, fmt.Sprintf("%d: kswitch %d→%d, MirrorMaker 2 %d→%d", ps.Partition, ps.FromOffset, ps.ToOffset, cp.Upstream, cp.Downstream))
 		if cp.Downstream > ps.ToOffset {
-			t.Errorf("orders/%d: MirrorMaker 2's checkpoint starts at %d on B, past kswitch's translated %d: kswitch would skip records", ps.Partition, cp.Downstream, ps.ToOffset)
+			errorf(t, "orders/%d: MirrorMaker 2's checkpoint starts at %d on B, past kswitch's translated %d: kswitch would skip records", ps.Partition, cp.Downstream, ps.ToOffset)
 		}
 	}
 	t.Logf("translation vs MirrorMaker 2 checkpoints: %s", strings.Join(notes, "; "))
@@ -536,6 +536,6 @@ func waitFailedOver(t *testing.T, tl *timeline, fault time.Time, timed func(stri
 	}
 	timed("failover_switched", activeB.Sub(fault))
 	if limit := failureWindow + 7*time.Second; activeB.Sub(fault) > limit {
-		t.Errorf("the fleet switched to B %v after the fault, over failure_window + 7 s (%v)", activeB.Sub(fault), limit)
+		errorf(t, "the fleet switched to B %v after the fault, over failure_window + 7 s (%v)", activeB.Sub(fault), limit)
 	}
 }

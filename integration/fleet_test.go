@@ -11,8 +11,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/kswitch/kswitch/internal/wait"
 )
 
 // sessionTTL is the agents' etcd.session_ttl. 3 s, not the 2 s minimum:
@@ -72,11 +70,11 @@ func TestFleetOnRealEtcd(t *testing.T) {
 
 	var leader string
 	var token int64
-	wait.For(t, 20*time.Second, "three agents agree on one leader", func() (err error) {
+	waitFor(t, 20*time.Second, "three agents agree on one leader", func() (err error) {
 		leader, token, err = agreedLeader(agents)
 		return err
 	})
-	wait.For(t, 10*time.Second, "kswitch status lists the fleet", func() error {
+	waitFor(t, 10*time.Second, "kswitch status lists the fleet", func() error {
 		s, err := status(t, eps)
 		if err != nil {
 			return err
@@ -89,10 +87,10 @@ func TestFleetOnRealEtcd(t *testing.T) {
 	// What an operator sees with the real etcdctl.
 	out, err := etcd.etcdctl("get", "--prefix", "--print-value-only", "/kswitch/orders/election/")
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	if !strings.Contains(out, leader) {
-		t.Fatalf("etcdctl shows election values %q, want the leader %s among them", out, leader)
+		fatalf(t, "etcdctl shows election values %q, want the leader %s among them", out, leader)
 	}
 
 	// One etcd member dies: quorum holds, the fleet keeps its leader.
@@ -112,7 +110,7 @@ func TestFleetOnRealEtcd(t *testing.T) {
 	for hold := time.Now().Add(2 * sessionTTL); time.Now().Before(hold); time.Sleep(200 * time.Millisecond) {
 		l, tok, err := agreedLeader(agents)
 		if err != nil || l != leader || tok != token {
-			t.Fatalf("leadership changed after losing one etcd member of three: %s/%d, %v", l, tok, err)
+			fatalf(t, "leadership changed after losing one etcd member of three: %s/%d, %v", l, tok, err)
 		}
 		for _, a := range agents {
 			var body map[string]string
@@ -126,7 +124,7 @@ func TestFleetOnRealEtcd(t *testing.T) {
 				t.Logf("NOTE (kswitch): %s unready after losing one etcd member of three: %d %v %v", a.id, code, body, err)
 			}
 			if d := time.Since(unreadySince[a.id]); d > maxUnready {
-				t.Fatalf("%s unready for %v after losing one etcd member of three: %d %v %v", a.id, d, code, body, err)
+				fatalf(t, "%s unready for %v after losing one etcd member of three: %d %v %v", a.id, d, code, body, err)
 			}
 		}
 	}
@@ -137,12 +135,12 @@ func TestFleetOnRealEtcd(t *testing.T) {
 	byID(agents, leader).signal(syscall.SIGKILL)
 	rest := remove(agents, leader)
 	var next string
-	wait.For(t, sessionTTL+time.Second, "a new leader after SIGKILL of the leader", func() (err error) {
+	waitFor(t, sessionTTL+time.Second, "a new leader after SIGKILL of the leader", func() (err error) {
 		next, _, err = agreedLeader(rest)
 		return err
 	})
 	t.Logf("SIGKILL of %s: %s leads after %v", leader, next, time.Since(began))
-	wait.For(t, sessionTTL+2*time.Second, "the killed agent leaves agents/", func() error {
+	waitFor(t, sessionTTL+2*time.Second, "the killed agent leaves agents/", func() error {
 		s, err := status(t, eps)
 		if err != nil {
 			return err
@@ -156,7 +154,7 @@ func TestFleetOnRealEtcd(t *testing.T) {
 	// The killed agent comes back and rejoins as a follower.
 	killed := byID(agents, leader)
 	killed.restart(t)
-	wait.For(t, 20*time.Second, "the restarted agent rejoins", func() error {
+	waitFor(t, 20*time.Second, "the restarted agent rejoins", func() error {
 		l, _, err := agreedLeader(agents)
 		if err != nil {
 			return err
@@ -172,13 +170,13 @@ func TestFleetOnRealEtcd(t *testing.T) {
 	byID(agents, next).signal(syscall.SIGTERM)
 	rest = remove(agents, next)
 	var third string
-	wait.For(t, time.Second, "a new leader after SIGTERM of the leader", func() (err error) {
+	waitFor(t, time.Second, "a new leader after SIGTERM of the leader", func() (err error) {
 		third, _, err = agreedLeader(rest)
 		return err
 	})
 	t.Logf("SIGTERM of %s: %s leads after %v", next, third, time.Since(began))
 	if err := byID(agents, next).wait(15 * time.Second); err != nil {
-		t.Fatalf("agent stopped by SIGTERM: %v", err)
+		fatalf(t, "agent stopped by SIGTERM: %v", err)
 	}
 }
 
@@ -188,12 +186,12 @@ func TestAgentRefusesBadConfig(t *testing.T) {
 	conf, _ := writeAgentConfig(t, "agent-x", []string{"127.0.0.1:1"})
 	out, err := exec.Command(bin, "agent", "--config", conf, "--etcd.session_ttl", "1s", "--cluster", "B.role=primary").CombinedOutput()
 	if err == nil {
-		t.Fatal("agent started with a 1s session TTL and two primaries")
+		fatal(t, "agent started with a 1s session TTL and two primaries")
 
 	}
 	for _, want := range []string{"etcd.session_ttl", "clusters.", "primary"} {
 		if !strings.Contains(string(out), want) {
-			t.Errorf("error output lacks %q:\n%s", want, out)
+			errorf(t, "error output lacks %q:\n%s", want, out)
 		}
 	}
 }

@@ -31,11 +31,11 @@ func binaries(t *testing.T) (kswitch, etcdDir string) {
 	t.Helper()
 	kswitch, etcdDir = os.Getenv("KSWITCH_TEST_BIN"), os.Getenv("KSWITCH_TEST_ETCD_DIR")
 	if kswitch == "" || etcdDir == "" {
-		t.Fatal("KSWITCH_TEST_BIN and KSWITCH_TEST_ETCD_DIR are not set: run the suite with `make integration`")
+		fatal(t, "KSWITCH_TEST_BIN and KSWITCH_TEST_ETCD_DIR are not set: run the suite with `make integration`")
 	}
 	for _, p := range []string{kswitch, filepath.Join(etcdDir, "etcd"), filepath.Join(etcdDir, "etcdctl")} {
 		if _, err := os.Stat(p); err != nil {
-			t.Fatalf("%v: run the suite with `make integration`, which builds it", err)
+			fatalf(t, "%v: run the suite with `make integration`, which builds it", err)
 		}
 	}
 	return kswitch, etcdDir
@@ -48,7 +48,7 @@ func freePort(t *testing.T) int {
 	t.Helper()
 	port, err := freeport.Port()
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	return port
 }
@@ -71,10 +71,10 @@ func logDir(t *testing.T) string {
 	}
 	dir := filepath.Join(root, filepath.FromSlash(t.Name()))
 	if err := os.RemoveAll(dir); err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	logDirs[t] = dir
 	// Registered before any process's cleanup, so it runs after all of them.
@@ -105,25 +105,62 @@ var (
 // recaps are the failures of a test that its log directory's cleanup
 // repeats at the very end of its output (processes that exited by
 // themselves, the waits that timed out).
-var recaps = &recapList{lines: map[*testing.T][]string{}}
+var recaps = &recapList{lines: map[testing.TB][]string{}}
 
 type recapList struct {
 	mu    sync.Mutex
-	lines map[*testing.T][]string
+	lines map[testing.TB][]string
 }
 
-func (r *recapList) add(t *testing.T, format string, args ...any) {
+func (r *recapList) add(t testing.TB, format string, args ...any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.lines[t] = append(r.lines[t], fmt.Sprintf(format, args...))
 }
 
-func (r *recapList) take(t *testing.T) []string {
+func (r *recapList) take(t testing.TB) []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := r.lines[t]
 	delete(r.lines, t)
 	return out
+}
+
+// errorf, fatalf, fatal and fail fail the test as t's methods of the same
+// names do, and repeat what failed in the recap at the end of the test's
+// output: a failed test prints its processes' logs after its errors, and
+// a CI summary keeping only the output's tail shows the recap and logs,
+// not the errors (a CI run's TestRoutesOnRealKafka failed without them).
+func errorf(t testing.TB, format string, args ...any) {
+	t.Helper()
+	recaps.add(t, "error: "+format, args...)
+	t.Errorf(format, args...)
+}
+
+func fatalf(t testing.TB, format string, args ...any) {
+	t.Helper()
+	recaps.add(t, "fatal: "+format, args...)
+	t.Fatalf(format, args...)
+}
+
+func fatal(t testing.TB, args ...any) {
+	t.Helper()
+	recaps.add(t, "fatal: %s", strings.TrimSuffix(fmt.Sprintln(args...), "\n"))
+	t.Fatal(args...)
+}
+
+func fail(t testing.TB, args ...any) {
+	t.Helper()
+	recaps.add(t, "error: %s", strings.TrimSuffix(fmt.Sprintln(args...), "\n"))
+	t.Error(args...)
+}
+
+// waitFor is wait.For with its timeout in the recap.
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() error) {
+	t.Helper()
+	if err := wait.Until(timeout, cond); err != nil {
+		fatalf(t, "%s: not true after %v: %v", what, timeout, err)
+	}
 }
 
 // proc is one OS process of the suite. Its output goes to a log file in
@@ -158,7 +195,7 @@ func startProcWith(t *testing.T, o procOptions, name string, bin string, args ..
 	logPath := filepath.Join(logDir(t), name+".log")
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	fmt.Fprintf(f, "=== %s: %s %s\n", time.Now().Format(time.RFC3339Nano), bin, strings.Join(args, " "))
 	cmd := exec.Command(bin, args...)
@@ -172,14 +209,14 @@ func startProcWith(t *testing.T, o procOptions, name string, bin string, args ..
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		f.Close()
-		t.Fatalf("start %s: %v", name, err)
+		fatalf(t, "start %s: %v", name, err)
 	}
 	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
 	go func() {
 		p.err = cmd.Wait()
 		if !p.expected.Load() {
 			recaps.add(t, "%s (pid %d) exited by itself: %v", name, cmd.Process.Pid, p.err)
-			t.Errorf("%s (pid %d) exited by itself: %v; last output:\n%s", name, cmd.Process.Pid, p.err, tail(logPath, 30))
+			errorf(t, "%s (pid %d) exited by itself: %v; last output:\n%s", name, cmd.Process.Pid, p.err, tail(logPath, 30))
 		}
 		f.Close()
 		close(p.done)
@@ -276,7 +313,7 @@ func startEtcdCluster(t *testing.T, n int) *etcdCluster {
 		m.clusterArg = strings.Join(initial, ",")
 		c.start(t, m, "new")
 	}
-	wait.For(t, 60*time.Second, "etcd cluster healthy", func() error {
+	waitFor(t, 60*time.Second, "etcd cluster healthy", func() error {
 		_, err := c.etcdctl("endpoint", "health", "--cluster")
 		return err
 	})
@@ -382,7 +419,7 @@ clusters:
 	conf += c.Extra
 	path = filepath.Join(t.TempDir(), id+".yaml")
 	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	return path, httpAddr
 }

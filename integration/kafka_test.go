@@ -48,22 +48,22 @@ func kafkaTools(t *testing.T) kafkaEnv {
 	t.Helper()
 	dir := os.Getenv("KSWITCH_TEST_KAFKA_DIR")
 	if dir == "" {
-		t.Fatal("KSWITCH_TEST_KAFKA_DIR is not set: run the suite with `make integration`, which fetches the Kafka jars")
+		fatal(t, "KSWITCH_TEST_KAFKA_DIR is not set: run the suite with `make integration`, which fetches the Kafka jars")
 	}
 	libs := filepath.Join(dir, "libs")
 	if _, err := os.Stat(filepath.Join(libs, ".complete")); err != nil {
-		t.Fatalf("no Kafka jars in %s (%v): run `make kafka-jars`", libs, err)
+		fatalf(t, "no Kafka jars in %s (%v): run `make kafka-jars`", libs, err)
 	}
 	java, err := exec.LookPath("java")
 	if err != nil {
-		t.Fatalf("java: %v (the brokers need Java 17 or later)", err)
+		fatalf(t, "java: %v (the brokers need Java 17 or later)", err)
 	}
 	if _, err := exec.LookPath("kcat"); err != nil {
-		t.Fatalf("kcat: %v (apt-get install kcat)", err)
+		fatalf(t, "kcat: %v (apt-get install kcat)", err)
 	}
 	log4j, err := filepath.Abs(filepath.Join("kafka", "log4j2.properties"))
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	return kafkaEnv{java: java, libs: libs, log4j: log4j}
 }
@@ -201,9 +201,9 @@ func (b *kafkaBroker) waitReady(t *testing.T, timeout time.Duration) time.Durati
 	})
 	switch {
 	case errors.Is(err, exited):
-		t.Fatalf("Kafka %s exited while starting: %v (log %s)", b.name, b.proc.err, b.proc.log)
+		fatalf(t, "Kafka %s exited while starting: %v (log %s)", b.name, b.proc.err, b.proc.log)
 	case err != nil:
-		t.Fatalf("Kafka %s does not answer metadata %v after its start: %v", b.name, timeout, err)
+		fatalf(t, "Kafka %s does not answer metadata %v after its start: %v", b.name, timeout, err)
 	}
 	return time.Since(b.began)
 }
@@ -230,7 +230,7 @@ func (b *kafkaBroker) createTopicWith(t *testing.T, topic string, n int32, confi
 	t.Helper()
 	adm, err := sarama.NewClusterAdmin([]string{b.addr}, saramaConfig(5*time.Second))
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	defer adm.Close()
 	var entries map[string]*string
@@ -241,7 +241,7 @@ func (b *kafkaBroker) createTopicWith(t *testing.T, topic string, n int32, confi
 		entries[k] = &v
 	}
 	if err := adm.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: n, ReplicationFactor: 1, ConfigEntries: entries}, false); err != nil {
-		t.Fatalf("kafka %s: create topic %s: %v", b.name, topic, err)
+		fatalf(t, "kafka %s: create topic %s: %v", b.name, topic, err)
 	}
 }
 
@@ -345,7 +345,7 @@ func startMirrorMaker(t *testing.T, env kafkaEnv, a, b *kafkaBroker, policy repl
 func startMirrorMakerWith(t *testing.T, env kafkaEnv, a, b *kafkaBroker, policy replicationPolicy, twoWay bool, extraTopics ...string) *mirrorMaker {
 	t.Helper()
 	if twoWay && policy != prefixPolicy {
-		t.Fatalf("MirrorMaker 2 both ways needs the default replication policy, not %s", policy.class)
+		fatalf(t, "MirrorMaker 2 both ways needs the default replication policy, not %s", policy.class)
 	}
 	// A comma-separated list of patterns, each matching whole topic names.
 	topics := strings.Join(append([]string{"orders"}, extraTopics...), ", ")
@@ -385,7 +385,7 @@ B.offset.flush.interval.ms = 1000
 plugin.discovery = service_load
 `, a.addr, b.addr, topics, back, policy.class)
 	if err := os.WriteFile(conf, []byte(props), 0o644); err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	m := &mirrorMaker{began: time.Now()}
 	m.proc = startProc(t, "mirrormaker", env.java,
@@ -484,7 +484,7 @@ func startNamedProducer(t *testing.T, name, addr, topic string, perSecond int) *
 	// instead of blocking.
 	r, w, err := os.Pipe()
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	pr := &producer{stdin: w, stop: make(chan struct{}), done: make(chan struct{})}
 	procName, tag := "kcat-producer", ""
@@ -570,7 +570,7 @@ func (pr *producer) finish(t *testing.T, timeout time.Duration) {
 	t.Helper()
 	pr.close()
 	if err := pr.proc.wait(timeout); err != nil {
-		t.Fatalf("kcat producer: %v", err)
+		fatalf(t, "kcat producer: %v", err)
 	}
 }
 
@@ -581,7 +581,7 @@ func stopProc(t *testing.T, p *proc, sig syscall.Signal) {
 	p.signal(sig)
 	if sig == syscall.SIGKILL {
 		if err := p.wait(10 * time.Second); err == nil || p.running() {
-			t.Fatalf("%s survived SIGKILL: %v", p.name, err)
+			fatalf(t, "%s survived SIGKILL: %v", p.name, err)
 		}
 	}
 }

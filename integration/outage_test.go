@@ -68,7 +68,7 @@ func runOutage(t *testing.T) (rep scenarioReport) {
 
 	// 1. Steady state: the fleet owns orders and B.orders on A (empty: no
 	// producer writes to B yet) and consumes orders.
-	wait.For(t, time.Minute, "the fleet owns 8 partitions on A and commits on every partition of orders", func() error {
+	waitFor(t, time.Minute, "the fleet owns 8 partitions on A and commits on every partition of orders", func() error {
 		if a, ok := tl.active(); ok && a.Cluster != "A" {
 			return fmt.Errorf("state/active: %+v", a)
 		}
@@ -95,18 +95,18 @@ func runOutage(t *testing.T) (rep scenarioReport) {
 	// replication link that stalls), so that what A takes from now on is
 	// on neither B nor the channel when A dies.
 	pauseRev := putRev(t, etcd, fleetPrefix+"signals/fleet", "pause")
-	wait.For(t, 10*time.Second, "every agent obeys the pause", func() error { return signalsApplied(agents, pauseRev) })
+	waitFor(t, 10*time.Second, "every agent obeys the pause", func() error { return signalsApplied(agents, pauseRev) })
 	atPause, err := endOffsets(a.addr, "orders")
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
-	wait.For(t, 30*time.Second, "MirrorMaker 2 copies to B what the fleet may have consumed", func() error {
+	waitFor(t, 30*time.Second, "MirrorMaker 2 copies to B what the fleet may have consumed", func() error {
 		return atLeast(b.addr, "A.orders", atPause)
 	})
 	st.mm.proc.signal(syscall.SIGSTOP)
 	stopped := time.Now()
 	var mirrored map[int32]int64
-	wait.For(t, 30*time.Second, fmt.Sprintf("A takes %d records MirrorMaker 2 does not copy", tailRecords), func() error {
+	waitFor(t, 30*time.Second, fmt.Sprintf("A takes %d records MirrorMaker 2 does not copy", tailRecords), func() error {
 		ea, err := endOffsets(a.addr, "orders")
 		if err != nil {
 			return err
@@ -138,7 +138,7 @@ func runOutage(t *testing.T) (rep scenarioReport) {
 	// Nothing reaches B's A.orders while A is down.
 	replicatedAtFault, err := endOffsets(b.addr, "A.orders")
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	failover := lastSwitchOf(t, tl, "A", "B", outagePartitions, 10*time.Second)
 	timed("failover_in_history", failover.Finished.Sub(fault))
@@ -147,7 +147,7 @@ func runOutage(t *testing.T) (rep scenarioReport) {
 	checkStreams(t, failover, "A", "B")
 	for _, ps := range failover.Partitions {
 		if ps.Origin == "A" && ps.Method != "fingerprint" {
-			t.Errorf("failover translated %s/%d (written on A) by %s (%s), want fingerprint: B holds everything the fleet consumed", ps.FromTopic, ps.Partition, ps.Method, ps.Detail)
+			errorf(t, "failover translated %s/%d (written on A) by %s (%s), want fingerprint: B holds everything the fleet consumed", ps.FromTopic, ps.Partition, ps.Method, ps.Detail)
 		}
 	}
 	// The first record of B's own orders delivered: an agent commits past
@@ -159,7 +159,7 @@ func runOutage(t *testing.T) (rep scenarioReport) {
 		}
 	}
 	var first event
-	wait.For(t, 30*time.Second, "an agent commits on B's orders past the translated offsets", func() error {
+	waitFor(t, 30*time.Second, "an agent commits on B's orders past the translated offsets", func() error {
 		var ok bool
 		first, ok = tl.first(fault, func(ev event) bool {
 			p, c, ok := offsetEvent(ev, "B", "orders")
@@ -171,7 +171,7 @@ func runOutage(t *testing.T) (rep scenarioReport) {
 		return nil
 	})
 	timed("failover_first_record", first.At.Sub(fault))
-	wait.For(t, 30*time.Second, "the fleet consumes 300 records of B's orders", func() error {
+	waitFor(t, 30*time.Second, "the fleet consumes 300 records of B's orders", func() error {
 		if n := sum(offsetsOf(tl.offsets("B", "orders"))); n < 300 {
 			return fmt.Errorf("committed on B's orders: %d records", n)
 		}
@@ -189,7 +189,7 @@ func runOutage(t *testing.T) (rep scenarioReport) {
 	failback := lastSwitchOf(t, tl, "B", "A", outagePartitions, 10*time.Second)
 	// The leader counts the unmirrored tail after the failback and then
 	// writes its history entry again, with late_counted.
-	wait.For(t, 45*time.Second, "the failback's entry in history/ with the unmirrored tail counted", func() error {
+	waitFor(t, 45*time.Second, "the failback's entry in history/ with the unmirrored tail counted", func() error {
 		evs, err := tl.history()
 		if err != nil {
 			return err
@@ -205,7 +205,7 @@ func runOutage(t *testing.T) (rep scenarioReport) {
 	checkStreams(t, failback, "B", "A")
 	for _, ps := range failback.Partitions {
 		if ps.Method != "fingerprint" {
-			t.Errorf("failback translated %s/%d (written on %s) by %s (%s), want fingerprint: A holds everything consumed on B", ps.FromTopic, ps.Partition, ps.Origin, ps.Method, ps.Detail)
+			errorf(t, "failback translated %s/%d (written on %s) by %s (%s), want fingerprint: A holds everything consumed on B", ps.FromTopic, ps.Partition, ps.Origin, ps.Method, ps.Detail)
 		}
 	}
 	for _, c := range failbackChecks(tl, aReady) {
@@ -215,27 +215,27 @@ func runOutage(t *testing.T) (rep scenarioReport) {
 
 	// 5. Verdict: the producer stops; MirrorMaker 2 copies the rest of B's
 	// orders to A; the fleet consumes everything on A.
-	wait.For(t, 30*time.Second, "the fleet consumes A's orders again", func() error {
+	waitFor(t, 30*time.Second, "the fleet consumes A's orders again", func() error {
 		return movedPast(tl.offsets("A", "orders"), failback, "A")
 	})
 	pa2.finish(t, time.Minute)
 	bEnds, err := endOffsets(b.addr, "orders")
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
-	wait.For(t, time.Minute, "MirrorMaker 2 copies B's orders to A's B.orders", func() error { return atLeast(a.addr, "B.orders", bEnds) })
+	waitFor(t, time.Minute, "MirrorMaker 2 copies B's orders to A's B.orders", func() error { return atLeast(a.addr, "B.orders", bEnds) })
 	aEnds, err := endOffsets(a.addr, "orders")
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
-	wait.For(t, time.Minute, "the fleet consumes all of A's orders and B.orders", func() error {
+	waitFor(t, time.Minute, "the fleet consumes all of A's orders and B.orders", func() error {
 		if err := tl.caughtUp("A", "orders", aEnds); err != nil {
 			return err
 		}
 		return tl.caughtUp("A", "B.orders", bEnds)
 	})
 	if s, ok := tl.active(); !ok || s.Cluster != "A" || s.Phase != "active" {
-		t.Errorf("the fleet ends on %+v, want A active", s)
+		errorf(t, "the fleet ends on %+v, want A active", s)
 	}
 
 	content := map[physical]map[int32][]kRecord{}
@@ -245,7 +245,7 @@ func runOutage(t *testing.T) (rep scenarioReport) {
 			on = b.addr
 		}
 		if content[pt], err = readTopic(on, pt.Topic); err != nil {
-			t.Fatal(err)
+			fatal(t, err)
 		}
 	}
 	written := map[string]bool{}
@@ -254,7 +254,7 @@ func runOutage(t *testing.T) (rep scenarioReport) {
 		for _, recs := range content[pt] {
 			for _, r := range recs {
 				if written[r.Value] {
-					t.Errorf("%s is twice on %s's %s: the idempotent producer wrote it once", r.Value, pt.Cluster, pt.Topic)
+					errorf(t, "%s is twice on %s's %s: the idempotent producer wrote it once", r.Value, pt.Cluster, pt.Topic)
 				}
 				written[r.Value] = true
 				byProducer[producerOf(r.Value)]++
@@ -264,13 +264,13 @@ func runOutage(t *testing.T) (rep scenarioReport) {
 	t.Logf("written: %d to A before it failed (of %d handed to kcat), %d to B, %d to A after its return",
 		byProducer["a1"], pa1.count(), byProducer["b1"], byProducer["a2"])
 	if byProducer["b1"] != pb1.count() || byProducer["a2"] != pa2.count() {
-		t.Errorf("B's orders holds %d records of the %d written to it, A's orders %d of the %d written after its return",
+		errorf(t, "B's orders holds %d records of the %d written to it, A's orders %d of the %d written after its return",
 			byProducer["b1"], pb1.count(), byProducer["a2"], pa2.count())
 	}
 	if byProducer["a1"] == 0 || byProducer["a1"] > pa1.count() || len(byProducer) != 3 {
-		t.Errorf("records by producer on A's and B's orders: %v; the producer of A wrote at most %d", byProducer, pa1.count())
+		errorf(t, "records by producer on A's and B's orders: %v; the producer of A wrote at most %d", byProducer, pa1.count())
 	}
-	wait.For(t, 30*time.Second, "every delivery is in the channel topic", func() error {
+	waitFor(t, 30*time.Second, "every delivery is in the channel topic", func() error {
 		ends, err := endOffsets(b.addr, "delivered")
 		if err != nil {
 			return err
@@ -282,13 +282,13 @@ func runOutage(t *testing.T) (rep scenarioReport) {
 	})
 	delivered, err := readTopic(b.addr, "delivered")
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 
 	// What an operator sees: etcdctl get --prefix …/history/.
 	shown := historyByEtcdctl(t, etcd)
 	if len(shown) != 2 {
-		t.Fatalf("etcdctl shows %d switches in history/, want the failover and the failback", len(shown))
+		fatalf(t, "etcdctl shows %d switches in history/, want the failover and the failback", len(shown))
 	}
 	for _, ev := range shown {
 		for _, line := range partitionLines(ev) {
@@ -298,7 +298,7 @@ func runOutage(t *testing.T) (rep scenarioReport) {
 	fb := shown[1]
 	t.Logf("failback late: %d records, by at most %.1f s (late_counted %v)", fb.Late, fb.LateBySeconds, fb.LateCounted)
 	if !fb.LateCounted {
-		t.Errorf("etcdctl shows the failback history/%d without late_counted", fb.Epoch)
+		errorf(t, "etcdctl shows the failback history/%d without late_counted", fb.Epoch)
 	}
 	for _, pair := range [][2]string{{"A.orders", "orders"}, {"orders", "B.orders"}} {
 		n := 0
@@ -308,7 +308,7 @@ func runOutage(t *testing.T) (rep scenarioReport) {
 			}
 		}
 		if n != ordersPartitions {
-			t.Errorf("the failback in history/ moves %d partitions from %s to %s, want %d", n, pair[0], pair[1], ordersPartitions)
+			errorf(t, "the failback in history/ moves %d partitions from %s to %s, want %d", n, pair[0], pair[1], ordersPartitions)
 		}
 	}
 
@@ -338,10 +338,10 @@ func runOutage(t *testing.T) (rep scenarioReport) {
 		"MirrorMaker 2 copied %d records it held when stopped after it was continued",
 		tail, strings.Join(perPartition, ", "), lagged, fb.Late, sum(replicatedAtFault)-sum(mirrored))
 	if tail <= 0 {
-		t.Errorf("A's unmirrored tail is %d records: A took %d while MirrorMaker 2 was stopped, and B has them all", tail, tailRecords)
+		errorf(t, "A's unmirrored tail is %d records: A took %d while MirrorMaker 2 was stopped, and B has them all", tail, tailRecords)
 	}
 	if fb.Late != tail-lagged {
-		t.Errorf("the failback counts %d late records, want %d: A's unmirrored tail (%d) less those consumed before A died (%d)", fb.Late, tail-lagged, tail, lagged)
+		errorf(t, "the failback counts %d late records, want %d: A's unmirrored tail (%d) less those consumed before A died (%d)", fb.Late, tail-lagged, tail, lagged)
 	}
 	// The leader adds the count to its metric just after writing it.
 	if err := wait.Until(5*time.Second, func() error {
@@ -350,7 +350,7 @@ func runOutage(t *testing.T) (rep scenarioReport) {
 		}
 		return nil
 	}); err != nil {
-		t.Error(err)
+		fail(t, err)
 	}
 	rep.Details = append(rep.Details, fmt.Sprintf("A's unmirrored tail %d records (MirrorMaker 2 stopped while A took them), %d consumed before A died; the failback's late count %d, by at most %.1f s",
 		tail, lagged, fb.Late, fb.LateBySeconds))
@@ -359,14 +359,14 @@ func runOutage(t *testing.T) (rep scenarioReport) {
 	// streams account for every delivery.
 	events, err := tl.history()
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	var segs []segment
 	for _, origin := range []string{"A", "B"} {
 		final := offsetsOf(tl.offsets("A", streamTopic(origin, "A")))
 		ss, err := streamSegments(events, origin, func(cluster string) string { return streamTopic(origin, cluster) }, ordersPartitions, "A", final)
 		if err != nil {
-			t.Fatal(err)
+			fatal(t, err)
 		}
 		segs = append(segs, ss...)
 	}
@@ -384,7 +384,7 @@ func runOutage(t *testing.T) (rep scenarioReport) {
 		},
 	})
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	rep.verdict = v
 	t.Logf("verdict: %s", v)
@@ -393,10 +393,10 @@ func runOutage(t *testing.T) (rep scenarioReport) {
 		rep.Details = append(rep.Details, "delivered more than once: "+strings.Join(dups, ", "))
 	}
 	if !v.ok() {
-		t.Errorf("lost %v (%d); duplicates not explained %v; deliveries the committed ranges do not explain %v", v.Lost, v.LostCount, v.BadDuplicates, v.PositionMismatch)
+		errorf(t, "lost %v (%d); duplicates not explained %v; deliveries the committed ranges do not explain %v", v.Lost, v.LostCount, v.BadDuplicates, v.PositionMismatch)
 	}
 	if dc := tl.doubleCommits(); len(dc) > 0 {
-		t.Errorf("two agents committed one partition in one generation: %v", dc)
+		errorf(t, "two agents committed one partition in one generation: %v", dc)
 	}
 	timed("scenario", time.Since(began))
 	return rep
@@ -408,7 +408,7 @@ func putRev(t *testing.T, etcd *etcdCluster, key, value string) int64 {
 	t.Helper()
 	out, err := etcd.etcdctl("put", "-w", "json", key, value)
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	var resp struct {
 		Header struct {
@@ -416,7 +416,7 @@ func putRev(t *testing.T, etcd *etcdCluster, key, value string) int64 {
 		} `json:"header"`
 	}
 	if err := json.Unmarshal([]byte(out), &resp); err != nil || resp.Header.Revision == 0 {
-		t.Fatalf("etcdctl put -w json printed %q: %v", out, err)
+		fatalf(t, "etcdctl put -w json printed %q: %v", out, err)
 	}
 	return resp.Header.Revision
 }
@@ -472,13 +472,13 @@ func checkStreams(t *testing.T, ev switchEvent, from, to string) {
 	for _, ps := range ev.Partitions {
 		want := [2]string{streamTopic(ps.Origin, from), streamTopic(ps.Origin, to)}
 		if ps.Topic != "orders" || (ps.Origin != "A" && ps.Origin != "B") || ps.FromTopic != want[0] || ps.ToTopic != want[1] {
-			t.Errorf("switch %d %s → %s moved %s/%d written on %q from %s to %s, want %s to %s",
+			errorf(t, "switch %d %s → %s moved %s/%d written on %q from %s to %s, want %s to %s",
 				ev.Epoch, from, to, ps.Topic, ps.Partition, ps.Origin, ps.FromTopic, ps.ToTopic, want[0], want[1])
 		}
 		seen[ps.Origin]++
 	}
 	if seen["A"] != ordersPartitions || seen["B"] != ordersPartitions {
-		t.Errorf("switch %d moved partitions by origin %v, want %d of each", ev.Epoch, seen, ordersPartitions)
+		errorf(t, "switch %d moved partitions by origin %v, want %d of each", ev.Epoch, seen, ordersPartitions)
 	}
 }
 
@@ -521,18 +521,18 @@ func historyByEtcdctl(t *testing.T, etcd *etcdCluster) []switchEvent {
 	t.Helper()
 	out, err := etcd.etcdctl("get", "--prefix", fleetPrefix+"history/")
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	var evs []switchEvent
 	for i := 0; i+1 < len(lines); i += 2 {
 		var ev switchEvent
 		if err := json.Unmarshal([]byte(lines[i+1]), &ev); err != nil {
-			t.Fatalf("etcdctl get --prefix %shistory/: %s is not a switch event: %v", fleetPrefix, lines[i], err)
+			fatalf(t, "etcdctl get --prefix %shistory/: %s is not a switch event: %v", fleetPrefix, lines[i], err)
 		}
 		for _, ps := range ev.Partitions {
 			if ps.Method == "" {
-				t.Errorf("etcdctl shows %s without a translation method for %s/%d", lines[i], ps.FromTopic, ps.Partition)
+				errorf(t, "etcdctl shows %s without a translation method for %s/%d", lines[i], ps.FromTopic, ps.Partition)
 			}
 		}
 		evs = append(evs, ev)

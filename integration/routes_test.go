@@ -14,8 +14,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/kswitch/kswitch/internal/wait"
 )
 
 // The routing versions of TestRoutesOnRealKafka. Odd records go to the
@@ -135,14 +133,14 @@ func TestRoutesOnRealKafka(t *testing.T) {
 		t.Helper()
 		path := filepath.Join(t.TempDir(), step+".yaml")
 		if err := os.WriteFile(path, []byte(rules), 0o644); err != nil {
-			t.Fatal(err)
+			fatal(t, err)
 		}
 		ch := routesChange{committed: offsetsOf(st.tl.offsets("A", "orders"))}
 		began := time.Now()
 		out := kswitchCLI(t, "routes", "apply", "-f", path, "--config", agents[0].conf)
 		m := regexp.MustCompile(`version (\d+) written`).FindStringSubmatch(out)
 		if m == nil {
-			t.Fatalf("kswitch routes apply does not say which version it wrote:\n%s", out)
+			fatalf(t, "kswitch routes apply does not say which version it wrote:\n%s", out)
 		}
 		ch.version, _ = strconv.ParseInt(m[1], 10, 64)
 		since := routingInForce(t, agents, ch.version)
@@ -159,7 +157,7 @@ func TestRoutesOnRealKafka(t *testing.T) {
 	// Bad rule sets through the CLI: refused, nothing written.
 	routesBefore, err := st.etcd.etcdctl("get", "--print-value-only", fleetPrefix+"routes")
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	for _, bad := range []struct{ name, what, rules, want string }{
 		{"broken-match", "a match that does not compile", brokenMatch, "rules[0].match"},
@@ -167,25 +165,25 @@ func TestRoutesOnRealKafka(t *testing.T) {
 	} {
 		path := filepath.Join(t.TempDir(), bad.name+".yaml")
 		if err := os.WriteFile(path, []byte(bad.rules), 0o644); err != nil {
-			t.Fatal(err)
+			fatal(t, err)
 		}
 		out, err := runKswitch(t, "routes", "apply", "-f", path, "--config", agents[0].conf)
 		if err == nil {
-			t.Errorf("kswitch routes apply accepted %s:\n%s", bad.name, out)
+			errorf(t, "kswitch routes apply accepted %s:\n%s", bad.name, out)
 		} else if !strings.Contains(out, bad.want) || !strings.Contains(out, "nothing written") {
-			t.Errorf("kswitch routes apply refused %s (%v) without saying %q and that nothing was written:\n%s", bad.name, err, bad.want, out)
+			errorf(t, "kswitch routes apply refused %s (%v) without saying %q and that nothing was written:\n%s", bad.name, err, bad.want, out)
 		}
 		rep.Details = append(rep.Details, fmt.Sprintf("`kswitch routes apply` of %s refused (%v): %q", bad.what, exitStatus(err), lastLine(out)))
 	}
 	if now, err := st.etcd.etcdctl("get", "--print-value-only", fleetPrefix+"routes"); err != nil || now != routesBefore {
-		t.Errorf("a refused apply changed %sroutes: %q, was %q (%v)", fleetPrefix, now, routesBefore, err)
+		errorf(t, "a refused apply changed %sroutes: %q, was %q (%v)", fleetPrefix, now, routesBefore, err)
 	}
 
 	// A broken rule written straight to etcd: every agent refuses it,
 	// says why, and keeps version 2.
 	out, err := st.etcd.etcdctl("put", "-w", "json", fleetPrefix+"routes", brokenMatch)
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	var put struct {
 		Header struct {
@@ -193,11 +191,11 @@ func TestRoutesOnRealKafka(t *testing.T) {
 		} `json:"header"`
 	}
 	if err := json.Unmarshal([]byte(out), &put); err != nil || put.Header.Revision == 0 {
-		t.Fatalf("etcdctl put -w json: %q: %v", out, err)
+		fatalf(t, "etcdctl put -w json: %q: %v", out, err)
 	}
 	broken := time.Now()
 	var reasons []string
-	wait.For(t, 10*time.Second, "every agent refuses the broken routes written with etcdctl", func() error {
+	waitFor(t, 10*time.Second, "every agent refuses the broken routes written with etcdctl", func() error {
 		reasons = reasons[:0]
 		for _, a := range agents {
 			v, err := a.routing()
@@ -234,7 +232,7 @@ func TestRoutesOnRealKafka(t *testing.T) {
 		put.Header.Revision, v2.version, strings.Join(reasons, " | ")))
 	show := kswitchCLI(t, "routes", "show", "--config", agents[0].conf)
 	if !strings.Contains(show, "INVALID") || !strings.Contains(show, "rules[0].match") {
-		t.Errorf("kswitch routes show does not say the routes in etcd are invalid and why:\n%s", show)
+		errorf(t, "kswitch routes show does not say the routes in etcd are invalid and why:\n%s", show)
 	}
 	if status := kswitchCLI(t, "status", "--config", agents[0].conf); !strings.Contains(status, "rules[0].match") {
 		t.Logf("NOTE (kswitch): `kswitch status` does not show the refused routes; `kswitch routes show` and each agent's /status do")
@@ -249,14 +247,14 @@ func TestRoutesOnRealKafka(t *testing.T) {
 	// etcd session can expire: its partitions' next owners deliver again
 	// what it delivered after its last commit (verdict.DuplicatesHandOver).
 	if !r.ok() {
-		t.Errorf("lost %d %v; duplicates not explained by a death %v; deliveries the committed offsets do not explain: %v",
+		errorf(t, "lost %d %v; duplicates not explained by a death %v; deliveries the committed offsets do not explain: %v",
 			r.LostCount, r.Lost, r.BadDuplicates, r.PositionMismatch)
 	}
 	var copies []map[int32][]kRecord
 	for _, topic := range evensTopics {
 		c, err := readTopic(st.b.addr, topic)
 		if err != nil {
-			t.Fatal(err)
+			fatal(t, err)
 		}
 		copies = append(copies, c)
 	}
@@ -264,11 +262,11 @@ func TestRoutesOnRealKafka(t *testing.T) {
 	rep.Details = append(rep.Details, vs.String())
 	t.Logf("routing versions: %s", vs)
 	if len(vs.problems) > 0 {
-		t.Errorf("records not routed by exactly one version, in order:\n%s", strings.Join(vs.problems, "\n"))
+		errorf(t, "records not routed by exactly one version, in order:\n%s", strings.Join(vs.problems, "\n"))
 	}
 	for i, n := range vs.byVersion {
 		if n == 0 {
-			t.Errorf("no even record was routed by version %d: the scenario did not exercise it", i)
+			errorf(t, "no even record was routed by version %d: the scenario did not exercise it", i)
 		}
 	}
 	timed("scenario", time.Since(st.began))
@@ -280,7 +278,7 @@ func TestRoutesOnRealKafka(t *testing.T) {
 func routingInForce(t *testing.T, agents []*agentProc, version int64) time.Time {
 	t.Helper()
 	var last time.Time
-	wait.For(t, 10*time.Second, fmt.Sprintf("every agent routes with version %d", version), func() error {
+	waitFor(t, 10*time.Second, fmt.Sprintf("every agent routes with version %d", version), func() error {
 		last = time.Time{}
 		for _, a := range agents {
 			v, err := a.routing()
@@ -467,7 +465,7 @@ func TestJudgeVersions(t *testing.T) {
 	} {
 		v := judgeVersions(source, source, tc.copies, changes)
 		if len(v.problems) != tc.problems || v.inFlight[0] != tc.inFlight {
-			t.Errorf("%s: %d problems %v, %d in flight; want %d problems, %d in flight", tc.name, len(v.problems), v.problems, v.inFlight[0], tc.problems, tc.inFlight)
+			errorf(t, "%s: %d problems %v, %d in flight; want %d problems, %d in flight", tc.name, len(v.problems), v.problems, v.inFlight[0], tc.problems, tc.inFlight)
 		}
 	}
 }

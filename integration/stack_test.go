@@ -10,8 +10,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/kswitch/kswitch/internal/wait"
 )
 
 // stack is what the Kafka scenarios run on, each part an OS process: a
@@ -92,7 +90,7 @@ func startStackOpts(t *testing.T, timed func(string, time.Duration), policy repl
 	wg.Wait()
 	for _, err := range errs {
 		if err != nil {
-			t.Fatal(err)
+			fatal(t, err)
 		}
 	}
 	st.a, st.b = brokers[0], brokers[1]
@@ -132,14 +130,14 @@ func startStackOpts(t *testing.T, timed func(string, time.Duration), policy repl
 				return nil
 			}
 		}
-		wait.For(t, 2*time.Minute, "MirrorMaker 2 creates "+policy.remote+" on B", created(st.b, policy.remote))
+		waitFor(t, 2*time.Minute, "MirrorMaker 2 creates "+policy.remote+" on B", created(st.b, policy.remote))
 		timed("mirrormaker_topic_on_b", time.Since(st.mm.began))
 		for _, topic := range o.topics {
 			remote := policy.remoteOf(topic)
-			wait.For(t, time.Minute, "MirrorMaker 2 creates "+remote+" on B", created(st.b, remote))
+			waitFor(t, time.Minute, "MirrorMaker 2 creates "+remote+" on B", created(st.b, remote))
 		}
 		if twoWay {
-			wait.For(t, time.Minute, "MirrorMaker 2 creates B.orders on A", created(st.a, "B.orders"))
+			waitFor(t, time.Minute, "MirrorMaker 2 creates B.orders on A", created(st.a, "B.orders"))
 			timed("mirrormaker_topic_on_a", time.Since(st.mm.began))
 		}
 	}
@@ -229,7 +227,7 @@ func (st *stack) moving(t *testing.T, what string, timeout time.Duration) time.D
 	t.Helper()
 	began := time.Now()
 	before := offsetsOf(st.tl.offsets("A", "orders"))
-	wait.For(t, timeout, what, func() error {
+	waitFor(t, timeout, what, func() error {
 		now := offsetsOf(st.tl.offsets("A", "orders"))
 		for p := range int32(ordersPartitions) {
 			if now[p] <= before[p] {
@@ -258,30 +256,30 @@ func (st *stack) relayVerdict(t *testing.T, prod *producer) relayed {
 	prod.finish(t, time.Minute)
 	ends, err := endOffsets(st.a.addr, "orders")
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
-	wait.For(t, time.Minute, "the fleet consumes all of A", func() error { return st.tl.caughtUp("A", "orders", ends) })
+	waitFor(t, time.Minute, "the fleet consumes all of A", func() error { return st.tl.caughtUp("A", "orders", ends) })
 	var r relayed
 	if r.source, err = readTopic(st.a.addr, "orders"); err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	if r.delivered, err = readTopic(st.b.addr, "delivered"); err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	segs, err := segments(nil, func(string) string { return "orders" }, ordersPartitions, "A", offsetsOf(st.tl.offsets("A", "orders")))
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	handOvers := map[string]map[int32]map[int64]bool{"A": st.tl.handOvers("A", "orders")}
 	if r.verdict, err = judge(segs, map[string]map[int32][]kRecord{"A": r.source}, r.delivered, nil, handOvers); err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	t.Logf("verdict: %s", r.verdict)
 	if r.Records != prod.count() {
-		t.Errorf("%d distinct records on A, the producer wrote %d", r.Records, prod.count())
+		errorf(t, "%d distinct records on A, the producer wrote %d", r.Records, prod.count())
 	}
 	if dc := st.tl.doubleCommits(); len(dc) > 0 {
-		t.Errorf("two agents committed one partition in one generation: %v", dc)
+		errorf(t, "two agents committed one partition in one generation: %v", dc)
 	}
 	return r
 }

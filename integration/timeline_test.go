@@ -120,7 +120,7 @@ func startTimeline(t *testing.T, endpoints []string) *timeline {
 	t.Helper()
 	cl, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second})
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	tl := &timeline{client: cl, latest: map[string][]byte{}}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -130,7 +130,7 @@ func startTimeline(t *testing.T, endpoints []string) *timeline {
 	if err != nil {
 		cancel()
 		cl.Close()
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	now := time.Now()
 	for _, kv := range resp.Kvs {
@@ -214,7 +214,7 @@ func (tl *timeline) waitActive(t *testing.T, since time.Time, cluster string, ti
 		}
 		if time.Now().After(deadline) {
 			a, _ := tl.active()
-			t.Fatalf("the fleet is not active on %s %v after %v: state/active is %+v", cluster, timeout, since.Format("15:04:05.000"), a)
+			fatalf(t, "the fleet is not active on %s %v after %v: state/active is %+v", cluster, timeout, since.Format("15:04:05.000"), a)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -12,8 +12,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/kswitch/kswitch/internal/wait"
 )
 
 // A topic pin on the real stack: the fleet consumes two topics, orders and
@@ -71,7 +69,7 @@ func runTopicPin(t *testing.T) (rep scenarioReport) {
 
 	// 1. Steady state: both topics consumed on A, MirrorMaker 2 copying
 	// both to B.
-	wait.For(t, time.Minute, "the fleet commits offsets on A for every partition of orders and audit", func() error {
+	waitFor(t, time.Minute, "the fleet commits offsets on A for every partition of orders and audit", func() error {
 		for _, topic := range topics {
 			got := tl.offsets("A", topic)
 			if len(got) < ordersPartitions {
@@ -86,7 +84,7 @@ func runTopicPin(t *testing.T) (rep scenarioReport) {
 		return nil
 	})
 	timed("fleet_consuming_a", time.Since(agentsAt))
-	wait.For(t, 30*time.Second, "MirrorMaker 2 copies audit's records to B", func() error {
+	waitFor(t, 30*time.Second, "MirrorMaker 2 copies audit's records to B", func() error {
 		ends, err := endOffsets(b.addr, remoteAudit)
 		if err != nil {
 			return err
@@ -96,7 +94,7 @@ func runTopicPin(t *testing.T) (rep scenarioReport) {
 		}
 		return nil
 	})
-	wait.For(t, 30*time.Second, "the fleet keeps up with A on both topics", func() error {
+	waitFor(t, 30*time.Second, "the fleet keeps up with A on both topics", func() error {
 		for _, topic := range topics {
 			ends, err := endOffsets(a.addr, topic)
 			if err != nil {
@@ -112,7 +110,7 @@ func runTopicPin(t *testing.T) (rep scenarioReport) {
 	// A baseline of orders' commits: how far apart an agent's commits of
 	// a partition are when nothing moves.
 	steady := time.Now()
-	wait.For(t, 30*time.Second, "a baseline of 12 commits of every orders partition", func() error {
+	waitFor(t, 30*time.Second, "a baseline of 12 commits of every orders partition", func() error {
 		for p, ts := range advances(tl, "A", "orders") {
 			if n := len(ts) - countBefore(ts, steady); n < 12 {
 				return fmt.Errorf("orders/%d committed %d times since %s", p, n, steady.Format("15:04:05.000"))
@@ -141,7 +139,7 @@ func runTopicPin(t *testing.T) (rep scenarioReport) {
 	// agent past the translated offset (waitTopicMove waited for it); and
 	// go on advancing.
 	atB := offsetsOf(tl.offsets("B", remoteAudit))
-	wait.For(t, 20*time.Second, "audit's committed offsets on B advance", func() error {
+	waitFor(t, 20*time.Second, "audit's committed offsets on B advance", func() error {
 		now := offsetsOf(tl.offsets("B", remoteAudit))
 		for p := range int32(ordersPartitions) {
 			if now[p] <= atB[p] {
@@ -155,14 +153,14 @@ func runTopicPin(t *testing.T) (rep scenarioReport) {
 	// 3. What an operator sees: kswitch status, each agent's /status.
 	status := kswitchCLI(t, "status", "--etcd", eps, "--fleet", "orders")
 	if !strings.Contains(status, "audit on B") {
-		t.Errorf("kswitch status does not say audit on B:\n%s", status)
+		errorf(t, "kswitch status does not say audit on B:\n%s", status)
 	}
 	for _, line := range strings.Split(status, "\n") {
 		if strings.HasPrefix(line, "topic:") || strings.HasPrefix(line, "active:") {
 			t.Logf("kswitch status: %s", line)
 		}
 	}
-	wait.For(t, 10*time.Second, "the agents' /status shows audit's 4 partitions owned on B", func() error {
+	waitFor(t, 10*time.Second, "the agents' /status shows audit's 4 partitions owned on B", func() error {
 		var on []string
 		for _, ag := range agents {
 			var s struct {
@@ -196,7 +194,7 @@ func runTopicPin(t *testing.T) (rep scenarioReport) {
 	out = kswitchCLI(t, "failover", "--etcd", eps, "--fleet", "orders", "--auto", "--topic", auditTopic)
 	t.Logf("kswitch failover --auto --topic audit: %s", strings.TrimSpace(out))
 	if out, err := etcd.etcdctl("get", fleetPrefix+"control/pin/topic/"+auditTopic); err != nil || strings.TrimSpace(out) != "" {
-		t.Fatalf("control/pin/topic/audit after kswitch failover --auto --topic audit: %q, %v", out, err)
+		fatalf(t, "control/pin/topic/audit after kswitch failover --auto --topic audit: %q, %v", out, err)
 	}
 	back := waitTopicMove(t, tl, auditTopic, "B", "A", toB.ev.Epoch, pinSeen(t, tl, cli, true), 45*time.Second)
 	timed("topic_a_switching", back.switching.Sub(back.pinned))
@@ -211,13 +209,13 @@ func runTopicPin(t *testing.T) (rep scenarioReport) {
 	// One cluster at a time: no agent committed audit on A while it was
 	// placed on B, nor on B once it was back.
 	if n := agentCommitsBetween(tl, "A", auditTopic, toB.activeIdx, back.switchingIdx); n > 0 {
-		t.Errorf("agents committed audit on A %d times while it was placed on B", n)
+		errorf(t, "agents committed audit on A %d times while it was placed on B", n)
 	}
 	if n := agentCommitsBetween(tl, "B", remoteAudit, back.activeIdx, -1); n > 0 {
-		t.Errorf("agents committed %s on B %d times after audit was back on A", remoteAudit, n)
+		errorf(t, "agents committed %s on B %d times after audit was back on A", remoteAudit, n)
 	}
 	if got := tl.offsets("B", policy.remoteOf("orders")); len(got) > 0 {
-		t.Errorf("the fleet committed %s on B (%v): orders never left A", policy.remoteOf("orders"), offsetsOf(got))
+		errorf(t, "the fleet committed %s on B (%v): orders never left A", policy.remoteOf("orders"), offsetsOf(got))
 	}
 
 	// 5. Verdict: stop producing, let the fleet finish A, read everything
@@ -229,13 +227,13 @@ func runTopicPin(t *testing.T) (rep scenarioReport) {
 	for _, topic := range topics {
 		var err error
 		if ends[topic], err = endOffsets(a.addr, topic); err != nil {
-			t.Fatal(err)
+			fatal(t, err)
 		}
 		if got := sum(ends[topic]); got != int64(prods[topic].count()) {
-			t.Errorf("A's %s holds %d records, its producer wrote %d", topic, got, prods[topic].count())
+			errorf(t, "A's %s holds %d records, its producer wrote %d", topic, got, prods[topic].count())
 		}
 	}
-	wait.For(t, time.Minute, "the fleet consumes all of A's orders and audit", func() error {
+	waitFor(t, time.Minute, "the fleet consumes all of A's orders and audit", func() error {
 		for _, topic := range topics {
 			if err := tl.caughtUp("A", topic, ends[topic]); err != nil {
 				return err
@@ -251,7 +249,7 @@ func runTopicPin(t *testing.T) (rep scenarioReport) {
 		}
 		var err error
 		if content[pt], err = readTopic(on, pt.Topic); err != nil {
-			t.Fatal(err)
+			fatal(t, err)
 		}
 	}
 	written := map[string]bool{}
@@ -260,17 +258,17 @@ func runTopicPin(t *testing.T) (rep scenarioReport) {
 		for _, recs := range content[physical{"A", topic}] {
 			for _, r := range recs {
 				if written[r.Value] {
-					t.Errorf("%s is twice on A: the idempotent producer wrote it once", r.Value)
+					errorf(t, "%s is twice on A: the idempotent producer wrote it once", r.Value)
 				}
 				if producerOf(r.Value) != topic {
-					t.Errorf("A's %s holds %s", topic, r.Value)
+					errorf(t, "A's %s holds %s", topic, r.Value)
 				}
 				written[r.Value] = true
 				byProducer[topic]++
 			}
 		}
 	}
-	wait.For(t, 30*time.Second, "every delivery is in the channel topic", func() error {
+	waitFor(t, 30*time.Second, "every delivery is in the channel topic", func() error {
 		ends, err := endOffsets(b.addr, "delivered")
 		if err != nil {
 			return err
@@ -282,20 +280,20 @@ func runTopicPin(t *testing.T) (rep scenarioReport) {
 	})
 	delivered, err := readTopic(b.addr, "delivered")
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	events, err := tl.history()
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	if len(events) != 2 || events[0].Epoch != toB.ev.Epoch || events[1].Epoch != back.ev.Epoch {
-		t.Errorf("history/ holds %d switches (epochs %v), want the two topic switches %d and %d", len(events), epochsOf(events), toB.ev.Epoch, back.ev.Epoch)
+		errorf(t, "history/ holds %d switches (epochs %v), want the two topic switches %d and %d", len(events), epochsOf(events), toB.ev.Epoch, back.ev.Epoch)
 	}
 	var segs []segment
 	for _, topic := range topics {
 		ss, err := topicSegments(events, topic, "", topicOn(topic), ordersPartitions, "A", offsetsOf(tl.offsets("A", topic)))
 		if err != nil {
-			t.Fatal(err)
+			fatal(t, err)
 		}
 		segs = append(segs, ss...)
 	}
@@ -325,7 +323,7 @@ func runTopicPin(t *testing.T) (rep scenarioReport) {
 		},
 	})
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	rep.verdict = v
 	t.Logf("verdict: %s", v)
@@ -345,7 +343,7 @@ func runTopicPin(t *testing.T) (rep scenarioReport) {
 	for _, topic := range topics {
 		t.Logf("%s: %d records written to A, %d deliveries, %d duplicates", topic, byProducer[topic], perTopic[topic][0], perTopic[topic][1])
 		if byProducer[topic] != prods[topic].count() {
-			t.Errorf("A's %s holds %d records, its producer wrote %d", topic, byProducer[topic], prods[topic].count())
+			errorf(t, "A's %s holds %d records, its producer wrote %d", topic, byProducer[topic], prods[topic].count())
 		}
 	}
 	rep.Details = append(rep.Details, fmt.Sprintf("records: orders %d, audit %d; duplicates: orders %d, audit %d; the switches reported %d lagged",
@@ -355,27 +353,27 @@ func runTopicPin(t *testing.T) (rep scenarioReport) {
 		rep.Details = append(rep.Details, "delivered more than once: "+strings.Join(dups, ", "))
 	}
 	if !v.ok() {
-		t.Errorf("lost %v (%d); duplicates not explained %v; deliveries the committed ranges do not explain %v", v.Lost, v.LostCount, v.BadDuplicates, v.PositionMismatch)
+		errorf(t, "lost %v (%d); duplicates not explained %v; deliveries the committed ranges do not explain %v", v.Lost, v.LostCount, v.BadDuplicates, v.PositionMismatch)
 	}
 	if int64(v.Duplicates-v.DuplicatesHandOver) > lagged {
-		t.Errorf("%d duplicates (%d after a hand-over), more than the %d records the topic switches reported lagged", v.Duplicates, v.DuplicatesHandOver, lagged)
+		errorf(t, "%d duplicates (%d after a hand-over), more than the %d records the topic switches reported lagged", v.Duplicates, v.DuplicatesHandOver, lagged)
 	}
 	if perTopic["orders"][1] > v.DuplicatesHandOver {
-		t.Errorf("orders, which never moved, has %d duplicates", perTopic["orders"][1])
+		errorf(t, "orders, which never moved, has %d duplicates", perTopic["orders"][1])
 	}
 	// orders was not paused by the moves: its deliveries went on at their
 	// pace (the channel's append times; audit's, paused while it moved,
 	// for comparison).
 	times, err := deliveryTimes(b.addr)
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	rep.Details = append(rep.Details, deliveryGaps(t, times, steady, baseline, map[string]topicMove{"audit to B": toB, "audit back to A": back})...)
 	if dc := tl.doubleCommits(); len(dc) > 0 {
-		t.Errorf("two agents committed one partition in one generation: %v", dc)
+		errorf(t, "two agents committed one partition in one generation: %v", dc)
 	}
 	if s, ok := tl.active(); !ok || s.Cluster != "A" || s.Phase != "active" || len(s.Topics) != 0 {
-		t.Errorf("the fleet ends on %+v, want A active without placements", s)
+		errorf(t, "the fleet ends on %+v, want A active without placements", s)
 	}
 	timed("scenario", time.Since(began))
 	return rep
@@ -396,7 +394,7 @@ type topicMove struct {
 func pinSeen(t *testing.T, tl *timeline, since time.Time, deleted bool) time.Time {
 	t.Helper()
 	var at time.Time
-	wait.For(t, 10*time.Second, "the topic pin in etcd", func() error {
+	waitFor(t, 10*time.Second, "the topic pin in etcd", func() error {
 		ev, ok := tl.first(since, func(ev event) bool { return ev.Key == "control/pin/topic/"+auditTopic && ev.Deleted == deleted })
 		if !ok {
 			return fmt.Errorf("no change of control/pin/topic/%s (deleted %v) seen", auditTopic, deleted)
@@ -425,7 +423,7 @@ func waitTopicMove(t *testing.T, tl *timeline, topic, from, to string, after int
 		e, ok := a.Topics[topic]
 		return ok && len(a.Topics) == 1 && e.Cluster == to && e.Phase == "active"
 	}
-	wait.For(t, timeout, fmt.Sprintf("state/active places %s on %s", topic, to), func() error {
+	waitFor(t, timeout, fmt.Sprintf("state/active places %s on %s", topic, to), func() error {
 		a, _ := tl.active()
 		if !placed(a) {
 			return fmt.Errorf("state/active: %+v", a)
@@ -438,9 +436,9 @@ func waitTopicMove(t *testing.T, tl *timeline, topic, from, to string, after int
 	})
 	mv.activeIdx, mv.active = tl.firstIndex(pinned, func(ev event) bool { a, ok := parseActive(ev); return ok && placed(a) })
 	if mv.switchingIdx < 0 || mv.activeIdx < 0 {
-		t.Fatalf("the suite's watch saw no state/active with %s switching to %s (%d) and then placed there (%d)", topic, to, mv.switchingIdx, mv.activeIdx)
+		fatalf(t, "the suite's watch saw no state/active with %s switching to %s (%d) and then placed there (%d)", topic, to, mv.switchingIdx, mv.activeIdx)
 	}
-	wait.For(t, 10*time.Second, fmt.Sprintf("history/ records the switch of %s alone %s → %s", topic, from, to), func() error {
+	waitFor(t, 10*time.Second, fmt.Sprintf("history/ records the switch of %s alone %s → %s", topic, from, to), func() error {
 		evs, err := tl.history()
 		if err != nil {
 			return err
@@ -461,7 +459,7 @@ func waitTopicMove(t *testing.T, tl *timeline, topic, from, to string, after int
 	for _, ps := range mv.ev.Partitions {
 		translated[ps.Partition] = ps.ToOffset
 	}
-	wait.For(t, 30*time.Second, fmt.Sprintf("agents commit every partition of %s on %s past the translated offsets", physicalOn, to), func() error {
+	waitFor(t, 30*time.Second, fmt.Sprintf("agents commit every partition of %s on %s past the translated offsets", physicalOn, to), func() error {
 		var missing []int32
 		for p := range int32(ordersPartitions) {
 			if _, ok := tl.first(pinned, func(ev event) bool {
@@ -496,11 +494,11 @@ func checkTopicSwitch(t *testing.T, ev switchEvent, topic, fromTopic, toTopic st
 	for _, ps := range ev.Partitions {
 		seen[ps.Partition] = true
 		if ps.Topic != topic || ps.FromTopic != fromTopic || ps.ToTopic != toTopic {
-			t.Errorf("the switch of %s (epoch %d) moved %s/%d from %s to %s, want %s to %s", topic, ev.Epoch, ps.Topic, ps.Partition, ps.FromTopic, ps.ToTopic, fromTopic, toTopic)
+			errorf(t, "the switch of %s (epoch %d) moved %s/%d from %s to %s, want %s to %s", topic, ev.Epoch, ps.Topic, ps.Partition, ps.FromTopic, ps.ToTopic, fromTopic, toTopic)
 		}
 		lagged := ps.Lagged > 0 && ps.Method == "mm2"
 		if ps.Method != "fingerprint" && !lagged {
-			t.Errorf("the switch of %s (epoch %d) translated %s/%d by %s (%s), want fingerprint: MirrorMaker 2 copies records faithfully and a planned switch waits for the replica",
+			errorf(t, "the switch of %s (epoch %d) translated %s/%d by %s (%s), want fingerprint: MirrorMaker 2 copies records faithfully and a planned switch waits for the replica",
 				topic, ev.Epoch, ps.FromTopic, ps.Partition, ps.Method, ps.Detail)
 		}
 		if lagged {
@@ -508,7 +506,7 @@ func checkTopicSwitch(t *testing.T, ev switchEvent, topic, fromTopic, toTopic st
 		}
 	}
 	if len(seen) != ordersPartitions {
-		t.Errorf("the switch of %s (epoch %d) moved partitions %v, want %d", topic, ev.Epoch, slices.Sorted(maps.Keys(seen)), ordersPartitions)
+		errorf(t, "the switch of %s (epoch %d) moved partitions %v, want %d", topic, ev.Epoch, slices.Sorted(maps.Keys(seen)), ordersPartitions)
 	}
 }
 
@@ -524,7 +522,7 @@ func ordersDuring(t *testing.T, tl *timeline, what string, mv topicMove, baseGap
 	t.Helper()
 	end := mv.active.Add(2 * commitInterval)
 	// The gaps around the window's end need the commit after it.
-	wait.For(t, 15*time.Second, "orders committed after the move", func() error {
+	waitFor(t, 15*time.Second, "orders committed after the move", func() error {
 		for p, ts := range advances(tl, "A", "orders") {
 			if len(ts) == 0 || !ts[len(ts)-1].After(end) {
 				return fmt.Errorf("orders/%d last committed at %v", p, ts)
@@ -533,21 +531,21 @@ func ordersDuring(t *testing.T, tl *timeline, what string, mv topicMove, baseGap
 		return nil
 	})
 	if evs, err := tl.history(); err != nil {
-		t.Error(err)
+		fail(t, err)
 	} else {
 		for _, ev := range evs {
 			if len(ev.Topics) == 0 {
-				t.Errorf("history/%d is a switch of the fleet %s → %s (%s): only audit was to move", ev.Epoch, ev.From, ev.To, ev.Reason)
+				errorf(t, "history/%d is a switch of the fleet %s → %s (%s): only audit was to move", ev.Epoch, ev.From, ev.To, ev.Reason)
 			}
 		}
 	}
 	for _, a := range tl.activeSince(mv.pinned) {
 		if a.Cluster != "A" || (a.Phase != "active" && a.Phase != "") {
-			t.Errorf("%s: state/active put the fleet %s %s (%s): only audit was to move", what, a.Phase, a.Cluster, a.Reason)
+			errorf(t, "%s: state/active put the fleet %s %s (%s): only audit was to move", what, a.Phase, a.Cluster, a.Reason)
 		}
 	}
 	for _, problem := range tl.ordersDisturbed(mv.pinned, end) {
-		t.Errorf("%s: %s", what, problem)
+		errorf(t, "%s: %s", what, problem)
 	}
 
 	all := advances(tl, "A", "orders")
@@ -557,20 +555,20 @@ func ordersDuring(t *testing.T, tl *timeline, what string, mv topicMove, baseGap
 		ts := all[p]
 		i := countBefore(ts, mv.pinned)
 		if i == len(ts) || ts[i].Sub(mv.pinned) > limit {
-			t.Errorf("%s: orders/%d was not committed further within %v of the pin (commits after it: %v)", what, p, limit, ts[i:])
+			errorf(t, "%s: orders/%d was not committed further within %v of the pin (commits after it: %v)", what, p, limit, ts[i:])
 		}
 		n := countBefore(ts, mv.active) - countBefore(ts, mv.switching)
 		inSwitch = append(inSwitch, fmt.Sprintf("%d: %d", p, n))
 		// A switch this long holds a commit interval of every partition
 		// twice over: orders consumed throughout commits in it.
 		if mv.active.Sub(mv.switching) >= 3*commitInterval && n == 0 {
-			t.Errorf("%s: orders/%d committed nothing during the %v audit was switching", what, p, mv.active.Sub(mv.switching).Round(time.Millisecond))
+			errorf(t, "%s: orders/%d committed nothing during the %v audit was switching", what, p, mv.active.Sub(mv.switching).Round(time.Millisecond))
 		}
 	}
 	gap := maxGaps(all, mv.pinned, end)
 	for p, g := range gap {
 		if bound := 2*baseGap[p] + time.Second; g > bound {
-			t.Errorf("%s: orders/%d went %v between two commits (baseline %v, bound %v): it was held up by the move", what, p, g.Round(time.Millisecond), baseGap[p].Round(time.Millisecond), bound.Round(time.Millisecond))
+			errorf(t, "%s: orders/%d went %v between two commits (baseline %v, bound %v): it was held up by the move", what, p, g.Round(time.Millisecond), baseGap[p].Round(time.Millisecond), bound.Round(time.Millisecond))
 		}
 	}
 	moved := func(from, to map[int32]int64) int64 { return sum(to) - sum(from) }
@@ -631,7 +629,7 @@ func deliveryGaps(t *testing.T, times map[string][]time.Time, from, to time.Time
 		took := mv.ev.Finished.Sub(mv.ev.Started)
 		parts = append(parts, fmt.Sprintf("%s (a switch of %v): orders %v, audit %v", what, took.Round(time.Millisecond), during.Round(time.Millisecond), audit.Round(time.Millisecond)))
 		if limit := 2*base + 150*time.Millisecond; during > limit && during >= took {
-			t.Errorf("%s: orders went %v without a delivery (baseline %v, limit %v; the switch took %v): the move of audit held it up", what, during, base, limit, took)
+			errorf(t, "%s: orders went %v without a delivery (baseline %v, limit %v; the switch took %v): the move of audit held it up", what, during, base, limit, took)
 		}
 	}
 	line := fmt.Sprintf("largest gap between two deliveries (the channel's append times): baseline orders %v, audit %v; %s",

@@ -348,10 +348,10 @@ func TestJudge(t *testing.T) {
 	onlyA := []segment{{Cluster: "A", Topic: "orders", Partition: 0, From: 0, To: 5}}
 	v, err := judge(onlyA, onA, map[int32][]kRecord{0: recs(0, 0, 0, 1, 1, 3, 4)}, nil, nil)
 	if err != nil {
-		t.Fatal(err)
+		fatal(t, err)
 	}
 	if v.ok() || v.LostCount != 1 || v.Lost[0] != "r0000002" || v.Duplicates != 1 || len(v.BadDuplicates) != 1 {
-		t.Errorf("r2 lost and r1 delivered twice: %s, lost %v, bad duplicates %v, ok %v", v, v.Lost, v.BadDuplicates, v.ok())
+		errorf(t, "r2 lost and r1 delivered twice: %s, lost %v, bad duplicates %v, ok %v", v, v.Lost, v.BadDuplicates, v.ok())
 	}
 
 	// An owner delivered r1 and r2 after committing offset 1; the next
@@ -361,10 +361,10 @@ func TestJudge(t *testing.T) {
 		return map[string]map[int32]map[int64]bool{"A": {0: {o: true}}}
 	}
 	if v, err := judge(onlyA, onA, again, nil, handOver(1)); err != nil || !v.ok() || v.DuplicatesHandOver != 2 {
-		t.Errorf("r1, r2 delivered again from a hand-over at offset 1: %s (bad %v), %v", v, v.BadDuplicates, err)
+		errorf(t, "r1, r2 delivered again from a hand-over at offset 1: %s (bad %v), %v", v, v.BadDuplicates, err)
 	}
 	if v, err := judge(onlyA, onA, again, nil, handOver(2)); err != nil || v.ok() || len(v.BadDuplicates) != 1 {
-		t.Errorf("r1, r2 delivered again, the hand-over was at offset 2: %s, ok %v, %v", v, v.ok(), err)
+		errorf(t, "r1, r2 delivered again, the hand-over was at offset 2: %s, ok %v, %v", v, v.ok(), err)
 	}
 
 	// A failover: the fleet delivered r0..r2 from A, then B from offset 2
@@ -373,13 +373,13 @@ func TestJudge(t *testing.T) {
 	segs := []segment{{Cluster: "A", Topic: "orders", Partition: 0, From: 0, To: 3}, {Cluster: "B", Topic: "A.orders", Partition: 0, From: 2, To: 4}}
 	delivered := map[int32][]kRecord{0: recs(0, 0, 0, 1, 2, 2, 3)}
 	if v, err := judge(segs, content, delivered, map[int32]int64{0: 2}, nil); err != nil || !v.ok() || v.DuplicatesUnreplicated != 1 {
-		t.Errorf("r2 unreplicated at the fault, delivered from A and from B: %s (bad %v), %v", v, v.BadDuplicates, err)
+		errorf(t, "r2 unreplicated at the fault, delivered from A and from B: %s (bad %v), %v", v, v.BadDuplicates, err)
 	}
 	if v, err := judge(segs, content, delivered, map[int32]int64{0: 3}, nil); err != nil || v.ok() || len(v.BadDuplicates) != 1 {
-		t.Errorf("r2 on B at the fault, delivered from A and from B: %s, ok %v, %v", v, v.ok(), err)
+		errorf(t, "r2 on B at the fault, delivered from A and from B: %s, ok %v, %v", v, v.ok(), err)
 	}
 	// A delivery no committed range holds.
 	if v, err := judge(segs, content, map[int32][]kRecord{0: recs(0, 0, 0, 1, 2, 2, 3, 5)}, map[int32]int64{0: 2}, nil); err != nil || v.ok() || len(v.PositionMismatch) != 1 {
-		t.Errorf("r5 delivered, no range holds it: %s, ok %v, %v", v, v.ok(), err)
+		errorf(t, "r5 delivered, no range holds it: %s, ok %v, %v", v, v.ok(), err)
 	}
 }
