@@ -34,7 +34,7 @@ const (
 )
 
 // ErrStopped is returned by operations that need a running service.
-var ErrStopped = errors.New("testenv: stopped")
+var ErrStopped = errors.New("devstack: stopped")
 
 // Etcd is a single-member etcd server running in this process on loopback
 // ports, with its data in a directory the caller owns.
@@ -92,7 +92,7 @@ func StartEtcd(dir string, logger *zap.Logger) (*Etcd, error) {
 // --auto-compaction-retention), as a production cluster of kswitch runs.
 func StartEtcdCompacting(dir string, logger *zap.Logger, retention time.Duration) (*Etcd, error) {
 	if retention <= 0 {
-		return nil, fmt.Errorf("testenv: etcd auto-compaction retention %v must be positive", retention)
+		return nil, fmt.Errorf("devstack: etcd auto-compaction retention %v must be positive", retention)
 	}
 	return startEtcd(dir, logger, nil, retention)
 }
@@ -157,7 +157,7 @@ func (e *Etcd) Client() (*clientv3.Client, error) {
 		})},
 	})
 	if err != nil {
-		return nil, fmt.Errorf("testenv: etcd client for %v: %w", e.Endpoints(), err)
+		return nil, fmt.Errorf("devstack: etcd client for %v: %w", e.Endpoints(), err)
 	}
 	return cli, nil
 }
@@ -191,7 +191,7 @@ func (e *Etcd) Restart() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.run != nil {
-		return fmt.Errorf("testenv: etcd %s: restart: already running", e.Endpoints()[0])
+		return fmt.Errorf("devstack: etcd %s: restart: already running", e.Endpoints()[0])
 	}
 	deadline := time.Now().Add(restartBindTimeout)
 	for {
@@ -235,7 +235,7 @@ func (e *Etcd) start() (*etcdRun, error) {
 	if lg == nil {
 		var err error
 		if lg, err = defaultEtcdLogger(); err != nil {
-			return nil, fmt.Errorf("testenv: etcd %s: logger: %w", curl.Host, err)
+			return nil, fmt.Errorf("devstack: etcd %s: logger: %w", curl.Host, err)
 		}
 	}
 	stopping := new(atomic.Bool)
@@ -245,7 +245,7 @@ func (e *Etcd) start() (*etcdRun, error) {
 
 	srv, err := embed.StartEtcd(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("testenv: etcd %s: start: %w", curl.Host, err)
+		return nil, fmt.Errorf("devstack: etcd %s: start: %w", curl.Host, err)
 	}
 	run := &etcdRun{srv: srv, stopping: stopping}
 	timer := time.NewTimer(etcdReadyTimeout)
@@ -255,13 +255,13 @@ func (e *Etcd) start() (*etcdRun, error) {
 		return run, nil
 	case err := <-srv.Err():
 		run.stop()
-		return nil, fmt.Errorf("testenv: etcd %s: start: %w", curl.Host, err)
+		return nil, fmt.Errorf("devstack: etcd %s: start: %w", curl.Host, err)
 	case <-srv.Server.StopNotify():
 		run.stop()
-		return nil, fmt.Errorf("testenv: etcd %s: start: server stopped before ready", curl.Host)
+		return nil, fmt.Errorf("devstack: etcd %s: start: server stopped before ready", curl.Host)
 	case <-timer.C:
 		run.stop()
-		return nil, fmt.Errorf("testenv: etcd %s: start: not ready after %v", curl.Host, etcdReadyTimeout)
+		return nil, fmt.Errorf("devstack: etcd %s: start: not ready after %v", curl.Host, etcdReadyTimeout)
 	}
 }
 

@@ -96,7 +96,7 @@ func (m faultMode) String() string {
 
 // errInjectedFailure is what the Fail control answers with; kfake then closes
 // the client's connection. The client never sees this text.
-var errInjectedFailure = errors.New("testenv: injected failure")
+var errInjectedFailure = errors.New("devstack: injected failure")
 
 // Kafka is a fake Kafka cluster (kfake) running in this process on loopback
 // ports. Its broker addresses stay the same across Stop and Restart.
@@ -120,7 +120,7 @@ type Kafka struct {
 // connections. The caller must call Stop when done.
 func StartKafka(name string, opts KafkaOptions) (*Kafka, error) {
 	if opts.Brokers < 0 || (len(opts.Ports) > 0 && opts.Brokers != 0 && opts.Brokers != len(opts.Ports)) {
-		return nil, fmt.Errorf("testenv: kafka %s: Brokers=%d does not fit %d Ports", name, opts.Brokers, len(opts.Ports))
+		return nil, fmt.Errorf("devstack: kafka %s: Brokers=%d does not fit %d Ports", name, opts.Brokers, len(opts.Ports))
 	}
 	if opts.Brokers == 0 {
 		opts.Brokers = max(1, len(opts.Ports))
@@ -224,7 +224,7 @@ func (k *Kafka) Restart() error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.c != nil {
-		return fmt.Errorf("testenv: kafka %s: restart: already running", k.name)
+		return fmt.Errorf("devstack: kafka %s: restart: already running", k.name)
 	}
 	deadline := time.Now().Add(restartBindTimeout)
 	for {
@@ -300,10 +300,10 @@ func (k *Kafka) CreateTopic(name string, partitions int32) error {
 	k.mu.RLock()
 	defer k.mu.RUnlock()
 	if k.c == nil {
-		return fmt.Errorf("testenv: kafka %s: create topic %s: %w", k.name, name, ErrStopped)
+		return fmt.Errorf("devstack: kafka %s: create topic %s: %w", k.name, name, ErrStopped)
 	}
 	if err := k.c.CreateTopic(name, partitions, nil); err != nil {
-		return fmt.Errorf("testenv: kafka %s: create topic %s: %w", k.name, name, err)
+		return fmt.Errorf("devstack: kafka %s: create topic %s: %w", k.name, name, err)
 	}
 	return nil
 }
@@ -315,7 +315,7 @@ func (k *Kafka) CreateTopic(name string, partitions int32) error {
 // larger than the current count, kerr.UnknownTopicOrPartition).
 func (k *Kafka) AddPartitions(topic string, total int32) error {
 	wrap := func(err error) error {
-		return fmt.Errorf("testenv: kafka %s: add partitions to %s (total %d): %w", k.name, topic, total, err)
+		return fmt.Errorf("devstack: kafka %s: add partitions to %s (total %d): %w", k.name, topic, total, err)
 	}
 	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...))
 	if err != nil {
@@ -371,7 +371,7 @@ func (k *Kafka) start() (*kfake.Cluster, error) {
 
 	c, err := kfake.NewCluster(opts...)
 	if err != nil {
-		return nil, fmt.Errorf("testenv: kafka %s: start: %w", k.name, err)
+		return nil, fmt.Errorf("devstack: kafka %s: start: %w", k.name, err)
 	}
 	// One permanent control for all requests. Unhandled (mode none) it
 	// stays installed and kfake serves the request; handled, it must ask

@@ -10,7 +10,7 @@ import (
 
 // ErrLinkCut is the error of a Dial on a cut Link. Clients see it as a
 // broker they cannot connect to.
-var ErrLinkCut = errors.New("testenv: link cut")
+var ErrLinkCut = errors.New("devstack: link cut")
 
 // linkDialTimeout bounds a Dial: sarama applies no dial timeout of its own
 // when it is given a dialer.

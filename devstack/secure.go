@@ -46,7 +46,7 @@ type Cert struct {
 func NewPKI(dir string) (*PKI, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, fmt.Errorf("testenv: pki: %w", err)
+		return nil, fmt.Errorf("devstack: pki: %w", err)
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber:          big.NewInt(1),
@@ -59,11 +59,11 @@ func NewPKI(dir string) (*PKI, error) {
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
-		return nil, fmt.Errorf("testenv: pki: %w", err)
+		return nil, fmt.Errorf("devstack: pki: %w", err)
 	}
 	ca, err := x509.ParseCertificate(der)
 	if err != nil {
-		return nil, fmt.Errorf("testenv: pki: %w", err)
+		return nil, fmt.Errorf("devstack: pki: %w", err)
 	}
 	p := &PKI{dir: dir, CAFile: filepath.Join(dir, "ca.pem"), ca: ca, caKey: key, pool: x509.NewCertPool()}
 	p.pool.AddCert(ca)
@@ -80,11 +80,11 @@ func NewPKI(dir string) (*PKI, error) {
 func (p *PKI) Issue(name, cn string) (Cert, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return Cert{}, fmt.Errorf("testenv: pki: %w", err)
+		return Cert{}, fmt.Errorf("devstack: pki: %w", err)
 	}
 	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
 	if err != nil {
-		return Cert{}, fmt.Errorf("testenv: pki: %w", err)
+		return Cert{}, fmt.Errorf("devstack: pki: %w", err)
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
@@ -98,11 +98,11 @@ func (p *PKI) Issue(name, cn string) (Cert, error) {
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.ca, &key.PublicKey, p.caKey)
 	if err != nil {
-		return Cert{}, fmt.Errorf("testenv: pki: issue %s: %w", name, err)
+		return Cert{}, fmt.Errorf("devstack: pki: issue %s: %w", name, err)
 	}
 	keyDER, err := x509.MarshalECPrivateKey(key)
 	if err != nil {
-		return Cert{}, fmt.Errorf("testenv: pki: issue %s: %w", name, err)
+		return Cert{}, fmt.Errorf("devstack: pki: issue %s: %w", name, err)
 	}
 	c := Cert{
 		CertFile: filepath.Join(p.dir, name+".pem"),
@@ -135,7 +135,7 @@ func (p *PKI) ServerTLS(c Cert) *tls.Config {
 
 func writePEM(file, typ string, der []byte) error {
 	if err := os.WriteFile(file, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		return fmt.Errorf("testenv: pki: %w", err)
+		return fmt.Errorf("devstack: pki: %w", err)
 	}
 	return nil
 }
@@ -207,7 +207,7 @@ func (e *Etcd) enableAuth() error {
 	defer cli.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), etcdReadyTimeout)
 	defer cancel()
-	wrap := func(err error) error { return fmt.Errorf("testenv: etcd %s: enable auth: %w", e.Endpoints()[0], err) }
+	wrap := func(err error) error { return fmt.Errorf("devstack: etcd %s: enable auth: %w", e.Endpoints()[0], err) }
 	if _, err := cli.UserAdd(ctx, "root", rand.Text()); err != nil {
 		return wrap(err)
 	}
@@ -240,7 +240,7 @@ func (e *Etcd) AddUser(user, password string, perms ...EtcdPermission) error {
 	defer cli.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), etcdReadyTimeout)
 	defer cancel()
-	wrap := func(err error) error { return fmt.Errorf("testenv: etcd: add user %s: %w", user, err) }
+	wrap := func(err error) error { return fmt.Errorf("devstack: etcd: add user %s: %w", user, err) }
 	if _, err := cli.RoleAdd(ctx, user); err != nil {
 		return wrap(err)
 	}
