@@ -642,7 +642,7 @@ func BenchmarkScale(b *testing.B) {
 	// etcd stores each revision in bbolt pages with its index: the file
 	// grows faster than the bytes written (1.3 x measured unbudgeted).
 	target(growth <= 2*60*budget, "etcd database growth before compaction bounded by the budget: at most %.1f MB/min on the grid, bound 2 x 60 s x budget = %.1f MB/min", growth/1e6, 2*60*budget/1e6)
-	if dir := os.Getenv("KSWITCH_BENCH_OUT"); dir != "" && len(got) == len(grid) {
+	if dir := os.Getenv("KSWITCH_BENCH_OUT"); dir != "" && len(got) > 0 {
 		if err := writeScaleSVG(filepath.Join(dir, "scale.svg"), got, budget); err != nil {
 			b.Error(err)
 		}
