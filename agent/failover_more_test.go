@@ -128,6 +128,9 @@ func readHistory(t testing.TB, cli *clientv3.Client) []coordinator.SwitchEvent {
 		if err := json.Unmarshal(kv.Value, &ev); err != nil {
 			t.Fatalf("history %s: %v", kv.Key, err)
 		}
+		if err := coordinator.LoadPartitions(ctx, cli, fleetKeys, &ev); err != nil {
+			t.Fatalf("history %s: %v", kv.Key, err)
+		}
 		out = append(out, ev)
 	}
 	slices.SortFunc(out, func(a, b coordinator.SwitchEvent) int { return int(a.Epoch - b.Epoch) })

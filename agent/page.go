@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"html/template"
 	"io"
+	"maps"
 	"math"
 	"net/http"
 	"slices"
@@ -99,7 +100,7 @@ type pageSwitch struct {
 	Took       string
 	Phases     []pageRect
 	Partitions []pageRect
-	Redelivery string
+	Note       string // what is not drawn: partitions kept in chunks, records delivered again or late
 	BarX       int
 }
 
@@ -267,9 +268,19 @@ func timeline(evs []coordinator.SwitchEvent) pageTimeline {
 			row.Partitions = append(row.Partitions, pageRect{X: tlLabel + j*(tlSquare+2), W: tlSquare, Class: "m-" + m,
 				Title: fmt.Sprintf("%s/%d: %s %d → %s %d by %s", ps.Topic, ps.Partition, ps.FromTopic, ps.FromOffset, ps.ToTopic, ps.ToOffset, m)})
 		}
-		if lagged > 0 || late > 0 {
-			row.Redelivery = fmt.Sprintf("%d may be delivered again (the target lagged), %d late", lagged, late)
+		var note []string
+		if ev.PartitionChunks > 0 {
+			ms := slices.Sorted(maps.Keys(ev.Methods))
+			for i, m := range ms {
+				methods[m] = true
+				ms[i] = fmt.Sprintf("%d by %s", ev.Methods[m], m)
+			}
+			note = append(note, fmt.Sprintf("%d partitions (in history/partitions/, not drawn): %s", ev.PartitionCount, strings.Join(ms, ", ")))
 		}
+		if lagged > 0 || late > 0 {
+			note = append(note, fmt.Sprintf("%d may be delivered again (the target lagged), %d late", lagged, late))
+		}
+		row.Note = strings.Join(note, "; ")
 		tl.Rows = append(tl.Rows, row)
 	}
 	for _, m := range slices.Sorted(func(yield func(string) bool) {

@@ -458,6 +458,9 @@ func (w *etcdWrites) rates() (writes, bytes, revisions float64) {
 type scalePoint struct {
 	partitions, agents                 int
 	start, join, leave, kill, failover time.Duration
+	// settle is how long the positions of a record in every partition
+	// took to be written (paced by the commit budget).
+	settle                             time.Duration
 	phases                             map[string]float64
 	idleWrites                         float64
 	writes, bytes, revisions, flowRate float64
@@ -504,9 +507,9 @@ func measureScale(b *testing.B, partitions, agents int) scalePoint {
 	runtime.ReadMemStats(&ms)
 	pt.heapPerPartition = float64(int64(ms.HeapAlloc)-int64(heapBefore)) / float64(partitions)
 
-	// Idle: nothing to commit (after a round of the budget for the
-	// last positions).
-	time.Sleep(2 * time.Second)
+	// Idle: once the positions of the warm records are written (paced by
+	// the budget: 6000 partitions take it about 7 s), nothing is.
+	pt.settle = quiet(b, cli, fleetKeys.Prefix(), time.Second, budget)
 	w := watchWrites(b, cli, fleetKeys.Prefix())
 	time.Sleep(3 * time.Second)
 	w.stop()
@@ -588,6 +591,29 @@ func measureScale(b *testing.B, partitions, agents int) scalePoint {
 	return pt
 }
 
+// quiet waits until nothing has been written under prefix for a span, and
+// returns how long that took.
+func quiet(tb testing.TB, cli *clientv3.Client, prefix string, span, timeout time.Duration) time.Duration {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	began := time.Now()
+	ch := cli.Watch(clientv3.WithRequireLeader(ctx), prefix, clientv3.WithPrefix())
+	t := time.NewTimer(span)
+	defer t.Stop()
+	for {
+		select {
+		case _, ok := <-ch:
+			if !ok {
+				tb.Fatalf("etcd writes under %s did not stop for %v within %v", prefix, span, timeout)
+			}
+			t.Reset(span)
+		case <-t.C:
+			return time.Since(began) - span
+		}
+	}
+}
+
 // dbSize is the etcd member's database size in bytes.
 func dbSize(tb testing.TB, cli *clientv3.Client, d *dc) int64 {
 	tb.Helper()
@@ -622,11 +648,11 @@ func BenchmarkScale(b *testing.B) {
 				b.ReportMetric(pt.kill.Seconds(), "kill-rebalance-s")
 				b.ReportMetric(pt.bytes, "etcd-bytes/s")
 				fmt.Printf("scale %5d partitions %2d agents: start %5.2f s, join %5.2f s, leave %5.2f s, kill %5.2f s, failover %5.2f s (revoke %.2f, translate %.2f, activate %.2f); "+
-					"idle %.1f etcd writes/s; at %.0f records/s: %.0f etcd writes/s, %.0f kB/s (%s), %.1f revisions/s, db +%.1f MB/min, leader %.3f cores of the process's %.2f; "+
+					"idle %.1f etcd writes/s (after %.1f s of paced commits); at %.0f records/s: %.0f etcd writes/s, %.0f kB/s (%s), %.1f revisions/s, db +%.1f MB/min, leader %.3f cores of the process's %.2f; "+
 					"%.0f B heap a partition (fleet, etcd and Kafka); %.0f records/s end to end; %d lost, %d twice (%d after the killed agent's last commit), %d of %d by fingerprint\n",
 					pt.partitions, pt.agents, pt.start.Seconds(), pt.join.Seconds(), pt.leave.Seconds(), pt.kill.Seconds(), pt.failover.Seconds(),
 					pt.phases["revoke"], pt.phases["translate"], pt.phases["activate"],
-					pt.idleWrites, pt.flowRate, pt.writes, pt.bytes/1e3, pt.byKind, pt.revisions, pt.dbGrowthPerMin/1e6, pt.leaderCPU, pt.processCPU,
+					pt.idleWrites, pt.settle.Seconds(), pt.flowRate, pt.writes, pt.bytes/1e3, pt.byKind, pt.revisions, pt.dbGrowthPerMin/1e6, pt.leaderCPU, pt.processCPU,
 					pt.heapPerPartition, pt.recordsPerSecond, pt.lost, pt.dups, pt.killedDups, pt.fingerprinted, pt.partitions)
 			}
 		})

@@ -188,6 +188,15 @@ type SwitchEvent struct {
 	// activate, in seconds.
 	Phases     map[string]float64 `json:"phases_seconds"`
 	Partitions []PartitionSwitch  `json:"partitions"`
+	// PartitionChunks, when set, says that Partitions did not fit in one
+	// etcd value (etcd refuses a request over --max-request-bytes, 1.5 MiB
+	// by default: about 5 000 partitions): they are under
+	// history/partitions/<epoch>/ in PartitionChunks keys, PartitionCount
+	// of them, and Methods counts them by translation method.
+	// LoadPartitions reads them back into Partitions.
+	PartitionChunks int            `json:"partition_chunks,omitempty"`
+	PartitionCount  int            `json:"partition_count,omitempty"`
+	Methods         map[string]int `json:"methods,omitempty"`
 	// Topics, when set, are the logical topics a topic switch moved; the
 	// other topics stayed where they were, consumed throughout. Unset: the
 	// fleet switched.

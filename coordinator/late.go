@@ -164,5 +164,8 @@ func (l *Leader) readEvent(ctx context.Context, epoch int64) (SwitchEvent, bool)
 		return SwitchEvent{}, false
 	}
 	ev, err := ParseSwitchEvent(resp.Kvs[0].Value)
+	if err == nil {
+		err = LoadPartitions(rctx, l.etcd, l.keys, &ev)
+	}
 	return ev, err == nil
 }

@@ -13,10 +13,11 @@ import (
 	"time"
 
 	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
 )
 
-func TestMain(m *testing.M) { wait.VerifyTestMain(m) }
+func TestMain(m *testing.M) { wait.VerifyTestMain(m, testenv.LeakOptions()...) }
 
 // owners is agent id → partitions, as in Assignment.Owned.
 type owners = map[string][]TopicPartition

@@ -269,16 +269,13 @@ func (r *leaderRun) switchTo(ctx context.Context, t *term, to, reason string, au
 	return ev, nil
 }
 
-// record writes ev to history/<epoch>, fenced by the term.
+// record writes ev to history/<epoch>, fenced by the term (writeHistory),
+// allowing etcd's request timeout for each of its writes.
 func (l *Leader) record(ctx context.Context, term election.Term, ev SwitchEvent, log *zap.Logger) {
-	val, err := json.Marshal(ev)
-	if err != nil {
-		return
-	}
-	hctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
+	hctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout*time.Duration(1+len(ev.Partitions)/historyChunk))
 	defer cancel()
-	if _, err := term.Txn(hctx, nil, clientv3.OpPut(l.keys.HistoryEvent(ev.Epoch), string(val))); err != nil {
-		log.Warn("could not record the switch in history/", zap.Int64("epoch", ev.Epoch), zap.Error(err))
+	if err := writeHistory(hctx, term, l.keys, ev); err != nil {
+		log.Warn("could not record the switch in history/", zap.Int64("epoch", ev.Epoch), zap.Int("partitions", len(ev.Partitions)), zap.Error(err))
 	}
 }
 
@@ -361,13 +358,7 @@ func (l *Leader) abandonSwitch(ctx context.Context, t *term, why string) error {
 		return err
 	}
 	ev.Finished = time.Now().UTC()
-	if val, err := json.Marshal(ev); err == nil {
-		hctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
-		if _, err := t.Txn(hctx, nil, clientv3.OpPut(l.keys.HistoryEvent(ev.Epoch), string(val))); err != nil {
-			t.log.Warn("could not record the abandoned switch in history/", zap.Error(err))
-		}
-		cancel()
-	}
+	l.record(ctx, t.Term, ev, t.log)
 	t.log.Warn("abandoned the cluster switch: back on the cluster it was leaving",
 		zap.String("from", from), zap.String("to", to), zap.Int64("epoch", ev.Epoch), zap.String("why", why))
 	return nil

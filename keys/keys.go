@@ -179,6 +179,18 @@ func (f Fleet) HistoryEvent(epoch int64) string {
 // zero-padded to 20 digits always starts with "0" (int64 has 19).
 func (f Fleet) SwitchHistory() string { return f.History() + "0" }
 
+// HistoryPartitions is the prefix under which a switch of more partitions
+// than one etcd value holds keeps their translations (its event at
+// HistoryEvent counts the chunks); "p" keeps them out of SwitchHistory.
+func (f Fleet) HistoryPartitions(epoch int64) string {
+	return fmt.Sprintf("%spartitions/%020d/", f.History(), epoch)
+}
+
+// HistoryPartitionChunk is the key of chunk n of a switch's partitions.
+func (f Fleet) HistoryPartitionChunk(epoch int64, n int) string {
+	return fmt.Sprintf("%s%06d", f.HistoryPartitions(epoch), n)
+}
+
 // ConfigHistory is the prefix of the dynamic configuration events.
 func (f Fleet) ConfigHistory() string { return f.History() + "config/" }
 

@@ -30,6 +30,9 @@ func TestPrefixesDoNotCollide(t *testing.T) {
 	if a, b := k.HistoryEvent(9), k.HistoryEvent(10); a >= b {
 		t.Errorf("history keys do not sort by epoch: %q >= %q", a, b)
 	}
+	if c := k.HistoryPartitionChunk(9, 0); strings.HasPrefix(c, k.SwitchHistory()) || strings.HasPrefix(k.HistoryPartitionChunk(90, 0), k.HistoryPartitions(9)) {
+		t.Errorf("a switch's partition chunk %q is read as a switch event, or under another epoch's chunks", c)
+	}
 }
 
 func TestValidName(t *testing.T) {
