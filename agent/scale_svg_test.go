@@ -40,8 +40,8 @@ func writeScaleSVG(path string, got map[scaleKey]scalePoint, budget float64) err
 		return s
 	}
 	var b strings.Builder
-	b.WriteString(`<svg xmlns="http://www.w3.org/2000/svg" width="960" height="340" font-family="sans-serif" font-size="12">` + "\n")
-	b.WriteString(`<rect width="960" height="340" fill="white"/>` + "\n")
+	b.WriteString(`<svg xmlns="http://www.w3.org/2000/svg" width="1000" height="340" font-family="sans-serif" font-size="12">` + "\n")
+	b.WriteString(`<rect width="1000" height="340" fill="white"/>` + "\n")
 	chart(&b, 0, "Seconds until every partition is consumed again", "s", []scaleSeries{
 		series(3, "failover, 3 agents", "#1f77b4", false, func(p scalePoint) float64 { return p.failover.Seconds() }),
 		series(10, "failover, 10 agents", "#ff7f0e", false, func(p scalePoint) float64 { return p.failover.Seconds() }),

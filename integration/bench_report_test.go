@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strings"
@@ -571,11 +572,13 @@ func (r *benchResults) markdown() string {
 	}
 	p("```\n\n")
 	if slices.ContainsFunc(r.GoBenchmarks, func(l string) bool { return strings.HasPrefix(l, "scale ") }) {
-		p("How the cost grows (`BenchmarkScale`, the `scale` lines above; `scale.svg` is drawn by the same run):\n\n")
+		p("### How the cost grows\n\n")
+		p("`BenchmarkScale`, `BenchmarkEtcdDatabaseUnderCompaction` and `BenchmarkCommitCeiling`, from the lines above; `scale.svg` is drawn by the same run.\n\n")
+		p("%s\n", scaleTable(r.GoBenchmarks))
 		p("![failover and kill rebalance times, and etcd bytes per second, against the partitions](scale.svg)\n\n")
 	}
 	p("## How to read and reproduce\n\n")
-	p("- `make bench` (about %.0f minutes here) builds kswitch and the baseline, fetches Kafka's tools once, runs the\n", r.DurationSeconds/60)
+	p("- `make bench` (about %.0f minutes here) builds kswitch and the baseline, fetches Kafka's tools once, runs the\n", max(r.MakeSeconds, r.DurationSeconds)/60)
 	p("  in-process benchmarks, then `TestBenchmarksOnRealStack` (build tags `integration bench`), and rewrites this page\n")
 	p("  and `benchmarks.json`. `KSWITCH_BENCH_QUICK=1 make bench` does one trial of each, for development.\n")
 	p("- Everything runs on one machine: the relays compete with both brokers for the same cores, so the absolute\n")
@@ -599,4 +602,63 @@ func joinFloats(xs []float64, dec int) string {
 		s = append(s, fmt.Sprintf("%.*f", dec, x))
 	}
 	return strings.Join(s, ", ")
+}
+
+// scaleFields are the figures of a BenchmarkScale line, each a pattern
+// and how its groups are shown.
+var scaleFields = []struct {
+	re     *regexp.Regexp
+	format string
+}{
+	{regexp.MustCompile(`^scale (\d+) partitions (\d+) agents:`), "%s × %s"},
+	{regexp.MustCompile(`start ([\d.]+) s`), "%s"},
+	{regexp.MustCompile(`join ([\d.]+) s`), "%s"},
+	{regexp.MustCompile(`leave ([\d.]+) s`), "%s"},
+	{regexp.MustCompile(`kill ([\d.]+) s`), "%s"},
+	{regexp.MustCompile(`failover ([\d.]+) s \(revoke [\d.]+, translate ([\d.]+)`), "%s (%s)"},
+	{regexp.MustCompile(`idle ([\d.]+) etcd writes/s`), "%s"},
+	{regexp.MustCompile(`at (\d+) records/s: (\d+) etcd writes/s, (\d+) kB/s`), "%s → %s, %s"},
+	{regexp.MustCompile(`([\d.]+) revisions/s`), "%s"},
+	{regexp.MustCompile(`db \+([\d.]+) MB/min`), "%s"},
+	{regexp.MustCompile(`leader ([\d.]+) cores of the process's ([\d.]+)`), "%s of %s"},
+	{regexp.MustCompile(`(\d+) B heap a partition`), "%s"},
+	{regexp.MustCompile(`(\d+) records/s end to end`), "%s"},
+	{regexp.MustCompile(`(\d+) lost, (\d+) twice`), "%s / %s"},
+	{regexp.MustCompile(`(\d+) of \d+ by fingerprint`), "%s"},
+}
+
+// scaleTable renders BenchmarkScale's lines as a table, then its targets
+// and the etcd lines (the database under compaction, the commit ceiling)
+// as a list.
+func scaleTable(lines []string) string {
+	var b strings.Builder
+	b.WriteString("| partitions × agents | start s | join s | leave s | kill s | failover s (translate) | idle etcd writes/s | at records/s → etcd writes/s, kB/s | revisions/s | db before compaction MB/min | leader cores of the process's | heap B a partition | records/s end to end | lost / twice | by fingerprint |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	var notes []string
+	for _, l := range lines {
+		switch {
+		case strings.HasPrefix(l, "scale target:"), strings.HasPrefix(l, "etcd flat:"), strings.HasPrefix(l, "etcd ceiling"):
+			notes = append(notes, "- "+strings.TrimPrefix(l, "scale target: "))
+		case strings.HasPrefix(l, "scale "):
+			b.WriteString("|")
+			for _, f := range scaleFields {
+				m := f.re.FindStringSubmatch(l)
+				if m == nil {
+					b.WriteString(" - |")
+					continue
+				}
+				args := make([]any, len(m)-1)
+				for i, g := range m[1:] {
+					args[i] = g
+				}
+				fmt.Fprintf(&b, " "+f.format+" |", args...)
+			}
+			b.WriteString("\n")
+		}
+	}
+	b.WriteString("\n")
+	for _, n := range notes {
+		b.WriteString(n + "\n")
+	}
+	return b.String()
 }
