@@ -357,13 +357,50 @@ func (w *worker) follow(ctx context.Context, tick <-chan time.Time, sig <-chan s
 			if err := wr.Err(); err != nil {
 				return err
 			}
-			for _, ev := range wr.Events {
-				if ev.Type == clientv3.EventTypeDelete {
-					w.log.Warn("state/assignment was deleted; waiting for the leader to publish one")
-					continue
-				}
-				w.applyValue(ctx, ev.Kv.Value, ev.Kv.ModRevision, true)
+			evs, err := waiting(wch, wr.Events)
+			w.applyNewest(ctx, evs)
+			if err != nil {
+				return err
 			}
+		}
+	}
+}
+
+// waiting adds to evs the events of the watch responses already waiting on
+// wch, without blocking, and returns the error that ended the watch, if
+// one did.
+func waiting(wch clientv3.WatchChan, evs []*clientv3.Event) ([]*clientv3.Event, error) {
+	for {
+		select {
+		case wr, ok := <-wch:
+			if !ok {
+				return evs, errors.New("assignment watch closed")
+			}
+			if err := wr.Err(); err != nil {
+				return evs, err
+			}
+			evs = append(evs, wr.Events...)
+		default:
+			return evs, nil
+		}
+	}
+}
+
+// applyNewest applies the newest value of state/assignment among evs that
+// is not refused. The generations published while this worker applied the
+// last one are superseded by the newest: a revoke stands in every later
+// generation until this agent acknowledges one, so nothing is skipped
+// that must be released, and one start of partitions waits for a fetch
+// (about 250 ms on an idle partition), which made a join to a fleet of 30
+// take one of those waits for each of the 20 generations the leader
+// published while its releases came in.
+func (w *worker) applyNewest(ctx context.Context, evs []*clientv3.Event) {
+	if n := len(evs); n > 0 && evs[n-1].Type == clientv3.EventTypeDelete {
+		w.log.Warn("state/assignment was deleted; waiting for the leader to publish one")
+	}
+	for i := len(evs) - 1; i >= 0; i-- {
+		if ev := evs[i]; ev.Type != clientv3.EventTypeDelete && w.applyValue(ctx, ev.Kv.Value, ev.Kv.ModRevision, true) {
+			return
 		}
 	}
 }
@@ -374,26 +411,28 @@ func (w *worker) follow(ctx context.Context, tick <-chan time.Time, sig <-chan s
 // fencing token was not written by the leader (an old value put back by
 // hand) and is ignored; the leader repairs the key within a loop turn. The
 // value read at start is taken whatever its term: a leader does not
-// republish an assignment it keeps.
-func (w *worker) applyValue(ctx context.Context, val []byte, rev int64, changed bool) {
+// republish an assignment it keeps. It reports whether it applied the
+// value.
+func (w *worker) applyValue(ctx context.Context, val []byte, rev int64, changed bool) bool {
 	a, err := coordinator.ParseAssignment(val)
 	if err != nil {
 		w.log.Warn("refusing malformed state/assignment; keeping the last good one", zap.Error(err),
 			zap.Int64("applied_generation", w.applied.Generation))
 		w.metrics.badValues.WithLabelValues("assignment").Inc()
-		return
+		return false
 	}
 	if tok, ok := w.leaderToken(); changed && ok && a.Token < tok {
 		w.log.Warn("ignoring a state/assignment from an older leader term; the leader will repair it",
 			zap.Int64("token", a.Token), zap.Int64("leader_token", tok), zap.Int64("generation", a.Generation))
 		w.metrics.badValues.WithLabelValues("assignment").Inc()
-		return
+		return false
 	}
 	if a.Generation < w.applied.Generation {
 		w.log.Warn("ignoring an older assignment generation", zap.Int64("generation", a.Generation), zap.Int64("applied", w.applied.Generation))
-		return
+		return false
 	}
 	w.apply(ctx, a, rev)
+	return true
 }
 
 // apply makes the running partitions match a: revoked partitions are

@@ -1125,3 +1125,41 @@ func TestRecoveredActiveKeepsPlacements(t *testing.T) {
 		t.Errorf("an assignment without placed sections recovers %+v", got)
 	}
 }
+
+// TestHandoverHold: the next generation is held while a live agent has not
+// acknowledged its revokes, never past handoverWait after the current one
+// was published, and not at all when nothing is outstanding.
+func TestHandoverHold(t *testing.T) {
+	now := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	tp := TopicPartition{Topic: "orders", Partition: 1}
+	cur := Assignment{Generation: 7, Cluster: "A", Published: now.Add(-100 * time.Millisecond),
+		Owned:    map[string][]TopicPartition{"b": {{Topic: "orders", Partition: 0}}},
+		Revoking: map[string][]TopicPartition{"a": {tp}}}
+	for _, c := range []struct {
+		what string
+		cur  func(Assignment) Assignment
+		live []string
+		acks map[string]int64
+		want time.Duration
+	}{
+		{"a revoker has not acknowledged", nil, []string{"a", "b", "c"}, map[string]int64{"a": 6, "b": 7}, handoverWait - 100*time.Millisecond},
+		{"every revoker acknowledged", nil, []string{"a", "b", "c"}, map[string]int64{"a": 7}, 0},
+		{"the revoker is gone", nil, []string{"b", "c"}, map[string]int64{}, 0},
+		{"the wait is over", func(a Assignment) Assignment { a.Published = now.Add(-handoverWait); return a }, []string{"a"}, nil, 0},
+		{"published in this clock's future", func(a Assignment) Assignment { a.Published = now.Add(time.Hour); return a }, []string{"a"}, nil, 0},
+		{"nothing revoked", func(a Assignment) Assignment { a.Revoking = nil; return a }, []string{"a", "b"}, nil, 0},
+		{"a revoke in a placed section", func(a Assignment) Assignment {
+			a.Revoking = nil
+			a.Placed = map[string]Placement{"B": {Revoking: map[string][]TopicPartition{"a": {tp}}}}
+			return a
+		}, []string{"a"}, nil, handoverWait - 100*time.Millisecond},
+	} {
+		a := cur
+		if c.cur != nil {
+			a = c.cur(a)
+		}
+		if got := handoverHold(a, c.live, c.acks, now); got != c.want {
+			t.Errorf("%s: hold %v, want %v", c.what, got, c.want)
+		}
+	}
+}
