@@ -75,7 +75,7 @@ $(PROMTOOL):
 $(STATICCHECK):
 	GOBIN=$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
-## bench: benchmarks, each against a baseline measured in the same run: the in-process ones, then the real stack's (integration/bench*_test.go), which rewrite docs/BENCHMARKS.md, docs/benchmarks.json and docs/scale.svg (about 40 minutes: BenchmarkEtcdDatabaseUnderCompaction runs 10 of them, KSWITCH_BENCH_FLAT sets how long)
+## bench: benchmarks, each against a baseline measured in the same run: the in-process ones, then the real stack's (integration/bench*_test.go), which rewrite docs/BENCHMARKS.md, docs/benchmarks.json and docs/scale.svg (about 25 minutes here: BenchmarkEtcdDatabaseUnderCompaction takes 10 of them, KSWITCH_BENCH_FLAT sets how long)
 bench: build etcd-bin kafka-jars kafka-tools
 	@command -v kcat >/dev/null || { echo "kcat is missing: apt-get install kcat"; exit 1; }
 	@set -o pipefail; start=$$(date +%s); echo "load average: $$(cut -d' ' -f1-3 /proc/loadavg)"; \
