@@ -391,7 +391,7 @@ func waiting(wch clientv3.WatchChan, evs []*clientv3.Event) ([]*clientv3.Event, 
 // last one are superseded by the newest: a revoke stands in every later
 // generation until this agent acknowledges one, so nothing is skipped
 // that must be released, and one start of partitions waits for a fetch
-// (about 250 ms on an idle partition), which made a join to a fleet of 30
+// (about 500 ms on an idle partition), which made a join to a fleet of 30
 // take one of those waits for each of the 20 generations the leader
 // published while its releases came in.
 func (w *worker) applyNewest(ctx context.Context, evs []*clientv3.Event) {
