@@ -129,7 +129,12 @@ func TestRoutesOnRealKafka(t *testing.T) {
 	st.moving(t, "the fleet consumes every partition of A", time.Minute)
 	routingInForce(t, agents, 0)
 
-	apply := func(step, rules string) routesChange {
+	// apply writes rules, under which the channel evens writes to topic,
+	// and returns once every agent has it in force and an even record
+	// routed by it is on topic: the next change must not come before
+	// this version routed anything (a CI run applied version 2 before
+	// version 1 had routed one even record).
+	apply := func(step, rules, topic string) routesChange {
 		t.Helper()
 		path := filepath.Join(t.TempDir(), step+".yaml")
 		if err := os.WriteFile(path, []byte(rules), 0o644); err != nil {
@@ -148,10 +153,22 @@ func TestRoutesOnRealKafka(t *testing.T) {
 		timed(step+"_in_force", since.Sub(began))
 		timed(step+"_seen_in_metrics", time.Since(began))
 		st.moving(t, "the fleet relays on routing version "+m[1], 30*time.Second)
+		waitFor(t, 30*time.Second, "an even record routed by version "+m[1]+" is on "+topic, func() error {
+			ends, err := endOffsets(st.b.addr, topic)
+			if err != nil {
+				return err
+			}
+			for _, end := range ends {
+				if end > 0 {
+					return nil
+				}
+			}
+			return fmt.Errorf("%s on B is empty", topic)
+		})
 		return ch
 	}
-	v1 := apply("routes_v1", routesV1)
-	v2 := apply("routes_v2", routesV2)
+	v1 := apply("routes_v1", routesV1, evensTopics[0])
+	v2 := apply("routes_v2", routesV2, evensTopics[1])
 	changes := []routesChange{v1, v2}
 
 	// Bad rule sets through the CLI: refused, nothing written.
