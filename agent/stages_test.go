@@ -32,6 +32,7 @@ type deadOn struct {
 	cluster string
 	topics  map[string]bool
 	counts  map[string]int64
+	ids     map[string]bool // the values dead-lettered
 }
 
 func (d *deadOn) set(cluster string, topics ...string) {
@@ -52,6 +53,10 @@ func (d *deadOn) wrap(next record.Handler) record.Handler {
 				d.counts = map[string]int64{}
 			}
 			d.counts[r.SourceTopic]++
+			if d.ids == nil {
+				d.ids = map[string]bool{}
+			}
+			d.ids[string(r.Value)] = true
 		}
 		d.mu.Unlock()
 		if dead {
@@ -401,9 +406,30 @@ func TestStagedMoveSurvivesItsLeaderAndRollsBackAnUnhealthyStage(t *testing.T) {
 		maps.Copy(ids, idsOn(t, f.d.a, topic))
 	}
 	waitAllHandled(t, f.l, ids, 30*time.Second)
+	// payments, the stage rolled back: each record handled, or
+	// dead-lettered on B (where a dead-letter channel holds it).
+	dead := map[string]bool{}
+	for _, d := range f.dead {
+		d.mu.Lock()
+		maps.Copy(dead, d.ids)
+		d.mu.Unlock()
+	}
+	payments := idsOn(t, f.d.a, "payments")
+	wait.For(t, 30*time.Second, "every record of payments handled or dead-lettered", func() error {
+		missing := 0
+		for id := range payments {
+			if !dead[id] && f.l.timesHandled(id) == 0 {
+				missing++
+			}
+		}
+		if missing > 0 {
+			return fmt.Errorf("%d of %d records of payments neither handled nor dead-lettered", missing, len(payments))
+		}
+		return nil
+	})
 	_, dups, dupFirst := f.l.result(0)
-	t.Logf("%d records of audit, clicks and orders, 0 lost, %d duplicates (first handled by %v); payments dead-lettered on B: %v",
-		len(ids), dups, dupFirst, f.deadCounts())
+	t.Logf("%d records of audit, clicks and orders, 0 lost, %d duplicates (first handled by %v); payments: %d records, each handled or dead-lettered on B (%v)",
+		len(ids), dups, dupFirst, len(payments), f.deadCounts())
 	for id, n := range dupFirst {
 		if id != leader.ID() && n > 0 {
 			t.Errorf("%d duplicates of records first handled by %s, which was not killed", n, id)

@@ -539,34 +539,41 @@ func (r *leaderRun) checkStage(ctx context.Context, s *StageState, topics []stri
 	for agent, n := range counts {
 		dead += n - min(n, s.DeadAtStart[agent])
 	}
-	lag = lagOf(now)
 	owned := map[string]bool{}
 	for _, tps := range r.t.current.Section(to).Owned {
 		for _, tp := range tps {
 			owned[ClusterPartition{Cluster: to, TopicPartition: tp}.String()] = true
 		}
 	}
+	healthy, why = judgeStage(s.Baseline, now, owned, int64(s.Plan.LagSlack), dead)
+	return healthy, why, lagOf(now), dead, nil
+}
+
+// judgeStage is checkStage's verdict on what it measured: the partitions'
+// marks at the check's start (before) and end (now), which of them have
+// an owner, the lag's slack and the records dead-lettered meanwhile.
+func judgeStage(before, now map[string]PartitionMark, owned map[string]bool, slack, dead int64) (healthy bool, why string) {
 	var problems []string
 	for _, p := range slices.Sorted(maps.Keys(now)) {
-		before, ok := s.Baseline[p]
+		b, ok := before[p]
 		switch {
 		case !owned[p]:
 			problems = append(problems, p+" has no consumer")
-		case ok && before.End > max(before.Committed, 0) && now[p].Committed <= before.Committed:
+		case ok && b.End > max(b.Committed, 0) && now[p].Committed <= b.Committed:
 			problems = append(problems, fmt.Sprintf("%s not consuming: committed %d at the check's start and its end", p, now[p].Committed))
 		}
 	}
-	before := lagOf(s.Baseline)
-	if lag > before+int64(s.Plan.LagSlack) {
-		problems = append(problems, fmt.Sprintf("lag grew from %d to %d records (slack %d)", before, lag, s.Plan.LagSlack))
+	lagBefore, lag := lagOf(before), lagOf(now)
+	if lag > lagBefore+slack {
+		problems = append(problems, fmt.Sprintf("lag grew from %d to %d records (slack %d)", lagBefore, lag, slack))
 	}
 	if dead > 0 {
 		problems = append(problems, fmt.Sprintf("%d records dead-lettered", dead))
 	}
 	if len(problems) > 0 {
-		return false, strings.Join(problems, "; "), lag, dead, nil
+		return false, strings.Join(problems, "; ")
 	}
-	return true, fmt.Sprintf("consuming, lag %d → %d, no dead letters", before, lag), lag, dead, nil
+	return true, fmt.Sprintf("consuming, lag %d → %d, no dead letters", lagBefore, lag)
 }
 
 // deadLetters returns, by agent, the records of topics its handler sent

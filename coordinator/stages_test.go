@@ -71,3 +71,34 @@ func TestStageWants(t *testing.T) {
 		t.Errorf("the reason of a rolled-back topic: %q", back)
 	}
 }
+
+// TestJudgeStage: a stage's check fails on each of its rules alone
+// (a partition without an owner, one with records that did not move, the
+// lag grown past the slack, dead letters) and passes when none holds,
+// including a partition that had nothing to consume.
+func TestJudgeStage(t *testing.T) {
+	p0, p1 := "B:A.orders/0", "B:A.orders/1"
+	before := map[string]PartitionMark{p0: {Committed: 100, End: 150}, p1: {Committed: 40, End: 40}}
+	moving := map[string]PartitionMark{p0: {Committed: 160, End: 190}, p1: {Committed: 40, End: 40}}
+	both := map[string]bool{p0: true, p1: true}
+	for _, c := range []struct {
+		what  string
+		now   map[string]PartitionMark
+		owned map[string]bool
+		slack int64
+		dead  int64
+		want  string // "" healthy, else a part of the reason
+	}{
+		{"healthy", moving, both, 0, 0, ""},
+		{"no consumer", moving, map[string]bool{p0: true}, 0, 0, p1 + " has no consumer"},
+		{"not consuming", map[string]PartitionMark{p0: {Committed: 100, End: 190}, p1: {Committed: 40, End: 40}}, both, 1000, 0, p0 + " not consuming: committed 100"},
+		{"lag grew", map[string]PartitionMark{p0: {Committed: 120, End: 300}, p1: {Committed: 40, End: 40}}, both, 100, 0, "lag grew from 50 to 180 records (slack 100)"},
+		{"lag within the slack", map[string]PartitionMark{p0: {Committed: 120, End: 300}, p1: {Committed: 40, End: 40}}, both, 130, 0, ""},
+		{"dead letters", moving, both, 0, 3, "3 records dead-lettered"},
+	} {
+		healthy, why := judgeStage(before, c.now, c.owned, c.slack, c.dead)
+		if healthy != (c.want == "") || (c.want != "" && !strings.Contains(why, c.want)) {
+			t.Errorf("%s: healthy %v, %q; want %q", c.what, healthy, why, c.want)
+		}
+	}
+}
