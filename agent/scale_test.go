@@ -508,7 +508,7 @@ func measureScale(b *testing.B, partitions, agents int) scalePoint {
 	pt.heapPerPartition = float64(int64(ms.HeapAlloc)-int64(heapBefore)) / float64(partitions)
 
 	// Idle: once the positions of the warm records are written (paced by
-	// the budget: 6000 partitions take it about 7 s), nothing is.
+	// the budget: 6000 partitions take it about 3 s), nothing is.
 	pt.settle = quiet(b, cli, fleetKeys.Prefix(), time.Second, budget)
 	w := watchWrites(b, cli, fleetKeys.Prefix())
 	time.Sleep(3 * time.Second)

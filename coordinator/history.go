@@ -23,9 +23,13 @@ const maxSwitchEventSize = 4 << 20
 // An event whose JSON is over historyInlineBytes keeps its partitions in
 // chunks of historyChunk (about 300 kB each), well under etcd's default
 // request limit of 1.5 MiB.
+// A value under history/ may claim at most maxHistoryChunks chunks
+// (4 million partitions): a stranger's count must not make a reader
+// allocate without bound.
 const (
 	historyInlineBytes = 512 << 10
 	historyChunk       = 1000
+	maxHistoryChunks   = 4096
 )
 
 // ParseSwitchEvent decodes and checks a history/<epoch> value.
@@ -40,7 +44,7 @@ func ParseSwitchEvent(val []byte) (SwitchEvent, error) {
 	if ev.Epoch <= 0 || ev.To == "" {
 		return ev, fmt.Errorf("coordinator: switch event needs a positive epoch and a cluster switched to (epoch %d, to %q)", ev.Epoch, ev.To)
 	}
-	if ev.PartitionChunks < 0 || ev.PartitionCount < 0 || ev.PartitionChunks > ev.PartitionCount {
+	if ev.PartitionChunks < 0 || ev.PartitionCount < 0 || ev.PartitionChunks > ev.PartitionCount || ev.PartitionChunks > maxHistoryChunks {
 		return ev, fmt.Errorf("coordinator: switch event of epoch %d has %d chunks of %d partitions", ev.Epoch, ev.PartitionChunks, ev.PartitionCount)
 	}
 	return ev, nil
@@ -52,6 +56,8 @@ func ParseSwitchEvent(val []byte) (SwitchEvent, error) {
 // is over etcd's request limit), then the event with their count: a
 // reader that finds the event finds its chunks.
 func writeHistory(ctx context.Context, term election.Term, k keys.Fleet, ev SwitchEvent) error {
+	// An event read back with LoadPartitions holds its partitions again.
+	ev.PartitionChunks, ev.PartitionCount, ev.Methods = 0, 0, nil
 	val, err := json.Marshal(ev)
 	if err != nil {
 		return err
@@ -62,7 +68,6 @@ func writeHistory(ctx context.Context, term election.Term, k keys.Fleet, ev Swit
 		for _, p := range parts {
 			ev.Methods[p.Method]++
 		}
-		ev.PartitionChunks = 0
 		for chunk := range slices.Chunk(parts, historyChunk) {
 			cv, err := json.Marshal(chunk)
 			if err != nil {

@@ -82,6 +82,12 @@ func TestASwitchOfManyPartitionsIsRecorded(t *testing.T) {
 		}
 	}
 
+	// A stranger's count of chunks is refused before anything is
+	// allocated for it.
+	if _, err := ParseSwitchEvent([]byte(`{"epoch":9,"to":"B","partition_chunks":1000000000,"partition_count":1000000000}`)); err == nil {
+		t.Error("an event claiming a billion chunks was accepted")
+	}
+
 	// A chunk missing (deleted by hand) is an error naming what is missing,
 	// not a switch of fewer partitions.
 	if _, err := cli.Delete(ctx, k.HistoryPartitionChunk(8000, 3)); err != nil {
