@@ -409,9 +409,18 @@ func ensurePositionsTopic(c sarama.Client) error {
 
 // readPosition reads the stream's last committed position from the
 // positions topic, as a read_committed consumer sees it; nil when there
-// is none.
+// is none. The topic is one partition for every stream: it first waits
+// for the transactions open there to end (kafka.WaitStable), or a
+// position committed after another stream's open transaction began would
+// be missed and an older one read. Another stream's owner that died
+// mid-commit holds that until its stream's next owner fences it (at once,
+// in the same rebalance) or its transaction times out; the open fails if
+// it lasts past ctx, and the next record tries again.
 func (s *txnSet) readPosition(ctx context.Context, c sarama.Client, k txnKey) (*TxnPosition, error) {
 	key := k.positionKey(s.fleet)
+	if err := kafka.WaitStable(ctx, c, config.PositionsTopic, 0); err != nil {
+		return nil, fmt.Errorf("read %s: %w", config.PositionsTopic, err)
+	}
 	var last *TxnPosition
 	var bad error
 	err := kafka.ReadAll(ctx, c, config.PositionsTopic, 0, func(r kafka.Record) bool {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/kswitch/kswitch/config"
@@ -225,6 +226,60 @@ func TestExactlyOnceThroughACrashAndAZombie(t *testing.T) {
 		last.Done["A/orders/0"] != 260 || last.Done["B/A.orders/0"] != 10 {
 		t.Errorf("last position %+v, want A orders/0 offset 260 by generation 5, done A 260 and B 10", last)
 	}
+}
+
+// TestExactlyOnceReadsThePositionPastAnotherStreamsOpenTransaction: the
+// positions topic is one partition for every stream, and a read_committed
+// reader stops at its last stable offset, the first offset of the oldest
+// open transaction. An owner that dies mid-commit leaves its transaction
+// open until its stream's next owner fences it or it times out: a stream
+// whose last commit came after it must still be read to that commit, or
+// its next owner delivers again what the last one committed.
+func TestExactlyOnceReadsThePositionPastAnotherStreamsOpenTransaction(t *testing.T) {
+	w := eosWorld(t)
+	first := w.owner(1, 50*time.Millisecond)
+	first.handle(t, 0, 50) // creates the positions topic
+	first.waitAcked(t, 50)
+
+	// Another stream's owner writes its position and dies before its
+	// commit: the transaction stays open for its timeout.
+	const strangerTimeout = 2 * time.Second
+	stranger, err := kgo.NewClient(kgo.SeedBrokers(w.kafkas["S"].Brokers()...),
+		kgo.TransactionalID("kswitch/test/S/other/A/9"), kgo.TransactionTimeout(strangerTimeout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stranger.Close()
+	if err := stranger.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	if err := stranger.ProduceSync(t.Context(), &kgo.Record{Topic: config.PositionsTopic, Key: []byte("other"),
+		Value: []byte(`{"cluster":"A","topic":"other","partition":9,"offset":1}`)}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	died := time.Now()
+
+	// This stream's owner goes on, commits past the open transaction, and
+	// crashes with etcd's position at 100.
+	first.handle(t, 50, 150)
+	first.waitAcked(t, 150)
+	first.close(t, false)
+
+	second := w.owner(2, 50*time.Millisecond)
+	second.handle(t, 100, 200)
+	second.waitAcked(t, 100)
+	if n := metricValue(second.r.m.skipped); n != 50 {
+		t.Errorf("second owner skipped %v produces, want 50 (offsets 100-149, committed by the first)", n)
+	}
+	if waited := time.Since(died); waited < strangerTimeout {
+		t.Errorf("the second owner delivered %s after the other stream's owner died, before its transaction's timeout (%s) ended it", waited, strangerTimeout)
+	}
+	second.close(t, false)
+	var want []string
+	for off := range int64(200) {
+		want = append(want, fmt.Sprintf("orders/0@%d", off))
+	}
+	wantEachOnce(t, w.readCommitted("S", "out"), want)
 }
 
 // TestExactlyOnceChannelSettingsRefused: a channel on an exactly_once

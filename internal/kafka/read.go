@@ -63,6 +63,77 @@ func ReadAll(ctx context.Context, client sarama.Client, topic string, partition 
 	return err
 }
 
+// WaitStable waits until every transaction open on topic/partition when it
+// is called has ended: until the partition's last stable offset reaches
+// the high watermark that its first fetch reports. A read_committed reader
+// (ReadPartition) stops at the last stable offset, the first offset of the
+// oldest open transaction, so a record committed after another producer's
+// transaction began stays unseen until that one ends too; a producer that
+// died mid-transaction holds it until its transactional.id is used again
+// or the transaction times out (transaction.timeout.ms). Each retry backs
+// off up to stableBackoffMax; it fails when ctx ends, naming the offsets.
+func WaitStable(ctx context.Context, client sarama.Client, topic string, partition int32) error {
+	target, stable, from := int64(-1), int64(-1), int64(-1)
+	waiting := func(err error) error {
+		if target < 0 {
+			return err
+		}
+		return fmt.Errorf("%s/%d: a transaction open since offset %d has not ended (the high watermark was %d): %w",
+			topic, partition, stable, target, err)
+	}
+	retries := 0
+	for delay := stableBackoff; ; delay = min(2*delay, stableBackoffMax) {
+		if from < 0 {
+			oldest, err := ListOffset(ctx, client, topic, partition, sarama.OffsetOldest)
+			if err != nil {
+				return waiting(err)
+			}
+			from = oldest
+		}
+		// One byte: the first batch comes whole (a fetch returns at
+		// least one), and only the offsets are read.
+		block, version, err := fetchOnce(ctx, client, topic, partition, from, 1)
+		if err == nil && !errors.Is(block.Err, sarama.ErrNoError) {
+			err = block.Err
+		}
+		switch {
+		case err == nil:
+			retries = 0
+			if version < 4 || block.LastStableOffset < 0 {
+				return nil // no transactions before fetch v4 (Kafka 0.11)
+			}
+			if target < 0 {
+				target = block.HighWaterMarkOffset
+			}
+			if stable = block.LastStableOffset; stable >= target {
+				return nil
+			}
+			from = target // a fetch at the high watermark is empty
+			if serr := sleepCtx(ctx, delay); serr != nil {
+				return waiting(serr)
+			}
+		case ctx.Err() != nil:
+			return waiting(ctx.Err())
+		case errors.Is(err, sarama.ErrOffsetOutOfRange):
+			from = -1 // retention moved the log start: list it again
+		case retries < fetchRetries && retriableFetchError(err):
+			retries++
+			_ = Call(ctx, func() error { return client.RefreshMetadata(topic) })
+			if serr := sleepCtx(ctx, time.Duration(retries)*fetchBackoff); serr != nil {
+				return waiting(serr)
+			}
+		default:
+			return waiting(fmt.Errorf("fetch %s/%d at %d: %w", topic, partition, from, err))
+		}
+	}
+}
+
+// Backoff of WaitStable.
+const (
+	stableBackoff    = 10 * time.Millisecond
+	stableBackoffMax = 200 * time.Millisecond
+)
+
 // ReadPartition calls fn with each record of topic/partition from offset
 // from on, in order, as a read_committed consumer sees them (no aborted
 // records, no transaction markers), until the end that the first fetch
