@@ -221,6 +221,9 @@ type FleetView struct {
 	// Stages is the staged move's progress (state/stages), nil when
 	// there is none.
 	Stages *coordinator.StageState `json:"stages,omitempty"`
+	// StageSteps are the steps of that move (history/stages/), oldest
+	// first.
+	StageSteps []coordinator.StageStep `json:"stage_steps,omitempty"`
 	// Stalled is the leader's list of partitions that no agent has
 	// consumed for over coordinator.StalledAfter (nil: none).
 	Stalled *coordinator.Stalled `json:"stalled,omitempty"`
@@ -345,6 +348,9 @@ func ReadFleet(ctx context.Context, c *clientv3.Client, fleet string) (FleetView
 			v.Refused = append(v.Refused, err.Error())
 		} else {
 			v.Stages = &st
+			if v.StageSteps, err = readStageSteps(ctx, c, k, st.Revision, &v.Refused); err != nil {
+				return v, err
+			}
 		}
 	}
 	if resp, err := c.Get(ctx, k.Stalled()); err != nil {
@@ -401,6 +407,30 @@ func ReadFleet(ctx context.Context, c *clientv3.Client, fleet string) (FleetView
 			coordinator.ClusterPartition{Cluster: y.Cluster, TopicPartition: y.TopicPartition})
 	})
 	return v, nil
+}
+
+// maxStageSteps bounds the steps of a staged move read (a plan of N
+// stages writes about 2N+1).
+const maxStageSteps = 200
+
+// readStageSteps reads the steps of the staged move written at revision
+// rev, oldest first; a step that does not decode is added to refused.
+func readStageSteps(ctx context.Context, c *clientv3.Client, k keys.Fleet, rev int64, refused *[]string) ([]coordinator.StageStep, error) {
+	resp, err := c.Get(ctx, k.StageEvents(rev), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend),
+		clientv3.WithLimit(maxStageSteps))
+	if err != nil {
+		return nil, fmt.Errorf("agent: read %s: %w", k.StageEvents(rev), err)
+	}
+	var steps []coordinator.StageStep
+	for _, kv := range resp.Kvs {
+		st, err := coordinator.ParseStageStep(kv.Value)
+		if err != nil {
+			*refused = append(*refused, fmt.Sprintf("%s: %v", kv.Key, err))
+			continue
+		}
+		steps = append(steps, st)
+	}
+	return steps, nil
 }
 
 // FillLag asks each cluster of the assignment that clusters names with

@@ -265,6 +265,18 @@ func TestStagedMoveUnderLoad(t *testing.T) {
 	if !slices.Equal(phases, want) {
 		t.Fatalf("history/stages/ holds %v, want %v", phases, want)
 	}
+	// kswitch status lists each step, in order, under the move's line.
+	t.Logf("kswitch status:\n%s", status)
+	rest := status
+	for _, s := range steps {
+		line := fmt.Sprintf("%s  stage %d %s %s: %s", s.At.Format(time.RFC3339), s.Stage+1, strings.Join(s.Topics, ","), s.Phase, s.Reason)
+		i := strings.Index(rest, line)
+		if i < 0 {
+			t.Errorf("kswitch status does not show the step %q after the ones before it:\n%s", line, status)
+			break
+		}
+		rest = rest[i+len(line):]
+	}
 	if held := steps[2].At.Sub(steps[1].At); held < check {
 		t.Errorf("stage 1 was checked for %v, under the check interval %v", held, check)
 	}

@@ -181,6 +181,21 @@ type StageStep struct {
 	Leader      string `json:"leader"`
 }
 
+// ParseStageStep decodes a step of history/stages/.
+func ParseStageStep(data []byte) (StageStep, error) {
+	var s StageStep
+	if len(data) > maxStagesSize*4 {
+		return s, fmt.Errorf("coordinator: stage step: %d bytes, over the limit", len(data))
+	}
+	if err := json.Unmarshal(data, &s); err != nil {
+		return s, fmt.Errorf("coordinator: stage step: %w", err)
+	}
+	if !slices.Contains([]string{StageMoving, StageChecking, StageDone, StageRolledBack, StageOverridden}, s.Phase) {
+		return s, fmt.Errorf("coordinator: stage step of stage %d in phase %q", s.Stage, s.Phase)
+	}
+	return s, nil
+}
+
 // ParseStageState decodes state/stages.
 func ParseStageState(data []byte) (StageState, error) {
 	var s StageState

@@ -147,7 +147,13 @@ func (f Fleet) StageHistory() string { return f.History() + "stages/" }
 // StageEvent is the key of step n of the staged move written at etcd
 // revision rev, zero-padded so that keys sort in order.
 func (f Fleet) StageEvent(rev int64, n int) string {
-	return fmt.Sprintf("%s%020d/%06d", f.StageHistory(), rev, n)
+	return fmt.Sprintf("%s%06d", f.StageEvents(rev), n)
+}
+
+// StageEvents is the prefix of the steps of the staged move written at
+// etcd revision rev.
+func (f Fleet) StageEvents(rev int64) string {
+	return fmt.Sprintf("%s%020d/", f.StageHistory(), rev)
 }
 
 // DeadLetters is the prefix of the agents' dead-letter counts

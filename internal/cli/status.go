@@ -243,6 +243,11 @@ func printFleet(w io.Writer, v agent.FleetView, now time.Time) {
 		}
 		fmt.Fprintf(w, "stages:  to %s, stage %d of %d %s since %s: %s (%s; checked for %s each)\n", st.Plan.To, st.Stage+1, len(st.Plan.Stages),
 			st.Phase, st.Since.Format(time.RFC3339), st.Reason, strings.Join(stages, "; "), st.Plan.Check)
+		for _, step := range v.StageSteps {
+			// The reasons carry the checks' measures.
+			fmt.Fprintf(w, "  %s  stage %d %s %s: %s (leader %s)\n", step.At.Format(time.RFC3339), step.Stage+1, strings.Join(step.Topics, ","),
+				step.Phase, step.Reason, step.Leader)
+		}
 	}
 	if st := v.Stalled; st != nil {
 		fmt.Fprintf(w, "stalled: %d partitions have no consumer (noted by %s): %s\n", len(st.Partitions), st.Leader, st.String(now))
