@@ -86,7 +86,8 @@ type pagePartition struct {
 
 // pageTimeline is the switches of history/ drawn as SVG: a row per
 // switch, its phases as a bar scaled to the longest switch, a square per
-// partition colored by its translation method.
+// partition colored by its translation method (past tlSquares partitions,
+// a bar split by method).
 type pageTimeline struct {
 	Width, Height int
 	Rows          []pageSwitch
@@ -228,6 +229,9 @@ const (
 	tlBar    = 300 // the longest switch's bar
 	tlRow    = 46
 	tlSquare = 9
+	// tlSquares is how many partitions get a square each; a switch of
+	// more draws a bar split by translation method.
+	tlSquares = tlBar / (tlSquare + 2)
 )
 
 var phaseOrder = []string{"prepare", "revoke", "translate", "activate"}
@@ -260,22 +264,42 @@ func timeline(evs []coordinator.SwitchEvent) pageTimeline {
 			x += w
 		}
 		var lagged, late int64
+		byMethod := map[string]int{}
 		for j, ps := range ev.Partitions {
 			m := cmp.Or(ps.Method, "unknown")
-			methods[m] = true
+			byMethod[m]++
 			lagged += ps.Lagged
 			late += ps.Late
-			row.Partitions = append(row.Partitions, pageRect{X: tlLabel + j*(tlSquare+2), W: tlSquare, Class: "m-" + m,
-				Title: fmt.Sprintf("%s/%d: %s %d → %s %d by %s", ps.Topic, ps.Partition, ps.FromTopic, ps.FromOffset, ps.ToTopic, ps.ToOffset, m)})
+			if len(ev.Partitions) <= tlSquares {
+				row.Partitions = append(row.Partitions, pageRect{X: tlLabel + j*(tlSquare+2), W: tlSquare, Class: "m-" + m,
+					Title: fmt.Sprintf("%s/%d: %s %d → %s %d by %s", ps.Topic, ps.Partition, ps.FromTopic, ps.FromOffset, ps.ToTopic, ps.ToOffset, m)})
+			}
+		}
+		total := len(ev.Partitions)
+		if ev.PartitionChunks > 0 {
+			byMethod, total = ev.Methods, ev.PartitionCount
+		}
+		for m := range byMethod {
+			methods[m] = true
 		}
 		var note []string
-		if ev.PartitionChunks > 0 {
-			ms := slices.Sorted(maps.Keys(ev.Methods))
-			for i, m := range ms {
-				methods[m] = true
-				ms[i] = fmt.Sprintf("%d by %s", ev.Methods[m], m)
+		if total > tlSquares {
+			// Too many for a square each: a bar split by method,
+			// each part as wide as its share.
+			x := tlLabel
+			var counts []string
+			for _, m := range slices.Sorted(maps.Keys(byMethod)) {
+				n := byMethod[m]
+				w := max(1, n*tlBar/max(total, 1))
+				row.Partitions = append(row.Partitions, pageRect{X: x, W: w, Class: "m-" + m, Title: fmt.Sprintf("%d of %d partitions by %s", n, total, m)})
+				x += w
+				counts = append(counts, fmt.Sprintf("%d by %s", n, m))
 			}
-			note = append(note, fmt.Sprintf("%d partitions (in history/partitions/, not drawn): %s", ev.PartitionCount, strings.Join(ms, ", ")))
+			where := ""
+			if ev.PartitionChunks > 0 {
+				where = " (in history/partitions/)"
+			}
+			note = append(note, fmt.Sprintf("%d partitions%s: %s", total, where, strings.Join(counts, ", ")))
 		}
 		if lagged > 0 || late > 0 {
 			note = append(note, fmt.Sprintf("%d may be delivered again (the target lagged), %d late", lagged, late))
