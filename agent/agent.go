@@ -64,6 +64,14 @@ type Options struct {
 	// and Handler is a record.DeadLetterCounter, its counts. The agent
 	// publishes them for a staged move's health check.
 	DeadLetters func() map[string]int64
+	// Released, when set, is called once the agent has given a partition
+	// up (revoked, or its session lost) and stopped handing its records
+	// on: after they were all acknowledged, or its drain timed out. The
+	// records not acknowledged by then are consumed again by the
+	// partition's next owner, so a handler that still holds some must
+	// drop them and never deliver them (the routing sink's exactly_once
+	// transactions). The next owner may start once it returns.
+	Released func(p record.Owned)
 	// StuckAfter is how long a partition's committable position may stand
 	// still while records handed to the handler wait for their
 	// acknowledgement before the agent reports the handler stuck
@@ -782,7 +790,7 @@ func (a *Agent) newWorker(s *concurrency.Session) *worker {
 		},
 		reconf: reconf, configVersion: version, clusters: cfg.Clusters, initial: cfg.Source.InitialOffset,
 		cfg: a.cfg, id: a.id, keys: a.keys, log: a.log, etcd: a.client, store: a.store,
-		handler: a.opts.Handler, deadLetters: a.deadLetters(), rate: &a.rate, metrics: a.metrics, drain: a.opts.DrainTimeout,
+		handler: a.opts.Handler, released: a.opts.Released, deadLetters: a.deadLetters(), rate: &a.rate, metrics: a.metrics, drain: a.opts.DrainTimeout,
 		lease:          s.Lease(),
 		sessionAlive:   func() bool { return s.Ctx().Err() == nil },
 		owned:          &a.owned,

@@ -687,3 +687,54 @@ func TestAReleaseOutlivedByItsGenerationStillCommits(t *testing.T) {
 	}
 	l.check(t)
 }
+
+// TestReleasedNamesEachPartitionGivenUp: the agent tells Options.Released
+// of each partition it gives up in a rebalance, before the next owner
+// starts, naming it and its owner as its records did (the routing sink
+// matches them to its exactly_once producers).
+func TestReleasedNamesEachPartitionGivenUp(t *testing.T) {
+	e := testenv.StartEtcdT(t)
+	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 4}})
+	produce(t, k, "orders", 0, 400)
+	var mu sync.Mutex
+	seen := map[int32]record.Owned{}
+	var released []record.Owned
+	h := record.HandlerFunc(func(_ context.Context, r *record.Record) error {
+		mu.Lock()
+		seen[r.Partition] = r.Owned()
+		mu.Unlock()
+		r.Ack()
+		return nil
+	})
+	a1 := startFleetAgent(t, consumeConfig(e, k, "agent-1"), agent.Options{Handler: h, Released: func(p record.Owned) {
+		mu.Lock()
+		released = append(released, p)
+		mu.Unlock()
+	}})
+	wait.For(t, 30*time.Second, "agent-1 handles every partition", func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(seen) != 4 {
+			return fmt.Errorf("records of %d partitions handled", len(seen))
+		}
+		return nil
+	})
+	a2 := startConsumer(t, consumeConfig(e, k, "agent-2"), record.HandlerFunc(func(_ context.Context, r *record.Record) error {
+		r.Ack()
+		return nil
+	}))
+	waitBalanced(t, 4, a1, a2)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(released) != 2 {
+		t.Fatalf("agent-1 told of %d partitions released (%+v), want the 2 agent-2 took", len(released), released)
+	}
+	for _, p := range released {
+		if want := seen[p.Partition]; p != want {
+			t.Errorf("released %+v, want the owner its records carried: %+v", p, want)
+		}
+	}
+	if released[0].Partition == released[1].Partition {
+		t.Errorf("partition %d released twice", released[0].Partition)
+	}
+}

@@ -125,6 +125,9 @@ type worker struct {
 	etcd    *clientv3.Client
 	store   *offsets.Store
 	handler record.Handler
+	// released, when not nil, is told of each partition given up
+	// (Options.Released).
+	released func(record.Owned)
 	// rate counts the records handed to the handler (the agent's
 	// records/s).
 	rate *rateMeter
@@ -602,6 +605,7 @@ func (w *worker) release(ctx context.Context, tps []cpart, a coordinator.Assignm
 				w.log.Warn("handler did not acknowledge every record before the drain timeout; the next owner consumes them again",
 					zap.Stringer("partition", tp), zap.Int("unacked", r.t.unacked()), zap.Duration("drain", w.drain))
 			}
+			w.tellReleased(r)
 		}()
 	}
 	wg.Wait()
@@ -1176,11 +1180,24 @@ func (w *worker) stopAll(commit bool) {
 		w.release(ctx, tps, w.applied)
 		return
 	}
+	var wg sync.WaitGroup
 	for _, tp := range tps {
-		w.parts[tp].stop(0, &w.bg)
+		r := w.parts[tp]
+		r.stop(0, &w.bg)
+		wg.Go(func() { w.tellReleased(r) }) // each may wait for its producers
 		delete(w.parts, tp)
 	}
+	wg.Wait()
 	w.publishOwned()
+}
+
+// tellReleased tells the handler (Options.Released) that r was given up.
+func (w *worker) tellReleased(r *partitionRun) {
+	if w.released == nil {
+		return
+	}
+	w.released(record.Owned{Cluster: r.cluster, Topic: r.tp.Topic, SourceTopic: r.logical, Origin: r.origin, Partition: r.tp.Partition,
+		Generation: r.generation, Session: int64(w.lease)})
 }
 
 // applySignals pauses and resumes the running partitions to match the

@@ -45,6 +45,20 @@ type Record struct {
 	acker Acker
 }
 
+// Owned names a partition as one owner consumes it: the fields that its
+// records carry besides their content and offset.
+type Owned struct {
+	Cluster, Topic, SourceTopic, Origin string
+	Partition                           int32
+	Generation, Session                 int64
+}
+
+// Owned returns the partition and owner r comes from.
+func (r *Record) Owned() Owned {
+	return Owned{Cluster: r.Cluster, Topic: r.Topic, SourceTopic: r.SourceTopic, Origin: r.Origin, Partition: r.Partition,
+		Generation: r.Generation, Session: r.Session}
+}
+
 // Acker is told when a record is acknowledged: the runtime that delivered
 // the record (an agent follows each partition's acknowledged prefix).
 type Acker interface {

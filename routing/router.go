@@ -362,6 +362,16 @@ func (r *Router) countDead(rec *record.Record) {
 	r.deadMu.Unlock()
 }
 
+// Release drops what the router holds of a partition its agent gave up
+// (agent.Options.Released): on each exactly_once cluster, the stream's
+// transactional producer of that owner stops without committing again.
+// The records of its open transaction are never acknowledged (the
+// partition's next owner consumes them again and its producer, opened
+// with the same transactional.id, aborts that transaction), and it is
+// never opened again for that owner, which would fence the next one.
+// It waits, at most releaseWait, for a commit or an opening in progress.
+func (r *Router) Release(p record.Owned) { r.txns.release(p) }
+
 // DeadLettered returns, by logical topic, the records sent to the
 // dead-letter channel since the router was created
 // (record.DeadLetterCounter).

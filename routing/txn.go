@@ -253,6 +253,88 @@ func (s *txnSet) acquire(ctx context.Context, k txnKey, gen, session int64, wait
 	}
 }
 
+// releaseWait bounds how long release waits for a producer's commit or
+// opening in progress (sarama's requests are bounded by the producer
+// timeout, 10 s).
+const releaseWait = 15 * time.Second
+
+// errReleased fails the producer of an owner that gave its partition up.
+var errReleased = errors.New("the partition was released by its owner")
+
+// release stops the producers of p's stream for p's owner without
+// committing (Router.Release).
+func (s *txnSet) release(p record.Owned) {
+	rec := &record.Record{Cluster: p.Cluster, Topic: p.Topic, SourceTopic: p.SourceTopic, Origin: p.Origin, Partition: p.Partition}
+	own := owner{p.Generation, p.Session}
+	deadline := time.NewTimer(releaseWait)
+	defer deadline.Stop()
+	s.mu.Lock()
+	var tps []*txnProducer
+	var opening []chan struct{}
+	for cluster := range *s.eo.Load() {
+		k := txnKeyOf(cluster, rec)
+		if tp := s.live[k]; tp != nil && (owner{tp.gen, tp.session}) == own {
+			tps = append(tps, tp)
+			delete(s.live, k)
+		}
+		// An opening for this owner installs nothing once it is done
+		// (open checks fenced), and acquire refuses the owner.
+		if ch := s.opening[k]; ch != nil {
+			opening = append(opening, ch)
+		}
+		s.fenced[k] = own
+	}
+	s.mu.Unlock()
+	for _, ch := range opening {
+		select {
+		case <-ch:
+		case <-deadline.C:
+			s.r.log.Warn("a transactional producer of a released partition is still opening; it may fence the partition's next owner",
+				zap.String("stream", txnKeyOf("", rec).positionKey(s.fleet)), zap.Duration("waited", releaseWait))
+			return
+		}
+	}
+	for _, tp := range tps {
+		if !tp.abandon(deadline.C) {
+			s.r.log.Warn("a transactional producer of a released partition is still committing or opening again; it may fence the partition's next owner",
+				zap.String("cluster", tp.key.cluster), zap.String("stream", tp.key.positionKey(s.fleet)), zap.Duration("waited", releaseWait))
+		}
+	}
+}
+
+// abandon stops the producer's loop without committing what it holds,
+// drops its records unacknowledged and closes it; the open transaction
+// is left to the next owner's fencing. It reports false when the loop
+// (a commit or a new opening in progress) had not stopped by timeout.
+func (t *txnProducer) abandon(timeout <-chan time.Time) bool {
+	t.mu.Lock()
+	if t.failed == nil {
+		t.failed = errReleased
+	}
+	t.mu.Unlock()
+	select {
+	case <-t.stop:
+	default:
+		close(t.stop)
+	}
+	select {
+	case <-t.done:
+	case <-timeout:
+		return false
+	}
+	t.mu.Lock()
+	dropped := len(t.msgs) + len(t.queued)
+	t.dropAll()
+	t.mu.Unlock()
+	if dropped > 0 {
+		t.set.r.log.Info("released partition: its records not committed are dropped, for its next owner to deliver",
+			zap.String("cluster", t.key.cluster), zap.String("stream", t.key.positionKey(t.set.fleet)), zap.Int("records", dropped))
+	}
+	// A producer whose cluster is failing may take its retries to close.
+	t.set.wg.Go(t.closeProducer)
+	return true
+}
+
 // open opens the producer of k for an owner, after closing the last
 // owner's (old, committing what it holds), and reads the position
 // committed last. On failure nothing is installed; the next acquire tries
@@ -279,7 +361,8 @@ func (s *txnSet) open(k txnKey, gen, session int64, old *txnProducer, done chan 
 		return
 	}
 	s.mu.Lock()
-	if s.closed {
+	if s.closed || s.fenced[k] == (owner{gen, session}) {
+		// Closed, or the owner released the partition meanwhile.
 		s.mu.Unlock()
 		tp.closeProducer() // never used: its loop was not started
 		return
@@ -640,10 +723,10 @@ func (t *txnProducer) covers(rec *record.Record) bool {
 // again at the next tick.
 func (t *txnProducer) reopen() bool {
 	t.mu.Lock()
-	broken := t.broken
+	broken, failed := t.broken, t.failed
 	t.mu.Unlock()
-	if broken == nil {
-		return false
+	if broken == nil || failed != nil {
+		return false // failed: released or fenced, never opened again
 	}
 	p, committed, err := t.set.openSarama(t.key)
 	if err != nil {

@@ -381,3 +381,61 @@ func TestExactlyOnceThroughASinkOutage(t *testing.T) {
 	}
 	wantEachOnce(t, w.readCommitted("S", "out"), want)
 }
+
+// TestExactlyOnceReleaseStopsTheOldOwnersProducer: an owner whose
+// exactly_once cluster fails holds an open transaction it cannot commit;
+// its agent gives the partition up (the drain timed out) and tells the
+// router (Release). Once the cluster is back, that producer must not open
+// again: opening is what fences, and it would fence the partition's next
+// owner, whose records would then wait for ever, and commit records that
+// etcd's position does not cover. The next owner delivers them, each once.
+func TestExactlyOnceReleaseStopsTheOldOwnersProducer(t *testing.T) {
+	w := eosWorld(t)
+	const oldInterval = 2 * time.Second
+	old := w.owner(1, oldInterval)
+	old.handle(t, 0, 20)
+	old.waitAcked(t, 20)
+
+	w.kafkas["S"].Fail()
+	ctx, stop := context.WithCancel(t.Context())
+	offered := make(chan error, 1)
+	go func() { offered <- old.offer(ctx, "A", "orders", 20, 40) }()
+	wait.For(t, 30*time.Second, "the old owner's commit fails with S down", func() error {
+		if n := metricValue(old.r.m.txns.WithLabelValues("S", "failed")); n == 0 {
+			return fmt.Errorf("no failed transaction yet")
+		}
+		return nil
+	})
+	// The agent stops the partition, then releases it: etcd's position
+	// stays at 20.
+	stop()
+	<-offered
+	acked := int64(old.acks.count("orders/0@"))
+	released := time.Now()
+	old.r.Release(record.Owned{Cluster: "A", Topic: "orders", SourceTopic: "orders", Origin: "A", Partition: 0, Generation: 1, Session: 1})
+	t.Logf("Release returned in %v; the old owner had acknowledged %d", time.Since(released).Round(time.Millisecond), acked)
+	// Its producer's loop has stopped: nothing is left to open again.
+	if st := old.r.Status().ExactlyOnce; len(st) != 0 {
+		t.Errorf("after the release, the old owner's producers: %+v, want none", st)
+	}
+	w.kafkas["S"].Recover()
+
+	next := w.owner(2, 50*time.Millisecond)
+	next.handle(t, acked, 60)
+	next.waitAcked(t, int(60-acked))
+	next.handle(t, 60, 80)
+	next.waitAcked(t, int(80-acked))
+	if n := metricValue(next.r.m.txns.WithLabelValues("S", "fenced")); n != 0 {
+		t.Errorf("the next owner was fenced %v times", n)
+	}
+	if n := int64(old.acks.count("orders/0@")); n != acked {
+		t.Errorf("the released owner acknowledged %d records, %d at its release", n, acked)
+	}
+	next.close(t, false)
+	old.close(t, false)
+	var want []string
+	for off := range int64(80) {
+		want = append(want, fmt.Sprintf("orders/0@%d", off))
+	}
+	wantEachOnce(t, w.readCommitted("S", "out"), want)
+}

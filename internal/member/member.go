@@ -56,8 +56,9 @@ type Member struct {
 
 // New builds the agent of cfg and its router; nothing runs until Start
 // except the router's background loop, so a Member that is not started
-// must still be stopped. opts are the agent's; its Handler and
-// HandlerStatus are the router's (any given are replaced).
+// must still be stopped. opts are the agent's; its Handler,
+// HandlerStatus, DeadLetters and Released are the router's (any given are
+// replaced).
 //
 // The router is always built, whether or not cfg has a routing section,
 // so that routes and channels written to etcd later ('kswitch routes
@@ -89,6 +90,7 @@ func New(cfg config.Config, opts agent.Options) (*Member, error) {
 	})
 	opts.HandlerStatus = func() any { return m.router.Status() }
 	opts.DeadLetters = func() map[string]int64 { return m.router.DeadLettered() }
+	opts.Released = func(p record.Owned) { m.router.Release(p) }
 	onConfig := opts.OnConfig
 	opts.OnConfig = func(c config.Config) {
 		m.router.SetClusters(c.Clusters)
