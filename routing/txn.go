@@ -602,7 +602,14 @@ type alignment struct {
 }
 
 // alignTimeout bounds how long records are held while a copy is aligned.
-const alignTimeout = time.Second
+// The records held are older than the last committed one: in order, they
+// came before it and were delivered, unless the copy never gets it. A
+// mirror that lagged when the fleet switched copies the rest once it can
+// (after a broker restart, or once A is back): seconds, not 1 s (a 1 s
+// hold gave up and delivered them again, TestExactlyOnceOnRealKafka). It
+// stays below the agent's default StuckAfter (30 s), so a hold does not
+// make the agent unready.
+const alignTimeout = 20 * time.Second
 
 // mustAlign reports whether rec's copy is not the one the last committed
 // transaction consumed and has not been aligned by this producer.
