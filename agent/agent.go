@@ -66,7 +66,8 @@ type Options struct {
 	DeadLetters func() map[string]int64
 	// Released, when set, is called once the agent has given a partition
 	// up (revoked, or its session lost) and stopped handing its records
-	// on: after they were all acknowledged, or its drain timed out. The
+	// on: after they were all acknowledged, or its drain timed out, and
+	// after its final position was committed (revoked). The
 	// records not acknowledged by then are consumed again by the
 	// partition's next owner, so a handler that still holds some must
 	// drop them and never deliver them (the routing sink's exactly_once

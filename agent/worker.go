@@ -591,9 +591,10 @@ func (w *worker) dialerFor(cluster string) kafka.Dialer {
 	return w.dialer(cluster)
 }
 
-// release stops tps, waits for their records to be acknowledged, and
-// commits their final positions. The partitions stop concurrently: each
-// stop waits for sarama to end the partition's fetching.
+// release stops tps, waits for their records to be acknowledged, commits
+// their final positions and tells the handler (Options.Released). The
+// partitions stop concurrently: each stop waits for sarama to end the
+// partition's fetching.
 func (w *worker) release(ctx context.Context, tps []cpart, a coordinator.Assignment) {
 	var wg sync.WaitGroup
 	for _, tp := range tps {
@@ -605,7 +606,6 @@ func (w *worker) release(ctx context.Context, tps []cpart, a coordinator.Assignm
 				w.log.Warn("handler did not acknowledge every record before the drain timeout; the next owner consumes them again",
 					zap.Stringer("partition", tp), zap.Int("unacked", r.t.unacked()), zap.Duration("drain", w.drain))
 			}
-			w.tellReleased(r)
 		}()
 	}
 	wg.Wait()
@@ -643,6 +643,15 @@ func (w *worker) release(ctx context.Context, tps []cpart, a coordinator.Assignm
 			zap.Stringers("partitions", still), zap.Int64("generation", a.Generation), zap.Int64("current_generation", cur.Generation))
 		err = w.commitUnder(ctx, still, cur, rev)
 	}
+	// The handler lets go of what it still holds of them before the
+	// revoke is acknowledged; after the commit, whose time its wait must
+	// not take.
+	var told sync.WaitGroup
+	for _, tp := range tps {
+		r := w.parts[tp]
+		told.Go(func() { w.tellReleased(r) })
+	}
+	told.Wait()
 	for _, tp := range tps {
 		delete(w.parts, tp)
 		delete(w.committed, tp)

@@ -130,9 +130,10 @@ type txnProducer struct {
 	// aligned are the copies aligned with the committed position.
 	aligned map[string]bool
 	idle    int // commit ticks without a record
-	stop    chan struct{}
-	done    chan struct{}
-	shut    sync.Once // closes p
+	stop     chan struct{}
+	stopOnce sync.Once // closes stop
+	done     chan struct{}
+	shut     sync.Once // closes p
 }
 
 // txnIdleTicks is how many transaction intervals a producer waits without
@@ -253,21 +254,24 @@ func (s *txnSet) acquire(ctx context.Context, k txnKey, gen, session int64, wait
 	}
 }
 
-// releaseWait bounds how long release waits for a producer's commit or
-// opening in progress (sarama's requests are bounded by the producer
-// timeout, 10 s).
+// releaseWait bounds how long release waits for the producers' commits or
+// openings in progress. An opening against a cluster that does not answer
+// can take longer (sarama's connection, metadata and InitProducerID
+// retries): it then fences whoever opened the stream's producer
+// meanwhile, which is logged.
 const releaseWait = 15 * time.Second
 
 // errReleased fails the producer of an owner that gave its partition up.
 var errReleased = errors.New("the partition was released by its owner")
 
 // release stops the producers of p's stream for p's owner without
-// committing (Router.Release).
+// committing (Router.Release): their loops drop what they hold,
+// unacknowledged, and close them; none is opened again for that owner.
+// It waits, at most releaseWait, for the loops and for openings in
+// progress.
 func (s *txnSet) release(p record.Owned) {
 	rec := &record.Record{Cluster: p.Cluster, Topic: p.Topic, SourceTopic: p.SourceTopic, Origin: p.Origin, Partition: p.Partition}
 	own := owner{p.Generation, p.Session}
-	deadline := time.NewTimer(releaseWait)
-	defer deadline.Stop()
 	s.mu.Lock()
 	var tps []*txnProducer
 	var opening []chan struct{}
@@ -285,54 +289,69 @@ func (s *txnSet) release(p record.Owned) {
 		s.fenced[k] = own
 	}
 	s.mu.Unlock()
-	for _, ch := range opening {
+	for _, tp := range tps {
+		tp.mu.Lock()
+		if tp.failed == nil {
+			tp.failed = errReleased
+		}
+		tp.mu.Unlock()
+		tp.halt()
+	}
+	deadline := time.NewTimer(releaseWait)
+	defer deadline.Stop()
+	waitFor := func(ch <-chan struct{}) bool {
 		select {
 		case <-ch:
+			return true
 		case <-deadline.C:
+			return false
+		}
+	}
+	stream := txnKeyOf("", rec).positionKey(s.fleet)
+	for _, ch := range opening {
+		if !waitFor(ch) {
 			s.r.log.Warn("a transactional producer of a released partition is still opening; it may fence the partition's next owner",
-				zap.String("stream", txnKeyOf("", rec).positionKey(s.fleet)), zap.Duration("waited", releaseWait))
+				zap.String("stream", stream), zap.Duration("waited", releaseWait))
 			return
 		}
 	}
 	for _, tp := range tps {
-		if !tp.abandon(deadline.C) {
+		if !waitFor(tp.done) {
 			s.r.log.Warn("a transactional producer of a released partition is still committing or opening again; it may fence the partition's next owner",
-				zap.String("cluster", tp.key.cluster), zap.String("stream", tp.key.positionKey(s.fleet)), zap.Duration("waited", releaseWait))
+				zap.String("cluster", tp.key.cluster), zap.String("stream", stream), zap.Duration("waited", releaseWait))
+			return
 		}
 	}
 }
 
-// abandon stops the producer's loop without committing what it holds,
-// drops its records unacknowledged and closes it; the open transaction
-// is left to the next owner's fencing. It reports false when the loop
-// (a commit or a new opening in progress) had not stopped by timeout.
-func (t *txnProducer) abandon(timeout <-chan time.Time) bool {
+// halt ends the producer's loop; any goroutine may call it, more than
+// once.
+func (t *txnProducer) halt() { t.stopOnce.Do(func() { close(t.stop) }) }
+
+// stopped is the end of the loop of a producer halted after it failed
+// (fenced, or released): what it holds is dropped unacknowledged, and it
+// is closed, in the background (a producer whose cluster is failing may
+// take its retries to close). A producer halted otherwise is closed by
+// close.
+func (t *txnProducer) stopped() {
 	t.mu.Lock()
-	if t.failed == nil {
-		t.failed = errReleased
-	}
-	t.mu.Unlock()
-	select {
-	case <-t.stop:
-	default:
-		close(t.stop)
-	}
-	select {
-	case <-t.done:
-	case <-timeout:
-		return false
-	}
-	t.mu.Lock()
+	failed := t.failed
 	dropped := len(t.msgs) + len(t.queued)
-	t.dropAll()
-	t.mu.Unlock()
-	if dropped > 0 {
-		t.set.r.log.Info("released partition: its records not committed are dropped, for its next owner to deliver",
-			zap.String("cluster", t.key.cluster), zap.String("stream", t.key.positionKey(t.set.fleet)), zap.Int("records", dropped))
+	if a := t.align; a != nil {
+		dropped += len(a.held)
 	}
-	// A producer whose cluster is failing may take its retries to close.
+	if failed != nil {
+		t.dropAll()
+	}
+	t.mu.Unlock()
+	if failed == nil {
+		return
+	}
+	if dropped > 0 {
+		t.set.r.log.Info("transactional producer stopped: its records not committed are dropped, for the partition's next owner to deliver",
+			zap.String("cluster", t.key.cluster), zap.String("stream", t.key.positionKey(t.set.fleet)), zap.Int("records", dropped), zap.Error(failed))
+	}
 	t.set.wg.Go(t.closeProducer)
-	return true
 }
 
 // open opens the producer of k for an owner, after closing the last
@@ -495,10 +514,12 @@ func ensurePositionsTopic(c sarama.Client) error {
 // is none. The topic is one partition for every stream: it first waits
 // for the transactions open there to end (kafka.WaitStable), or a
 // position committed after another stream's open transaction began would
-// be missed and an older one read. Another stream's owner that died
-// mid-commit holds that until its stream's next owner fences it (at once,
-// in the same rebalance) or its transaction times out; the open fails if
-// it lasts past ctx, and the next record tries again.
+// be missed and an older one read. Another stream's owner that died or
+// was released mid-commit holds that until its stream's next owner opens
+// its producer (as soon as it has a record for this cluster: the records
+// of that transaction were not acknowledged, so it consumes them again)
+// or the transaction times out; the open fails if it lasts past ctx, and
+// the next record tries again.
 func (s *txnSet) readPosition(ctx context.Context, c sarama.Client, k txnKey) (*TxnPosition, error) {
 	key := k.positionKey(s.fleet)
 	if err := kafka.WaitStable(ctx, c, config.PositionsTopic, 0); err != nil {
@@ -689,6 +710,7 @@ func (t *txnProducer) run() {
 	for {
 		select {
 		case <-t.stop:
+			t.stopped()
 			return
 		case <-tick.C:
 			if t.reopen() {
@@ -742,6 +764,13 @@ func (t *txnProducer) reopen() bool {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.failed != nil {
+		// Released while it opened: its opening fenced whoever opened
+		// the stream's producer meanwhile (release waited for it, at
+		// most releaseWait).
+		t.set.wg.Go(func() { _ = p.Close() })
+		return true
+	}
 	old := t.p
 	t.set.wg.Go(func() { _ = old.Close() }) // a broken producer's Close may wait for its retries
 	t.p, t.committed, t.broken, t.inTxn = p, committed, nil, false
@@ -797,7 +826,11 @@ func (t *txnProducer) commit() (closeIt bool) {
 		}
 	}
 	if !t.inTxn {
-		t.idle++
+		if t.align != nil || len(t.queued) > 0 {
+			t.idle = 0 // records held while a copy is aligned
+		} else {
+			t.idle++
+		}
 		return t.idle >= txnIdleTicks
 	}
 	val, err := json.Marshal(t.pos)
@@ -903,11 +936,7 @@ func (t *txnProducer) dropAll() {
 
 // close commits what the producer holds and closes it.
 func (t *txnProducer) close() {
-	select {
-	case <-t.stop:
-	default:
-		close(t.stop)
-	}
+	t.halt()
 	<-t.done
 	t.commit()
 	t.mu.Lock()

@@ -356,7 +356,9 @@ func TestExactlyOnceAlignsACopyAfterACrashAndASwitch(t *testing.T) {
 // from A) and the mirror copies the rest seconds later, once A is back:
 // the records B's copy gets meanwhile, all older than the last committed
 // one, are held until its copy arrives, and everything up to it is
-// skipped. A 1 s hold (before) gave up and delivered 47 of them again.
+// skipped. A 1 s hold (before) gave up and delivered 47 of them again;
+// a producer holding records while aligning closed as idle after 600
+// transaction intervals and never delivered 3 of them.
 func TestExactlyOnceAlignsACopyTheMirrorFillsLate(t *testing.T) {
 	w := eosWorld(t)
 	base := time.Now().Truncate(time.Millisecond)
@@ -383,10 +385,11 @@ func TestExactlyOnceAlignsACopyTheMirrorFillsLate(t *testing.T) {
 	onA.close(t, false)
 
 	// etcd's position was 50; B's copy holds 50-52 at the failover, the
-	// rest 3 s later.
-	onB := w.owner(2, 50*time.Millisecond)
+	// rest 7 s later: longer than the 600 idle transaction intervals
+	// after which a producer without records closes (10 ms each here).
+	onB := w.owner(2, 10*time.Millisecond)
 	hand(onB, "B", 50, 53)
-	const mirrorLate = 3 * time.Second
+	const mirrorLate = 7 * time.Second
 	time.Sleep(mirrorLate)
 	hand(onB, "B", 53, 150)
 	wait.For(t, 10*time.Second, "100 records acknowledged on B", func() error {
