@@ -128,8 +128,8 @@ type txnProducer struct {
 	committing bool
 	queued     []*outMsg
 	// aligned are the copies aligned with the committed position.
-	aligned map[string]bool
-	idle    int // commit ticks without a record
+	aligned  map[string]bool
+	idle     int // commit ticks without a record
 	stop     chan struct{}
 	stopOnce sync.Once // closes stop
 	done     chan struct{}
