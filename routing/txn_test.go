@@ -295,6 +295,29 @@ func TestExactlyOnceChannelSettingsRefused(t *testing.T) {
 	}
 }
 
+// copies returns a function that hands an owner the records numbered
+// [from, to) of a copy of A's orders/0: the record numbered id is on A at
+// offset id and on B (A.orders, the mirror's copy) at offset id+1000, with
+// the same key, value and time on both.
+func copies(t *testing.T) func(o *eosOwner, cluster string, from, to int64) {
+	base := time.Now().Truncate(time.Millisecond)
+	return func(o *eosOwner, cluster string, from, to int64) {
+		t.Helper()
+		for id := from; id < to; id++ {
+			topic, off := "orders", id
+			if cluster == "B" {
+				topic, off = "A.orders", id+1000
+			}
+			rec := &record.Record{Cluster: cluster, Topic: topic, SourceTopic: "orders", Origin: "A", Offset: off,
+				Key: []byte(fmt.Sprint("k", id)), Value: []byte(fmt.Sprint("record-", id)), Timestamp: base.Add(time.Duration(id) * time.Millisecond),
+				Generation: o.gen, Session: o.gen}
+			if err := deliver(t.Context(), o.r, rec, 30*time.Second); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
 // TestExactlyOnceAlignsACopyAfterACrashAndASwitch: the owner of A's
 // orders/0 crashes with etcd's position behind its last transaction, and
 // the fleet switches to B before anyone consumes A again: the next owner
@@ -302,25 +325,7 @@ func TestExactlyOnceChannelSettingsRefused(t *testing.T) {
 // the last record committed (by fingerprint) and skips what precedes it.
 func TestExactlyOnceAlignsACopyAfterACrashAndASwitch(t *testing.T) {
 	w := eosWorld(t)
-	base := time.Now().Truncate(time.Millisecond)
-	// The record numbered id, on A at offset id and on B (A.orders, the
-	// mirror's copy) at offset id+1000: the same key, value and time.
-	copyOf := func(o *eosOwner, cluster string, id int64) *record.Record {
-		topic, off := "orders", id
-		if cluster == "B" {
-			topic, off = "A.orders", id+1000
-		}
-		return &record.Record{Cluster: cluster, Topic: topic, SourceTopic: "orders", Origin: "A", Offset: off,
-			Key: []byte(fmt.Sprint("k", id)), Value: []byte(fmt.Sprint("record-", id)), Timestamp: base.Add(time.Duration(id) * time.Millisecond),
-			Generation: o.gen, Session: o.gen}
-	}
-	hand := func(o *eosOwner, cluster string, from, to int64) {
-		for id := from; id < to; id++ {
-			if err := deliver(t.Context(), o.r, copyOf(o, cluster, id), 10*time.Second); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	hand := copies(t)
 	onA := w.owner(1, 50*time.Millisecond)
 	hand(onA, "A", 0, 100)
 	wait.For(t, 10*time.Second, "100 records acknowledged on A", func() error {
@@ -361,24 +366,7 @@ func TestExactlyOnceAlignsACopyAfterACrashAndASwitch(t *testing.T) {
 // transaction intervals and never delivered 3 of them.
 func TestExactlyOnceAlignsACopyTheMirrorFillsLate(t *testing.T) {
 	w := eosWorld(t)
-	base := time.Now().Truncate(time.Millisecond)
-	copyOf := func(o *eosOwner, cluster string, id int64) *record.Record {
-		topic, off := "orders", id
-		if cluster == "B" {
-			topic, off = "A.orders", id+1000
-		}
-		return &record.Record{Cluster: cluster, Topic: topic, SourceTopic: "orders", Origin: "A", Offset: off,
-			Key: []byte(fmt.Sprint("k", id)), Value: []byte(fmt.Sprint("record-", id)), Timestamp: base.Add(time.Duration(id) * time.Millisecond),
-			Generation: o.gen, Session: o.gen}
-	}
-	hand := func(o *eosOwner, cluster string, from, to int64) {
-		for id := from; id < to; id++ {
-			if err := deliver(t.Context(), o.r, copyOf(o, cluster, id), 30*time.Second); err != nil {
-				t.Error(err)
-				return
-			}
-		}
-	}
+	hand := copies(t)
 	onA := w.owner(1, 50*time.Millisecond)
 	hand(onA, "A", 0, 100)
 	onA.waitAcked(t, 100)
