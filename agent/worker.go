@@ -646,12 +646,11 @@ func (w *worker) release(ctx context.Context, tps []cpart, a coordinator.Assignm
 	// The handler lets go of what it still holds of them before the
 	// revoke is acknowledged; after the commit, whose time its wait must
 	// not take.
-	var told sync.WaitGroup
+	runs := make([]*partitionRun, 0, len(tps))
 	for _, tp := range tps {
-		r := w.parts[tp]
-		told.Go(func() { w.tellReleased(r) })
+		runs = append(runs, w.parts[tp])
 	}
-	told.Wait()
+	w.tellReleased(runs)
 	for _, tp := range tps {
 		delete(w.parts, tp)
 		delete(w.committed, tp)
@@ -1189,24 +1188,31 @@ func (w *worker) stopAll(commit bool) {
 		w.release(ctx, tps, w.applied)
 		return
 	}
-	var wg sync.WaitGroup
+	runs := make([]*partitionRun, 0, len(tps))
 	for _, tp := range tps {
 		r := w.parts[tp]
 		r.stop(0, &w.bg)
-		wg.Go(func() { w.tellReleased(r) }) // each may wait for its producers
+		runs = append(runs, r)
 		delete(w.parts, tp)
 	}
-	wg.Wait()
+	w.tellReleased(runs)
 	w.publishOwned()
 }
 
-// tellReleased tells the handler (Options.Released) that r was given up.
-func (w *worker) tellReleased(r *partitionRun) {
+// tellReleased tells the handler (Options.Released) that runs were given
+// up, concurrently: each call may wait for the handler's producers.
+func (w *worker) tellReleased(runs []*partitionRun) {
 	if w.released == nil {
 		return
 	}
-	w.released(record.Owned{Cluster: r.cluster, Topic: r.tp.Topic, SourceTopic: r.logical, Origin: r.origin, Partition: r.tp.Partition,
-		Generation: r.generation, Session: int64(w.lease)})
+	var wg sync.WaitGroup
+	for _, r := range runs {
+		wg.Go(func() {
+			w.released(record.Owned{Cluster: r.cluster, Topic: r.tp.Topic, SourceTopic: r.logical, Origin: r.origin, Partition: r.tp.Partition,
+				Generation: r.generation, Session: int64(w.lease)})
+		})
+	}
+	wg.Wait()
 }
 
 // applySignals pauses and resumes the running partitions to match the

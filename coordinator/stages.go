@@ -138,6 +138,9 @@ const (
 	StageOverridden = "overridden"
 )
 
+// stagePhases are the phases a staged move and its steps may be in.
+var stagePhases = []string{StageMoving, StageChecking, StageDone, StageRolledBack, StageOverridden}
+
 // StageState is state/stages: the leader's progress of the plan written
 // to control/stages at Revision.
 type StageState struct {
@@ -190,7 +193,7 @@ func ParseStageStep(data []byte) (StageStep, error) {
 	if err := json.Unmarshal(data, &s); err != nil {
 		return s, fmt.Errorf("coordinator: stage step: %w", err)
 	}
-	if !slices.Contains([]string{StageMoving, StageChecking, StageDone, StageRolledBack, StageOverridden}, s.Phase) {
+	if !slices.Contains(stagePhases, s.Phase) {
 		return s, fmt.Errorf("coordinator: stage step of stage %d in phase %q", s.Stage, s.Phase)
 	}
 	return s, nil
@@ -205,7 +208,7 @@ func ParseStageState(data []byte) (StageState, error) {
 	if err := json.Unmarshal(data, &s); err != nil {
 		return s, fmt.Errorf("coordinator: state/stages: %w", err)
 	}
-	if s.Stage < 0 || s.Stage >= len(s.Plan.Stages) || !slices.Contains([]string{StageMoving, StageChecking, StageDone, StageRolledBack, StageOverridden}, s.Phase) {
+	if s.Stage < 0 || s.Stage >= len(s.Plan.Stages) || !slices.Contains(stagePhases, s.Phase) {
 		return s, fmt.Errorf("coordinator: state/stages: stage %d of %d in phase %q", s.Stage, len(s.Plan.Stages), s.Phase)
 	}
 	return s, nil

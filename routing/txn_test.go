@@ -134,10 +134,19 @@ func wantEachOnce(t *testing.T, got map[string]int, want []string) {
 	}
 }
 
+// waitAcked waits until the owner has acknowledged n records of A's
+// orders/0.
 func (o *eosOwner) waitAcked(t *testing.T, n int) {
 	t.Helper()
-	wait.For(t, 10*time.Second, fmt.Sprintf("gen %d: %d records acknowledged", o.gen, n), func() error {
-		if got := o.acks.count("orders/0@"); got != n {
+	o.waitAckedOf(t, "orders", n)
+}
+
+// waitAckedOf waits until the owner has acknowledged n records of topic's
+// partition 0 (orders on A, A.orders on B).
+func (o *eosOwner) waitAckedOf(t *testing.T, topic string, n int) {
+	t.Helper()
+	wait.For(t, 10*time.Second, fmt.Sprintf("gen %d: %d records of %s/0 acknowledged", o.gen, n, topic), func() error {
+		if got := o.acks.count(topic + "/0@"); got != n {
 			return fmt.Errorf("%d acknowledged", got)
 		}
 		return nil
@@ -328,23 +337,13 @@ func TestExactlyOnceAlignsACopyAfterACrashAndASwitch(t *testing.T) {
 	hand := copies(t)
 	onA := w.owner(1, 50*time.Millisecond)
 	hand(onA, "A", 0, 100)
-	wait.For(t, 10*time.Second, "100 records acknowledged on A", func() error {
-		if n := onA.acks.count("orders/0@"); n != 100 {
-			return fmt.Errorf("%d", n)
-		}
-		return nil
-	})
+	onA.waitAcked(t, 100)
 	onA.close(t, false)
 	// etcd's position was 80: the next owner, on B, starts at the copy
 	// of 80 and goes on to 150.
 	onB := w.owner(2, 50*time.Millisecond)
 	hand(onB, "B", 80, 150)
-	wait.For(t, 10*time.Second, "70 records acknowledged on B", func() error {
-		if n := onB.acks.count("A.orders/0@"); n != 70 {
-			return fmt.Errorf("%d", n)
-		}
-		return nil
-	})
+	onB.waitAckedOf(t, "A.orders", 70)
 	if n := metricValue(onB.r.m.skipped); n != 20 {
 		t.Errorf("%v produces skipped on B, want 20 (the copies of 80-99)", n)
 	}
@@ -380,12 +379,7 @@ func TestExactlyOnceAlignsACopyTheMirrorFillsLate(t *testing.T) {
 	const mirrorLate = 7 * time.Second
 	time.Sleep(mirrorLate)
 	hand(onB, "B", 53, 150)
-	wait.For(t, 10*time.Second, "100 records acknowledged on B", func() error {
-		if n := onB.acks.count("A.orders/0@"); n != 100 {
-			return fmt.Errorf("%d", n)
-		}
-		return nil
-	})
+	onB.waitAckedOf(t, "A.orders", 100)
 	if n := metricValue(onB.r.m.skipped); n != 50 {
 		t.Errorf("%v produces skipped on B, want 50 (the copies of 50-99)", n)
 	}
