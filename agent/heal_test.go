@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -522,17 +523,27 @@ func TestAnOlderTermsAssignmentIsIgnored(t *testing.T) {
 	if _, err := cli.Put(t.Context(), fleetKeys.Assignment(), string(val)); err != nil {
 		t.Fatal(err)
 	}
-	wait.For(t, 10*time.Second, "every agent refused it and the leader repaired it", func() error {
+	// An agent busy applying when both the forged value and the leader's
+	// repair arrive applies only the newest (applyNewest) and never reads
+	// the forged one, so not every agent counts a refusal; none may
+	// consume under it (checked below), and the leader must repair it.
+	var refusers []string
+	wait.For(t, 10*time.Second, "an agent refused it and the leader repaired it", func() error {
+		refusers = refusers[:0]
 		for _, a := range agents {
-			if v, _ := metricValue(a, refused.Name, map[string]string{"kind": "assignment"}); v <= refusedBefore[a.ID()] {
-				return fmt.Errorf("%s: refused %v", a.ID(), v)
+			if v, _ := metricValue(a, refused.Name, map[string]string{"kind": "assignment"}); v > refusedBefore[a.ID()] {
+				refusers = append(refusers, a.ID())
 			}
+		}
+		if len(refusers) == 0 {
+			return errors.New("no agent refused it")
 		}
 		if now, err := readAssignment(cli); err != nil || now.Token != cur.Token || now.Generation <= forged.Generation {
 			return fmt.Errorf("state/assignment generation %d token %d %v", now.Generation, now.Token, err)
 		}
 		return nil
 	})
+	t.Logf("refused by %v of %d agents (the others read only the repair)", refusers, len(agents))
 	waitCommitting(t, cli, "A", 20, "after the repair")
 	p.halt()
 	waitAllHandled(t, l, p.written(), 20*time.Second)
