@@ -304,6 +304,18 @@ func TestExactlyOnceChannelSettingsRefused(t *testing.T) {
 	}
 }
 
+// copyValue is the value of the record numbered id in copies.
+func copyValue(id int64) string { return fmt.Sprint("record-", id) }
+
+// copyValues are the values of copies' records numbered [0, n).
+func copyValues(n int64) []string {
+	vs := make([]string, n)
+	for id := range n {
+		vs[id] = copyValue(id)
+	}
+	return vs
+}
+
 // copies returns a function that hands an owner the records numbered
 // [from, to) of a copy of A's orders/0: the record numbered id is on A at
 // offset id and on B (A.orders, the mirror's copy) at offset id+1000, with
@@ -318,7 +330,7 @@ func copies(t *testing.T) func(o *eosOwner, cluster string, from, to int64) {
 				topic, off = "A.orders", id+1000
 			}
 			rec := &record.Record{Cluster: cluster, Topic: topic, SourceTopic: "orders", Origin: "A", Offset: off,
-				Key: []byte(fmt.Sprint("k", id)), Value: []byte(fmt.Sprint("record-", id)), Timestamp: base.Add(time.Duration(id) * time.Millisecond),
+				Key: []byte(fmt.Sprint("k", id)), Value: []byte(copyValue(id)), Timestamp: base.Add(time.Duration(id) * time.Millisecond),
 				Generation: o.gen, Session: o.gen}
 			if err := deliver(t.Context(), o.r, rec, 30*time.Second); err != nil {
 				t.Fatal(err)
@@ -348,11 +360,7 @@ func TestExactlyOnceAlignsACopyAfterACrashAndASwitch(t *testing.T) {
 		t.Errorf("%v produces skipped on B, want 20 (the copies of 80-99)", n)
 	}
 	onB.close(t, false)
-	var want []string
-	for id := range int64(150) {
-		want = append(want, fmt.Sprint("record-", id))
-	}
-	wantEachOnce(t, w.readCommitted("S", "out"), want)
+	wantEachOnce(t, w.readCommitted("S", "out"), copyValues(150))
 }
 
 // TestExactlyOnceAlignsACopyTheMirrorFillsLate: the fleet fails over
@@ -384,11 +392,7 @@ func TestExactlyOnceAlignsACopyTheMirrorFillsLate(t *testing.T) {
 		t.Errorf("%v produces skipped on B, want 50 (the copies of 50-99)", n)
 	}
 	onB.close(t, false)
-	var want []string
-	for id := range int64(150) {
-		want = append(want, fmt.Sprint("record-", id))
-	}
-	wantEachOnce(t, w.readCommitted("S", "out"), want)
+	wantEachOnce(t, w.readCommitted("S", "out"), copyValues(150))
 }
 
 // TestExactlyOnceThroughASinkOutage: the exactly_once cluster fails while
