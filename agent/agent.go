@@ -73,6 +73,11 @@ type Options struct {
 	// drop them and never deliver them (the routing sink's exactly_once
 	// transactions). The next owner may start once it returns.
 	Released func(p record.Owned)
+	// DeliveryProblem, when set, says why the handler's records do not
+	// reach where they go, or "" when they do (routing.Router's
+	// DeliveryProblem, with StuckAfter as after): readiness reports it.
+	// Default: the Handler's own DeliveryProblem method, if it has one.
+	DeliveryProblem func(after time.Duration) string
 	// StuckAfter is how long a partition's committable position may stand
 	// still while records handed to the handler wait for their
 	// acknowledgement before the agent reports the handler stuck
@@ -109,6 +114,10 @@ type hooks struct {
 	// NoCommitHold turns off the hold of delivery while commits fail
 	// (commitHold): the baseline of BenchmarkEtcdOutage.
 	NoCommitHold bool
+	// HTTPIdleTimeout and HTTPMaxConns, when set, replace
+	// httpIdleTimeout and httpMaxConns.
+	HTTPIdleTimeout time.Duration
+	HTTPMaxConns    int
 }
 
 // Agent is one member of a fleet. Its exported methods are safe for
@@ -229,11 +238,8 @@ func (a *Agent) Start(ctx context.Context) error {
 		return errors.New("agent: already started")
 	}
 	a.started = time.Now()
-	ln, err := net.Listen("tcp", a.cfg.Agent.HTTP)
+	ln, err := a.listenHTTP()
 	if err != nil {
-		return fmt.Errorf("agent: listen on agent.http %s: %w (is another agent using this port?)", a.cfg.Agent.HTTP, err)
-	}
-	if ln, err = a.httpTLS(ln); err != nil {
 		return err
 	}
 	// The client's own logs are errors only: it logs every retry at warn,
@@ -291,8 +297,7 @@ func (a *Agent) Start(ctx context.Context) error {
 		ln.Close()
 		return err
 	}
-	a.httpSrv = &http.Server{Handler: a.handler(), ReadHeaderTimeout: 5 * time.Second,
-		ErrorLog: zap.NewStdLog(a.log.Named("http"))} // TLS handshake errors and the like
+	a.httpSrv = a.newHTTPServer()
 
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	a.cancel = cancel
@@ -446,6 +451,9 @@ func (a *Agent) Ready() (bool, string) {
 	if r := a.stuck.Load(); r != nil && *r != "" {
 		return false, *r
 	}
+	if p := a.deliveryProblem(); p != "" {
+		return false, p
+	}
 	if h := a.hold.Load(); h != nil {
 		if since := h.failingSince(); !since.IsZero() {
 			return false, fmt.Sprintf("commits to etcd have not succeeded for %s: delivery held, so that a crash now delivers no more records again",
@@ -464,6 +472,23 @@ func (a *Agent) Ready() (bool, string) {
 		}
 	}
 	return true, ""
+}
+
+// deliveryProblem is why the handler's records do not reach where they
+// go, or "".
+func (a *Agent) deliveryProblem() string {
+	f := a.opts.DeliveryProblem
+	if f == nil {
+		dr, ok := a.opts.Handler.(interface{ DeliveryProblem(time.Duration) string })
+		if !ok {
+			return ""
+		}
+		f = dr.DeliveryProblem
+	}
+	if p := f(a.opts.StuckAfter); p != "" {
+		return "records do not reach their channels: " + p
+	}
+	return ""
 }
 
 // Leading reports whether this agent leads the fleet now.

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+	"golang.org/x/net/netutil"
 
 	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/signals"
@@ -79,6 +82,58 @@ type EtcdStatus struct {
 	Reachable bool     `json:"reachable"`
 	LastError string   `json:"last_error,omitempty"`
 	LeaseID   int64    `json:"lease_id,omitempty"`
+}
+
+// The HTTP server's limits. Every endpoint is a small GET answered from
+// memory, except /metrics (about 300 KiB at 1 200 partitions) and the
+// status page, which reads etcd (4 s bound), each agent's /readyz (1 s)
+// and Kafka's end offsets before it answers.
+const (
+	// httpReadHeaderTimeout bounds reading a request's headers, and so a
+	// new connection that sends nothing (slowloris).
+	httpReadHeaderTimeout = 5 * time.Second
+	// httpReadTimeout bounds reading a whole request; the endpoints take
+	// no body.
+	httpReadTimeout = 10 * time.Second
+	// httpWriteTimeout bounds a response, from the end of its request's
+	// headers: the status page's own bounds, and a scraper that reads
+	// /metrics slowly, fit well within it.
+	httpWriteTimeout = 30 * time.Second
+	// httpIdleTimeout closes a keep-alive connection that carries no
+	// request for this long. A scraper that scrapes less often opens a
+	// new connection per scrape, which costs nothing that matters.
+	httpIdleTimeout = 30 * time.Second
+	// httpMaxConns caps the open connections (TLS handshakes included):
+	// past it, new connections wait in the kernel's accept queue until
+	// one closes, so clients that hold connections cannot exhaust the
+	// process's file descriptors, which Kafka and etcd need. Scrapers,
+	// probes, peers' status pages and operators use a handful.
+	httpMaxConns = 256
+)
+
+// listenHTTP binds agent.http: at most httpMaxConns open connections,
+// in TLS when agent.http_tls is set.
+func (a *Agent) listenHTTP() (net.Listener, error) {
+	ln, err := net.Listen("tcp", a.cfg.Agent.HTTP)
+	if err != nil {
+		return nil, fmt.Errorf("agent: listen on agent.http %s: %w (is another agent using this port?)", a.cfg.Agent.HTTP, err)
+	}
+	// Under TLS: a connection counts from its handshake.
+	ln = netutil.LimitListener(ln, cmp.Or(a.opts.hooks.HTTPMaxConns, httpMaxConns))
+	return a.httpTLS(ln)
+}
+
+// newHTTPServer returns the server of the agent's endpoints (handler),
+// with the limits above.
+func (a *Agent) newHTTPServer() *http.Server {
+	return &http.Server{
+		Handler:           a.handler(),
+		ReadHeaderTimeout: httpReadHeaderTimeout,
+		ReadTimeout:       httpReadTimeout,
+		WriteTimeout:      httpWriteTimeout,
+		IdleTimeout:       cmp.Or(a.opts.hooks.HTTPIdleTimeout, httpIdleTimeout),
+		ErrorLog:          zap.NewStdLog(a.log.Named("http")), // TLS handshake errors and the like
+	}
 }
 
 // httpTLS wraps the HTTP listener in TLS when agent.http_tls is set, and
