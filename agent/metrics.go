@@ -23,6 +23,8 @@ type metrics struct {
 
 	records       prometheus.Counter
 	consumeErrors prometheus.Counter
+	// restarts counts partition consumers started again (lifecycle.go).
+	restarts      *prometheus.CounterVec
 	handlerErrors prometheus.Counter
 	commits       prometheus.Counter
 	commitErrors  *prometheus.CounterVec
@@ -149,6 +151,11 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		Name: "kswitch_offset_commits_waiting",
 		Help: "Partitions whose changed position the last commit left for a later one, to stay within the agent's share of source.commit_budget_kib: above 0, positions are committed less often than source.commit_interval.",
 	})
+	m.restarts = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kswitch_partition_restarts_total",
+		Help: "Partitions started at another offset than their committed position, by cluster and reason: recreated (the topic was deleted and created again: at its start), beyond_end (the position is past the partition's end: at the log start), before_start (the position is before the log start: at source.initial_offset).",
+	}, []string{"cluster", "reason"})
+	reg.MustRegister(m.restarts)
 	reg.MustRegister(m.deliveryHeld, m.stuckPartitions, m.stalledPartitions, m.lag, m.commitBytes, m.commitShare, m.commitsWaiting)
 	reg.MustRegister(m.isLeader, m.leaderChanges, m.ready, m.agents, m.gossipMembers, m.etcdErrors, info,
 		m.records, m.consumeErrors, m.handlerErrors, m.commits, m.commitErrors, m.ownedPartitions, m.generation, m.gossipDropped, m.paused, m.signalApply, m.configVersion,

@@ -22,6 +22,14 @@ type partitionRun struct {
 	generation int64
 	logical    string // the topic's logical name
 	origin     string // the cluster whose producers write the topic
+	// topicID is the id of the topic as it was when the partition
+	// started ("" unknown), committed with each position: a position of
+	// another id is of a topic deleted since (lifecycle.go).
+	topicID string
+	// cause is why sarama's partition consumer ended on its own (offset
+	// out of range, retries exhausted); set by the loop before done is
+	// closed, nil when the worker stopped it.
+	cause error
 	// movedAt is when the committable position last moved (or the
 	// partition started), next that position: owned by the worker's loop.
 	movedAt time.Time
@@ -130,22 +138,15 @@ func (g *gate) wait(ctx context.Context) error {
 // partition instead of growing memory.
 const maxInFlight = 4096
 
-// startPartition starts consuming tp at start (an offset >= 0, resolved by
-// the caller) and returns the running partition.
-func (w *worker) startPartition(ctx context.Context, k *kafkaConn, gen int64, tp coordinator.TopicPartition, start int64, paused bool) (*partitionRun, error) {
+// startPartition starts consuming tp, of topic id topicID, at start (an
+// offset >= 0, resolved by the caller) and returns the running partition.
+// A start out of the partition's range is moved (outOfRange).
+func (w *worker) startPartition(ctx context.Context, k *kafkaConn, gen int64, tp coordinator.TopicPartition, start int64, paused bool, topicID string) (*partitionRun, error) {
 	pc, err := k.consumer.ConsumePartition(tp.Topic, tp.Partition, start)
 	if errors.Is(err, sarama.ErrOffsetOutOfRange) {
-		// The committed position is gone (retention) or ahead of the log
-		// (a truncated or re-created topic): fall back to the configured
-		// initial offset, and say so.
-		initial, rerr := k.resolve(tp, w.initialOffset(k.name, tp))
-		if rerr != nil {
-			return nil, rerr
+		if start, err = w.outOfRange(k, tp, start); err != nil {
+			return nil, err
 		}
-		w.log.Warn("committed offset out of range; starting at the initial offset instead",
-			zap.Stringer("partition", tp), zap.Int64("committed", start), zap.Int64("start", initial),
-			zap.String("initial_offset", w.initial))
-		start = initial
 		pc, err = k.consumer.ConsumePartition(tp.Topic, tp.Partition, start)
 	}
 	if err != nil {
@@ -153,7 +154,7 @@ func (w *worker) startPartition(ctx context.Context, k *kafkaConn, gen int64, tp
 	}
 	pctx, cancel := context.WithCancel(ctx)
 	s := w.naming.Stream(k.name, tp.Topic)
-	r := &partitionRun{tp: tp, cluster: k.name, logical: s.Logical, origin: s.Origin, generation: gen, pc: pc, t: newTracker(start, maxInFlight, w.budget),
+	r := &partitionRun{tp: tp, cluster: k.name, logical: s.Logical, origin: s.Origin, topicID: topicID, generation: gen, pc: pc, t: newTracker(start, maxInFlight, w.budget),
 		cancel: cancel, done: make(chan struct{}), gate: newGate(paused)}
 	if paused {
 		// Stop fetching too, so a long pause holds no records in memory.
@@ -161,29 +162,48 @@ func (w *worker) startPartition(ctx context.Context, k *kafkaConn, gen int64, tp
 	}
 	go func() {
 		defer close(r.done)
-		w.consume(pctx, r)
+		r.cause = w.consume(pctx, r)
 	}()
 	return r, nil
 }
 
 // consume hands the partition's records to the handler, in order, until
-// ctx ends.
-func (w *worker) consume(ctx context.Context, r *partitionRun) {
+// ctx ends (nil) or sarama's partition consumer ends on its own: then it
+// returns why (its last error), and the worker starts the partition
+// again (restartEnded).
+func (w *worker) consume(ctx context.Context, r *partitionRun) error {
 	log := w.log.With(zap.Stringer("partition", r.tp), zap.Int64("generation", r.generation))
+	var last error
+	ended := func() error {
+		if ctx.Err() != nil {
+			return nil
+		}
+		// sarama closes the errors after the messages: the error that
+		// ended it (offset out of range) is among them.
+		for err := range r.pc.Errors() {
+			last = err
+		}
+		if last == nil {
+			last = errors.New("the partition consumer closed")
+		}
+		log.Warn("partition consumer ended; the worker starts it again", zap.Error(last))
+		return last
+	}
 	for {
 		// A paused partition hands nothing on: records sarama already
 		// fetched wait here, unacknowledged, so nothing is committed past
 		// them.
 		if r.gate.wait(ctx) != nil || w.hold.wait(ctx) != nil {
-			return
+			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-r.gate.kick:
 			continue // to the gate
 		case err, ok := <-r.pc.Errors():
 			if ok {
+				last = err
 				log.Warn("partition consumer error", zap.Error(err))
 				w.metrics.consumeErrors.Inc()
 			}
@@ -194,8 +214,11 @@ func (w *worker) consume(ctx context.Context, r *partitionRun) {
 			// delivered or the loop ends: one dropped while later ones
 			// are acknowledged would be committed past, and lost.
 			for n := 1; ; n++ {
-				if !ok || !w.deliver(ctx, log, r, msg) {
-					return
+				if !ok {
+					return ended()
+				}
+				if !w.deliver(ctx, log, r, msg) {
+					return nil
 				}
 				if n == burst || ctx.Err() != nil {
 					break

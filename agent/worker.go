@@ -220,6 +220,9 @@ type worker struct {
 	// pacer keeps the periodic commits within the agent's share of the
 	// fleet's etcd budget.
 	pacer commitPacer
+	// life restarts partition consumers that ended and checks the
+	// owned topics' ids (lifecycle.go).
+	life lifecycle
 }
 
 // initialOffset is where partition tp of cluster starts without a
@@ -350,6 +353,7 @@ func (w *worker) follow(ctx context.Context, tick <-chan time.Time, sig <-chan s
 			if err := w.commitDue(ctx, now); errors.Is(err, errLeaseLost) {
 				return err
 			}
+			w.restartEnded(ctx, now)
 			w.checkStuck(ctx, now)
 			w.observeLag()
 			w.startPending(ctx)
@@ -769,6 +773,9 @@ func (w *worker) startOn(ctx context.Context, cluster string, tps []coordinator.
 	for _, tp := range tps {
 		paused[tp], _ = state.Paused(w.naming.Logical(cluster, tp.Topic), w.id)
 	}
+	// The topics' ids tell a position of a topic deleted and created
+	// again since (lifecycle.go).
+	ids := k.topicIDs(w.log, tps)
 	var startAt []offsets.Commit
 	for _, tp := range tps {
 		p, ok := positions[tp]
@@ -785,7 +792,14 @@ func (w *worker) startOn(ctx context.Context, cluster string, tps []coordinator.
 					return
 				}
 			}
-			r, err := w.startPartition(ctx, k, w.applied.Generation, tp, start, paused[tp])
+			if w.life.fromStart(cluster, tp, p, ok, ids[tp.Topic]) {
+				var err error
+				if start, err = w.recreatedStart(k, tp, p, ok, ids[tp.Topic]); err != nil {
+					results <- started{tp: tp, err: err}
+					return
+				}
+			}
+			r, err := w.startPartition(ctx, k, w.applied.Generation, tp, start, paused[tp], ids[tp.Topic])
 			results <- started{tp, r, err}
 		}()
 	}
@@ -883,7 +897,7 @@ func (w *worker) commitUnder(ctx context.Context, tps []cpart, a coordinator.Ass
 		if last, ok := w.committed[tp]; ok && last == next {
 			continue
 		}
-		commits = append(commits, offsets.Commit{Cluster: r.cluster, Topic: tp.Topic, Partition: tp.Partition, Offset: next, Timestamp: ts, Fingerprints: fps})
+		commits = append(commits, offsets.Commit{Cluster: r.cluster, Topic: tp.Topic, Partition: tp.Partition, Offset: next, Timestamp: ts, Fingerprints: fps, TopicID: r.topicID})
 	}
 	if len(commits) == 0 {
 		w.committedAll()
@@ -996,6 +1010,9 @@ func (w *worker) checkStuck(ctx context.Context, now time.Time) {
 		reasons = append(reasons, fmt.Sprintf("%d partitions make no progress while records wait on the cluster: %s", len(stalled), strings.Join(stalled, ", ")))
 	}
 	if r := w.checkIdle(ctx, now); r != "" {
+		reasons = append(reasons, r)
+	}
+	if r := w.life.deadReason(now); r != "" {
 		reasons = append(reasons, r)
 	}
 	reason := strings.Join(reasons, "; ")

@@ -243,8 +243,9 @@ type Source struct {
 	// InitialOffset is where a partition with no committed offset starts:
 	// "oldest" or "newest".
 	InitialOffset string `yaml:"initial_offset" help:"start of a partition with no committed offset: oldest or newest"`
-	// RefreshInterval is how often topic metadata is re-read to find new
-	// topics and partitions.
+	// RefreshInterval is how often the leader re-reads topic metadata to
+	// find new topics and partitions and re-created topics (one Metadata
+	// request; every agent's probe sends the same one twice a second).
 	RefreshInterval time.Duration `yaml:"refresh_interval" help:"interval of topic and partition discovery"`
 	// CommitInterval is how often consumed positions are committed.
 	CommitInterval time.Duration `yaml:"commit_interval" help:"interval of offset commits"`
@@ -395,7 +396,7 @@ func Default() Config {
 		Clusters: map[string]Cluster{},
 		Source: Source{
 			InitialOffset:   "oldest",
-			RefreshInterval: 10 * time.Second,
+			RefreshInterval: time.Second,
 			CommitInterval:  time.Second,
 			MaxInFlightMiB:  32,
 			CommitBudgetKiB: 512,

@@ -142,7 +142,7 @@ func TestDefaultsAppliedWhenAbsent(t *testing.T) {
 		{"etcd.dial_timeout", d.Etcd.DialTimeout, 3 * time.Second},
 		{"etcd.request_timeout", d.Etcd.RequestTimeout, 2 * time.Second},
 		{"source.initial_offset", d.Source.InitialOffset, "oldest"},
-		{"source.refresh_interval", d.Source.RefreshInterval, 10 * time.Second},
+		{"source.refresh_interval", d.Source.RefreshInterval, time.Second},
 		{"source.commit_interval", d.Source.CommitInterval, time.Second},
 		{"source.commit_budget_kib", d.Source.CommitBudgetKiB, 512},
 		{"failover.probe_interval", d.Failover.ProbeInterval, 500 * time.Millisecond},

@@ -12,26 +12,33 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/election"
 	"github.com/kswitch/kswitch/internal/kafka"
 )
 
 // discoverLoop lists the source partitions now, every refresh interval
-// and when the source changes, and hands each successful result to found
-// (keeping only the latest), telling listed.
-func (l *Leader) discoverLoop(ctx context.Context, cluster string, log *zap.Logger, found chan []TopicPartition, listed chan<- struct{}) {
-	d := &discovery{leader: l, cluster: cluster, log: log}
+// and when the source changes, and hands each result that differs from
+// the last to found (keeping only the latest), telling listed. It records
+// the lifecycle events of the topics it lists (lifecycle.go) under
+// history/topics/, fenced by the term.
+func (r *leaderRun) discoverLoop(ctx context.Context, cluster string, log *zap.Logger, found chan []TopicPartition, listed chan<- struct{}) {
+	d := &discovery{leader: r.Leader, cluster: cluster, log: log, term: r.t.Term}
 	defer d.close()
-	t := time.NewTicker(l.cfg.Source.RefreshInterval)
+	t := time.NewTicker(r.cfg.Source.RefreshInterval)
 	defer t.Stop()
-	rediscover := l.rediscover.Subscribe(ctx)
+	rediscover := r.rediscover.Subscribe(ctx)
+	var last []TopicPartition
 	for {
-		ps, err := d.partitions(ctx, l.conf())
+		ps, err := d.partitions(ctx, r.conf())
 		switch {
 		case ctx.Err() != nil:
 			return
 		case err != nil:
 			log.Warn("topic discovery failed; keeping the last known partitions", zap.String("cluster", cluster), zap.Error(err))
+		case last != nil && slices.Equal(ps, last):
+			// Unchanged: the loop turns on its own every probe interval.
 		default:
+			last = ps
 			select {
 			case <-found: // drop a result the loop has not taken yet
 			default:
@@ -59,6 +66,10 @@ type discovery struct {
 	client  sarama.Client
 	def     config.Cluster  // the definition client was opened with
 	missing map[string]bool // configured topics reported missing, to warn once
+	// term fences the lifecycle events written to history/; topics are
+	// the listed topics as last seen, to tell their changes (lifecycle).
+	term   election.Term
+	topics map[string]TopicMeta
 }
 
 func (d *discovery) close() {
@@ -85,15 +96,14 @@ func (d *discovery) partitions(ctx context.Context, conf *dynamic) ([]TopicParti
 		d.client, d.def = c, def
 		d.missing = map[string]bool{}
 	}
-	if err := d.client.RefreshMetadata(); err != nil {
-		return nil, fmt.Errorf("coordinator: metadata of cluster %s: %w", d.cluster, err)
+	// One Metadata request for every topic, with their ids: the same
+	// request a probe sends (agent/probe.go) twice a second per agent.
+	all, err := DescribeTopics(d.client, nil)
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: topics of cluster %s: %w", d.cluster, err)
 	}
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
-	}
-	all, err := d.client.Topics()
-	if err != nil {
-		return nil, fmt.Errorf("coordinator: topics of cluster %s: %w", d.cluster, err)
 	}
 	// Topics are chosen by their logical name, so every physical copy of
 	// a logical topic is found by the same topics and regex: orders and
@@ -104,22 +114,21 @@ func (d *discovery) partitions(ctx context.Context, conf *dynamic) ([]TopicParti
 		want[t] = false
 	}
 	var out []TopicPartition
-	for _, t := range all {
+	listed := map[string]TopicMeta{}
+	for t, meta := range all {
 		logical := conf.naming.Logical(d.cluster, t)
-		_, listed := want[logical]
+		_, named := want[logical]
 		internal := strings.HasPrefix(logical, "__")
-		if !listed && (conf.regex == nil || internal || !conf.regex.MatchString(logical)) {
+		if !named && (conf.regex == nil || internal || !conf.regex.MatchString(logical)) {
 			continue
 		}
 		want[logical] = true
-		ps, err := d.client.Partitions(t)
-		if err != nil {
-			return nil, fmt.Errorf("coordinator: partitions of %s on cluster %s: %w", t, d.cluster, err)
-		}
-		for _, p := range ps {
+		listed[t] = meta
+		for _, p := range meta.Partitions {
 			out = append(out, TopicPartition{Topic: t, Partition: p})
 		}
 	}
+	d.lifecycle(ctx, listed)
 	for t := range d.missing {
 		if _, still := want[t]; !still {
 			delete(d.missing, t) // no longer configured
@@ -133,4 +142,57 @@ func (d *discovery) partitions(ctx context.Context, conf *dynamic) ([]TopicParti
 	}
 	slices.SortFunc(out, TopicPartition.Compare)
 	return out, nil
+}
+
+// lifecycle compares the topics just listed with those listed before:
+// a topic whose id changed was deleted and created again, and one whose
+// partition count changed grew (or, re-created, shrank). Each change is
+// logged, counted and recorded under history/topics/. A topic missing
+// from one listing (being deleted) keeps its last metadata, so that its
+// re-creation is seen however short the gap; the first listing of a term
+// records nothing (it has nothing to compare with: the agents' positions,
+// which carry the topic id, tell a re-creation missed meanwhile).
+func (d *discovery) lifecycle(ctx context.Context, listed map[string]TopicMeta) {
+	first := d.topics == nil
+	if first {
+		d.topics = map[string]TopicMeta{}
+	}
+	for t, now := range listed {
+		before, seen := d.topics[t]
+		d.topics[t] = now
+		if first || !seen {
+			continue
+		}
+		ev := TopicEvent{At: time.Now(), Cluster: d.cluster, Topic: t, OldID: before.ID, NewID: now.ID,
+			OldPartitions: len(before.Partitions), NewPartitions: len(now.Partitions), Leader: d.leader.cfg.Agent.ID}
+		switch {
+		case before.ID != "" && now.ID != "" && before.ID != now.ID:
+			ev.Kind = TopicRecreated
+			d.log.Warn("source topic was deleted and created again: its partitions are consumed from their start",
+				zap.String("cluster", d.cluster), zap.String("topic", t), zap.String("old_id", before.ID), zap.String("new_id", now.ID),
+				zap.Int("old_partitions", ev.OldPartitions), zap.Int("new_partitions", ev.NewPartitions))
+			if m := d.leader.metrics; m != nil {
+				m.recreated.WithLabelValues(d.cluster, t).Inc()
+			}
+		case len(now.Partitions) != len(before.Partitions):
+			change := "added"
+			ev.Kind = TopicPartitionsAdded
+			if len(now.Partitions) < len(before.Partitions) {
+				ev.Kind, change = TopicPartitionsRemoved, "removed"
+			}
+			d.log.Info("source topic's partitions changed", zap.String("cluster", d.cluster), zap.String("topic", t),
+				zap.Int("old_partitions", ev.OldPartitions), zap.Int("new_partitions", ev.NewPartitions))
+			if m := d.leader.metrics; m != nil {
+				m.partitionsChanged.WithLabelValues(d.cluster, t, change).Inc()
+			}
+		default:
+			continue
+		}
+		wctx, cancel := context.WithTimeout(ctx, d.leader.cfg.Etcd.RequestTimeout)
+		err := writeTopicEvent(wctx, d.term, d.leader.keys, ev)
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			d.log.Warn("cannot record the topic's change in history/topics/", zap.String("topic", t), zap.String("kind", ev.Kind), zap.Error(err))
+		}
+	}
 }

@@ -25,6 +25,10 @@ type Metrics struct {
 	unassignedN    prometheus.Gauge
 	late           prometheus.Counter
 	lateBy         prometheus.Gauge
+	// topicEvents counts the source topics' lifecycle events
+	// (lifecycle.go) as kswitch_source_topic_recreated_total and
+	// kswitch_source_partitions_changed_total.
+	recreated, partitionsChanged *prometheus.CounterVec
 	// refused is kswitch_refused_values_total, shared with the agent
 	// (internal/refused): kinds pin and history.
 	refused *prometheus.CounterVec
@@ -87,7 +91,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "kswitch_late_records_max_seconds",
 			Help: "At the last failback with an unmirrored tail: from the oldest tail record's timestamp to the end of the failback (an upper bound of its lateness).",
 		}),
+		recreated: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kswitch_source_topic_recreated_total",
+			Help: "Source topics the leader found deleted and created again (a new topic id), by cluster and topic; their partitions are consumed from their start.",
+		}, []string{"cluster", "topic"}),
+		partitionsChanged: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kswitch_source_partitions_changed_total",
+			Help: "Source topics the leader found with more (added) or fewer (removed) partitions than before, by cluster, topic and change.",
+		}, []string{"cluster", "topic", "change"}),
 	}
+	reg.MustRegister(m.recreated, m.partitionsChanged)
 	reg.MustRegister(m.activeCluster, m.topicActive, m.lastSwitch, m.switchDuration, m.switchPhase, m.switchFailures, m.translation, m.reachable, m.breakerOpen,
 		m.behind, m.late, m.lateBy, m.repairs, m.refuted, m.unassignedN)
 	var err error

@@ -197,6 +197,16 @@ func (f Fleet) HistoryPartitionChunk(epoch int64, n int) string {
 	return fmt.Sprintf("%s%06d", f.HistoryPartitions(epoch), n)
 }
 
+// TopicHistory is the prefix of the source topics' lifecycle events
+// (a topic deleted and created again, partitions added).
+func (f Fleet) TopicHistory() string { return f.History() + "topics/" }
+
+// TopicEvent is the key of lifecycle event n (when the leader found it,
+// in Unix nanoseconds, zero-padded so that keys sort in time order).
+func (f Fleet) TopicEvent(n int64) string {
+	return fmt.Sprintf("%s%020d", f.TopicHistory(), n)
+}
+
 // ConfigHistory is the prefix of the dynamic configuration events.
 func (f Fleet) ConfigHistory() string { return f.History() + "config/" }
 

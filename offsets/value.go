@@ -29,6 +29,11 @@ type Commit struct {
 	// first, at most MaxFingerprints; the last one is of record Offset-1.
 	// Empty if none was consumed (or not tracked).
 	Fingerprints []Fingerprint
+	// TopicID is the id Kafka gave the topic the offset belongs to (its
+	// incarnation: a topic deleted and created again under the same name
+	// gets a new one), "" when unknown. A reader that finds another id on
+	// the cluster knows the offset is of a topic that no longer exists.
+	TopicID string
 }
 
 // TopicPartition returns the commit's partition.
@@ -46,8 +51,15 @@ func (c Commit) validate() error {
 	if c.Partition < 0 {
 		return fmt.Errorf("partition %d is negative", c.Partition)
 	}
+	if len(c.TopicID) > maxTopicID {
+		return fmt.Errorf("topic id of %d bytes, over the limit of %d", len(c.TopicID), maxTopicID)
+	}
 	return validatePosition(c.Offset, len(c.Fingerprints))
 }
+
+// maxTopicID bounds a stored topic id (Kafka's are 22 characters of
+// base64).
+const maxTopicID = 64
 
 func validatePosition(offset int64, fingerprints int) error {
 	if offset < 0 {
@@ -107,6 +119,7 @@ type record struct {
 	Offset       *int64        `json:"offset"`
 	TimestampMs  *int64        `json:"timestamp_ms,omitempty"`
 	Fingerprints []Fingerprint `json:"fingerprints,omitempty"`
+	TopicID      string        `json:"topic_id,omitempty"`
 	Agent        string        `json:"agent"`
 	Generation   int64         `json:"generation"`
 	CommittedAt  time.Time     `json:"committed_at"`
@@ -118,6 +131,7 @@ func encodeValue(c Commit, agent string, generation int64, now time.Time) ([]byt
 	r := record{
 		Offset:       &c.Offset,
 		Fingerprints: c.Fingerprints,
+		TopicID:      c.TopicID,
 		Agent:        agent,
 		Generation:   generation,
 		CommittedAt:  now.UTC().Truncate(time.Millisecond),
@@ -148,6 +162,9 @@ func decodeValue(key string, rev int64, cluster, topic string, partition int32, 
 	if err := validatePosition(*r.Offset, len(r.Fingerprints)); err != nil {
 		return bad(err)
 	}
+	if len(r.TopicID) > maxTopicID {
+		return bad(fmt.Errorf("topic id of %d bytes, over the limit of %d", len(r.TopicID), maxTopicID))
+	}
 	p := Position{
 		Commit: Commit{
 			Cluster:      cluster,
@@ -155,6 +172,7 @@ func decodeValue(key string, rev int64, cluster, topic string, partition int32, 
 			Partition:    partition,
 			Offset:       *r.Offset,
 			Fingerprints: r.Fingerprints,
+			TopicID:      r.TopicID,
 		},
 		Agent:       r.Agent,
 		Generation:  r.Generation,

@@ -1,0 +1,241 @@
+package agent
+
+import (
+	"context"
+
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"go.uber.org/zap"
+
+	"github.com/kswitch/kswitch/coordinator"
+	"github.com/kswitch/kswitch/offsets"
+)
+
+// A source topic's life goes on under its consumers: it can be deleted and
+// created again under the same name (a new topic id, offsets from 0
+// again), grow partitions, or lose the records a position points at. The
+// worker's part (the leader's is coordinator/discovery.go):
+//
+//   - sarama's partition consumer ends on an offset out of range (and
+//     after exhausted retries). Such a partition is never left dead: on
+//     the next commit tick it is stopped (its handed records drained) and
+//     started again from its committed position, which startOn moves into
+//     the partition's range (outOfRange) or to the start of a re-created
+//     topic (recreatedStart). Until it runs again /readyz says why.
+//   - A position carries the id of the topic it was committed for
+//     (offsets.Commit.TopicID). A position of another id than the
+//     topic's now is of a topic that no longer exists, and the partition
+//     starts at the new topic's start: an old position that the new topic
+//     has already grown past would skip its records otherwise.
+//   - Every topicCheckEvery the worker compares the ids of the topics it
+//     consumes with those its partitions started with (one Metadata
+//     request per cluster, for those topics alone): a topic re-created
+//     while its consumer fetched on (its old offset already inside the new
+//     log) is started again from its start too. What the old consumer
+//     handed on from the new topic meanwhile is delivered again: never
+//     lost.
+
+// topicCheckEvery bounds how often a worker asks for the ids of the
+// topics it consumes.
+const topicCheckEvery = time.Second
+
+// lifecycle is the worker's state of its partitions' lifecycle; owned by
+// the worker's goroutine.
+type lifecycle struct {
+	// dead are the owned partitions whose consumer ended and that do not
+	// run again yet: why, and since when.
+	dead map[cpart]deadPart
+	// recreated are the partitions to start at their topic's start
+	// whatever their position (their topic's id changed under them).
+	recreated map[cpart]bool
+	// checked is when the topics' ids were last compared.
+	checked time.Time
+}
+
+type deadPart struct {
+	cause error
+	since time.Time
+}
+
+// fromStart reports whether partition tp of cluster, whose committed
+// position is p (ok: there is one) and whose topic's id is id now, starts
+// at the topic's start: its position is of an earlier topic of the same
+// name, or the worker found its topic re-created under its consumer.
+func (l *lifecycle) fromStart(cluster string, tp coordinator.TopicPartition, p offsets.Position, ok bool, id string) bool {
+	return l.recreated[cpart{Cluster: cluster, TopicPartition: tp}] || (ok && p.TopicID != "" && id != "" && p.TopicID != id)
+}
+
+// deadReason is the readiness reason of the partitions whose consumer
+// ended and does not run again ("" none).
+func (l *lifecycle) deadReason(now time.Time) string {
+	if len(l.dead) == 0 {
+		return ""
+	}
+	var each []string
+	for _, cp := range slices.SortedFunc(maps.Keys(l.dead), cpart.Compare) {
+		d := l.dead[cp]
+		each = append(each, fmt.Sprintf("%s (%v, for %s)", cp, d.cause, now.Sub(d.since).Round(time.Second)))
+	}
+	return fmt.Sprintf("%d partition consumers ended and do not run again yet: %s", len(each), strings.Join(each, ", "))
+}
+
+// topicIDs returns the ids of the topics of tps on k's cluster ("" or
+// absent: unknown), asked in one Metadata request; nil when it fails.
+func (k *kafkaConn) topicIDs(log *zap.Logger, tps []coordinator.TopicPartition) map[string]string {
+	topics := map[string]bool{}
+	for _, tp := range tps {
+		topics[tp.Topic] = true
+	}
+	if len(topics) == 0 {
+		return nil
+	}
+	meta, err := coordinator.DescribeTopics(k.client, slices.Sorted(maps.Keys(topics)))
+	if err != nil {
+		log.Debug("cannot ask for the topics' ids; checked again later", zap.String("cluster", k.name), zap.Error(err))
+		return nil
+	}
+	ids := make(map[string]string, len(meta))
+	for t, m := range meta {
+		ids[t] = m.ID
+	}
+	return ids
+}
+
+// recreatedStart is the start of partition tp of a topic deleted and
+// created again since its position p (ok: there is one) was committed:
+// the new topic's log start, whatever source.initial_offset says, since
+// all of its records are new.
+func (w *worker) recreatedStart(k *kafkaConn, tp coordinator.TopicPartition, p offsets.Position, ok bool, id string) (int64, error) {
+	start, err := k.resolve(tp, sarama.OffsetOldest)
+	if err != nil {
+		return 0, err
+	}
+	committed := int64(-1)
+	if ok {
+		committed = p.Offset
+	}
+	w.log.Warn("the partition's topic was deleted and created again: starting at the new topic's start",
+		zap.String("cluster", k.name), zap.Stringer("partition", tp), zap.Int64("committed", committed),
+		zap.String("committed_topic_id", p.TopicID), zap.String("topic_id", id), zap.Int64("start", start))
+	w.metrics.restarts.WithLabelValues(k.name, "recreated").Inc()
+	return start, nil
+}
+
+// outOfRange is where partition tp starts when start is out of its range.
+// Past its end, the log was truncated or the topic re-created without a
+// topic id to say so (Kafka before 2.8): every record in it is new to the
+// fleet (or, truncated, was delivered already: delivered again rather
+// than lost), so it starts at the log start. Before its log start,
+// retention deleted records never consumed: source.initial_offset
+// decides, with a warning.
+func (w *worker) outOfRange(k *kafkaConn, tp coordinator.TopicPartition, start int64) (int64, error) {
+	end, err := k.resolve(tp, sarama.OffsetNewest)
+	if err != nil {
+		return 0, err
+	}
+	if start > end {
+		oldest, err := k.resolve(tp, sarama.OffsetOldest)
+		if err != nil {
+			return 0, err
+		}
+		w.log.Warn("committed offset is past the partition's end (the topic was created again, or its log truncated): starting at its log start",
+			zap.String("cluster", k.name), zap.Stringer("partition", tp), zap.Int64("committed", start), zap.Int64("end", end), zap.Int64("start", oldest))
+		w.metrics.restarts.WithLabelValues(k.name, "beyond_end").Inc()
+		return oldest, nil
+	}
+	initial, err := k.resolve(tp, w.initialOffset(k.name, tp))
+	if err != nil {
+		return 0, err
+	}
+	w.log.Warn("committed offset is before the partition's log start (retention deleted records never consumed): starting at the initial offset",
+		zap.String("cluster", k.name), zap.Stringer("partition", tp), zap.Int64("committed", start), zap.Int64("start", initial),
+		zap.String("initial_offset", w.initial))
+	w.metrics.restarts.WithLabelValues(k.name, "before_start").Inc()
+	return initial, nil
+}
+
+// restartEnded starts again, on a commit tick, the partitions whose
+// consumer ended on its own, and those whose topic the worker finds
+// re-created (at most every topicCheckEvery). Each is stopped as a
+// release stops it (what was handed on drains, up to DrainTimeout, so
+// its acknowledgements are not lost), not committed (its position may
+// be of the old topic), and started through startPending.
+func (w *worker) restartEnded(ctx context.Context, now time.Time) {
+	if w.life.dead == nil {
+		w.life.dead, w.life.recreated = map[cpart]deadPart{}, map[cpart]bool{}
+	}
+	restart := map[cpart]error{}
+	for cp, r := range w.parts {
+		select {
+		case <-r.done:
+			if r.cause != nil {
+				restart[cp] = r.cause
+			}
+		default:
+		}
+	}
+	if now.Sub(w.life.checked) >= topicCheckEvery {
+		w.life.checked = now
+		for cp, cause := range w.recreatedTopics() {
+			restart[cp] = cause
+			w.life.recreated[cp] = true
+		}
+	}
+	if len(restart) > 0 {
+		var wg sync.WaitGroup
+		for cp, cause := range restart {
+			r := w.parts[cp]
+			if _, dead := w.life.dead[cp]; !dead {
+				w.life.dead[cp] = deadPart{cause: cause, since: now}
+			}
+			wg.Go(func() { r.stop(w.drain, &w.bg) })
+			delete(w.parts, cp)
+			delete(w.committed, cp)
+			w.pending = append(w.pending, cp)
+		}
+		wg.Wait()
+		slices.SortFunc(w.pending, cpart.Compare)
+		w.pending = slices.Compact(w.pending)
+		w.log.Info("starting partitions again", zap.Stringers("partitions", slices.SortedFunc(maps.Keys(restart), cpart.Compare)))
+		w.startPending(ctx)
+	}
+	for cp := range w.life.dead {
+		if w.parts[cp] != nil || !slices.Contains(w.pending, cp) {
+			delete(w.life.dead, cp)
+			delete(w.life.recreated, cp)
+		}
+	}
+}
+
+// recreatedTopics compares the ids of the topics the running partitions
+// consume with those they started with, one Metadata request per
+// cluster, and returns the partitions whose topic has another id now.
+func (w *worker) recreatedTopics() map[cpart]error {
+	byCluster := map[string][]coordinator.TopicPartition{}
+	for cp, r := range w.parts {
+		if r.topicID != "" {
+			byCluster[cp.Cluster] = append(byCluster[cp.Cluster], cp.TopicPartition)
+		}
+	}
+	out := map[cpart]error{}
+	for c, tps := range byCluster {
+		k := w.conns[c]
+		if k == nil || (w.reachable != nil && !w.reachable(c)) {
+			continue
+		}
+		ids := k.topicIDs(w.log, tps)
+		for _, tp := range tps {
+			cp := cpart{Cluster: c, TopicPartition: tp}
+			if id := ids[tp.Topic]; id != "" && id != w.parts[cp].topicID {
+				out[cp] = fmt.Errorf("topic %s was deleted and created again (id %s, now %s)", tp.Topic, w.parts[cp].topicID, id)
+			}
+		}
+	}
+	return out
+}
