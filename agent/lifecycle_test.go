@@ -182,10 +182,14 @@ func TestNewPartitionsAreConsumedWithinThreeSeconds(t *testing.T) {
 		agents = append(agents, startConsumer(t, cfg, l.handler(id)))
 	}
 	waitBalanced(t, 12, agents...)
-	// What the bound allows: a listing (refresh_interval), a turn and a
-	// generation, a start and a fetch; 1 s of it for -race on loaded
-	// cores.
-	bound := config.Default().Source.RefreshInterval + 2*time.Second
+	// Within 3 s (issue 33): a listing every refresh_interval (1 s by
+	// default), the leader's turn and a generation, the owner's start
+	// and a fetch (about 1.2 s in all measured under -race), the
+	// producer's own start, and slack for -race on loaded cores.
+	if d := config.Default().Source.RefreshInterval; d > time.Second {
+		t.Errorf("the default refresh_interval is %v: discovery alone may take longer than the bound allows", d)
+	}
+	const bound = 3 * time.Second
 	for _, step := range []struct {
 		what string
 		make func() error
