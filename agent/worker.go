@@ -226,7 +226,8 @@ type worker struct {
 }
 
 // initialOffset is where partition tp of cluster starts without a
-// committed position: source.initial_offset, except for the topics
+// committed position, in etcd or in the Kafka group (groupStarts):
+// source.initial_offset, except for the topics
 // producers write on the standby (an outage's records, and their copies
 // on the primary), which start at their oldest offset: a copy that
 // appears in the middle of a run is consumed from its start.
@@ -752,9 +753,18 @@ func (w *worker) startOn(ctx context.Context, cluster string, tps []coordinator.
 	}
 	for _, b := range bad {
 		// Treated as "no committed offset": the partition starts at the
-		// initial offset, and the next commit replaces the bad value.
-		w.log.Warn("refusing malformed committed offset; the partition starts at the initial offset and the next commit replaces it", zap.Error(b), zap.String("initial_offset", w.cfg.Source.InitialOffset))
+		// group's offset in Kafka, else the initial offset, and the next
+		// commit replaces the bad value.
+		w.log.Warn("refusing malformed committed offset; the partition starts at the group's committed offset in Kafka, else the initial offset, and the next commit replaces it", zap.Error(b), zap.String("initial_offset", w.cfg.Source.InitialOffset))
 		w.metrics.badValues.WithLabelValues("offset").Inc()
+	}
+	// Partitions without a position start where the Kafka group's
+	// consumers left them, if anywhere (startoffset.go).
+	fromGroup, err := w.groupStarts(ctx, k, cluster, tps, positions)
+	if err != nil {
+		w.log.Warn("cannot read the group's committed offsets of the partitions without a position; retrying",
+			zap.String("cluster", cluster), zap.String("group", w.cfg.Source.Group), zap.Error(err))
+		return tps
 	}
 	// Partitions start concurrently: each may need a ListOffsets round
 	// trip, and sarama adds a partition to a broker's fetch session only
@@ -785,7 +795,9 @@ func (w *worker) startOn(ctx context.Context, cluster string, tps []coordinator.
 		}
 		go func() {
 			start := p.Offset
-			if !ok {
+			if g, found := fromGroup[tp]; found {
+				start = g
+			} else if !ok {
 				var err error
 				if start, err = k.resolve(tp, w.initialOffset(cluster, tp)); err != nil {
 					results <- started{tp: tp, err: err}
