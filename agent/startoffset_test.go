@@ -87,7 +87,9 @@ func TestAFleetWithoutPositionsStartsAtTheGroupsOffsets(t *testing.T) {
 	e := testenv.StartEtcdT(t)
 	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 4}})
 	produce(t, k, "orders", 0, 400) // round robin: offsets 0-99 on each partition
-	tp := func(p int32) coordinator.TopicPartition { return coordinator.TopicPartition{Topic: "orders", Partition: p} }
+	tp := func(p int32) coordinator.TopicPartition {
+		return coordinator.TopicPartition{Topic: "orders", Partition: p}
+	}
 
 	// The other fleet mirrored its commits to the group: orders/0 at 60,
 	// orders/1 at 70, orders/3 at 1000 (past the end: a topic created again
