@@ -132,6 +132,10 @@ type Agent struct {
 	reg           *prometheus.Registry
 	metrics       *metrics
 	leaderMetrics *coordinator.Metrics
+	// digest is what the registration says of the configuration;
+	// configDisagree the leader's count of agents whose digest differs.
+	digest         ConfigDigest
+	configDisagree prometheus.Gauge
 
 	started time.Time
 
@@ -215,6 +219,7 @@ func New(cfg config.Config, opts Options) (*Agent, error) {
 		metrics: newMetrics(reg),
 	}
 	a.leaderMetrics = coordinator.NewMetrics(reg)
+	a.digest, a.configDisagree = DigestConfig(cfg), newConfigDisagreeGauge(reg)
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kswitch_in_flight_bytes",
 		Help: "Bytes (keys, values, headers) of the records handed to the handler and not yet acknowledged; bounded by source.max_in_flight_mib.",
@@ -522,7 +527,9 @@ func (a *Agent) Status() Status {
 		SignalsApplied: a.SignalsApplied(),
 		Active:         deref(a.active.Load()),
 		Config:         a.dyn.status(),
+		ConfigDigest:   a.digest,
 	}
+	st.ConfigDisagree = CompareConfigs(st.Agents, st.Leader.Leader)
 	for c, tps := range a.OwnedByCluster() {
 		if c == st.Active {
 			st.Owned = tps
@@ -701,7 +708,8 @@ func (a *Agent) runSession(ctx context.Context) error {
 // registration held by another live lease: two agents with one id would
 // fight over partitions.
 func (a *Agent) register(ctx context.Context, lease clientv3.LeaseID) error {
-	reg := Registration{ID: a.id, HTTP: a.HTTPAddr(), Gossip: a.GossipAddr(), Version: version.Version, Started: a.started}
+	digest := a.digest
+	reg := Registration{ID: a.id, HTTP: a.HTTPAddr(), Gossip: a.GossipAddr(), Version: version.Version, Started: a.started, Config: &digest}
 	val, err := json.Marshal(reg)
 	if err != nil {
 		return fmt.Errorf("agent: encode registration: %w", err)
@@ -756,7 +764,14 @@ func (a *Agent) lead(ctx context.Context, term election.Term) {
 			log.Warn("configuration gate ended", zap.Error(err))
 		}
 	}()
-	defer func() { gcancel(); <-gateDone }()
+	// Agents whose files differ from the fleet's are flagged while this
+	// agent leads.
+	agreeDone := make(chan struct{})
+	go func() {
+		defer close(agreeDone)
+		a.flagConfigDisagreement(gctx, log)
+	}()
+	defer func() { gcancel(); <-gateDone; <-agreeDone }()
 	if err := a.leader.Run(ctx, term); err != nil && ctx.Err() == nil {
 		log.Warn("leader work ended", zap.Error(err))
 	}

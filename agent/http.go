@@ -63,6 +63,11 @@ type Status struct {
 	Coordinator *coordinator.LeaderStatus `json:"coordinator,omitempty"`
 	// Config is the dynamic configuration version in force.
 	Config ConfigStatus `json:"config"`
+	// ConfigDigest is the digest of this agent's fleet-wide
+	// configuration; ConfigDisagree the registered agents whose digest
+	// differs from the fleet's (CompareConfigs).
+	ConfigDigest   ConfigDigest         `json:"config_digest"`
+	ConfigDisagree []ConfigDisagreement `json:"config_disagree,omitempty"`
 }
 
 // readyBody is the answer of /readyz. Every value is a string: probes and

@@ -39,6 +39,9 @@ type Registration struct {
 	Gossip  string    `json:"gossip"`
 	Version string    `json:"version"`
 	Started time.Time `json:"started"`
+	// Config is the digest of the agent's fleet-wide configuration; nil
+	// in the registration of an agent older than it.
+	Config *ConfigDigest `json:"config,omitempty"`
 }
 
 // maxRegistrationSize bounds what is parsed from agents/: a value written
@@ -57,7 +60,27 @@ func ParseRegistration(id string, val []byte) (Registration, error) {
 	if r.ID != id {
 		return r, fmt.Errorf("agent: registration under key %q names agent %q", id, r.ID)
 	}
+	if c := r.Config; c != nil {
+		for part, d := range map[string]string{"digest": c.Digest, "routing": c.Routing, "source": c.Source, "clusters": c.Clusters, "failover": c.Failover} {
+			if !isDigest(d) {
+				return r, fmt.Errorf("agent: registration of %q: config.%s %q is not a configuration digest (12 lower-case hex digits)", id, part, d)
+			}
+		}
+	}
 	return r, nil
+}
+
+// isDigest reports whether s is as digestOf writes them.
+func isDigest(s string) bool {
+	if len(s) != 12 {
+		return false
+	}
+	for _, c := range s {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // parseRegistrationKV is ParseRegistration of an etcd key-value: a
@@ -227,6 +250,10 @@ type FleetView struct {
 	// Stalled is the leader's list of partitions that no agent has
 	// consumed for over coordinator.StalledAfter (nil: none).
 	Stalled *coordinator.Stalled `json:"stalled,omitempty"`
+	// ConfigDisagree are the agents whose configuration digest differs
+	// from the fleet's (CompareConfigs, the leader's digest breaking a
+	// tie), nil when they agree.
+	ConfigDisagree []ConfigDisagreement `json:"config_disagree,omitempty"`
 	// Ready is each agent's own answer on /readyz, filled by AskReady
 	// (kswitch status); empty when not asked.
 	Ready map[string]Readiness `json:"ready,omitempty"`
@@ -315,6 +342,7 @@ func ReadFleet(ctx context.Context, c *clientv3.Client, fleet string) (FleetView
 	if v.Agents, v.Refused, err = ReadRegistrations(ctx, c, k); err != nil {
 		return v, err
 	}
+	v.ConfigDisagree = CompareConfigs(v.Agents, v.Leader)
 	if v.Signals, err = signals.Read(ctx, c, k); err != nil {
 		return v, err
 	}

@@ -147,7 +147,10 @@ func newStatusCmd(g *globals) *cobra.Command {
 registered agent with its HTTP and gossip addresses, version and age, the
 partition assignment (generation, cluster, agent → partitions) and each
 partition's committed offset, and the leader's list of partitions that no
-agent has consumed for a while (state/stalled). No agent needs to answer;
+agent has consumed for a while (state/stalled). The CONFIG column is the
+digest of each agent's fleet-wide configuration (routing, source, clusters,
+failover); an agent whose digest differs from the fleet's is named below
+the table with the parts that differ. No agent needs to answer;
 each is asked for its /readyz (--ask, on by default), and the READY column
 shows its answer: yes, or no with the agent's reason (a stuck handler,
 stalled partitions, commits held, no partition while others have no
@@ -254,7 +257,7 @@ func printFleet(w io.Writer, v agent.FleetView, now time.Time) {
 	}
 	fmt.Fprintf(w, "config:  %s\nagents:  %d\n\n", config, len(v.Agents))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "AGENT\tLEADER\tHTTP\tGOSSIP\tVERSION\tAGE\tREADY")
+	fmt.Fprintln(tw, "AGENT\tLEADER\tHTTP\tGOSSIP\tVERSION\tAGE\tCONFIG\tREADY")
 	var notReady []string
 	for _, a := range v.Agents {
 		mark := ""
@@ -274,11 +277,19 @@ func printFleet(w io.Writer, v agent.FleetView, now time.Time) {
 				notReady = append(notReady, fmt.Sprintf("%s is not ready: %s", a.ID, r.Reason))
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, mark, a.HTTP, a.Gossip, a.Version, now.Sub(a.Started).Round(time.Second), ready)
+		digest := "-" // an agent older than the digest
+		if a.Config != nil {
+			digest = a.Config.Digest
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, mark, a.HTTP, a.Gossip, a.Version, now.Sub(a.Started).Round(time.Second), digest, ready)
 	}
 	tw.Flush()
 	for _, r := range notReady {
 		fmt.Fprintf(w, "  %s\n", r)
+	}
+	for _, d := range v.ConfigDisagree {
+		fmt.Fprintf(w, "  %s's configuration differs from the fleet's in %s: digest %s, the fleet's %s; give every agent the same file\n",
+			d.Agent, strings.Join(d.Differs, ", "), d.Digest, d.Fleet)
 	}
 	if a := v.Assignment; a != nil {
 		placed := ""
