@@ -30,7 +30,8 @@ const maxLoggedStarts = 20
 //
 // One OffsetFetch asks for every partition of tps without a position,
 // and one ListOffsets per partition leader for the log start and one for
-// the end of those the group has an offset for. A group's offset outside
+// the end of those the group has an offset for, each bounded by the
+// worker's request timeout (etcd.request_timeout, as the group mirror). A group's offset outside
 // the log (its records deleted by retention, or the topic created again
 // shorter) is not used: the partition starts at source.initial_offset, as
 // a Kafka consumer's auto.offset.reset would, and the log line says so.
@@ -66,8 +67,17 @@ func (w *worker) groupStarts(ctx context.Context, k *kafkaConn, cluster string, 
 	if len(committed) == 0 {
 		return nil, nil
 	}
-	bounds, err := logBounds(ctx, k.client, slices.SortedFunc(maps.Keys(committed), coordinator.TopicPartition.Compare))
+	// Bounded as the group's read is (dialKafka).
+	lctx, cancel := context.WithTimeout(ctx, w.cfg.Etcd.RequestTimeout)
+	bounds, err := logBounds(lctx, k.client, slices.SortedFunc(maps.Keys(committed), coordinator.TopicPartition.Compare))
+	cancel()
 	if err != nil {
+		// A leader moved: the retry asks the new one.
+		topics := map[string]bool{}
+		for tp := range committed {
+			topics[tp.Topic] = true
+		}
+		_ = k.client.RefreshMetadata(slices.Sorted(maps.Keys(topics))...)
 		return nil, fmt.Errorf("kafka: log bounds on cluster %s of the partitions source.group %q has offsets for: %w", cluster, group, err)
 	}
 	starts := make(map[coordinator.TopicPartition]int64, len(committed))
