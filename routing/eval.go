@@ -9,7 +9,9 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
+	"github.com/expr-lang/expr/conf"
 	"github.com/expr-lang/expr/vm"
 
 	"github.com/kswitch/kswitch/record"
@@ -44,6 +46,9 @@ type Env struct {
 	// the calls every closure body is wrapped in (budget.go).
 	Budget *evalBudget `expr:"kswitch_budget"`
 	budget evalBudget
+	// recordBytes is the size of the record's key and value, read or not:
+	// the budget grows with it.
+	recordBytes int
 }
 
 // env builds the environment of r, with only the parts the version's
@@ -52,6 +57,7 @@ func (v *Version) env(r *record.Record) *Env {
 	e := &Env{
 		Topic: cmp.Or(r.SourceTopic, r.Topic), Partition: int(r.Partition), Offset: int(r.Offset),
 		Timestamp: r.Timestamp, Cluster: r.Cluster, PhysicalTopic: r.Topic, Origin: cmp.Or(r.Origin, r.Cluster),
+		recordBytes: len(r.Key) + len(r.Value),
 	}
 	if v.needs.key {
 		e.Key = string(r.Key)
@@ -216,7 +222,7 @@ func (c *channel) keyOf(e **Env, v *Version, r *record.Record) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return toBytes(out)
+	return toBytes(out, budgetBytes((*e).recordBytes))
 }
 
 // vms are reusable expression machines: a VM allocates its stack once.
@@ -224,18 +230,38 @@ var vms = sync.Pool{New: func() any { return new(vm.VM) }}
 
 // run evaluates p over e; its error is on one line.
 func run(p *vm.Program, e *Env) (any, error) {
-	e.budget = evalBudget{}
+	e.budget = evalBudget{limit: budgetBytes(e.recordBytes)}
 	e.Budget = &e.budget
 	m := vms.Get().(*vm.VM)
 	out, err := m.Run(p, e)
 	vms.Put(m)
 	if err != nil {
-		if errors.Is(err, ErrBudget) || strings.Contains(err.Error(), "memory budget exceeded") {
-			return nil, budgetError{exprError(err)}
+		switch msg := exprError(err); {
+		case errors.Is(err, ErrBudget):
+			return nil, budgetError{msg}
+		case strings.Contains(msg, "memory budget exceeded"):
+			return nil, budgetError{fmt.Sprintf("%v: %s (ranges, arrays and expr's own builtins hold at most %d elements per evaluation)", ErrBudget, msg, conf.DefaultMemoryBudget)}
 		}
-		return nil, errors.New(exprError(err))
+		return nil, errors.New(clip(exprError(err)))
 	}
 	return out, nil
+}
+
+// maxErrorBytes bounds an evaluation error's text: errors such as
+// strconv's quote the record's bytes, and the text becomes a dead
+// letter's header.
+const maxErrorBytes = 1024
+
+// clip cuts msg to maxErrorBytes, on a rune boundary, saying how long it was.
+func clip(msg string) string {
+	if len(msg) <= maxErrorBytes {
+		return msg
+	}
+	cut := maxErrorBytes
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s… (%d bytes cut)", msg[:cut], len(msg)-cut)
 }
 
 // budgetError is an evaluation that exceeded its budget, on one line.
@@ -248,8 +274,8 @@ func (e budgetError) Is(target error) bool { return target == ErrBudget }
 
 // toBytes converts an expression's value to a record key: strings and
 // bytes as they are, nil as no key, numbers and booleans in their usual
-// text, anything else as JSON.
-func toBytes(v any) ([]byte, error) {
+// text, anything else as JSON if that takes at most budget bytes.
+func toBytes(v any, budget int) ([]byte, error) {
 	switch x := v.(type) {
 	case nil:
 		return nil, nil
@@ -266,6 +292,9 @@ func toBytes(v any) ([]byte, error) {
 	case float64:
 		return strconv.AppendFloat(nil, x, 'g', -1, 64), nil
 	default:
+		if n := textBound(x, budget); n > budget {
+			return nil, budgetError{fmt.Sprintf("%v: the key expression's value %T would be %s of JSON, over the %s this record allows", ErrBudget, v, sizeText(n), sizeText(budget))}
+		}
 		b, err := json.Marshal(x)
 		if err != nil {
 			return nil, fmt.Errorf("the key expression's value %T cannot be a key: %w", v, err)

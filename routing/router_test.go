@@ -478,7 +478,7 @@ func TestRuleOverBudgetIsDeadLettered(t *testing.T) {
 	w := newWorld(t, map[string][]string{"B": {"b", "dead"}}, "A", "B").withEtcd()
 	w.cfg.Routing = Config{
 		// reduce builds len(value)²/2 bytes: 33 MB for 8 KiB.
-		Rules:      []Rule{{Name: "costly", Match: `len(value) <= 4096 || reduce(1..len(value), #acc + "x", "") != ""`, Channels: []string{"b"}}},
+		Rules:      []Rule{{Name: "costly", Match: `len(value) <= 4096 || len(value) > 10000 || reduce(1..len(value), #acc + "x", "") != ""`, Channels: []string{"b"}}},
 		DeadLetter: "dead",
 		Channels:   map[string]Channel{"b": {Cluster: "B", Topic: "b"}, "dead": {Cluster: "B", Topic: "dead"}},
 	}

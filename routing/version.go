@@ -165,6 +165,7 @@ func Compile(spec Config, clusters map[string]config.Cluster) (*Version, error) 
 	spec.Mode = cmp.Or(spec.Mode, ModeFirst)
 
 	v := &Version{Source: "file", channels: map[string]*channel{}}
+	clusterNames := slices.Sorted(maps.Keys(clusters))
 	var w usage
 	for _, name := range slices.Sorted(maps.Keys(spec.Channels)) {
 		ch := spec.Channels[name]
@@ -175,9 +176,9 @@ func Compile(spec Config, clusters map[string]config.Cluster) (*Version, error) 
 		spec.Channels[name] = ch
 		c := &channel{Channel: ch, dest: dest{name, ch.Cluster, ch.Topic}, pkey: producerKey{ch.Cluster, ch.Compression, ch.Acks}}
 		if ch.Key != config.KeepKey {
-			p, err := expr.Compile(ch.Key, compileOptions()...)
+			p, err := compileExpr(ch.Key)
 			if err == nil {
-				err = probe(p)
+				err = tryProbes(p, ch.Key, clusterNames)
 			}
 			if err != nil {
 				errs = append(errs, fmt.Errorf("channels.%s.key: %s", name, exprError(err)))
@@ -203,9 +204,9 @@ func Compile(spec Config, clusters map[string]config.Cluster) (*Version, error) 
 	for i, r := range spec.Rules {
 		cr := &rule{name: r.Name, drop: r.Drop}
 		if strings.TrimSpace(r.Match) != "" {
-			p, err := expr.Compile(r.Match, compileOptions(expr.AsBool())...)
+			p, err := compileExpr(r.Match, expr.AsBool())
 			if err == nil {
-				err = probe(p)
+				err = tryProbes(p, r.Match, clusterNames)
 			}
 			if err != nil {
 				errs = append(errs, fmt.Errorf("rules[%d].match: %s", i, exprError(err)))
