@@ -178,7 +178,7 @@ func newRoutesCheckCmd(g *globals) *cobra.Command {
 		Long: `Validate a rules file as the agents will once it is applied: the file's routes
 replace those of the configuration file's routing section, its channels are
 added to the configuration file's, every expression must compile and stay
-within its cost bound on two test records, every channel a rule, the
+within its cost bound on test records up to 1 MiB, every channel a rule, the
 default route or the dead-letter names must exist, and every channel's
 cluster must be one of the configuration's clusters
 (--config, or KSWITCH_CLUSTERS_<NAME>_BROKERS). Channels already in etcd are
