@@ -383,7 +383,7 @@ func TestInvalidVersionRefused(t *testing.T) {
 		{k.Routes(), "rules: [{name: all, channels: [nowhere]}]\n", `rules[0].channels[0]: channel "nowhere" is not defined`},
 		{k.Routes(), "rules: [{name: all, match: 'topic ==', channels: [b]}]\n", "rules[0].match: unexpected token EOF"},
 		{k.Routes(), "rules: [{name: all, chanels: [b]}]\n", `routes line 1: unknown field "chanels"`},
-		{k.Routes(), "rules: [{name: all, match: 'reduce(1..999999, #acc + value, \"\") != \"\"', channels: [b]}]\n", "rules[0].match: refused, it is too costly already on a test record"},
+		{k.Routes(), "rules: [{name: all, match: 'reduce(1..999999, #acc + value, \"\") != \"\"', channels: [b]}]\n", "rules[0].match: refused: on an empty record, the expression exceeded its evaluation budget"},
 		{k.Channel("x"), "cluster: Z\ntopic: t\n", `channels.x.cluster: "Z" is not a configured cluster`},
 	} {
 		rev := w.put(bad.key, bad.value)
