@@ -328,6 +328,13 @@ type Routing struct {
 	// (too large, invalid). Empty: such a record is not acknowledged and
 	// its partition stops and reports instead of skipping it.
 	DeadLetter string `yaml:"dead_letter" help:"channel of records that fail evaluation or are refused by the destination; empty stops the partition instead"`
+	// Refused is what becomes of a record that the dead-letter channel
+	// refuses for good too (larger than it accepts): "reference" (the
+	// default) sends the dead-letter channel a reference instead (the
+	// source coordinates, size, reason and headers, and the value cut to
+	// 16 KiB) and moves on; "block" stops the record's partition until an
+	// operator makes room (readiness names it).
+	Refused string `yaml:"refused" help:"a record the dead-letter channel refuses too: reference (send a reference to it, cut to fit, and move on) or block (stop its partition)"`
 	// Rules are evaluated in order. File or etcd only.
 	Rules []RoutingRule `yaml:"rules" leaf:"-"`
 	// Channels are the destinations, by name. File or etcd only.

@@ -13,6 +13,7 @@ import (
 // default an empty value means.
 var (
 	RoutingModes        = []string{"first", "all"}
+	RoutingRefused      = []string{"reference", "block"}
 	RoutingPartitioners = []string{"hash", "random", "roundrobin", "manual-same-partition"}
 	RoutingCompressions = []string{"none", "gzip", "snappy", "lz4", "zstd"}
 	RoutingAcks         = []string{"all", "leader", "none"}
@@ -34,6 +35,9 @@ func (r Routing) Check(clusters map[string]Cluster) []error {
 	var p routingProblems
 	if r.Mode != "" {
 		p.oneOf("mode", r.Mode, RoutingModes...)
+	}
+	if r.Refused != "" {
+		p.oneOf("refused", r.Refused, RoutingRefused...)
 	}
 	for _, name := range slices.Sorted(maps.Keys(r.Channels)) {
 		checkChannel(&p, "channels."+name, name, r.Channels[name], clusters)

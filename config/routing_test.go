@@ -150,7 +150,7 @@ func TestRoutingOverrides(t *testing.T) {
 		}
 	}
 	err = (*Overrides)(nil).Apply(&c, []string{"KSWITCH_ROUTING_MODEL=x"})
-	if err == nil || !strings.Contains(err.Error(), "unknown variable (known: KSWITCH_ROUTING_MODE, KSWITCH_ROUTING_DEFAULT, KSWITCH_ROUTING_DEAD_LETTER)") {
+	if err == nil || !strings.Contains(err.Error(), "unknown variable (known: KSWITCH_ROUTING_MODE, KSWITCH_ROUTING_DEFAULT, KSWITCH_ROUTING_DEAD_LETTER, KSWITCH_ROUTING_REFUSED)") {
 		t.Errorf("typo: error %v", err)
 	}
 	if !reflect.DeepEqual(fileOnlyPaths, []string{"routing.rules", "routing.channels"}) {

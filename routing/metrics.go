@@ -25,6 +25,7 @@ type metrics struct {
 	waits         *prometheus.CounterVec // reason
 	producers     prometheus.Gauge
 	skipped       prometheus.Counter
+	reordered     prometheus.Counter
 	txns          *prometheus.CounterVec // cluster, outcome
 }
 
@@ -54,13 +55,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kswitch_routing_exactly_once_skipped_total",
 			Help: "Produces to an exactly_once cluster skipped because an earlier owner's committed transaction holds them (consumed again after a crash).",
 		}),
+		reordered: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kswitch_routing_reordered_total",
+			Help: "Records that reached their channel before an earlier record of the same source partition that had failed (sarama's producer sent the later one at the instant its cluster came back); each is logged with its partition.",
+		}),
 		txns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kswitch_routing_transactions_total",
 			Help: "Transactions to exactly_once clusters by cluster and outcome: committed, aborted (sent again), failed (the producer is opened again) or fenced (the partition has a new owner).",
 		}, []string{"cluster", "outcome"}),
 		dead: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kswitch_routing_dead_lettered_total",
-			Help: "Records sent to the dead-letter channel: reason evaluation (a rule or key expression failed), budget (an expression exceeded its evaluation budget on the record) or produce (the destination refused the record for good).",
+			Help: "Records sent to the dead-letter channel: reason evaluation (a rule or key expression failed), budget (an expression exceeded its evaluation budget on the record) produce (the destination refused the record for good), reference (the dead-letter channel refused the record too and took a reference to it, routing.refused) or dropped (even the reference was refused). Counted once the dead-letter channel acknowledges it.",
 		}, []string{"reason"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kswitch_routing_produce_seconds",
@@ -82,7 +87,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Producers open (one per destination cluster and compression/acks combination in use).",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.version, m.refused, m.routed, m.rules, m.dropped, m.dead, m.latency, m.failures, m.waits, m.producers, m.skipped, m.txns} {
+	for _, c := range []prometheus.Collector{m.version, m.refused, m.routed, m.rules, m.dropped, m.dead, m.latency, m.failures, m.waits, m.producers, m.skipped, m.reordered, m.txns} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {
@@ -98,7 +103,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{DropRule, DropNoMatch} {
 		m.dropped.WithLabelValues(r)
 	}
-	for _, r := range []string{"evaluation", "budget", "produce"} {
+	for _, r := range []string{"evaluation", "budget", "produce", "reference", "dropped"} {
 		m.dead.WithLabelValues(r)
 	}
 	return m, nil

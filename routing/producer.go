@@ -40,6 +40,9 @@ var errClosed = errors.New("routing: router closed")
 type producer struct {
 	key producerKey
 	p   sarama.AsyncProducer
+	// client is p's own: closed once p has finished, or by a close that
+	// timed out, which ends the retries p would otherwise go on with.
+	client sarama.Client
 	// users counts the messages given to p (or about to be) whose fate is
 	// not settled: not yet acknowledged, or failed and waiting to be sent
 	// again to p.
@@ -89,6 +92,10 @@ type opening struct {
 	err  error         // set before done is closed
 	at   time.Time     // when it ended
 }
+
+// closeAbortWait bounds how long close waits for the producers whose
+// clients it closed because they did not finish in time.
+const closeAbortWait = 5 * time.Second
 
 // openRetry is how long after a failed attempt to open a producer the next
 // attempt may start; meanwhile acquire fails at once with the same error.
@@ -220,7 +227,7 @@ func (p *pool) release(pr *producer, n int64) { pr.users.Add(-n) }
 // p.live.
 func (p *pool) open(k producerKey, o *opening) {
 	defer p.wg.Done()
-	ap, err := p.newProducer(k)
+	ap, client, err := p.newProducer(k)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	defer close(o.done)
@@ -237,10 +244,11 @@ func (p *pool) open(k producerKey, o *opening) {
 		go func() {
 			defer p.wg.Done()
 			drainProducer(ap)
+			_ = client.Close()
 		}()
 		return
 	}
-	pr := &producer{key: k, p: ap, done: make(chan struct{})}
+	pr := &producer{key: k, p: ap, client: client, done: make(chan struct{})}
 	p.live[k] = pr
 	delete(p.opening, k)
 	p.wg.Add(1)
@@ -273,18 +281,27 @@ func (p *pool) setClusters(clusters map[string]config.Cluster) {
 	}
 }
 
-func (p *pool) newProducer(k producerKey) (sarama.AsyncProducer, error) {
+func (p *pool) newProducer(k producerKey) (sarama.AsyncProducer, sarama.Client, error) {
 	p.mu.RLock()
 	cl, ok := p.clusters[k.cluster]
 	p.mu.RUnlock()
 	if !ok {
-		return nil, fmt.Errorf("cluster %q is not configured", k.cluster)
+		return nil, nil, fmt.Errorf("cluster %q is not configured", k.cluster)
 	}
 	sc, err := ProducerConfig(cl, k.compression, k.acks)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return sarama.NewAsyncProducer(cl.Brokers, sc)
+	client, err := sarama.NewClient(cl.Brokers, sc)
+	if err != nil {
+		return nil, nil, err
+	}
+	ap, err := sarama.NewAsyncProducerFromClient(client)
+	if err != nil {
+		_ = client.Close()
+		return nil, nil, err
+	}
+	return ap, client, nil
 }
 
 // results hands each outcome of pr to onResult until sarama closes its
@@ -292,6 +309,7 @@ func (p *pool) newProducer(k producerKey) (sarama.AsyncProducer, error) {
 func (p *pool) results(pr *producer) {
 	defer p.wg.Done()
 	defer close(pr.done)
+	defer pr.client.Close()
 	succ, errs := pr.p.Successes(), pr.p.Errors()
 	for succ != nil || errs != nil {
 		select {
@@ -394,8 +412,18 @@ func (p *pool) close(ctx context.Context) error {
 	case <-done:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("routing: close producers: %w", ctx.Err())
 	}
+	// A producer still retrying a destination that does not answer
+	// finishes once its client is closed: what it held is not
+	// acknowledged (its records are consumed again by the next owner).
+	for _, pr := range live {
+		_ = pr.client.Close()
+	}
+	select {
+	case <-done:
+	case <-time.After(closeAbortWait):
+	}
+	return fmt.Errorf("routing: close producers: %w", ctx.Err())
 }
 
 // drainProducer reads a closing producer's channels until sarama closes

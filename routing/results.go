@@ -1,7 +1,6 @@
 package routing
 
 import (
-	"cmp"
 	"errors"
 	"time"
 
@@ -54,21 +53,27 @@ func (r *Router) onResult(pr *producer, msg *sarama.ProducerMessage, err error) 
 // acknowledges its record once every produce of it is.
 func (r *Router) produced(om *outMsg) {
 	r.settle(om)
+	om.ds.acked.Add(1)
 	om.ds.routed.Inc()
 	om.ds.latency.Observe(time.Since(om.sent).Seconds())
-	if f := om.ds.failing.Load(); f != nil && om.ds.failing.CompareAndSwap(f, nil) {
-		r.log.Info("destination recovered; its records flow again", zap.Stringer("destination", om.ds.dest),
-			zap.Duration("failed_for", time.Since(f.since)))
+	if om.resent || om.ds.failing.Load() != nil {
+		r.producedWhileRecovering(om)
 	}
 	if om.blocks != nil {
 		r.unblock(om)
+	}
+	if om.dead {
+		r.deadLettered(om)
+	} else {
+		r.health.delivered()
 	}
 	if om.d.pending.Add(-1) == 0 {
 		r.ack(om.d.rec)
 	}
 }
 
-// failed queues a failed produce to be sent again (or dead-lettered).
+// failed holds a produce that failed for its destination's recovery, or
+// settles one that the destination refused for good.
 func (r *Router) failed(om *outMsg, err error) {
 	om.failures++
 	om.lastErr = err
@@ -77,22 +82,16 @@ func (r *Router) failed(om *outMsg, err error) {
 		r.log.Debug("produce failed", zap.Stringer("destination", om.ds.dest), zap.String("source", sourceOf(om.d.rec)),
 			zap.Int("failures", om.failures), zap.Error(err))
 	}
-	switch {
-	case permanent(err) && !om.dead && r.cur.Load().deadLetter != nil:
-		r.enqueue(om, 0) // the loop sends it to the dead-letter channel
+	if permanent(err) {
+		r.leaveRound(om)
+		r.refusedForGood(om, err)
 		return
-	case permanent(err) && !om.dead:
-		if om.blocks == nil {
-			r.block(om, err)
-			r.log.Error("destination refused a record and there is no dead-letter channel; its partition stops",
-				zap.Stringer("destination", om.ds.dest), zap.String("source", sourceOf(om.d.rec)), zap.Error(err))
-		}
-	default:
-		if om.ds.failing.Load() == nil && om.ds.failing.CompareAndSwap(nil, &failure{err: err, since: time.Now()}) {
-			r.log.Warn("produce failing; the destination's records wait and are sent again", zap.Stringer("destination", om.ds.dest), zap.Error(err))
-		}
 	}
-	r.enqueue(om, r.backoff(om.failures))
+	if om.ds.failing.Load() == nil && om.ds.failing.CompareAndSwap(nil, &failure{err: err, since: time.Now()}) {
+		r.log.Warn("produce failing; the destination's records wait and are sent again in source order once it answers",
+			zap.Stringer("destination", om.ds.dest), zap.Error(err))
+	}
+	r.hold(om)
 }
 
 // backoff is the wait before the n-th retry of a record (n >= 1).
@@ -162,7 +161,7 @@ func (r *Router) loop() {
 	defer timer.Stop()
 	for {
 		now := time.Now()
-		wait := time.Hour
+		wait := r.recoverDue(now)
 		var due []*outMsg
 		r.mu.Lock()
 		rest := r.retries[:0]
@@ -180,8 +179,8 @@ func (r *Router) loop() {
 		for _, om := range due {
 			r.resend(om)
 		}
-		if len(due) > 0 {
-			continue // resends took time, and may have queued more
+		if len(due) > 0 || wait == 0 {
+			continue // sends took time, and may have queued more
 		}
 		timer.Reset(wait)
 		select {
@@ -193,6 +192,7 @@ func (r *Router) loop() {
 			for _, om := range pending {
 				r.settle(om)
 			}
+			r.settleHeld()
 			return
 		case <-r.retryKick:
 		case <-timer.C:
@@ -200,6 +200,7 @@ func (r *Router) loop() {
 			r.pool.sweep(r.cur.Load().producers())
 		case <-tick.C:
 			r.pool.sweep(r.cur.Load().producers())
+			r.sampleHealth(time.Now())
 		}
 		if !timer.Stop() {
 			select {
@@ -210,31 +211,24 @@ func (r *Router) loop() {
 	}
 }
 
-// resend sends a failed produce again, or to the dead-letter channel when
-// the destination refused it for good and the version in force has one.
+// resend sends a produce refused for good to the dead-letter channel (the
+// record, or a reference to it when the dead-letter channel refused the
+// record too), or sends a produce again after its backoff.
 func (r *Router) resend(om *outMsg) {
 	ctx := r.loopCtx
-	if v := r.cur.Load(); !om.dead && permanent(om.lastErr) && v.deadLetter != nil {
-		dl := v.deadLetter
-		pr, err := r.pool.acquire(ctx, dl.pkey, 1, r.opts.OpenWait)
-		if err != nil {
-			r.requeue(om)
-			return
+	if permanent(om.lastErr) {
+		v := r.cur.Load()
+		switch dl := v.deadLetter; {
+		case dl == nil:
+		case !om.dead:
+			if !r.toDeadLetter(om, dl, false) {
+				return
+			}
+		case !om.reference && v.refused() == RefusedReference:
+			if !r.toDeadLetter(om, dl, true) {
+				return
+			}
 		}
-		rec := om.d.rec
-		r.log.Warn("destination refused a record for good; sending it to the dead-letter channel",
-			zap.Stringer("destination", om.ds.dest), zap.String("source", sourceOf(rec)), zap.String("dead_letter", dl.Name), zap.Error(om.lastErr))
-		rule := cmp.Or(om.rule, "default")
-		dm := r.newMsg(rec, dl, rule, rec.Key, deadHeaders(rec, rule, om.lastErr))
-		r.settle(om)
-		if om.blocks != nil {
-			r.unblock(om)
-		}
-		om.ch, om.ds, om.pr, om.msg, om.dead, om.failures = dl, dm.ds, pr, dm.msg, true, 0
-		om.msg.Metadata = om
-		om.ds.inFlight.Add(1)
-		r.m.dead.WithLabelValues("produce").Inc()
-		r.countDead(rec)
 	}
 	if om.pr.retired.Load() {
 		// The cluster's definition changed (SetClusters): send it again

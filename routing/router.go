@@ -96,9 +96,18 @@ type Router struct {
 	dests   map[dest]*destState
 	retries []*outMsg
 	blocked map[source]*blockedSource // partitions held by a record refused for good
-	nblock  atomic.Int32              // len(blocked), read without mu
-	refusal *Refusal
-	layer   layer
+	// recovering are the destinations whose failed produces are held
+	// and sent again in order (recovery.go).
+	recovering map[*destState]bool
+
+	health deliveryHealth
+	// breaches counts records the router produced behind an earlier
+	// record of their partition that was held (recovery.go): never, by
+	// design; the tests read it.
+	breaches atomic.Int64
+	nblock   atomic.Int32 // len(blocked), read without mu
+	refusal  *Refusal
+	layer    layer
 }
 
 // source is a consumed partition.
@@ -118,6 +127,9 @@ type destState struct {
 	dest     dest
 	inFlight atomic.Int64
 	failing  atomic.Pointer[failure] // nil while it works
+	rec      recovery                // under Router.mu, while failing
+	acked    atomic.Int64            // produces acknowledged
+	health   destHealth              // under Router.mu
 
 	routed   prometheus.Counter
 	latency  prometheus.Observer
@@ -151,6 +163,15 @@ type outMsg struct {
 	lastErr      error
 	blocks       *source // set while it holds its partition
 	due          time.Time
+	resent       bool // sent again by a recovery round, not yet settled (under Router.mu)
+	heldAt       time.Time
+	overtaken    bool // a later record of its partition reached the channel first (under Router.mu)
+	// deadReason is the reason a dead-letter produce is counted under
+	// once the dead-letter channel acknowledges it; reference is set on
+	// the reference that stands for a record the dead-letter channel
+	// refused too (refused.go).
+	deadReason string
+	reference  bool
 	// own is the delivery of a record's first produce, allocated with
 	// it: the others of the same record share it.
 	own delivery
@@ -337,17 +358,15 @@ func (r *Router) deadLetter(ctx context.Context, v *Version, rec *record.Record,
 		return fmt.Errorf("%w (no dead-letter channel: the partition waits for a version that routes this record)", err)
 	}
 	m := r.newMsg(rec, v.deadLetter, rule, rec.Key, deadHeaders(rec, rule, err))
-	m.dead = true
+	r.health.deadLetterCause(err)
+	m.dead, m.deadReason = true, "evaluation"
+	if errors.Is(err, ErrBudget) {
+		m.deadReason = "budget"
+	}
 	if err := r.submit(ctx, rec, []*outMsg{m}); err != nil {
 		return err
 	}
-	reason := "evaluation"
-	if errors.Is(err, ErrBudget) {
-		reason = "budget"
-	}
-	r.m.dead.WithLabelValues(reason).Inc()
-	r.countDead(rec)
-	r.log.Debug("record dead-lettered", zap.String("source", sourceOf(rec)), zap.String("rule", rule), zap.Error(err))
+	r.log.Debug("record sent to the dead-letter channel", zap.String("source", sourceOf(rec)), zap.String("rule", rule), zap.Error(err))
 	return nil
 }
 
@@ -370,7 +389,14 @@ func (r *Router) countDead(rec *record.Record) {
 // with the same transactional.id, aborts that transaction), and it is
 // never opened again for that owner, which would fence the next one.
 // It waits, at most releaseWait, for a commit or an opening in progress.
-func (r *Router) Release(p record.Owned) { r.txns.release(p) }
+func (r *Router) Release(p record.Owned) {
+	r.dropHeld(func(om *outMsg) bool {
+		rec := om.d.rec
+		return rec.Cluster == p.Cluster && rec.Topic == p.Topic && rec.Partition == p.Partition &&
+			rec.Generation == p.Generation && rec.Session == p.Session
+	})
+	r.txns.release(p)
+}
 
 // DeadLettered returns, by logical topic, the records sent to the
 // dead-letter channel since the router was created

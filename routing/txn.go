@@ -421,6 +421,9 @@ func (s *txnSet) openSarama(k txnKey) (sarama.AsyncProducer, *TxnPosition, error
 	}
 	sc.Producer.Transaction.ID = k.transactionalID(s.fleet)
 	sc.Producer.Return.Successes = false
+	// A transaction's produces fail back to it, which opens the producer
+	// again: not the channel producers' retries without end.
+	sc.Producer.Retry.Max, sc.Producer.Retry.BackoffFunc = 3, nil
 	// sarama retries a transaction's requests (finding the coordinator,
 	// adding partitions) 50 times by default, holding its lock: with the
 	// cluster gone, a commit would wait for minutes. A few seconds, then

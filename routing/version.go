@@ -317,6 +317,19 @@ func (u *usage) Visit(n *ast.Node) {
 	}
 }
 
+// producerRetryMax is the retries of an idempotent channel producer: about
+// 20 minutes at one a second, after which the message fails back to the
+// router, whose recovery sends it again in order (recovery.go). sarama
+// keeps a slice of that length per partition (32 KiB), so it is no
+// larger.
+const producerRetryMax = 1200
+
+// producerBackoff is the wait before an idempotent channel producer's n-th
+// retry: 100 ms doubling to 1 s.
+func producerBackoff(n, _ int) time.Duration {
+	return min(100*time.Millisecond<<min(n, 4), time.Second)
+}
+
 // ProducerConfig returns the sarama configuration of the producer of a
 // cluster for channels with the given compression and acks (empty means
 // the defaults, none and all): internal/kafka's client settings and
@@ -341,6 +354,14 @@ func ProducerConfig(c config.Cluster, compression, acks string) (*sarama.Config,
 		sc.Producer.RequiredAcks = sarama.WaitForAll
 		sc.Producer.Idempotent = true
 		sc.Net.MaxOpenRequests = 1
+		// The idempotent producer keeps a partition's order through its
+		// own retries, and only through them: a message it gave up on is
+		// sent again behind later ones. So it retries a failing
+		// destination for as long as it fails (every second at most; the
+		// router's readiness reports the stall), and gives up only on
+		// errors about the record itself, or when the router closes it.
+		sc.Producer.Retry.Max = producerRetryMax
+		sc.Producer.Retry.BackoffFunc = producerBackoff
 		if !sc.Version.IsAtLeast(sarama.V0_11_0_0) {
 			return nil, fmt.Errorf("acks all uses the idempotent producer, which needs Kafka 0.11 or later (the cluster's version is %s); use acks leader", sc.Version)
 		}

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -57,7 +58,7 @@ type Member struct {
 // New builds the agent of cfg and its router; nothing runs until Start
 // except the router's background loop, so a Member that is not started
 // must still be stopped. opts are the agent's; its Handler,
-// HandlerStatus, DeadLetters and Released are the router's (any given are
+// HandlerStatus, DeadLetters, Released and DeliveryProblem are the router's (any given are
 // replaced).
 //
 // The router is always built, whether or not cfg has a routing section,
@@ -91,6 +92,7 @@ func New(cfg config.Config, opts agent.Options) (*Member, error) {
 	opts.HandlerStatus = func() any { return m.router.Status() }
 	opts.DeadLetters = func() map[string]int64 { return m.router.DeadLettered() }
 	opts.Released = func(p record.Owned) { m.router.Release(p) }
+	opts.DeliveryProblem = func(after time.Duration) string { return m.router.DeliveryProblem(after) }
 	onConfig := opts.OnConfig
 	opts.OnConfig = func(c config.Config) {
 		m.router.SetClusters(c.Clusters)

@@ -821,10 +821,24 @@ func (p *asyncProducer) backoff(retries int) {
 
 func (pp *partitionProducer) updateLeaderIfBrokerProducerIsNil(msg *ProducerMessage) error {
 	if pp.brokerProducer == nil {
-		if err := pp.updateLeader(); err != nil {
-			pp.parent.returnError(msg, err)
-			pp.backoff(msg.retries)
-			return err
+		// kswitch: an idempotent producer that is not transactional looks
+		// for the leader again in place, up to Retry.Max times, instead of
+		// failing msg at once: the messages behind it wait behind it, so a
+		// later message never reaches the partition before it (upstream
+		// fails msg and sends the next one, which gets through once the
+		// cluster answers). It gives up when the client is closed.
+		for attempt := 1; ; attempt++ {
+			err := pp.updateLeader()
+			if err == nil {
+				break
+			}
+			if !pp.parent.conf.Producer.Idempotent || pp.parent.IsTransactional() ||
+				attempt > pp.parent.conf.Producer.Retry.Max || pp.parent.client.Closed() {
+				pp.parent.returnError(msg, err)
+				pp.backoff(msg.retries)
+				return err
+			}
+			pp.backoff(attempt)
 		}
 		Logger.Printf("producer/leader/%s/%d selected broker %d\n", pp.topic, pp.partition, pp.leader.ID())
 	}
@@ -1514,6 +1528,17 @@ func (p *asyncProducer) retryBatch(topic string, partition int32, pSet *partitio
 
 	// it's expected that a metadata refresh has been requested prior to calling retryBatch
 	leader, leaderErr := p.client.Leader(topic, partition)
+	// kswitch: an idempotent producer that is not transactional looks for
+	// the leader again in place (see updateLeaderIfBrokerProducerIsNil):
+	// the partition stays muted meanwhile, so no later batch of it is sent
+	// before this one.
+	for attempt := 1; leaderErr != nil && p.conf.Producer.Idempotent && !p.IsTransactional() &&
+		attempt <= p.conf.Producer.Retry.Max && !p.client.Closed(); attempt++ {
+		p.backoff(attempt)
+		if err := p.client.RefreshMetadata(topic); err == nil {
+			leader, leaderErr = p.client.Leader(topic, partition)
+		}
+	}
 	if leaderErr != nil {
 		Logger.Printf("Failed retrying batch for %v-%d because of %v while looking up for new leader\n", topic, partition, leaderErr)
 		p.returnErrors(pSet.msgs, retryErr)

@@ -1,0 +1,341 @@
+package routing
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/record"
+)
+
+// The ordinary accidents of a sink: an outage, a record no topic takes,
+// and readiness that must say when records go nowhere.
+
+// partitionFeed offers the records of n source partitions of topic
+// "orders" to r as the agent does: each partition in offset order, a
+// record offered again until the router takes it.
+type partitionFeed struct {
+	mu     sync.Mutex
+	taken  []int64 // by partition: records taken
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func feed(r *Router, n int, pace time.Duration, value func(p int32, off int64) string) *partitionFeed {
+	ctx, cancel := context.WithCancel(context.Background())
+	f := &partitionFeed{taken: make([]int64, n), cancel: cancel}
+	for p := range n {
+		f.wg.Go(func() {
+			for off := int64(0); ctx.Err() == nil; off++ {
+				v := ""
+				if value != nil {
+					v = value(int32(p), off)
+				}
+				if deliver(ctx, r, testRecord("orders", int32(p), off, v), time.Hour) != nil {
+					return
+				}
+				f.mu.Lock()
+				f.taken[p] = off + 1
+				f.mu.Unlock()
+				time.Sleep(pace)
+			}
+		})
+	}
+	return f
+}
+
+func (f *partitionFeed) stop() []int64 {
+	f.cancel()
+	f.wg.Wait()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]int64(nil), f.taken...)
+}
+
+func (f *partitionFeed) total() int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var n int64
+	for _, t := range f.taken {
+		n += t
+	}
+	return n
+}
+
+// readAll reads topic on cluster from its start until it holds every
+// value of want (values may repeat), for at most 20 s.
+func (w *world) readAll(cluster, topic string, want map[string]bool) []*kgo.Record {
+	w.t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(w.kafkas[cluster].Brokers()...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	defer cl.Close()
+	var out []*kgo.Record
+	missing := len(want)
+	seen := map[string]bool{}
+	ctx, cancel := context.WithTimeout(w.t.Context(), 20*time.Second)
+	defer cancel()
+	for missing > 0 {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			w.t.Fatalf("%s/%s: %d of %d records after 20s", cluster, topic, len(want)-missing, len(want))
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			out = append(out, r)
+			if v := string(r.Value); want[v] && !seen[v] {
+				seen[v] = true
+				missing--
+			}
+		})
+	}
+	return out
+}
+
+// sourceOffset returns the offset of a record whose value is
+// "orders/<p>@<offset>".
+func sourceOffset(t *testing.T, v []byte) int64 {
+	_, o, ok := strings.Cut(string(v), "@")
+	n, err := strconv.ParseInt(o, 10, 64)
+	if !ok || err != nil {
+		t.Fatalf("value %q is not a source record's", v)
+	}
+	return n
+}
+
+// TestSinkOutageKeepsSourceOrder: records of one source partition reach
+// their channel in source order through an outage of the channel's
+// cluster, whether it refuses connections or swallows requests. Before
+// the held produces were sent again in order, new records flowed from the
+// first success on while earlier failed ones waited out their backoffs:
+// records landed after later ones of their partition.
+func TestSinkOutageKeepsSourceOrder(t *testing.T) {
+	for _, fault := range []string{"fail", "hang"} {
+		t.Run(fault, func(t *testing.T) {
+			w := newWorld(t, map[string][]string{"C": {"c"}}, "A", "C")
+			w.cfg.Routing = Config{
+				Rules:    []Rule{{Name: "all", Channels: []string{"c"}}},
+				Channels: map[string]Channel{"c": {Cluster: "C", Topic: "c", Partitioner: PartitionerManual}},
+			}
+			r := w.start(nil)
+			f := feed(r, 3, 2*time.Millisecond, nil)
+			defer f.stop()
+			wait.For(t, 10*time.Second, "records flowing", func() error {
+				if n := w.acks.count("orders/"); n < 150 {
+					return fmt.Errorf("%d acknowledged", n)
+				}
+				return nil
+			})
+			c := w.kafkas["C"]
+			if fault == "fail" {
+				c.Fail()
+			} else {
+				c.Hang()
+			}
+			wait.For(t, 30*time.Second, "channel c failing", func() error {
+				for _, cs := range r.Status().Channels {
+					if cs.Name == "c" && cs.Failing != "" {
+						return nil
+					}
+				}
+				return errors.New("not failing")
+			})
+			time.Sleep(3 * time.Second) // the outage: C stays down while records wait
+			c.Recover()
+			before := f.total()
+			wait.For(t, 60*time.Second, "records flowing again", func() error {
+				if n := f.total(); n < before+300 {
+					return fmt.Errorf("%d taken since the recovery", n-before)
+				}
+				return nil
+			})
+			taken := f.stop()
+			want := map[string]bool{}
+			var n int
+			for p, t := range taken {
+				for off := range t {
+					want[fmt.Sprintf("orders/%d@%d", p, off)] = true
+					n++
+				}
+			}
+			wait.For(t, 30*time.Second, "every record taken acknowledged", func() error {
+				if got := w.acks.count("orders/"); got < n {
+					return fmt.Errorf("%d of %d", got, n)
+				}
+				return nil
+			})
+			recs := w.readAll("C", "c", want)
+			first := map[string]bool{}
+			last := map[int32]int64{0: -1, 1: -1, 2: -1}
+			var dups, late int
+			for _, rec := range recs {
+				off := sourceOffset(t, rec.Value)
+				if first[string(rec.Value)] {
+					dups++
+					continue
+				}
+				first[string(rec.Value)] = true
+				if off < last[rec.Partition] {
+					late++
+					t.Logf("partition %d: orders/%d@%d reached the channel after offset %d", rec.Partition, rec.Partition, off, last[rec.Partition])
+				}
+				last[rec.Partition] = max(last[rec.Partition], off)
+			}
+			counted := metricValue(r.m.reordered)
+			t.Logf("%s: %d records taken, %d on C (%d duplicates, %d after a later one of their partition; kswitch_routing_reordered_total %v)",
+				fault, n, len(recs), dups, late, counted)
+			// The router never produces a record behind an earlier one
+			// of its partition that waits to be sent again, and the
+			// producer keeps a partition's order through its retries.
+			if b := r.breaches.Load(); b != 0 {
+				t.Errorf("the router produced %d records behind an earlier held record of their partition", b)
+			}
+			if late > 0 || counted > 0 {
+				t.Errorf("%d records reached the channel after a later one of their partition (%v counted by the router)", late, counted)
+			}
+		})
+	}
+}
+
+// TestRecordNoTopicTakes: a record larger than the channel and the
+// dead-letter channel accept (the producer's 1 MB limit) does not stop
+// its partition: the dead-letter channel gets a reference to it, its
+// position moves on, and the records behind it flow in order. With
+// routing.refused: block the partition stops and readiness says why.
+// Before, it was sent again forever and its partition froze.
+func TestRecordNoTopicTakes(t *testing.T) {
+	const big = 2 << 20
+	for _, policy := range []string{"", RefusedBlock} {
+		t.Run("policy="+cmp.Or(policy, "default"), func(t *testing.T) {
+			w := newWorld(t, map[string][]string{"C": {"c", "dead"}}, "A", "C")
+			w.cfg.Routing = Config{
+				Rules:      []Rule{{Name: "all", Channels: []string{"c"}}},
+				Channels:   map[string]Channel{"c": {Cluster: "C", Topic: "c", Partitioner: PartitionerManual}, "dead": {Cluster: "C", Topic: "dead"}},
+				DeadLetter: "dead",
+				Refused:    policy,
+			}
+			r := w.start(nil)
+			huge := testRecord("orders", 0, 0, strings.Repeat("x", big))
+			huge.Headers = []record.Header{{Key: []byte("trace"), Value: []byte("t-1")}}
+			w.handle(huge, 10*time.Second)
+			next := testRecord("orders", 0, 1, "")
+			if policy == RefusedBlock {
+				wait.For(t, 20*time.Second, "partition 0 blocked", func() error {
+					if r.nblock.Load() == 0 {
+						return errors.New("not blocked")
+					}
+					return nil
+				})
+				var we *WaitError
+				if err := r.Handle(t.Context(), next); !errors.As(err, &we) || we.Reason != "blocked" {
+					t.Fatalf("Handle of the next record = %v, want it blocked", err)
+				}
+				if p := r.DeliveryProblem(time.Minute); !strings.Contains(p, "partition orders/0 of cluster A stopped at a record refused for good") {
+					t.Errorf("DeliveryProblem = %q", p)
+				}
+				if w.acks.has(huge) {
+					t.Error("the refused record was acknowledged under routing.refused: block")
+				}
+				w.unackedOnClose = true // the blocked record, consumed again by the next owner
+				return
+			}
+			w.handle(next, 10*time.Second)
+			wait.For(t, 20*time.Second, "the refused record and the next acknowledged", func() error {
+				if !w.acks.has(huge) || !w.acks.has(next) {
+					return fmt.Errorf("huge %v, next %v", w.acks.has(huge), w.acks.has(next))
+				}
+				return nil
+			})
+			ref := w.read("C", "dead", 1)[0]
+			if len(ref.Value) != refValueMax || string(ref.Value) != strings.Repeat("x", refValueMax) {
+				t.Errorf("reference value: %d bytes", len(ref.Value))
+			}
+			for k, want := range map[string]string{HeaderSize: strconv.Itoa(big), HeaderTruncated: "true", HeaderSource: "orders/0@0",
+				HeaderSourceCluster: "A", HeaderRule: "all", "trace": "t-1"} {
+				if got := header(ref, k); got != want {
+					t.Errorf("reference header %s = %q, want %q", k, got, want)
+				}
+			}
+			if e := header(ref, HeaderError); !strings.Contains(e, "MaxMessageBytes") {
+				t.Errorf("reference header %s = %q, want the producer's refusal", HeaderError, e)
+			}
+			if got := w.read("C", "c", 1); string(got[0].Value) != "orders/0@1" {
+				t.Errorf("channel c holds %q first, want orders/0@1", got[0].Value)
+			}
+			for reason, want := range map[string]float64{"reference": 1, "produce": 0, "dropped": 0} {
+				if got := metricValue(r.m.dead.WithLabelValues(reason)); got != want {
+					t.Errorf("dead_lettered{%s} = %v, want %v", reason, got, want)
+				}
+			}
+			if p := r.DeliveryProblem(time.Minute); p != "" {
+				t.Errorf("DeliveryProblem = %q after the reference", p)
+			}
+		})
+	}
+}
+
+// TestDeliveryProblemSaysWhereRecordsGo: the router tells readiness when
+// every record goes to the dead-letter channel, and when a channel takes
+// nothing while records wait for it, with the cause; and stops telling
+// once records flow again.
+func TestDeliveryProblemSaysWhereRecordsGo(t *testing.T) {
+	const after = time.Second
+	w := newWorld(t, map[string][]string{"C": {"c", "dead"}}, "A", "C")
+	w.cfg.Routing = Config{
+		// int(value) fails on every record whose value is not a number.
+		Rules:      []Rule{{Name: "numbers", Match: `int(value) >= 0`, Channels: []string{"c"}}},
+		Channels:   map[string]Channel{"c": {Cluster: "C", Topic: "c"}, "dead": {Cluster: "C", Topic: "dead"}},
+		DeadLetter: "dead",
+	}
+	r := w.start(nil)
+	numbers := false
+	var mu sync.Mutex
+	f := feed(r, 2, 5*time.Millisecond, func(p int32, off int64) string {
+		mu.Lock()
+		defer mu.Unlock()
+		if numbers {
+			return strconv.FormatInt(off, 10)
+		}
+		return fmt.Sprintf("orders/%d@%d", p, off)
+	})
+	defer f.stop()
+	wait.For(t, 20*time.Second, "the dead-letter run reported", func() error {
+		if p := r.DeliveryProblem(after); !strings.Contains(p, "went to the dead-letter channel, none to a channel") || !strings.Contains(p, "rule numbers") {
+			return fmt.Errorf("DeliveryProblem = %q", p)
+		}
+		return nil
+	})
+	mu.Lock()
+	numbers = true
+	mu.Unlock()
+	wait.For(t, 20*time.Second, "records reach c: no problem", func() error {
+		if p := r.DeliveryProblem(after); p != "" {
+			return fmt.Errorf("DeliveryProblem = %q", p)
+		}
+		return nil
+	})
+	w.kafkas["C"].Fail()
+	wait.For(t, 30*time.Second, "the stalled channel reported", func() error {
+		if p := r.DeliveryProblem(after); !strings.Contains(p, "channel c (C/c) has acknowledged no record for") {
+			return fmt.Errorf("DeliveryProblem = %q", p)
+		}
+		return nil
+	})
+	w.kafkas["C"].Recover()
+	wait.For(t, 30*time.Second, "no problem once c takes records again", func() error {
+		if p := r.DeliveryProblem(after); p != "" {
+			return fmt.Errorf("DeliveryProblem = %q", p)
+		}
+		return nil
+	})
+}

@@ -1,0 +1,311 @@
+package routing
+
+import (
+	"cmp"
+	"slices"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// A destination whose produces fail is recovered in the order of the
+// records' source partitions, so that a channel receives the records of
+// one source partition in source order through every outage:
+//
+//   - a produce that fails other than for good joins the destination's
+//     held produces, and the destination is failing: Handle makes every
+//     new record for it wait (the agent offers it again), so nothing
+//     newer is produced behind the held ones;
+//   - once nothing else of the destination is inside its producer, the
+//     loop sends the first held produce of each source partition (a
+//     probe round); when all of them are acknowledged it sends every
+//     held produce, sorted by source partition and offset (a flush
+//     round), through the one idempotent producer, which keeps the order
+//     of what it is given per partition;
+//   - a failure in a round ends it: the failed produces are held again
+//     and the next round, a probe, waits a backoff that doubles up to
+//     Options.RetryBackoffMax;
+//   - the destination works again, and new records flow, only when a
+//     flush round leaves nothing held.
+//
+// sarama's producer can still, at the instant a cluster comes back, fail
+// a produce while a later one of the same partition it already held gets
+// through (it returns a message whose leader it cannot find without
+// retrying it). The router cannot undo that write; it counts it
+// (kswitch_routing_reordered_total) and logs the partition.
+
+// recovery is the state of a failing destination, under Router.mu.
+type recovery struct {
+	held        []*outMsg // failed produces waiting to be sent again
+	round       roundKind
+	resending   int  // produces of the running round not yet settled
+	roundFailed bool // a produce of the running round failed
+	probed      bool // the last round was a probe that fully succeeded
+	attempt     int  // failed rounds in a row
+	due         time.Time
+	// drainSince is when a round first found produces of the destination
+	// still inside its producer.
+	drainSince time.Time
+}
+
+type roundKind int
+
+const (
+	roundNone  roundKind = iota
+	roundProbe           // the first held produce of each source partition
+	roundFlush           // every held produce, in source order
+)
+
+// drainWaitMax bounds how long a round waits for the produces still
+// inside the destination's producer to return before it starts anyway
+// (sarama's own request timeouts return them well before).
+const drainWaitMax = 30 * time.Second
+
+// hold adds a failed produce to its destination's held produces.
+func (r *Router) hold(om *outMsg) {
+	r.mu.Lock()
+	rc := &om.ds.rec
+	om.heldAt = time.Now()
+	rc.held = append(rc.held, om)
+	if om.resent {
+		om.resent = false
+		rc.resending--
+		rc.roundFailed = true
+	}
+	if r.recovering == nil {
+		r.recovering = map[*destState]bool{}
+	}
+	if !r.recovering[om.ds] {
+		r.recovering[om.ds] = true
+		rc.due = time.Now().Add(r.opts.RetryBackoff)
+	}
+	r.endRound(om.ds)
+	r.mu.Unlock()
+	r.kick()
+}
+
+// producedWhileRecovering settles the recovery's part of a produce the
+// destination acknowledged while it recovers.
+func (r *Router) producedWhileRecovering(om *outMsg) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rc := &om.ds.rec
+	if om.resent {
+		om.resent = false
+		rc.resending--
+	}
+	rec := om.d.rec
+	for _, h := range rc.held {
+		if hr := h.d.rec; h.overtaken || hr.Partition != rec.Partition || hr.Offset > rec.Offset || hr.Topic != rec.Topic || hr.Cluster != rec.Cluster {
+			continue
+		}
+		h.overtaken = true
+		r.m.reordered.Inc()
+		if !om.resent && om.sent.After(h.heldAt) {
+			// Handed to the producer after an earlier record of its
+			// partition was held: the router broke the order itself.
+			r.breaches.Add(1)
+			r.log.Error("a record was produced behind an earlier record of its partition that waits to be sent again",
+				zap.Stringer("destination", om.ds.dest), zap.String("source", sourceOf(rec)), zap.String("earlier", sourceOf(h.d.rec)))
+			continue
+		}
+		r.log.Warn("a record failed while a later record of its source partition, already inside the producer, reached the channel: it will reach the channel after it",
+			zap.Stringer("destination", om.ds.dest), zap.String("failed", sourceOf(h.d.rec)), zap.String("later", sourceOf(rec)), zap.Error(h.lastErr))
+	}
+	if !r.recovering[om.ds] {
+		// Failing because it stalled (sampleHealth), with nothing held:
+		// the acknowledgement shows it answers again.
+		r.recovered(om.ds)
+		return
+	}
+	r.endRound(om.ds)
+}
+
+// endRound closes the running round of ds once every produce of it is
+// settled. r.mu is held.
+func (r *Router) endRound(ds *destState) {
+	rc := &ds.rec
+	if rc.round == roundNone || rc.resending > 0 {
+		return
+	}
+	now := time.Now()
+	failed, kind := rc.roundFailed, rc.round
+	rc.round, rc.roundFailed = roundNone, false
+	switch {
+	case failed:
+		rc.attempt++
+		rc.due, rc.probed = now.Add(r.backoff(rc.attempt)), false
+	case len(rc.held) == 0:
+		r.recovered(ds)
+	case kind == roundProbe:
+		rc.due, rc.probed = now, true // the destination answers: the flush is next
+	default:
+		// A flush that failed nothing, while produces sent before the
+		// failure came back failed: probe again.
+		rc.due, rc.probed = now, false
+	}
+	r.kick()
+}
+
+// recovered ends the recovery of ds: its new records flow again. r.mu is
+// held.
+func (r *Router) recovered(ds *destState) {
+	delete(r.recovering, ds)
+	ds.rec = recovery{}
+	if f := ds.failing.Load(); f != nil && ds.failing.CompareAndSwap(f, nil) {
+		r.log.Info("destination recovered; its held records were sent again in order and new records flow",
+			zap.Stringer("destination", ds.dest), zap.Duration("failed_for", time.Since(f.since)))
+	}
+}
+
+// recoverDue starts the rounds that are due, and returns how long until
+// the next one may be.
+func (r *Router) recoverDue(now time.Time) time.Duration {
+	wait := time.Hour
+	var sends []*outMsg
+	r.mu.Lock()
+	for ds := range r.recovering {
+		rc := &ds.rec
+		if rc.round != roundNone {
+			continue
+		}
+		if len(rc.held) == 0 { // its held produces were released
+			r.recovered(ds)
+			continue
+		}
+		if now.Before(rc.due) {
+			wait = min(wait, rc.due.Sub(now))
+			continue
+		}
+		if inside := ds.inFlight.Load() - int64(len(rc.held)); inside > 0 {
+			// Produces sent before the failure are still inside the
+			// producer: they return (acknowledged or failed, then held)
+			// before anything is sent again behind them.
+			if rc.drainSince.IsZero() {
+				rc.drainSince = now
+			}
+			if now.Sub(rc.drainSince) < drainWaitMax {
+				wait = min(wait, 10*time.Millisecond)
+				continue
+			}
+			r.log.Warn("produces of a recovering destination have not returned; sending the held ones again anyway",
+				zap.Stringer("destination", ds.dest), zap.Int64("inside", inside), zap.Duration("waited", now.Sub(rc.drainSince)))
+		}
+		rc.drainSince = time.Time{}
+		slices.SortStableFunc(rc.held, bySourceOrder)
+		var batch []*outMsg
+		if rc.probed {
+			batch, rc.held, rc.round = rc.held, nil, roundFlush
+		} else {
+			batch, rc.held = heads(rc.held)
+			rc.round = roundProbe
+		}
+		if len(batch) == 0 {
+			rc.round = roundNone
+			r.recovered(ds)
+			continue
+		}
+		rc.resending = len(batch)
+		for _, om := range batch {
+			om.resent = true
+		}
+		sends = append(sends, batch...)
+	}
+	r.mu.Unlock()
+	for _, om := range sends {
+		r.sendAgain(om)
+	}
+	if len(sends) > 0 {
+		return 0
+	}
+	return wait
+}
+
+// sendAgain sends a held produce of a recovery round.
+func (r *Router) sendAgain(om *outMsg) {
+	ctx := r.loopCtx
+	if om.pr.retired.Load() {
+		// The cluster's definition changed (SetClusters): send it again
+		// through a producer with the new one.
+		pr, err := r.pool.acquire(ctx, om.pr.key, 1, r.opts.OpenWait)
+		if err != nil {
+			om.failures++
+			om.lastErr = err
+			r.hold(om)
+			return
+		}
+		r.pool.release(om.pr, 1)
+		om.pr = pr
+	}
+	if err := om.pr.send(ctx, ctx.Done(), om.msg); err != nil {
+		r.mu.Lock()
+		om.resent = false
+		om.ds.rec.resending--
+		r.endRound(om.ds)
+		r.mu.Unlock()
+		r.settle(om)
+	}
+}
+
+// dropHeld forgets the held produces of the partitions released by
+// owner: they are not acknowledged, and the partitions' next owners
+// consume them again.
+func (r *Router) dropHeld(match func(*outMsg) bool) {
+	var drop []*outMsg
+	r.mu.Lock()
+	for ds := range r.recovering {
+		rc := &ds.rec
+		rc.held = slices.DeleteFunc(rc.held, func(om *outMsg) bool {
+			if match(om) {
+				drop = append(drop, om)
+				return true
+			}
+			return false
+		})
+	}
+	r.mu.Unlock()
+	for _, om := range drop {
+		r.settle(om)
+	}
+	if len(drop) > 0 {
+		r.kick()
+	}
+}
+
+// settleHeld forgets every held produce (the router is closing).
+func (r *Router) settleHeld() {
+	r.dropHeld(func(*outMsg) bool { return true })
+}
+
+// bySourceOrder orders produces by source partition and offset.
+func bySourceOrder(a, b *outMsg) int {
+	ra, rb := a.d.rec, b.d.rec
+	return cmp.Or(cmp.Compare(ra.Cluster, rb.Cluster), cmp.Compare(ra.Topic, rb.Topic),
+		cmp.Compare(ra.Partition, rb.Partition), cmp.Compare(ra.Offset, rb.Offset))
+}
+
+// heads splits sorted held produces into the first of each source
+// partition and the rest.
+func heads(held []*outMsg) (first, rest []*outMsg) {
+	for i, om := range held {
+		if i == 0 || !sameSource(held[i-1], om) {
+			first = append(first, om)
+		} else {
+			rest = append(rest, om)
+		}
+	}
+	return first, rest
+}
+
+func sameSource(a, b *outMsg) bool {
+	ra, rb := a.d.rec, b.d.rec
+	return ra.Cluster == rb.Cluster && ra.Topic == rb.Topic && ra.Partition == rb.Partition
+}
+
+// kick wakes the loop.
+func (r *Router) kick() {
+	select {
+	case r.retryKick <- struct{}{}:
+	default:
+	}
+}
