@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -199,4 +200,56 @@ func TestAbortAndStopBeforeStartEndEverything(t *testing.T) {
 	if err := idle.Stop(t.Context()); err != nil {
 		t.Fatalf("Stop before Start: %v", err)
 	}
+}
+
+// TestReadinessSaysWhenRecordsReachNoChannel: while the channel's cluster
+// swallows every request (a hung C), the agent answers /readyz 503 with
+// the channel and the cause once no record has been acknowledged for
+// StuckAfter, and 200 again once C answers and every record is there.
+// Before, it answered 200 throughout while the channel took nothing.
+func TestReadinessSaysWhenRecordsReachNoChannel(t *testing.T) {
+	w := newWorld(t)
+	m, err := New(w.cfg, agent.Options{Logger: zaptest.NewLogger(t), StuckAfter: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = m.Stop(ctx)
+	})
+	w.produce(t, 50)
+	w.waitDelivered(t, 50)
+	wait.For(t, 10*time.Second, "ready", func() error {
+		if ok, why := m.Agent().Ready(); !ok {
+			return fmt.Errorf("not ready: %s", why)
+		}
+		return nil
+	})
+
+	w.c.Hang()
+	w.produce(t, 50)
+	wait.For(t, 30*time.Second, "/readyz naming the channel that takes nothing", func() error {
+		ok, why := m.Agent().Ready()
+		if ok || !strings.Contains(why, "records do not reach their channels") || !strings.Contains(why, "channel out (C/delivered) has acknowledged no record for") {
+			return fmt.Errorf("ready %v: %q", ok, why)
+		}
+		return nil
+	})
+	w.c.Recover()
+	wait.For(t, 60*time.Second, "every record on C", func() error {
+		if got := w.delivered(t); got < 100 {
+			return fmt.Errorf("%d of 100 records on C", got)
+		}
+		return nil
+	})
+	wait.For(t, 10*time.Second, "ready again", func() error {
+		if ok, why := m.Agent().Ready(); !ok {
+			return fmt.Errorf("not ready: %s", why)
+		}
+		return nil
+	})
 }
