@@ -315,6 +315,9 @@ func TestDeliveryProblemSaysWhereRecordsGo(t *testing.T) {
 		}
 		return nil
 	})
+	if v := gathered(t, w, "kswitch_routing_dead_letter_run_seconds", ""); v < 1 {
+		t.Errorf("kswitch_routing_dead_letter_run_seconds = %v during the run", v)
+	}
 	mu.Lock()
 	numbers = true
 	mu.Unlock()
@@ -331,6 +334,9 @@ func TestDeliveryProblemSaysWhereRecordsGo(t *testing.T) {
 		}
 		return nil
 	})
+	if v := gathered(t, w, "kswitch_routing_channel_stalled_seconds", "c"); v < 1 {
+		t.Errorf("kswitch_routing_channel_stalled_seconds{channel=c} = %v while c took nothing", v)
+	}
 	w.kafkas["C"].Recover()
 	wait.For(t, 30*time.Second, "no problem once c takes records again", func() error {
 		if p := r.DeliveryProblem(after); p != "" {
@@ -338,4 +344,30 @@ func TestDeliveryProblemSaysWhereRecordsGo(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// gathered returns the value of gauge name (of channel, when set) in w's
+// registry, or -1.
+func gathered(t *testing.T, w *world, name, channel string) float64 {
+	t.Helper()
+	mfs, err := w.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if channel == "" {
+				return m.GetGauge().GetValue()
+			}
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "channel" && l.GetValue() == channel {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return -1
 }

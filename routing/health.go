@@ -43,6 +43,21 @@ func (h *deliveryHealth) deadLetterCause(err error) {
 	h.lastDeadErr.Store(&s)
 }
 
+// deadRunFor returns for how long every record handled has gone to the
+// dead-letter channel (0: one reached a channel since the last dead
+// letter, there was none, or none for a minute).
+func (h *deliveryHealth) deadRunFor(now time.Time) time.Duration {
+	since := h.deadSince.Load()
+	if since == 0 || now.Sub(time.Unix(0, h.lastDead.Load())) > deadRunQuiet {
+		return 0
+	}
+	return now.Sub(time.Unix(0, since))
+}
+
+// deadRunQuiet is how long after the last dead letter a run of them is
+// over, when no record has reached a channel since either.
+const deadRunQuiet = time.Minute
+
 // destHealth is what the router's loop samples of one destination every
 // second, under Router.mu.
 type destHealth struct {
@@ -107,13 +122,13 @@ func (r *Router) DeliveryProblem(after time.Duration) string {
 	}
 	r.mu.Unlock()
 	h := &r.health
-	if since := h.deadSince.Load(); since != 0 && now.Sub(time.Unix(0, since)) > after && now.Sub(time.Unix(0, h.lastDead.Load())) <= after {
+	if d := h.deadRunFor(now); d > after && now.Sub(time.Unix(0, h.lastDead.Load())) <= after {
 		cause := "?"
 		if e := h.lastDeadErr.Load(); e != nil {
 			cause = *e
 		}
 		out = append(out, fmt.Sprintf("every record handled for %s went to the dead-letter channel, none to a channel (%d records; the last because %s)",
-			now.Sub(time.Unix(0, since)).Round(time.Second), h.deadRun.Load(), cause))
+			d.Round(time.Second), h.deadRun.Load(), cause))
 	}
 	slices.Sort(out)
 	return strings.Join(out, "; ")

@@ -2,6 +2,7 @@ package routing
 
 import (
 	"errors"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -21,6 +22,8 @@ type metrics struct {
 	dead          *prometheus.CounterVec // reason
 	latency       *prometheus.HistogramVec
 	inFlight      *prometheus.Desc       // channel; collected by inFlightCollector
+	stalled       *prometheus.Desc       // channel; collected by inFlightCollector
+	deadRun       *prometheus.Desc       // collected by inFlightCollector
 	failures      *prometheus.CounterVec // channel
 	waits         *prometheus.CounterVec // reason
 	producers     prometheus.Gauge
@@ -74,6 +77,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"channel"}),
 		inFlight: prometheus.NewDesc("kswitch_routing_in_flight",
 			"Records handed to a channel's producer and not yet acknowledged, by channel.", []string{"channel"}, nil),
+		stalled: prometheus.NewDesc("kswitch_routing_channel_stalled_seconds",
+			"Seconds for which records have waited for a channel that acknowledged none of them (0 while it moves or nothing waits), by channel; sampled every second. Readiness turns 503 past the agent's stuck limit.", []string{"channel"}, nil),
+		deadRun: prometheus.NewDesc("kswitch_routing_dead_letter_run_seconds",
+			"Seconds for which every record this agent handled went to the dead-letter channel and none to a channel (0 once one reaches a channel).", nil, nil),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kswitch_routing_produce_failures_total",
 			Help: "Produces that failed past the producer's own retries (each is sent again, or dead-lettered), by channel.",
@@ -114,16 +121,29 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 // gauge.
 type inFlightCollector struct{ r *Router }
 
-func (c inFlightCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.r.m.inFlight }
+func (c inFlightCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.r.m.inFlight
+	ch <- c.r.m.stalled
+	ch <- c.r.m.deadRun
+}
 
 func (c inFlightCollector) Collect(ch chan<- prometheus.Metric) {
+	now := time.Now()
 	byChannel := map[string]int64{}
+	stalled := map[string]float64{}
 	c.r.mu.Lock()
 	for d, ds := range c.r.dests {
 		byChannel[d.channel] += ds.inFlight.Load()
+		if s := ds.health.stalledSince; !s.IsZero() {
+			stalled[d.channel] = max(stalled[d.channel], now.Sub(s).Seconds())
+		} else if _, ok := stalled[d.channel]; !ok {
+			stalled[d.channel] = 0
+		}
 	}
 	c.r.mu.Unlock()
 	for name, n := range byChannel {
 		ch <- prometheus.MustNewConstMetric(c.r.m.inFlight, prometheus.GaugeValue, float64(n), name)
+		ch <- prometheus.MustNewConstMetric(c.r.m.stalled, prometheus.GaugeValue, stalled[name], name)
 	}
+	ch <- prometheus.MustNewConstMetric(c.r.m.deadRun, prometheus.GaugeValue, c.r.health.deadRunFor(now).Seconds())
 }
