@@ -48,6 +48,9 @@ const (
 	bigPartition = 1
 	// bigKey is the oversized record's key.
 	bigKey = "oversized"
+	// burstRecords ordinary records are written just before the
+	// oversized one into its partition, and as many just after.
+	burstRecords = 1000
 	// recreatedPartitions is the partition count of orders re-created
 	// (it had ordersPartitions).
 	recreatedPartitions = 6
@@ -62,8 +65,9 @@ const (
 // TestOversizedRecordOnRealKafka (issue 33, break 2): the channel topic
 // and the dead-letter topic on B take at most 100 000 bytes
 // (max.message.bytes); kcat writes ordinary records to A and, in the
-// middle of partition 1, one record of 300 000 bytes, which A accepts and
-// B's broker refuses on both topics. Read back with kcat: every ordinary
+// middle of partition 1, amid a burst of 2 000 ordinary records, one
+// record of 300 000 bytes, which A accepts and B's broker refuses on both
+// topics. Read back with kcat: every ordinary
 // record is on the channel in source order per partition; the dead-letter
 // topic holds one record, a reference to the big one (kswitch-size,
 // kswitch-truncated, kswitch-source, kswitch-source-cluster, kswitch-error,
@@ -90,15 +94,24 @@ func TestOversizedRecordOnRealKafka(t *testing.T) {
 	prod := startProducer(t, st.a.addr, "orders", produceRate)
 	st.moving(t, "the fleet consumes every partition of A", time.Minute)
 
+	// The big record comes in a burst of ordinary ones in its partition,
+	// as it would at any real rate: the agent consumes them in one fetch
+	// and its producer batches them with it.
 	big := randomText(t, bigValueBytes)
-	file := filepath.Join(t.TempDir(), "big")
-	if err := os.WriteFile(file, []byte(big), 0o644); err != nil {
+	var burst strings.Builder
+	for i := range 2 * burstRecords {
+		if i == burstRecords {
+			fmt.Fprintf(&burst, "%s\t%s\n", bigKey, big)
+		}
+		fmt.Fprintf(&burst, "k-burst-%07d\tr-burst-%07d\n", i, i)
+	}
+	file := filepath.Join(t.TempDir(), "burst")
+	if err := os.WriteFile(file, []byte(burst.String()), 0o644); err != nil {
 		fatal(t, err)
 	}
 	written := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	// One file is one record.
-	_, err := kcat(ctx, "-P", "-b", st.a.addr, "-t", "orders", "-p", strconv.Itoa(bigPartition), "-k", bigKey, file)
+	_, err := kcat(ctx, "-P", "-b", st.a.addr, "-t", "orders", "-p", strconv.Itoa(bigPartition), "-K", "\t", "-l", file)
 	cancel()
 	if err != nil {
 		fatal(t, err)
@@ -173,38 +186,45 @@ func TestOversizedRecordOnRealKafka(t *testing.T) {
 	if err != nil {
 		fatal(t, err)
 	}
+	source1 := fmt.Sprintf("orders/%d@%d", bigPartition, bigAt)
 	if len(dead) != 1 {
-		errorf(t, "the dead-letter topic holds %d records, want 1 (the reference to orders/%d@%d): %s", len(dead), bigPartition, bigAt, describeEnvelopes(dead))
+		errorf(t, "the dead-letter topic holds %d records, want 1 (the reference to %s): %s", len(dead), source1, describeEnvelopes(dead))
 	}
-	for _, e := range dead {
+	i := slices.IndexFunc(dead, func(e envelope) bool { return e.headers()["kswitch-source"] == source1 })
+	if i < 0 {
+		errorf(t, "no reference to %s on the dead-letter topic", source1)
+	} else {
+		e := dead[i]
 		h := e.headers()
 		t.Logf("dead letter bounded-dead/%d@%d: key %q, value %d bytes, headers %q", e.Partition, e.Offset, e.key(), len(e.value()), h)
 		want := map[string]string{
 			"kswitch-size":           strconv.Itoa(len(big)),
 			"kswitch-truncated":      "true",
-			"kswitch-source":         fmt.Sprintf("orders/%d@%d", bigPartition, bigAt),
 			"kswitch-source-cluster": "A",
 		}
 		for _, k := range sortedKeys(want) {
 			if h[k] != want[k] {
-				errorf(t, "dead letter @%d: header %s is %q, want %q", e.Offset, k, h[k], want[k])
+				errorf(t, "the reference: header %s is %q, want %q", k, h[k], want[k])
 			}
 		}
 		switch reason := h["kswitch-error"]; {
 		case reason == "":
-			errorf(t, "dead letter @%d has no kswitch-error", e.Offset)
+			errorf(t, "the reference has no kswitch-error")
 		case strings.Contains(reason, "MaxMessageBytes") || !strings.Contains(reason, "kafka server:"):
 			// sarama's errors from a broker's answer say "kafka server:".
-			errorf(t, "dead letter @%d: kswitch-error %q is not B's broker refusing the record: the sizes miss the real case", e.Offset, reason)
+			errorf(t, "the reference's kswitch-error %q is not B's broker refusing the record: the sizes miss the real case", reason)
 		}
 		if v := e.value(); len(v) > referenceValueMax || !strings.HasPrefix(big, v) {
-			errorf(t, "dead letter @%d: a value of %d bytes (at most %d, the start of the big one: %v)", e.Offset, len(v), referenceValueMax, strings.HasPrefix(big, v))
+			errorf(t, "the reference's value: %d bytes (at most %d), the start of the big one: %v", len(v), referenceValueMax, strings.HasPrefix(big, v))
 		}
-		rep.Details = append(rep.Details, fmt.Sprintf("dead letter: a reference to orders/%d@%d, value %d of %d bytes, kswitch-error %q",
-			bigPartition, bigAt, len(e.value()), len(big), h["kswitch-error"]))
+		rep.Details = append(rep.Details, fmt.Sprintf("dead letter: a reference to %s, value %d of %d bytes, kswitch-error %q",
+			source1, len(e.value()), len(big), h["kswitch-error"]))
 	}
-	if n, seen, err := counterSum(agents, `kswitch_routing_dead_lettered_total{reason="reference"}`); err == nil {
-		t.Logf("kswitch_routing_dead_lettered_total{reason=\"reference\"} over the agents: %v (shown by any: %v)", n, seen)
+	for _, reason := range []string{"produce", "reference", "dropped"} {
+		series := fmt.Sprintf("kswitch_routing_dead_lettered_total{reason=%q}", reason)
+		if n, _, err := counterSum(agents, series); err == nil {
+			t.Logf("%s over the agents: %v", series, n)
+		}
 	}
 	timed("scenario", time.Since(st.began))
 }
