@@ -21,13 +21,22 @@ import (
 // sarama applies per producer rather than per message.
 type producerKey struct {
 	cluster, compression, acks string
+	// single is set on the producer that sends one record a request:
+	// what a destination refused as too large in a batch is sent again
+	// alone (recovery.go), so that only the record that is too large is
+	// judged so.
+	single bool
 }
 
 func (k producerKey) String() string {
-	if k.compression == "none" && k.acks == "all" {
-		return k.cluster
+	s := k.cluster
+	if k.compression != "none" || k.acks != "all" {
+		s = fmt.Sprintf("%s (compression %s, acks %s)", k.cluster, k.compression, k.acks)
 	}
-	return fmt.Sprintf("%s (compression %s, acks %s)", k.cluster, k.compression, k.acks)
+	if k.single {
+		s += " (one record a request)"
+	}
+	return s
 }
 
 // errClosed is returned once the router is closing.
@@ -291,6 +300,9 @@ func (p *pool) newProducer(k producerKey) (sarama.AsyncProducer, sarama.Client, 
 	sc, err := ProducerConfig(cl, k.compression, k.acks)
 	if err != nil {
 		return nil, nil, err
+	}
+	if k.single {
+		sc.Producer.Flush.MaxMessages = 1
 	}
 	client, err := sarama.NewClient(cl.Brokers, sc)
 	if err != nil {

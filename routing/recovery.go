@@ -46,6 +46,10 @@ type recovery struct {
 	// drainSince is when a round first found produces of the destination
 	// still inside its producer.
 	drainSince time.Time
+	// single: a held produce was refused as too large in a batch, so the
+	// rounds send one record a request, every held produce alike, so
+	// that they keep their order.
+	single bool
 }
 
 type roundKind int
@@ -67,6 +71,7 @@ func (r *Router) hold(om *outMsg) {
 	rc := &om.ds.rec
 	om.heldAt = time.Now()
 	rc.held = append(rc.held, om)
+	rc.single = rc.single || om.single
 	if om.resent {
 		om.resent = false
 		rc.resending--
@@ -208,6 +213,7 @@ func (r *Router) recoverDue(now time.Time) time.Duration {
 		rc.resending = len(batch)
 		for _, om := range batch {
 			om.resent = true
+			om.single = om.single || rc.single
 		}
 		sends = append(sends, batch...)
 	}
@@ -224,10 +230,11 @@ func (r *Router) recoverDue(now time.Time) time.Duration {
 // sendAgain sends a held produce of a recovery round.
 func (r *Router) sendAgain(om *outMsg) {
 	ctx := r.loopCtx
-	if om.pr.retired.Load() {
-		// The cluster's definition changed (SetClusters): send it again
-		// through a producer with the new one.
-		pr, err := r.pool.acquire(ctx, om.pr.key, 1, r.opts.OpenWait)
+	if key := om.pr.key; om.pr.retired.Load() || key.single != om.single {
+		// The cluster's definition changed (SetClusters), or the record
+		// goes alone: send it again through the producer it needs.
+		key.single = om.single
+		pr, err := r.pool.acquire(ctx, key, 1, r.opts.OpenWait)
 		if err != nil {
 			om.failures++
 			om.lastErr = err

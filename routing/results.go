@@ -31,6 +31,12 @@ func permanent(err error) bool {
 	return false
 }
 
+// tooLargeInBatch reports whether a broker refused a produce as too large:
+// it refuses the batch, so the error may be another record's.
+func tooLargeInBatch(err error) bool {
+	return errors.Is(err, sarama.ErrMessageSizeTooLarge) || errors.Is(err, sarama.ErrMessageSetSizeTooLarge)
+}
+
 // onResult settles one produce outcome. It runs on the producer's results
 // goroutine and does not block: a failure is queued for the loop.
 func (r *Router) onResult(pr *producer, msg *sarama.ProducerMessage, err error) {
@@ -82,7 +88,12 @@ func (r *Router) failed(om *outMsg, err error) {
 		r.log.Debug("produce failed", zap.Stringer("destination", om.ds.dest), zap.String("source", sourceOf(om.d.rec)),
 			zap.Int("failures", om.failures), zap.Error(err))
 	}
-	if permanent(err) {
+	if tooLargeInBatch(err) && !om.single {
+		// The broker refuses a whole batch that is too large, every
+		// record of it with the same error: send each again alone, in
+		// order, and judge only the one that is refused so.
+		om.single = true
+	} else if permanent(err) {
 		r.leaveRound(om)
 		r.refusedForGood(om, err)
 		return

@@ -165,6 +165,9 @@ type outMsg struct {
 	due          time.Time
 	resent       bool // sent again by a recovery round, not yet settled (under Router.mu)
 	heldAt       time.Time
+	// single is set once the destination refused the produce as too large
+	// in a batch: it is sent again alone before it is judged.
+	single bool
 	overtaken    bool // a later record of its partition reached the channel first (under Router.mu)
 	// deadReason is the reason a dead-letter produce is counted under
 	// once the dead-letter channel acknowledges it; reference is set on

@@ -174,7 +174,7 @@ func Compile(spec Config, clusters map[string]config.Cluster) (*Version, error) 
 		ch.Compression = cmp.Or(ch.Compression, "none")
 		ch.Acks = cmp.Or(ch.Acks, "all")
 		spec.Channels[name] = ch
-		c := &channel{Channel: ch, dest: dest{name, ch.Cluster, ch.Topic}, pkey: producerKey{ch.Cluster, ch.Compression, ch.Acks}}
+		c := &channel{Channel: ch, dest: dest{name, ch.Cluster, ch.Topic}, pkey: producerKey{cluster: ch.Cluster, compression: ch.Compression, acks: ch.Acks}}
 		if ch.Key != config.KeepKey {
 			p, err := compileExpr(ch.Key)
 			if err == nil {
