@@ -167,8 +167,8 @@ type outMsg struct {
 	heldAt       time.Time
 	// single is set once the destination refused the produce as too large
 	// in a batch: it is sent again alone before it is judged.
-	single bool
-	overtaken    bool // a later record of its partition reached the channel first (under Router.mu)
+	single    bool
+	overtaken bool // a later record of its partition reached the channel first (under Router.mu)
 	// deadReason is the reason a dead-letter produce is counted under
 	// once the dead-letter channel acknowledges it; reference is set on
 	// the reference that stands for a record the dead-letter channel
