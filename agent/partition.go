@@ -23,8 +23,9 @@ type partitionRun struct {
 	logical    string // the topic's logical name
 	origin     string // the cluster whose producers write the topic
 	// topicID is the id of the topic as it was when the partition
-	// started ("" unknown), committed with each position: a position of
-	// another id is of a topic deleted since (lifecycle.go).
+	// started ("" unknown), committed with each position and carried by
+	// each record: a position of another id is of a topic deleted since
+	// (lifecycle.go), and so is a sink's (routing's exactly_once done).
 	topicID string
 	// cause is why sarama's partition consumer ended on its own (offset
 	// out of range, retries exhausted); set by the loop before done is
@@ -242,7 +243,7 @@ const burst = 256
 // open; false means ctx ended.
 func (w *worker) deliver(ctx context.Context, log *zap.Logger, r *partitionRun, msg *sarama.ConsumerMessage) bool {
 	d := &delivery{rec: record.Record{
-		Cluster: r.cluster, Topic: msg.Topic, SourceTopic: r.logical, Origin: r.origin, Partition: msg.Partition, Offset: msg.Offset,
+		Cluster: r.cluster, Topic: msg.Topic, SourceTopic: r.logical, Origin: r.origin, TopicID: r.topicID, Partition: msg.Partition, Offset: msg.Offset,
 		Key: msg.Key, Value: msg.Value, Timestamp: msg.Timestamp, Generation: r.generation, Session: int64(w.lease),
 	}}
 	if len(msg.Headers) > 0 {

@@ -27,7 +27,12 @@ type Record struct {
 	// Origin is the cluster whose producers wrote the record: Cluster
 	// for its local topics, the other cluster for a MirrorMaker 2 copy
 	// (A for A.orders on B, B for B.orders on A).
-	Origin    string
+	Origin string
+	// TopicID is the id Kafka gave Topic ("" unknown: a runtime that does
+	// not say, or a cluster before Kafka 2.8). A topic deleted and created
+	// again under the same name gets a new id and offsets from 0 again:
+	// an offset says which record it is only together with the id.
+	TopicID   string
 	Partition int32
 	Offset    int64
 	Key       []byte

@@ -90,15 +90,57 @@ type TxnPosition struct {
 	// unmirrored tail), which are skipped. The stream has one copy per
 	// source cluster, so the map stays small.
 	Done map[string]int64 `json:"done"`
+	// IDs maps each copy in Done to the id of the topic its offset is of
+	// (record.Record.TopicID; absent when unknown, and in positions
+	// written before kswitch knew ids). A topic deleted and created again
+	// under the same name has a new id and offsets from 0 again: an
+	// offset of another id than the record's covers nothing.
+	IDs map[string]string `json:"ids,omitempty"`
 }
 
 func physical(cluster, topic string, partition int32) string {
 	return cluster + "/" + topic + "/" + strconv.Itoa(int(partition))
 }
 
-// covers reports whether rec was delivered by an earlier transaction.
+// covers reports whether rec was delivered by an earlier transaction: its
+// copy's done offset is past it, and of the same topic (an unknown id on
+// either side is taken for the same: the offsets alone decide, as before
+// ids).
 func (p *TxnPosition) covers(rec *record.Record) bool {
-	return p != nil && rec.Offset < p.Done[physical(rec.Cluster, rec.Topic, rec.Partition)]
+	if p == nil {
+		return false
+	}
+	at := physical(rec.Cluster, rec.Topic, rec.Partition)
+	if id := p.IDs[at]; id != "" && rec.TopicID != "" && id != rec.TopicID {
+		return false
+	}
+	return rec.Offset < p.Done[at]
+}
+
+// carried returns copies of p's Done and IDs, for the next transaction's
+// position to start from (empty maps when p is nil).
+func (p *TxnPosition) carried() (map[string]int64, map[string]string) {
+	done, ids := map[string]int64{}, map[string]string{}
+	if p != nil {
+		maps.Copy(done, p.Done)
+		maps.Copy(ids, p.IDs)
+	}
+	return done, ids
+}
+
+// markDone moves rec's copy in done and ids past rec. A record of another
+// topic id than the copy's offset was of (the topic was created again)
+// starts the copy's offset again from it: the old topic's offset says
+// nothing of the new one's records.
+func markDone(done map[string]int64, ids map[string]string, rec *record.Record) {
+	at := physical(rec.Cluster, rec.Topic, rec.Partition)
+	if rec.TopicID != "" && ids[at] != rec.TopicID {
+		if ids[at] != "" {
+			delete(done, at)
+		}
+		ids[at] = rec.TopicID
+	}
+	done[at] = max(done[at], rec.Offset+1)
 }
 
 // txnProducer is the transactional producer of one stream on one cluster
@@ -675,18 +717,14 @@ func (t *txnProducer) put(ctx context.Context, om *outMsg) error {
 	}
 	t.msgs = append(t.msgs, om)
 	t.idle = 0
-	done := t.pos.Done
+	done, ids := t.pos.Done, t.pos.IDs
 	if done == nil {
-		done = map[string]int64{}
-		if t.committed != nil {
-			maps.Copy(done, t.committed.Done)
-		}
+		done, ids = t.committed.carried()
 	}
-	at := physical(rec.Cluster, rec.Topic, rec.Partition)
-	done[at] = max(done[at], rec.Offset+1)
+	markDone(done, ids, rec)
 	t.pos = TxnPosition{Cluster: rec.Cluster, Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset + 1,
 		Fingerprint: offsets.FingerprintOf(rec.Key, rec.Value, rec.Timestamp), TimestampMs: rec.Timestamp.UnixMilli(),
-		Generation: rec.Generation, Session: rec.Session, Done: done}
+		Generation: rec.Generation, Session: rec.Session, Done: done, IDs: ids}
 	return nil
 }
 
@@ -779,7 +817,7 @@ func (t *txnProducer) reopen() bool {
 	t.p, t.committed, t.broken, t.inTxn = p, committed, nil, false
 	t.shut = sync.Once{}
 	msgs := t.msgs
-	t.msgs, t.pos.Done = nil, nil
+	t.msgs, t.pos.Done, t.pos.IDs = nil, nil, nil
 	skipped := 0
 	for i, om := range msgs {
 		if committed.covers(om.d.rec) {
@@ -856,7 +894,7 @@ func (t *txnProducer) commit() (closeIt bool) {
 		t.inTxn = false
 		pos := t.pos
 		t.committed = &pos
-		t.pos.Done = nil // the next transaction's starts from a copy of pos's
+		t.pos.Done, t.pos.IDs = nil, nil // the next transaction's start from copies of pos's
 		msgs := t.msgs
 		t.msgs = nil
 		for _, om := range msgs {
