@@ -118,6 +118,11 @@ type hooks struct {
 	// httpIdleTimeout and httpMaxConns.
 	HTTPIdleTimeout time.Duration
 	HTTPMaxConns    int
+	// RestartFails, when set, is asked before a partition whose consumer
+	// ended (or whose topic was created again) starts again: an error
+	// fails that start as a failed ListOffsets would, so the partition
+	// stays dead and its start is tried again at the next commit tick.
+	RestartFails func(cluster string, tp coordinator.TopicPartition) error
 }
 
 // Agent is one member of a fleet. Its exported methods are safe for
@@ -836,6 +841,7 @@ func (a *Agent) newWorker(s *concurrency.Session) *worker {
 		sessionAlive:   func() bool { return s.Ctx().Err() == nil },
 		owned:          &a.owned,
 		dialer:         a.opts.hooks.KafkaDialer,
+		restartFails:   a.opts.hooks.RestartFails,
 		naming:         coordinator.NewNaming(cfg),
 		signals:        a.signals,
 		signalsApplied: &a.signalsApplied,

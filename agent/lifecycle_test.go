@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -217,4 +219,70 @@ func TestNewPartitionsAreConsumedWithinThreeSeconds(t *testing.T) {
 			t.Errorf("%s: records handled %v after, over the %v bound", step.what, took.Round(time.Millisecond), bound)
 		}
 	}
+}
+
+// A partition whose consumer ended and whose start fails (the hook holds
+// it dead) makes /readyz 503 naming it and why, for as long as it does
+// not run; once it starts, /readyz is 200 again and the new topic's
+// records are handled.
+func TestReadyNamesAPartitionWhileItsConsumerIsDead(t *testing.T) {
+	e := testenv.StartEtcdT(t)
+	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 2}})
+	l := newLedger()
+	var failing atomic.Bool
+	var refused atomic.Int64
+	failing.Store(true)
+	hooks := agent.Hooks{RestartFails: func(cluster string, tp coordinator.TopicPartition) error {
+		if !failing.Load() {
+			return nil
+		}
+		refused.Add(1)
+		return fmt.Errorf("test: %s %s held dead", cluster, tp)
+	}}
+	a := startFleetAgent(t, consumeConfig(e, k, "agent-1"), agent.WithHooks(agent.Options{Handler: l.handler("agent-1")}, hooks))
+	waitBalanced(t, 2, a)
+	produceTagged(t, k, "orders", "old-", 0, 200)
+	handledTagged(t, l, 20*time.Second, "old-", 200)
+	waitAllCommittedAt(t, e, 2, 200)
+	wait.For(t, 10*time.Second, "ready", func() error {
+		if code, body, err := readyz(a); err != nil || code != 200 {
+			return fmt.Errorf("%d %s %v", code, body, err)
+		}
+		return nil
+	})
+
+	// Positions past the new topic's end: both consumers end.
+	recreate(t, k, "orders", 2)
+	var why string
+	wait.For(t, 10*time.Second, "/readyz naming both dead partitions", func() error {
+		code, body, err := readyz(a)
+		if err != nil || code == 200 || !strings.Contains(body, "partition consumers ended and do not run again yet") ||
+			!strings.Contains(body, "A:orders/0") || !strings.Contains(body, "A:orders/1") {
+			return fmt.Errorf("%d %q %v", code, body, err)
+		}
+		why = body
+		return nil
+	})
+	t.Logf("/readyz: %s", why)
+	// It stays so while the starts fail, not just for a tick.
+	seen := refused.Load()
+	wait.For(t, 10*time.Second, "starts refused again", func() error {
+		if n := refused.Load(); n < seen+2 {
+			return fmt.Errorf("%d starts refused, %d when first unready", n, seen)
+		}
+		return nil
+	})
+	if code, body, err := readyz(a); err != nil || code == 200 || !strings.Contains(body, "A:orders/0") {
+		t.Fatalf("/readyz while both partitions are still dead: %d %q %v", code, body, err)
+	}
+
+	failing.Store(false)
+	produceTagged(t, k, "orders", "new-", 0, 100)
+	handledTagged(t, l, 20*time.Second, "new-", 100)
+	wait.For(t, 10*time.Second, "ready again", func() error {
+		if code, body, err := readyz(a); err != nil || code != 200 {
+			return fmt.Errorf("%d %s %v", code, body, err)
+		}
+		return nil
+	})
 }

@@ -159,6 +159,8 @@ type worker struct {
 	signalsApplied *atomic.Int64
 	// dialer, when set, opens this agent's connections to a cluster.
 	dialer func(cluster string) kafka.Dialer
+	// restartFails is hooks.RestartFails.
+	restartFails func(cluster string, tp coordinator.TopicPartition) error
 	// mirrorq hands committed positions to the goroutine that mirrors
 	// them to the Kafka groups, so a slow or dead cluster never delays a
 	// commit, a release or an acknowledgement. It holds the latest
@@ -793,7 +795,14 @@ func (w *worker) startOn(ctx context.Context, cluster string, tps []coordinator.
 			w.committed[cpart{Cluster: cluster, TopicPartition: tp}] = p.Offset
 			startAt = append(startAt, p.Commit)
 		}
+		_, restarting := w.life.dead[cpart{Cluster: cluster, TopicPartition: tp}]
 		go func() {
+			if restarting && w.restartFails != nil {
+				if err := w.restartFails(cluster, tp); err != nil {
+					results <- started{tp: tp, err: err}
+					return
+				}
+			}
 			start := p.Offset
 			if g, found := fromGroup[tp]; found {
 				start = g
