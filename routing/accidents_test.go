@@ -14,6 +14,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/wait"
 	"github.com/kswitch/kswitch/record"
 )
@@ -76,11 +77,7 @@ func (f *partitionFeed) total() int64 {
 // value of want (values may repeat), for at most 20 s.
 func (w *world) readAll(cluster, topic string, want map[string]bool) []*kgo.Record {
 	w.t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(w.kafkas[cluster].Brokers()...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
-	if err != nil {
-		w.t.Fatal(err)
-	}
+	cl := w.consumer(cluster, topic)
 	defer cl.Close()
 	var out []*kgo.Record
 	missing := len(want)
@@ -114,6 +111,104 @@ func sourceOffset(t *testing.T, v []byte) int64 {
 	return n
 }
 
+// orderedWorld starts a router that sends records of "orders" to channel
+// c on cluster C, partition for partition (extra channels and settings
+// from more), and feeds it three source partitions until 150 records are
+// acknowledged.
+func orderedWorld(t *testing.T, topics []string, more func(*Config)) (*world, *Router, *partitionFeed) {
+	w := newWorld(t, map[string][]string{"C": append([]string{"c"}, topics...)}, "A", "C")
+	w.cfg.Routing = Config{
+		Rules:    []Rule{{Name: "all", Channels: []string{"c"}}},
+		Channels: map[string]Channel{"c": {Cluster: "C", Topic: "c", Partitioner: PartitionerManual}},
+	}
+	if more != nil {
+		more(&w.cfg.Routing)
+	}
+	r := w.start(nil)
+	f := feed(r, 3, 2*time.Millisecond, nil)
+	t.Cleanup(func() { f.stop() })
+	wait.For(t, 10*time.Second, "records flowing", func() error {
+		if n := w.acks.count("orders/"); n < 150 {
+			return fmt.Errorf("%d acknowledged", n)
+		}
+		return nil
+	})
+	return w, r, f
+}
+
+// settled stops f, waits until every record it fed is acknowledged and
+// returns their values (but the ones skip names) and count.
+func (w *world) settled(f *partitionFeed, skip func(p int, off int64) bool) (map[string]bool, int) {
+	w.t.Helper()
+	want := map[string]bool{}
+	var n int
+	for p, t := range f.stop() {
+		n += int(t)
+		for off := range t {
+			if skip == nil || !skip(p, off) {
+				want[fmt.Sprintf("orders/%d@%d", p, off)] = true
+			}
+		}
+	}
+	wait.For(w.t, 30*time.Second, "every record taken acknowledged", func() error {
+		if got := w.acks.count("orders/"); got < n {
+			return fmt.Errorf("%d of %d", got, n)
+		}
+		return nil
+	})
+	return want, n
+}
+
+// orderOf counts, in records of channel partitions that mirror their
+// source partitions, the duplicates and the records that reached the
+// channel after a later record of their partition (first copies only).
+func orderOf(t *testing.T, recs []*kgo.Record) (dups, late int) {
+	t.Helper()
+	seen := map[string]bool{}
+	last := map[int32]int64{}
+	for _, rec := range recs {
+		if seen[string(rec.Value)] {
+			dups++
+			continue
+		}
+		seen[string(rec.Value)] = true
+		off := sourceOffset(t, rec.Value)
+		if prev, ok := last[rec.Partition]; ok && off < prev {
+			late++
+			t.Logf("partition %d: %s reached the channel after offset %d", rec.Partition, rec.Value, prev)
+		}
+		last[rec.Partition] = max(last[rec.Partition], off)
+	}
+	return dups, late
+}
+
+// requireCounted fails t when r produced a record behind an earlier held
+// record of its partition (never, by design), or when more records came
+// late than r counted as overtaken in its producer
+// (kswitch_routing_reordered_total).
+func requireCounted(t *testing.T, r *Router, late int) {
+	t.Helper()
+	if b := r.breaches.Load(); b != 0 {
+		t.Errorf("the router produced %d records behind an earlier held record of their partition", b)
+	}
+	if counted := metricValue(r.m.reordered); float64(late) > counted {
+		t.Errorf("%d records reached the channel after a later one of their partition, %v counted", late, counted)
+	}
+}
+
+// adminOf returns a sarama cluster admin of k, closed when the test ends.
+func adminOf(t *testing.T, k *devstack.Kafka) sarama.ClusterAdmin {
+	t.Helper()
+	sc := sarama.NewConfig()
+	sc.Version = sarama.V3_6_0_0
+	admin, err := sarama.NewClusterAdmin(k.Brokers(), sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Close() })
+	return admin
+}
+
 // TestSinkOutageKeepsSourceOrder: records of one source partition reach
 // their channel in source order through an outage of the channel's
 // cluster, whether it refuses connections or swallows requests. Before
@@ -123,20 +218,7 @@ func sourceOffset(t *testing.T, v []byte) int64 {
 func TestSinkOutageKeepsSourceOrder(t *testing.T) {
 	for _, fault := range []string{"fail", "hang"} {
 		t.Run(fault, func(t *testing.T) {
-			w := newWorld(t, map[string][]string{"C": {"c"}}, "A", "C")
-			w.cfg.Routing = Config{
-				Rules:    []Rule{{Name: "all", Channels: []string{"c"}}},
-				Channels: map[string]Channel{"c": {Cluster: "C", Topic: "c", Partitioner: PartitionerManual}},
-			}
-			r := w.start(nil)
-			f := feed(r, 3, 2*time.Millisecond, nil)
-			defer f.stop()
-			wait.For(t, 10*time.Second, "records flowing", func() error {
-				if n := w.acks.count("orders/"); n < 150 {
-					return fmt.Errorf("%d acknowledged", n)
-				}
-				return nil
-			})
+			w, r, f := orderedWorld(t, nil, nil)
 			c := w.kafkas["C"]
 			if fault == "fail" {
 				c.Fail()
@@ -160,47 +242,15 @@ func TestSinkOutageKeepsSourceOrder(t *testing.T) {
 				}
 				return nil
 			})
-			taken := f.stop()
-			want := map[string]bool{}
-			var n int
-			for p, t := range taken {
-				for off := range t {
-					want[fmt.Sprintf("orders/%d@%d", p, off)] = true
-					n++
-				}
-			}
-			wait.For(t, 30*time.Second, "every record taken acknowledged", func() error {
-				if got := w.acks.count("orders/"); got < n {
-					return fmt.Errorf("%d of %d", got, n)
-				}
-				return nil
-			})
+			want, n := w.settled(f, nil)
 			recs := w.readAll("C", "c", want)
-			first := map[string]bool{}
-			last := map[int32]int64{0: -1, 1: -1, 2: -1}
-			var dups, late int
-			for _, rec := range recs {
-				off := sourceOffset(t, rec.Value)
-				if first[string(rec.Value)] {
-					dups++
-					continue
-				}
-				first[string(rec.Value)] = true
-				if off < last[rec.Partition] {
-					late++
-					t.Logf("partition %d: orders/%d@%d reached the channel after offset %d", rec.Partition, rec.Partition, off, last[rec.Partition])
-				}
-				last[rec.Partition] = max(last[rec.Partition], off)
-			}
+			dups, late := orderOf(t, recs)
 			counted := metricValue(r.m.reordered)
 			t.Logf("%s: %d records taken, %d on C (%d duplicates, %d after a later one of their partition; kswitch_routing_reordered_total %v)",
 				fault, n, len(recs), dups, late, counted)
-			// The router never produces a record behind an earlier one
-			// of its partition that waits to be sent again, and the
-			// producer keeps a partition's order through its retries.
-			if b := r.breaches.Load(); b != 0 {
-				t.Errorf("the router produced %d records behind an earlier held record of their partition", b)
-			}
+			// The producer keeps a partition's order through its retries:
+			// nothing comes late, counted or not.
+			requireCounted(t, r, late)
 			if late > 0 || counted > 0 {
 				t.Errorf("%d records reached the channel after a later one of their partition (%v counted by the router)", late, counted)
 			}
@@ -377,27 +427,8 @@ func gathered(t *testing.T, w *world, name, channel string) float64 {
 // created again holds up the channel's records while it is gone; once it
 // is back they reach it and nothing waits for good.
 func TestChannelTopicRecreated(t *testing.T) {
-	w := newWorld(t, map[string][]string{"C": {"c"}}, "A", "C")
-	w.cfg.Routing = Config{
-		Rules:    []Rule{{Name: "all", Channels: []string{"c"}}},
-		Channels: map[string]Channel{"c": {Cluster: "C", Topic: "c", Partitioner: PartitionerManual}},
-	}
-	r := w.start(nil)
-	f := feed(r, 3, 2*time.Millisecond, nil)
-	defer f.stop()
-	wait.For(t, 10*time.Second, "records flowing", func() error {
-		if n := w.acks.count("orders/"); n < 150 {
-			return fmt.Errorf("%d acknowledged", n)
-		}
-		return nil
-	})
-	sc := sarama.NewConfig()
-	sc.Version = sarama.V3_6_0_0
-	admin, err := sarama.NewClusterAdmin(w.kafkas["C"].Brokers(), sc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
+	w, r, f := orderedWorld(t, nil, nil)
+	admin := adminOf(t, w.kafkas["C"])
 	if err := admin.DeleteTopic("c"); err != nil {
 		t.Fatal(err)
 	}
@@ -417,43 +448,24 @@ func TestChannelTopicRecreated(t *testing.T) {
 		}
 		return nil
 	})
-	taken := f.stop()
-	var n int
-	for _, t := range taken {
-		n += int(t)
+	// The new topic holds at least each partition's last record, and
+	// what was acknowledged after it was created. The producer's sequence
+	// numbers run on from the deleted topic's: the new topic refuses the
+	// first batch (out of order sequence), which is sent again after what
+	// the producer held behind it, counted.
+	all, n := w.settled(f, nil)
+	lastOf := map[string]int64{}
+	for v := range all {
+		p, _, _ := strings.Cut(v, "@")
+		lastOf[p] = max(lastOf[p], sourceOffset(t, []byte(v)))
 	}
-	wait.For(t, 30*time.Second, "every record taken acknowledged", func() error {
-		if got := w.acks.count("orders/"); got < n {
-			return fmt.Errorf("%d of %d", got, n)
-		}
-		return nil
-	})
-	// The new topic holds what was acknowledged after it was created, in
-	// source order per partition.
 	want := map[string]bool{}
-	for p, t := range taken {
-		want[fmt.Sprintf("orders/%d@%d", p, t-1)] = true
+	for p, off := range lastOf {
+		want[fmt.Sprintf("%s@%d", p, off)] = true
 	}
-	// The producer's sequence numbers run on from the deleted topic's: the
-	// new topic refuses the first batch (out of order sequence), which is
-	// sent again after what the producer held behind it. The router
-	// counts each such record and never produces one behind it itself.
 	recs := w.readAll("C", "c", want)
-	last := map[int32]int64{}
-	late := 0
-	for _, rec := range recs {
-		off := sourceOffset(t, rec.Value)
-		if prev, ok := last[rec.Partition]; ok && off < prev {
-			late++
-		}
-		last[rec.Partition] = max(last[rec.Partition], off)
-	}
-	if b := r.breaches.Load(); b != 0 {
-		t.Errorf("the router produced %d records behind an earlier held record of their partition", b)
-	}
-	if counted := metricValue(r.m.reordered); float64(late) > counted {
-		t.Errorf("%d records reached the new topic after a later one of their partition, %v counted", late, counted)
-	}
+	_, late := orderOf(t, recs)
+	requireCounted(t, r, late)
 	t.Logf("%d records taken, %d in the re-created topic, %d after a later one of their partition (counted %v)", n, len(recs), late, metricValue(r.m.reordered))
 }
 
@@ -467,13 +479,7 @@ func TestChannelTopicRecreated(t *testing.T) {
 func TestBatchWithARecordTooLargeForTheTopic(t *testing.T) {
 	const limit, big, bigAt = 100_000, 300_000, 300
 	w := newWorld(t, map[string][]string{"C": {"c", "dead"}}, "A", "C")
-	sc := sarama.NewConfig()
-	sc.Version = sarama.V3_6_0_0
-	admin, err := sarama.NewClusterAdmin(w.kafkas["C"].Brokers(), sc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
+	admin := adminOf(t, w.kafkas["C"])
 	for _, topic := range []string{"c", "dead"} {
 		v := strconv.Itoa(limit)
 		if err := admin.AlterConfig(sarama.TopicResource, topic, map[string]*string{"max.message.bytes": &v}, false); err != nil {
@@ -500,42 +506,12 @@ func TestBatchWithARecordTooLargeForTheTopic(t *testing.T) {
 		}
 		return nil
 	})
-	taken := f.stop()
-	var n int
-	want := map[string]bool{}
-	for p, t := range taken {
-		n += int(t)
-		for off := range t {
-			if p != 0 || off != bigAt {
-				want[fmt.Sprintf("orders/%d@%d", p, off)] = true
-			}
-		}
-	}
-	wait.For(t, 30*time.Second, "every record taken acknowledged", func() error {
-		if got := w.acks.count("orders/"); got < n {
-			return fmt.Errorf("%d of %d", got, n)
-		}
-		return nil
-	})
+	want, n := w.settled(f, func(p int, off int64) bool { return p == 0 && off == bigAt })
 	// What sarama's producer held behind the refused batch may reach the
 	// channel before the batch's records sent again alone: the router
-	// counts each such record (its own producer splits the batch in
-	// place: a later change). It never produces one behind them itself.
-	last := map[int32]int64{}
-	late := 0
-	for _, rec := range w.readAll("C", "c", want) {
-		off := sourceOffset(t, rec.Value)
-		if prev, ok := last[rec.Partition]; ok && off < prev {
-			late++
-		}
-		last[rec.Partition] = max(last[rec.Partition], off)
-	}
-	if b := r.breaches.Load(); b != 0 {
-		t.Errorf("the router produced %d records behind an earlier held record of their partition", b)
-	}
-	if counted := metricValue(r.m.reordered); float64(late) > counted {
-		t.Errorf("%d records reached c after a later one of their partition, %v counted", late, counted)
-	}
+	// counts each such record. It never produces one behind them itself.
+	_, late := orderOf(t, w.readAll("C", "c", want))
+	requireCounted(t, r, late)
 	dead := w.read("C", "dead", 1)
 	if len(dead) != 1 || header(dead[0], HeaderSource) != fmt.Sprintf("orders/0@%d", bigAt) || header(dead[0], HeaderSize) != strconv.Itoa(big) {
 		for _, d := range dead {

@@ -200,11 +200,7 @@ func deliver(ctx context.Context, r *Router, rec *record.Record, timeout time.Du
 // at least n of them.
 func (w *world) read(cluster, topic string, n int) []*kgo.Record {
 	w.t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(w.kafkas[cluster].Brokers()...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
-	if err != nil {
-		w.t.Fatal(err)
-	}
+	cl := w.consumer(cluster, topic)
 	defer cl.Close()
 	var out []*kgo.Record
 	ctx, cancel := context.WithTimeout(w.t.Context(), 15*time.Second)
@@ -217,6 +213,17 @@ func (w *world) read(cluster, topic string, n int) []*kgo.Record {
 		fs.EachRecord(func(r *kgo.Record) { out = append(out, r) })
 	}
 	return out
+}
+
+// consumer returns a client that reads topic on cluster from its start.
+func (w *world) consumer(cluster, topic string) *kgo.Client {
+	w.t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(w.kafkas[cluster].Brokers()...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return cl
 }
 
 // values returns the distinct values of recs.
