@@ -98,12 +98,19 @@ type TopicEvent struct {
 }
 
 func (e TopicEvent) String() string {
+	return fmt.Sprintf("%s %s on %s: %s", e.At.UTC().Format(time.RFC3339), e.Topic, e.Cluster, e.Change())
+}
+
+// Change says what happened to the topic, without when or which.
+func (e TopicEvent) Change() string {
 	switch e.Kind {
 	case TopicRecreated:
-		return fmt.Sprintf("%s %s on %s deleted and created again (id %s -> %s, %d -> %d partitions), consumed from its start",
-			e.At.UTC().Format(time.RFC3339), e.Topic, e.Cluster, e.OldID, e.NewID, e.OldPartitions, e.NewPartitions)
+		return fmt.Sprintf("deleted and created again (id %s -> %s, %d -> %d partitions), consumed from its start",
+			e.OldID, e.NewID, e.OldPartitions, e.NewPartitions)
+	case TopicPartitionsAdded:
+		return fmt.Sprintf("partitions added: %d -> %d", e.OldPartitions, e.NewPartitions)
 	default:
-		return fmt.Sprintf("%s %s on %s: %d -> %d partitions", e.At.UTC().Format(time.RFC3339), e.Topic, e.Cluster, e.OldPartitions, e.NewPartitions)
+		return fmt.Sprintf("partitions removed: %d -> %d", e.OldPartitions, e.NewPartitions)
 	}
 }
 

@@ -179,12 +179,14 @@ shows the lag; otherwise the lag column shows '-'.`,
 		if ask {
 			v.AskReady(ctx, time.Second)
 		}
+		topics := readTopicHistory(ctx, c, ef.fleet, cmd.ErrOrStderr())
 		if output == "json" {
 			enc := json.NewEncoder(cmd.OutOrStdout())
 			enc.SetIndent("", "  ")
-			return enc.Encode(v)
+			return enc.Encode(topics.json(v))
 		}
 		printFleet(cmd.OutOrStdout(), v, time.Now())
+		topics.print(cmd.OutOrStdout())
 		return nil
 	})
 	return cmd
