@@ -66,6 +66,11 @@ type pageData struct {
 	Handler  string
 	LagErr   string
 	Timeline pageTimeline
+	// TopicEvents are the last maxTopicEvents of history/topics/ (source
+	// topics re-created, partitions added or removed), oldest first, and
+	// TopicEventsBad what could not be read of them.
+	TopicEvents    []coordinator.TopicEvent
+	TopicEventsBad []string
 }
 
 type pageAgent struct {
@@ -116,6 +121,10 @@ type pageMethod struct{ Name, Class string }
 // maxTimeline is how many switches the timeline shows, the last ones.
 const maxTimeline = 20
 
+// maxTopicEvents is how many source topic changes the page lists, the
+// last ones.
+const maxTopicEvents = 20
+
 // page gathers the page's data within the request's context.
 func (a *Agent) page(ctx context.Context) pageData {
 	ctx, cancel := context.WithTimeout(ctx, 4*time.Second)
@@ -165,6 +174,13 @@ func (a *Agent) page(ctx context.Context) pageData {
 		}
 	}
 	d.Timeline = timeline(a.switches(ctx))
+	evs, bad, err := coordinator.ReadTopicEvents(ctx, a.client, a.keys, maxTopicEvents)
+	d.TopicEvents = evs
+	for _, err := range append(bad, err) {
+		if err != nil {
+			d.TopicEventsBad = append(d.TopicEventsBad, err.Error())
+		}
+	}
 	return d
 }
 

@@ -2,7 +2,9 @@ package agent_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"html"
 	"io"
 	"net/http"
 	"os"
@@ -16,7 +18,9 @@ import (
 
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/coordinator"
+	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/keys"
 	"github.com/kswitch/kswitch/record"
 )
 
@@ -265,5 +269,56 @@ func TestTimelineScalesToManyPartitions(t *testing.T) {
 	}
 	if strings.Join(legend, ",") != "checkpoint,fingerprint,timestamp" {
 		t.Errorf("the legend names %v, want every method drawn", legend)
+	}
+}
+
+// TestStatusPageListsTopicEvents: the page lists history/topics/ (source
+// topics re-created or resized): when, cluster, topic and the change, and
+// a value it refuses.
+func TestStatusPageListsTopicEvents(t *testing.T) {
+	e := testenv.StartEtcdT(t)
+	a := startAgent(t, e, "agent-1")
+	cli := testenv.EtcdClientT(t, e)
+	k := keys.New("orders")
+	at := time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC)
+	for _, ev := range []coordinator.TopicEvent{
+		{At: at, Kind: coordinator.TopicPartitionsAdded, Cluster: "A", Topic: "orders", OldPartitions: 12, NewPartitions: 16},
+		{At: at.Add(time.Minute), Kind: coordinator.TopicRecreated, Cluster: "A", Topic: "orders", OldID: "id-old", NewID: "id-new",
+			OldPartitions: 16, NewPartitions: 10},
+	} {
+		b, err := json.Marshal(ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cli.Put(t.Context(), k.TopicEvent(ev.At.UnixNano()), string(b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cli.Put(t.Context(), k.TopicEvent(at.Add(2*time.Minute).UnixNano()), "{"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Get("http://" + a.HTTPAddr() + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := html.UnescapeString(string(b))
+	for _, want := range []string{
+		`<table id="topic-events">`,
+		"<td>2026-12-05 10:00:00.000Z</td><td>A</td><td>orders</td><td>partitions added: 12 -> 16</td>",
+		`<td>2026-12-05 10:01:00.000Z</td><td>A</td><td>orders</td><td class="warn">deleted and created again (id id-old -> id-new, 16 -> 10 partitions), consumed from its start</td>`,
+		"topic event is not valid JSON",
+	} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the page has no %q", want)
+		}
+	}
+	if t.Failed() {
+		i := strings.Index(page, "<h2>Source topics</h2>")
+		t.Logf("the page's source topics: %s", page[max(i, 0):min(max(i, 0)+1500, len(page))])
 	}
 }
