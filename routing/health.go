@@ -70,9 +70,24 @@ type destHealth struct {
 func (r *Router) sampleHealth(now time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	queued := r.queuedByDest()
 	for _, ds := range r.dests {
 		n := ds.acked.Load()
-		waiting := ds.inFlight.Load() > 0 || ds.failing.Load() != nil
+		// Produces queued for the loop (a record refused for good that
+		// waits for a dead-letter channel, or blocks its partition) are
+		// not inside the producer: they say nothing of whether the
+		// destination answers.
+		inside := ds.inFlight.Load() - queued[ds]
+		if inside <= 0 && !r.recovering[ds] && ds.failing.Load() != nil {
+			// Failing because it stalled, with nothing left inside its
+			// producer: what waited was settled without an
+			// acknowledgement (sent to the dead-letter channel, or its
+			// partition released), or acknowledged as the stall was
+			// noted. No acknowledgement will come to end it, and
+			// nothing is left to keep new records behind.
+			r.recovered(ds)
+		}
+		waiting := inside > 0 || ds.failing.Load() != nil
 		switch {
 		case !waiting || n != ds.health.acked:
 			ds.health.stalledSince = time.Time{}
@@ -91,6 +106,19 @@ func (r *Router) sampleHealth(now time.Time) {
 		}
 		ds.health.acked = n
 	}
+}
+
+// queuedByDest counts, by destination, the produces queued for the loop
+// (Router.retries). r.mu is held.
+func (r *Router) queuedByDest() map[*destState]int64 {
+	if len(r.retries) == 0 {
+		return nil
+	}
+	n := map[*destState]int64{}
+	for _, om := range r.retries {
+		n[om.ds]++
+	}
+	return n
 }
 
 // DeliveryProblem returns why records do not reach their channels, or ""

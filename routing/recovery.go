@@ -68,6 +68,17 @@ const drainWaitMax = 30 * time.Second
 // hold adds a failed produce to its destination's held produces.
 func (r *Router) hold(om *outMsg) {
 	r.mu.Lock()
+	// Failing is set under r.mu with the destination's recovery, so that
+	// an acknowledgement of another of its produces (another producer's
+	// results goroutine: the single producer, a retired one) does not
+	// find it failing but not recovering, and end its recovery
+	// (producedWhileRecovering) before this produce is held: new records
+	// would flow ahead of it.
+	if om.ds.failing.Load() == nil {
+		om.ds.failing.Store(&failure{err: om.lastErr, since: time.Now()})
+		r.log.Warn("produce failing; the destination's records wait and are sent again in source order once it answers",
+			zap.Stringer("destination", om.ds.dest), zap.Error(om.lastErr))
+	}
 	rc := &om.ds.rec
 	om.heldAt = time.Now()
 	rc.held = append(rc.held, om)
@@ -169,20 +180,24 @@ func (r *Router) recoverDue(now time.Time) time.Duration {
 	wait := time.Hour
 	var sends []*outMsg
 	r.mu.Lock()
+	queued := r.queuedByDest()
 	for ds := range r.recovering {
 		rc := &ds.rec
 		if rc.round != roundNone {
 			continue
 		}
-		if len(rc.held) == 0 { // its held produces were released
+		inside := ds.inFlight.Load() - int64(len(rc.held)) - queued[ds]
+		if len(rc.held) == 0 && (inside <= 0 || !rc.drainSince.IsZero() && now.Sub(rc.drainSince) >= drainWaitMax) {
+			// Its held produces were released (dropHeld), and what was
+			// inside its producer has returned.
 			r.recovered(ds)
 			continue
 		}
-		if now.Before(rc.due) {
+		if len(rc.held) > 0 && now.Before(rc.due) {
 			wait = min(wait, rc.due.Sub(now))
 			continue
 		}
-		if inside := ds.inFlight.Load() - int64(len(rc.held)); inside > 0 {
+		if inside > 0 {
 			// Produces sent before the failure are still inside the
 			// producer: they return (acknowledged or failed, then held)
 			// before anything is sent again behind them.

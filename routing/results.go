@@ -98,10 +98,6 @@ func (r *Router) failed(om *outMsg, err error) {
 		r.refusedForGood(om, err)
 		return
 	}
-	if om.ds.failing.Load() == nil && om.ds.failing.CompareAndSwap(nil, &failure{err: err, since: time.Now()}) {
-		r.log.Warn("produce failing; the destination's records wait and are sent again in source order once it answers",
-			zap.Stringer("destination", om.ds.dest), zap.Error(err))
-	}
 	r.hold(om)
 }
 

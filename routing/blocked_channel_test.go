@@ -1,0 +1,107 @@
+package routing
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/keys"
+)
+
+// TestBlockedRecordStopsOnlyItsPartition: a record refused for good with
+// no dead-letter channel stops its partition, not its channel: a quiet
+// channel whose only produce waiting is that record is not a stalled
+// destination, and once a dead-letter channel takes the record the
+// channel's other partitions are not left waiting for an acknowledgement
+// that never comes. Before, the loop's stall sampling saw the blocked
+// produce in flight for a second without an acknowledgement and marked the
+// channel failing (every record of every partition waited), and the
+// failing mark was never cleared once the record went to the dead-letter
+// channel instead.
+func TestBlockedRecordStopsOnlyItsPartition(t *testing.T) {
+	w := newWorld(t, map[string][]string{"B": {"b", "dead"}}, "A", "B").withEtcd()
+	w.cfg.Routing = Config{
+		Rules: []Rule{{Name: "same", Channels: []string{"same"}}},
+		Channels: map[string]Channel{
+			"same": {Cluster: "B", Topic: "b", Partitioner: PartitionerManual},
+			"dead": {Cluster: "B", Topic: "dead"},
+		},
+	}
+	r := w.start(nil)
+	refused := testRecord("orders", 7, 0, "") // b has partitions 0-2
+	w.handle(refused, 10*time.Second)
+	wait.For(t, 10*time.Second, "partition 7 blocked", func() error {
+		if r.nblock.Load() == 0 {
+			return errors.New("not blocked")
+		}
+		return nil
+	})
+	time.Sleep(3 * time.Second) // the loop samples the channel's health every second
+	other := testRecord("orders", 1, 0, "")
+	if err := r.Handle(t.Context(), other); err != nil {
+		t.Errorf("a record of another partition, 3 s after partition 7 stopped: %v", err)
+		w.handle(other, 10*time.Second)
+	}
+	wait.For(t, 10*time.Second, "partition 1 acknowledged", func() error {
+		if !w.acks.has(other) {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+
+	rev := w.put(keys.New(fleet).Routes(), "rules: [{name: same, channels: [same]}]\ndead_letter: dead\n")
+	w.waitVersion(rev)
+	wait.For(t, 10*time.Second, "refused record dead-lettered and acknowledged", func() error {
+		if !w.acks.has(refused) {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	time.Sleep(3 * time.Second)
+	later := testRecord("orders", 1, 1, "")
+	if err := r.Handle(t.Context(), later); err != nil {
+		t.Errorf("a record of partition 1 after the refused record went to the dead-letter channel: %v", err)
+	}
+	if p := r.DeliveryProblem(time.Second); p != "" {
+		t.Errorf("DeliveryProblem = %q with nothing waiting", p)
+	}
+}
+
+// TestStallMarkClearedWhenNothingIsLeftInside: a destination marked
+// failing by the stall sampling (nothing held) whose produces are settled
+// without an acknowledgement, or acknowledged just as the mark was set
+// (produced reads failing before sampleHealth sets it), is not left
+// failing for good: nothing would ever end it, and every record of the
+// channel would wait.
+func TestStallMarkClearedWhenNothingIsLeftInside(t *testing.T) {
+	cfg := config.Default()
+	cfg.Clusters = map[string]config.Cluster{
+		"A": {Brokers: []string{"127.0.0.1:1"}, Role: config.RolePrimary, Version: config.DefaultKafkaVersion},
+		"B": {Brokers: []string{"127.0.0.1:1"}, Role: config.RoleSink, Version: config.DefaultKafkaVersion},
+	}
+	cfg.Routing = Config{
+		Rules:    []Rule{{Name: "all", Channels: []string{"b"}}},
+		Channels: map[string]Channel{"b": {Cluster: "B", Topic: "b"}},
+	}
+	r, err := New(cfg, nil, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close(context.Background())
+	ds := r.Version().channels["b"].ds
+	t0 := time.Now()
+	ds.inFlight.Add(1) // a produce inside the producer, not acknowledged
+	r.sampleHealth(t0)
+	r.sampleHealth(t0.Add(1100 * time.Millisecond))
+	if ds.failing.Load() == nil {
+		t.Fatal("not failing after a second without an acknowledgement while a produce waits")
+	}
+	ds.inFlight.Add(-1) // settled without an acknowledgement
+	r.sampleHealth(t0.Add(2200 * time.Millisecond))
+	if f := ds.failing.Load(); f != nil {
+		t.Errorf("still failing with nothing inside its producer: %v", f.err)
+	}
+}
