@@ -35,7 +35,8 @@ import (
 //     has already grown past would skip its records otherwise.
 //   - Every topicCheckEvery the worker compares the ids of the topics it
 //     consumes with those its partitions started with (one Metadata
-//     request per cluster, for those topics alone): a topic re-created
+//     request per cluster, for those topics alone, in a goroutine of its
+//     own: the loop never waits on a cluster that hangs): a topic re-created
 //     while its consumer fetched on (its old offset already inside the new
 //     log) is started again from its start too. What the old consumer
 //     handed on from the new topic meanwhile is delivered again: never
@@ -54,8 +55,23 @@ type lifecycle struct {
 	// recreated are the partitions to start at their topic's start
 	// whatever their position (their topic's id changed under them).
 	recreated map[cpart]bool
-	// checked is when the topics' ids were last compared.
-	checked time.Time
+	// checked is when the topics' ids were last compared, checking set
+	// while a comparison runs (off the worker's loop: a Metadata request
+	// to a hung cluster waits out the client's timeouts), and found
+	// receives its result.
+	checked  time.Time
+	checking bool
+	found    chan recreatedFound
+}
+
+// recreatedFound is the result of a comparison of topic ids: the
+// partitions whose topic has another id than the one they started with
+// (that id, to tell a partition started again since).
+type recreatedFound map[cpart]recreatedTopic
+
+type recreatedTopic struct {
+	startedWith string
+	err         error
 }
 
 type deadPart struct {
@@ -167,9 +183,7 @@ func (w *worker) outOfRange(k *kafkaConn, tp coordinator.TopicPartition, start i
 // its acknowledgements are not lost), not committed (its position may
 // be of the old topic), and started through startPending.
 func (w *worker) restartEnded(ctx context.Context, now time.Time) {
-	if w.life.dead == nil {
-		w.life.dead, w.life.recreated = map[cpart]deadPart{}, map[cpart]bool{}
-	}
+	w.life.init()
 	restart := map[cpart]error{}
 	for cp, r := range w.parts {
 		select {
@@ -180,13 +194,37 @@ func (w *worker) restartEnded(ctx context.Context, now time.Time) {
 		default:
 		}
 	}
-	if now.Sub(w.life.checked) >= topicCheckEvery {
-		w.life.checked = now
-		for cp, cause := range w.recreatedTopics() {
-			restart[cp] = cause
+	w.restart(ctx, now, restart)
+	if !w.life.checking && now.Sub(w.life.checked) >= topicCheckEvery {
+		w.life.checked, w.life.checking = now, true
+		w.checkTopicIDs()
+	}
+}
+
+// restartRecreated starts again the partitions a comparison of topic ids
+// found re-created, unless they were started again since it began.
+func (w *worker) restartRecreated(ctx context.Context, found recreatedFound) {
+	w.life.init()
+	w.life.checking = false
+	restart := map[cpart]error{}
+	for cp, f := range found {
+		if r := w.parts[cp]; r != nil && r.topicID == f.startedWith {
+			restart[cp] = f.err
 			w.life.recreated[cp] = true
 		}
 	}
+	w.restart(ctx, time.Now(), restart)
+}
+
+func (l *lifecycle) init() {
+	if l.dead == nil {
+		l.dead, l.recreated = map[cpart]deadPart{}, map[cpart]bool{}
+	}
+}
+
+// restart stops the partitions of restart (partition → why) as a release
+// stops them and starts them again through startPending.
+func (w *worker) restart(ctx context.Context, now time.Time, restart map[cpart]error) {
 	if len(restart) > 0 {
 		var wg sync.WaitGroup
 		for cp, cause := range restart {
@@ -213,29 +251,43 @@ func (w *worker) restartEnded(ctx context.Context, now time.Time) {
 	}
 }
 
-// recreatedTopics compares the ids of the topics the running partitions
-// consume with those they started with, one Metadata request per
-// cluster, and returns the partitions whose topic has another id now.
-func (w *worker) recreatedTopics() map[cpart]error {
-	byCluster := map[string][]coordinator.TopicPartition{}
-	for cp, r := range w.parts {
-		if r.topicID != "" {
-			byCluster[cp.Cluster] = append(byCluster[cp.Cluster], cp.TopicPartition)
-		}
+// checkTopicIDs compares, in a goroutine of w.bg, the ids of the topics
+// the running partitions consume with those they started with, one
+// Metadata request per reachable cluster, and sends the partitions whose
+// topic has another id now to w.life.found.
+func (w *worker) checkTopicIDs() {
+	type check struct {
+		k       *kafkaConn
+		tps     []coordinator.TopicPartition
+		started map[cpart]string
 	}
-	out := map[cpart]error{}
-	for c, tps := range byCluster {
-		k := w.conns[c]
-		if k == nil || (w.reachable != nil && !w.reachable(c)) {
+	checks := map[string]*check{}
+	for cp, r := range w.parts {
+		k := w.conns[cp.Cluster]
+		if r.topicID == "" || k == nil || (w.reachable != nil && !w.reachable(cp.Cluster)) {
 			continue
 		}
-		ids := k.topicIDs(w.log, tps)
-		for _, tp := range tps {
-			cp := cpart{Cluster: c, TopicPartition: tp}
-			if id := ids[tp.Topic]; id != "" && id != w.parts[cp].topicID {
-				out[cp] = fmt.Errorf("topic %s was deleted and created again (id %s, now %s)", tp.Topic, w.parts[cp].topicID, id)
+		c := checks[cp.Cluster]
+		if c == nil {
+			c = &check{k: k, started: map[cpart]string{}}
+			checks[cp.Cluster] = c
+		}
+		c.tps = append(c.tps, cp.TopicPartition)
+		c.started[cp] = r.topicID
+	}
+	w.bg.Add(1)
+	go func() {
+		defer w.bg.Done()
+		found := recreatedFound{}
+		for c, ch := range checks {
+			ids := ch.k.topicIDs(w.log, ch.tps)
+			for cp, was := range ch.started {
+				if id := ids[cp.Topic]; id != "" && id != was {
+					found[cp] = recreatedTopic{startedWith: was,
+						err: fmt.Errorf("topic %s of cluster %s was deleted and created again (id %s, now %s)", cp.Topic, c, was, id)}
+				}
 			}
 		}
-	}
-	return out
+		w.life.found <- found // buffered: one comparison runs at a time
+	}()
 }

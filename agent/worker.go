@@ -248,6 +248,7 @@ var errLeaseLost = errors.New("agent: session lease lost; stopped consuming")
 // losing the lease it stops them without committing.
 func (w *worker) run(ctx context.Context) error {
 	w.parts = map[cpart]*partitionRun{}
+	w.life.found = make(chan recreatedFound, 1)
 	w.committed = map[cpart]int64{}
 	w.pacer = commitPacer{interval: w.cfg.Source.CommitInterval}
 	w.conns = map[string]*kafkaConn{}
@@ -352,6 +353,8 @@ func (w *worker) follow(ctx context.Context, tick <-chan time.Time, sig <-chan s
 			w.warmDone(ctx, res)
 		case u := <-w.reconf:
 			w.reconfigure(ctx, u)
+		case found := <-w.life.found:
+			w.restartRecreated(ctx, found)
 		case now := <-tick:
 			if err := w.commitDue(ctx, now); errors.Is(err, errLeaseLost) {
 				return err
