@@ -832,10 +832,17 @@ func (pp *partitionProducer) updateLeaderIfBrokerProducerIsNil(msg *ProducerMess
 			if err == nil {
 				break
 			}
+			closed := pp.parent.client.Closed()
 			if !pp.parent.conf.Producer.Idempotent || pp.parent.IsTransactional() ||
-				attempt > pp.parent.conf.Producer.Retry.Max || pp.parent.client.Closed() {
+				attempt > pp.parent.conf.Producer.Retry.Max || closed {
 				pp.parent.returnError(msg, err)
-				pp.backoff(msg.retries)
+				// kswitch: once the client is closed nothing is asked of
+				// the cluster again; a backoff per message would only
+				// hold the shutdown (up to a second for each message
+				// still queued for the partition).
+				if !closed {
+					pp.backoff(msg.retries)
+				}
 				return err
 			}
 			pp.backoff(attempt)
