@@ -15,6 +15,7 @@ import (
 
 	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/offsets"
+	"github.com/kswitch/kswitch/record"
 )
 
 // A source topic's life goes on under its consumers: it can be deleted and
@@ -84,7 +85,7 @@ type deadPart struct {
 // at the topic's start: its position is of an earlier topic of the same
 // name, or the worker found its topic re-created under its consumer.
 func (l *lifecycle) fromStart(cluster string, tp coordinator.TopicPartition, p offsets.Position, ok bool, id string) bool {
-	return l.recreated[cpart{Cluster: cluster, TopicPartition: tp}] || (ok && p.TopicID != "" && id != "" && p.TopicID != id)
+	return l.recreated[cpart{Cluster: cluster, TopicPartition: tp}] || (ok && !record.SameTopic(p.TopicID, id))
 }
 
 // deadReason is the readiness reason of the partitions whose consumer
@@ -282,7 +283,7 @@ func (w *worker) checkTopicIDs() {
 		for c, ch := range checks {
 			ids := ch.k.topicIDs(w.log, ch.tps)
 			for cp, was := range ch.started {
-				if id := ids[cp.Topic]; id != "" && id != was {
+				if id := ids[cp.Topic]; !record.SameTopic(was, id) {
 					found[cp] = recreatedTopic{startedWith: was,
 						err: fmt.Errorf("topic %s of cluster %s was deleted and created again (id %s, now %s)", cp.Topic, c, was, id)}
 				}

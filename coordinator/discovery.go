@@ -14,6 +14,7 @@ import (
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/election"
 	"github.com/kswitch/kswitch/internal/kafka"
+	"github.com/kswitch/kswitch/record"
 )
 
 // discoverLoop lists the source partitions now, every refresh interval
@@ -166,7 +167,7 @@ func (d *discovery) lifecycle(ctx context.Context, listed map[string]TopicMeta) 
 		ev := TopicEvent{At: time.Now(), Cluster: d.cluster, Topic: t, OldID: before.ID, NewID: now.ID,
 			OldPartitions: len(before.Partitions), NewPartitions: len(now.Partitions), Leader: d.leader.cfg.Agent.ID}
 		switch {
-		case before.ID != "" && now.ID != "" && before.ID != now.ID:
+		case !record.SameTopic(before.ID, now.ID):
 			ev.Kind = TopicRecreated
 			d.log.Warn("source topic was deleted and created again: its partitions are consumed from their start",
 				zap.String("cluster", d.cluster), zap.String("topic", t), zap.String("old_id", before.ID), zap.String("new_id", now.ID),

@@ -16,7 +16,8 @@ import (
 
 // TopicMeta is what a Metadata request says of one topic.
 type TopicMeta struct {
-	// ID is the topic's id ("" when the cluster speaks a Metadata version
+	// ID is the topic's identity, "<cluster id>/<topic id>" (see
+	// record.SameTopic; "" when the cluster speaks a Metadata version
 	// without ids, before Kafka 2.8): a topic deleted and created again
 	// under the same name has a new one.
 	ID string
@@ -49,6 +50,9 @@ func DescribeTopics(client sarama.Client, topics []string) (map[string]TopicMeta
 		m := TopicMeta{Partitions: make([]int32, 0, len(t.Partitions))}
 		if t.Uuid != (sarama.Uuid{}) {
 			m.ID = t.Uuid.String()
+			if resp.ClusterID != nil && *resp.ClusterID != "" {
+				m.ID = *resp.ClusterID + "/" + m.ID
+			}
 		}
 		for _, p := range t.Partitions {
 			m.Partitions = append(m.Partitions, p.ID)

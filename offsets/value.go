@@ -29,10 +29,11 @@ type Commit struct {
 	// first, at most MaxFingerprints; the last one is of record Offset-1.
 	// Empty if none was consumed (or not tracked).
 	Fingerprints []Fingerprint
-	// TopicID is the id Kafka gave the topic the offset belongs to (its
-	// incarnation: a topic deleted and created again under the same name
-	// gets a new one), "" when unknown. A reader that finds another id on
-	// the cluster knows the offset is of a topic that no longer exists.
+	// TopicID is the identity of the topic the offset belongs to,
+	// "<cluster id>/<topic id>" (its incarnation: a topic deleted and
+	// created again under the same name gets a new one), "" when unknown.
+	// A reader that finds another topic id of the same cluster knows the
+	// offset is of a topic that no longer exists (record.SameTopic).
 	TopicID string
 }
 

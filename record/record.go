@@ -6,6 +6,7 @@ package record
 
 import (
 	"context"
+	"strings"
 	"time"
 )
 
@@ -28,10 +29,12 @@ type Record struct {
 	// for its local topics, the other cluster for a MirrorMaker 2 copy
 	// (A for A.orders on B, B for B.orders on A).
 	Origin string
-	// TopicID is the id Kafka gave Topic ("" unknown: a runtime that does
+	// TopicID is the identity Kafka gave Topic: the cluster's id and the
+	// topic's, "<cluster id>/<topic id>" ("" unknown: a runtime that does
 	// not say, or a cluster before Kafka 2.8). A topic deleted and created
-	// again under the same name gets a new id and offsets from 0 again:
-	// an offset says which record it is only together with the id.
+	// again under the same name gets a new topic id and offsets from 0
+	// again: an offset says which record it is only together with it (see
+	// SameTopic).
 	TopicID   string
 	Partition int32
 	Offset    int64
@@ -126,3 +129,32 @@ type HandlerFunc func(ctx context.Context, r *Record) error
 
 // Handle calls f.
 func (f HandlerFunc) Handle(ctx context.Context, r *Record) error { return f(ctx, r) }
+
+// SameTopic reports whether two topic identities (Record.TopicID) may be
+// of the same topic, so that an offset of one says which record of the
+// other it is. Unknown ("") on either side counts as the same, and so do
+// identities of two different Kafka clusters: a cluster rebuilt, or its
+// topics moved to other brokers, holds the same records at the same
+// offsets under new ids (the configuration said so). Of the same
+// cluster, another topic id is a topic deleted and created again.
+func SameTopic(a, b string) bool {
+	if a == "" || b == "" || a == b {
+		return true
+	}
+	ca, ta, _ := cutIdentity(a)
+	cb, tb, _ := cutIdentity(b)
+	if ca != "" && cb != "" && ca != cb {
+		return true
+	}
+	return ta == tb
+}
+
+// cutIdentity splits a topic identity into its cluster's id ("" when it
+// has none: a topic id alone) and its topic's id.
+func cutIdentity(id string) (cluster, topic string, ok bool) {
+	i := strings.LastIndexByte(id, '/')
+	if i < 0 {
+		return "", id, false
+	}
+	return id[:i], id[i+1:], true
+}

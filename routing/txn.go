@@ -111,7 +111,7 @@ func (p *TxnPosition) covers(rec *record.Record) bool {
 		return false
 	}
 	at := physical(rec.Cluster, rec.Topic, rec.Partition)
-	if id := p.IDs[at]; id != "" && rec.TopicID != "" && id != rec.TopicID {
+	if !record.SameTopic(p.IDs[at], rec.TopicID) {
 		return false
 	}
 	return rec.Offset < p.Done[at]
@@ -135,7 +135,7 @@ func (p *TxnPosition) carried() (map[string]int64, map[string]string) {
 func markDone(done map[string]int64, ids map[string]string, rec *record.Record) {
 	at := physical(rec.Cluster, rec.Topic, rec.Partition)
 	if rec.TopicID != "" && ids[at] != rec.TopicID {
-		if ids[at] != "" {
+		if !record.SameTopic(ids[at], rec.TopicID) {
 			delete(done, at)
 		}
 		ids[at] = rec.TopicID

@@ -1,0 +1,25 @@
+package record
+
+import "testing"
+
+func TestSameTopic(t *testing.T) {
+	for _, tc := range []struct {
+		a, b string
+		same bool
+	}{
+		{"", "", true},
+		{"", "c1/t1", true},
+		{"c1/t1", "", true},
+		{"c1/t1", "c1/t1", true},
+		{"c1/t1", "c1/t2", false}, // deleted and created again on the same cluster
+		{"c1/t1", "c2/t2", true},  // another cluster: rebuilt, or moved to other brokers
+		{"t1", "t1", true},        // ids without a cluster's (written before it was recorded)
+		{"t1", "t2", false},
+		{"t1", "c1/t1", true},
+		{"t1", "c1/t2", false},
+	} {
+		if got := SameTopic(tc.a, tc.b); got != tc.same {
+			t.Errorf("SameTopic(%q, %q) = %v, want %v", tc.a, tc.b, got, tc.same)
+		}
+	}
+}
