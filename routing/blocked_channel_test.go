@@ -105,3 +105,36 @@ func TestStallMarkClearedWhenNothingIsLeftInside(t *testing.T) {
 		t.Errorf("still failing with nothing inside its producer: %v", f.err)
 	}
 }
+
+// TestReleaseForgetsABlockedRecord: a partition stopped at a record refused
+// for good, then released by its agent (Router.Release), is no longer
+// stopped here: the record waited in the loop's queue, not among the held
+// produces Release dropped, so it was sent again forever for a partition
+// another agent now owns, readiness kept naming the partition, and Close
+// counted it unacknowledged.
+func TestReleaseForgetsABlockedRecord(t *testing.T) {
+	w := newWorld(t, map[string][]string{"B": {"b"}}, "A", "B")
+	w.cfg.Routing = Config{
+		Rules:    []Rule{{Name: "same", Channels: []string{"same"}}},
+		Channels: map[string]Channel{"same": {Cluster: "B", Topic: "b", Partitioner: PartitionerManual}},
+	}
+	r := w.start(nil)
+	refused := testRecord("orders", 7, 0, "") // b has partitions 0-2
+	w.handle(refused, 10*time.Second)
+	wait.For(t, 10*time.Second, "partition 7 blocked", func() error {
+		if r.nblock.Load() == 0 {
+			return errors.New("not blocked")
+		}
+		return nil
+	})
+	r.Release(refused.Owned())
+	if p := r.DeliveryProblem(time.Nanosecond); p != "" {
+		t.Errorf("DeliveryProblem = %q once the partition was released", p)
+	}
+	if n := r.inFlight(); n != 0 {
+		t.Errorf("%d produces in flight once the partition was released", n)
+	}
+	if w.acks.has(refused) {
+		t.Error("the refused record was acknowledged")
+	}
+}

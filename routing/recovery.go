@@ -269,12 +269,21 @@ func (r *Router) sendAgain(om *outMsg) {
 	}
 }
 
-// dropHeld forgets the held produces of the partitions released by
-// owner: they are not acknowledged, and the partitions' next owners
-// consume them again.
+// dropHeld forgets the held produces that match (those of a partition
+// its agent released), and those queued for the loop (a record refused for
+// good that waits for the dead-letter channel or blocks its partition):
+// they are not acknowledged, and the partitions' next owners consume them
+// again.
 func (r *Router) dropHeld(match func(*outMsg) bool) {
-	var drop []*outMsg
+	var drop, queued []*outMsg
 	r.mu.Lock()
+	r.retries = slices.DeleteFunc(r.retries, func(om *outMsg) bool {
+		if match(om) {
+			queued = append(queued, om)
+			return true
+		}
+		return false
+	})
 	for ds := range r.recovering {
 		rc := &ds.rec
 		rc.held = slices.DeleteFunc(rc.held, func(om *outMsg) bool {
@@ -286,6 +295,12 @@ func (r *Router) dropHeld(match func(*outMsg) bool) {
 		})
 	}
 	r.mu.Unlock()
+	for _, om := range queued {
+		if om.blocks != nil {
+			r.unblock(om)
+		}
+		r.settle(om)
+	}
 	for _, om := range drop {
 		r.settle(om)
 	}
