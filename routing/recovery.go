@@ -106,7 +106,8 @@ func (r *Router) producedWhileRecovering(om *outMsg) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	rc := &om.ds.rec
-	if om.resent {
+	resent := om.resent
+	if resent {
 		om.resent = false
 		rc.resending--
 	}
@@ -117,7 +118,7 @@ func (r *Router) producedWhileRecovering(om *outMsg) {
 		}
 		h.overtaken = true
 		r.m.reordered.Inc()
-		if !om.resent && om.sent.After(h.heldAt) {
+		if !resent && om.sent.After(h.heldAt) {
 			// Handed to the producer after an earlier record of its
 			// partition was held: the router broke the order itself.
 			r.breaches.Add(1)
@@ -233,8 +234,20 @@ func (r *Router) recoverDue(now time.Time) time.Duration {
 		sends = append(sends, batch...)
 	}
 	r.mu.Unlock()
+	// A produce that cannot be sent now (its producer is being opened)
+	// is held again, and so are the later ones of its source partition in
+	// this round: they are not sent ahead of it.
+	var stopped *outMsg
 	for _, om := range sends {
-		r.sendAgain(om)
+		if stopped != nil && sameSource(stopped, om) {
+			om.failures++
+			om.lastErr = stopped.lastErr
+			r.hold(om)
+			continue
+		}
+		if !r.sendAgain(om) {
+			stopped = om
+		}
 	}
 	if len(sends) > 0 {
 		return 0
@@ -242,8 +255,9 @@ func (r *Router) recoverDue(now time.Time) time.Duration {
 	return wait
 }
 
-// sendAgain sends a held produce of a recovery round.
-func (r *Router) sendAgain(om *outMsg) {
+// sendAgain sends a held produce of a recovery round. It returns false
+// when om was held again, its producer not to be had now.
+func (r *Router) sendAgain(om *outMsg) bool {
 	ctx := r.loopCtx
 	if key := om.pr.key; om.pr.retired.Load() || key.single != om.single {
 		// The cluster's definition changed (SetClusters), or the record
@@ -254,7 +268,7 @@ func (r *Router) sendAgain(om *outMsg) {
 			om.failures++
 			om.lastErr = err
 			r.hold(om)
-			return
+			return false
 		}
 		r.pool.release(om.pr, 1)
 		om.pr = pr
@@ -267,6 +281,7 @@ func (r *Router) sendAgain(om *outMsg) {
 		r.mu.Unlock()
 		r.settle(om)
 	}
+	return true
 }
 
 // dropHeld forgets the held produces that match (those of a partition

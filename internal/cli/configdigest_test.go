@@ -59,6 +59,19 @@ func TestStatusNamesTheAgentWhoseFileDiffers(t *testing.T) {
 		}
 		agents = append(agents, a)
 		t.Cleanup(func() { _ = a.Stop(context.Background()) })
+		if id == "agent-2" {
+			// The odd agent joins a fleet that already agrees, under a
+			// leader of that fleet: with two agents registered and one of
+			// them odd, the leader's digest would decide the tie.
+			wait.For(t, 10*time.Second, "agent-1 or agent-2 leading both", func() error {
+				for _, a := range agents {
+					if a.Leading() && len(a.Registered()) == 2 {
+						return nil
+					}
+				}
+				return fmt.Errorf("no leader seeing 2 agents yet")
+			})
+		}
 	}
 	var leader *agent.Agent
 	wait.For(t, 10*time.Second, "a leader that sees the three agents", func() error {
@@ -90,25 +103,29 @@ func TestStatusNamesTheAgentWhoseFileDiffers(t *testing.T) {
 		t.Errorf("kswitch_agents_config_disagree on the leader = %q, want 1", got)
 	}
 
-	// Every agent's /status names it.
+	// Every agent's /status names it (each reads the registrations it
+	// has seen: wait for its view).
 	for _, a := range agents {
-		var st struct {
-			ConfigDigest   map[string]string `json:"config_digest"`
-			ConfigDisagree []struct {
-				Agent   string   `json:"agent"`
-				Digest  string   `json:"digest"`
-				Differs []string `json:"differs"`
-			} `json:"config_disagree"`
-		}
-		if code, err := getJSON("http://"+a.HTTPAddr()+"/status", &st); err != nil || code != http.StatusOK {
-			t.Fatalf("%s /status: %d %v", a.ID(), code, err)
-		}
-		if len(st.ConfigDisagree) != 1 || st.ConfigDisagree[0].Agent != "agent-3" || fmt.Sprint(st.ConfigDisagree[0].Differs) != "[routing]" {
-			t.Errorf("%s /status: config_disagree %+v, want agent-3 in routing", a.ID(), st.ConfigDisagree)
-		}
-		if a.ID() == "agent-3" && st.ConfigDigest["digest"] != st.ConfigDisagree[0].Digest {
-			t.Errorf("agent-3's own digest %v is not the one flagged, %+v", st.ConfigDigest, st.ConfigDisagree)
-		}
+		wait.For(t, 10*time.Second, a.ID()+"'s /status naming agent-3", func() error {
+			var st struct {
+				ConfigDigest   map[string]string `json:"config_digest"`
+				ConfigDisagree []struct {
+					Agent   string   `json:"agent"`
+					Digest  string   `json:"digest"`
+					Differs []string `json:"differs"`
+				} `json:"config_disagree"`
+			}
+			if code, err := getJSON("http://"+a.HTTPAddr()+"/status", &st); err != nil || code != http.StatusOK {
+				return fmt.Errorf("/status: %d %v", code, err)
+			}
+			if len(st.ConfigDisagree) != 1 || st.ConfigDisagree[0].Agent != "agent-3" || fmt.Sprint(st.ConfigDisagree[0].Differs) != "[routing]" {
+				return fmt.Errorf("config_disagree %+v, want agent-3 in routing", st.ConfigDisagree)
+			}
+			if a.ID() == "agent-3" && st.ConfigDigest["digest"] != st.ConfigDisagree[0].Digest {
+				return fmt.Errorf("agent-3's own digest %v is not the one flagged, %+v", st.ConfigDigest, st.ConfigDisagree)
+			}
+			return nil
+		})
 	}
 
 	// kswitch status lists each agent's digest and names agent-3's.

@@ -219,7 +219,9 @@ func TestReadinessSaysWhenRecordsReachNoChannel(t *testing.T) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_ = m.Stop(ctx)
+		if err := m.Stop(ctx); err != nil {
+			t.Errorf("Stop: %v", err)
+		}
 	})
 	w.produce(t, 50)
 	w.waitDelivered(t, 50)
