@@ -344,7 +344,25 @@ func TestFleetFailoverKeepsAPlacedTopic(t *testing.T) {
 	f := startTopicsFleet(t)
 	f.pin(t, "audit", "B")
 	toB := f.waitTopicOn(t, "audit", "B", 0)
-	auditGens := f.m.generations("audit")
+	// Each of audit's partitions delivers on B before the generations are
+	// taken: a partition not yet delivered there would show up later as
+	// if restarted.
+	var auditGens map[string]int64
+	wait.For(t, 20*time.Second, "every partition of audit delivering on B", func() error {
+		auditGens = f.m.generations("audit")
+		onA, onB := 0, 0
+		for k := range auditGens {
+			if strings.HasPrefix(k, "A:") {
+				onA++
+			} else if strings.HasPrefix(k, "B:") {
+				onB++
+			}
+		}
+		if onB < onA {
+			return fmt.Errorf("%d of %d partitions delivered on B: %v", onB, onA, auditGens)
+		}
+		return nil
+	})
 
 	// orders is paused until A is gone, so that B holds mirrored records
 	// of orders nobody consumed yet: after the failover they come from B.
