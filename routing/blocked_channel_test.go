@@ -22,23 +22,7 @@ import (
 // failing mark was never cleared once the record went to the dead-letter
 // channel instead.
 func TestBlockedRecordStopsOnlyItsPartition(t *testing.T) {
-	w := newWorld(t, map[string][]string{"B": {"b", "dead"}}, "A", "B").withEtcd()
-	w.cfg.Routing = Config{
-		Rules: []Rule{{Name: "same", Channels: []string{"same"}}},
-		Channels: map[string]Channel{
-			"same": {Cluster: "B", Topic: "b", Partitioner: PartitionerManual},
-			"dead": {Cluster: "B", Topic: "dead"},
-		},
-	}
-	r := w.start(nil)
-	refused := testRecord("orders", 7, 0, "") // b has partitions 0-2
-	w.handle(refused, 10*time.Second)
-	wait.For(t, 10*time.Second, "partition 7 blocked", func() error {
-		if r.nblock.Load() == 0 {
-			return errors.New("not blocked")
-		}
-		return nil
-	})
+	w, r, refused := blockedWorld(t, "dead")
 	time.Sleep(3 * time.Second) // the loop samples the channel's health every second
 	other := testRecord("orders", 1, 0, "")
 	if err := r.Handle(t.Context(), other); err != nil {
@@ -113,20 +97,7 @@ func TestStallMarkClearedWhenNothingIsLeftInside(t *testing.T) {
 // another agent now owns, readiness kept naming the partition, and Close
 // counted it unacknowledged.
 func TestReleaseForgetsABlockedRecord(t *testing.T) {
-	w := newWorld(t, map[string][]string{"B": {"b"}}, "A", "B")
-	w.cfg.Routing = Config{
-		Rules:    []Rule{{Name: "same", Channels: []string{"same"}}},
-		Channels: map[string]Channel{"same": {Cluster: "B", Topic: "b", Partitioner: PartitionerManual}},
-	}
-	r := w.start(nil)
-	refused := testRecord("orders", 7, 0, "") // b has partitions 0-2
-	w.handle(refused, 10*time.Second)
-	wait.For(t, 10*time.Second, "partition 7 blocked", func() error {
-		if r.nblock.Load() == 0 {
-			return errors.New("not blocked")
-		}
-		return nil
-	})
+	w, r, refused := blockedWorld(t)
 	r.Release(refused.Owned())
 	if p := r.DeliveryProblem(time.Nanosecond); p != "" {
 		t.Errorf("DeliveryProblem = %q once the partition was released", p)

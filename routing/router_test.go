@@ -774,20 +774,23 @@ func countSeries(c prometheus.Collector) int {
 	return len(ch)
 }
 
-// TestRefusedRecord: a record its destination refuses for good (here a
-// manual partition the topic does not have) holds its partition while
-// there is no dead-letter channel, and goes there once there is one.
-func TestRefusedRecord(t *testing.T) {
-	w := newWorld(t, map[string][]string{"B": {"b", "dead"}}, "A", "B").withEtcd()
+// blockedWorld starts a router whose rule sends every record to channel
+// same (B's b, partition for partition; extra topics of B beside b, such
+// as a dead-letter channel's, defined but not in force) without a
+// dead-letter channel, and hands it orders/7@0, which b, of partitions
+// 0-2, refuses for good: partition 7 is blocked when it returns.
+func blockedWorld(t *testing.T, extra ...string) (*world, *Router, *record.Record) {
+	t.Helper()
+	w := newWorld(t, map[string][]string{"B": append([]string{"b"}, extra...)}, "A", "B").withEtcd()
 	w.cfg.Routing = Config{
-		Rules: []Rule{{Name: "same", Channels: []string{"same"}}},
-		Channels: map[string]Channel{
-			"same": {Cluster: "B", Topic: "b", Partitioner: PartitionerManual},
-			"dead": {Cluster: "B", Topic: "dead"},
-		},
+		Rules:    []Rule{{Name: "same", Channels: []string{"same"}}},
+		Channels: map[string]Channel{"same": {Cluster: "B", Topic: "b", Partitioner: PartitionerManual}},
+	}
+	for _, topic := range extra {
+		w.cfg.Routing.Channels[topic] = Channel{Cluster: "B", Topic: topic}
 	}
 	r := w.start(nil)
-	refused := testRecord("orders", 7, 0, "") // b has partitions 0-2
+	refused := testRecord("orders", 7, 0, "")
 	w.handle(refused, 10*time.Second)
 	wait.For(t, 10*time.Second, "partition 7 blocked", func() error {
 		if r.nblock.Load() == 0 {
@@ -795,6 +798,14 @@ func TestRefusedRecord(t *testing.T) {
 		}
 		return nil
 	})
+	return w, r, refused
+}
+
+// TestRefusedRecord: a record its destination refuses for good (here a
+// manual partition the topic does not have) holds its partition while
+// there is no dead-letter channel, and goes there once there is one.
+func TestRefusedRecord(t *testing.T) {
+	w, r, refused := blockedWorld(t, "dead")
 	next := testRecord("orders", 7, 1, "")
 	err := r.Handle(t.Context(), next)
 	var we *WaitError
