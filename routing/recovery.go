@@ -138,6 +138,19 @@ func (r *Router) producedWhileRecovering(om *outMsg) {
 	r.endRound(om.ds)
 }
 
+// leaveRound takes a produce that will not be held again out of its
+// destination's recovery round.
+func (r *Router) leaveRound(om *outMsg) {
+	if !om.resent {
+		return
+	}
+	r.mu.Lock()
+	om.resent = false
+	om.ds.rec.resending--
+	r.endRound(om.ds)
+	r.mu.Unlock()
+}
+
 // endRound closes the running round of ds once every produce of it is
 // settled. r.mu is held.
 func (r *Router) endRound(ds *destState) {
@@ -274,11 +287,7 @@ func (r *Router) sendAgain(om *outMsg) bool {
 		om.pr = pr
 	}
 	if err := om.pr.send(ctx, ctx.Done(), om.msg); err != nil {
-		r.mu.Lock()
-		om.resent = false
-		om.ds.rec.resending--
-		r.endRound(om.ds)
-		r.mu.Unlock()
+		r.leaveRound(om)
 		r.settle(om)
 	}
 	return true

@@ -139,19 +139,6 @@ func (r *Router) referenceMsg(om *outMsg, dl *channel, rule string) *outMsg {
 	return dm
 }
 
-// leaveRound takes a produce that will not be held again out of its
-// destination's recovery round.
-func (r *Router) leaveRound(om *outMsg) {
-	if !om.resent {
-		return
-	}
-	r.mu.Lock()
-	om.resent = false
-	om.ds.rec.resending--
-	r.endRound(om.ds)
-	r.mu.Unlock()
-}
-
 // deadLettered counts a record the dead-letter channel acknowledged.
 func (r *Router) deadLettered(om *outMsg) {
 	r.m.dead.WithLabelValues(cmp.Or(om.deadReason, "produce")).Inc()
