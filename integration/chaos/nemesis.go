@@ -26,22 +26,43 @@ const (
 	EtcdStop   Kind = "etcd-stop"   // etcd stops; heal: restart on its data
 )
 
-// kindSpec says what a kind targets and how long its faults last.
+// kindSpec says what a kind targets, how long its faults last and how
+// the run injects and heals one.
 type kindSpec struct {
 	kind     Kind
 	targets  []string
 	min, max time.Duration
+	// apply injects the fault on target, or heals it. target is the
+	// drawn one, except for leader-kill: the agent resolved when it
+	// fired.
+	apply func(r *run, target string, heal bool) error
 }
 
-var kinds = []kindSpec{
-	{AgentKill, agentIDs, 2 * time.Second, 15 * time.Second},
-	{AgentStop, agentIDs, 2 * time.Second, 12 * time.Second},
-	{LeaderKill, []string{"leader"}, 2 * time.Second, 15 * time.Second},
-	{KafkaStop, []string{"A", "B", "C"}, 3 * time.Second, 20 * time.Second},
-	{KafkaFail, []string{"A", "B", "C"}, 3 * time.Second, 20 * time.Second},
-	{KafkaHang, []string{"A", "B", "C"}, 3 * time.Second, 20 * time.Second},
-	{MirrorHold, []string{"mirror-AB", "mirror-BA"}, 5 * time.Second, 30 * time.Second},
-	{EtcdStop, []string{"etcd"}, 2 * time.Second, 10 * time.Second},
+// processKinds are the faults of processes: agents, clusters, mirrors,
+// etcd.
+var processKinds = []kindSpec{
+	{AgentKill, agentIDs, 2 * time.Second, 15 * time.Second, (*run).applyAgentKill},
+	{AgentStop, agentIDs, 2 * time.Second, 12 * time.Second, (*run).applyAgentStop},
+	{LeaderKill, []string{"leader"}, 2 * time.Second, 15 * time.Second, (*run).applyAgentKill},
+	{KafkaStop, []string{"A", "B", "C"}, 3 * time.Second, 20 * time.Second, stackFault("restart", "stop")},
+	{KafkaFail, []string{"A", "B", "C"}, 3 * time.Second, 20 * time.Second, stackFault("recover", "fail")},
+	{KafkaHang, []string{"A", "B", "C"}, 3 * time.Second, 20 * time.Second, stackFault("recover", "hang")},
+	{MirrorHold, []string{"mirror-AB", "mirror-BA"}, 5 * time.Second, 30 * time.Second, stackFault("release", "hold")},
+	{EtcdStop, []string{"etcd"}, 2 * time.Second, 10 * time.Second, stackFault("restart", "stop")},
+}
+
+// kinds are every kind the nemesis draws from, in a fixed order (a
+// timeline is a function of it: adding a kind changes what a seed draws).
+var kinds = slices.Concat(processKinds)
+
+// kindSpecOf returns k's spec.
+func kindSpecOf(k Kind) (kindSpec, bool) {
+	for _, s := range kinds {
+		if s.kind == k {
+			return s, true
+		}
+	}
+	return kindSpec{}, false
 }
 
 // agentIDs are the fleet's agents.

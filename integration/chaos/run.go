@@ -175,29 +175,32 @@ func (r *run) apply(s step) error {
 	r.mu.Lock()
 	r.applied = append(r.applied, appliedStep{time.Since(r.start), fmt.Sprintf("%s #%d %s %s", verb, f.N, f.Kind, target)})
 	r.mu.Unlock()
-	switch f.Kind {
-	case AgentKill, LeaderKill:
-		a := r.agent(target)
-		if s.heal {
-			return a.start()
-		}
-		a.kill()
-	case AgentStop:
-		r.agent(target).sigstop(!s.heal)
-	case KafkaStop:
-		return r.stack.fault(target, pick(s.heal, "restart", "stop"))
-	case KafkaFail:
-		return r.stack.fault(target, pick(s.heal, "recover", "fail"))
-	case KafkaHang:
-		return r.stack.fault(target, pick(s.heal, "recover", "hang"))
-	case MirrorHold:
-		return r.stack.fault(target, pick(s.heal, "release", "hold"))
-	case EtcdStop:
-		return r.stack.fault("etcd", pick(s.heal, "restart", "stop"))
-	default:
+	spec, ok := kindSpecOf(f.Kind)
+	if !ok {
 		return fmt.Errorf("unknown fault kind %s", f.Kind)
 	}
+	return spec.apply(r, target, s.heal)
+}
+
+func (r *run) applyAgentKill(target string, heal bool) error {
+	a := r.agent(target)
+	if heal {
+		return a.start()
+	}
+	a.kill()
 	return nil
+}
+
+func (r *run) applyAgentStop(target string, heal bool) error {
+	r.agent(target).sigstop(!heal)
+	return nil
+}
+
+// stackFault is a fault the stack applies: action inject, then heal.
+func stackFault(heal, inject string) func(r *run, target string, healing bool) error {
+	return func(r *run, target string, healing bool) error {
+		return r.stack.fault(target, pick(healing, heal, inject))
+	}
 }
 
 func pick(heal bool, ifHeal, ifInject string) string {
