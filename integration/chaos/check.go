@@ -57,6 +57,8 @@ type Result struct {
 	Settled               time.Duration // from the producer's stop to all on C and committed
 	FaultsApplied         int
 	LeaderKillsUnresolved int
+	CommitsChecked        int // agents' commits in etcd's history checked against their fence
+	ReadyzChecked         int // /readyz answers checked against the partitions' positions
 }
 
 // Failed reports whether an invariant broke.
@@ -151,6 +153,12 @@ func (r *run) check(ctx context.Context, stopped time.Time) (*Result, error) {
 	}
 	r.checkOrder(res, got)
 	r.checkLeaders(ctx, cli, res)
+	if err := r.obs.fleet.hist.caughtUp(ctx, cli); err != nil {
+		res.Violations = append(res.Violations, Violation{Invariant: "history", At: time.Since(r.start), Record: err.Error(),
+			Detail: "the checker could not read etcd's history to its end"})
+	}
+	r.obs.fleet.hist.checkCommits(r, res)
+	r.obs.fleet.checkReadiness(res)
 	r.obs.mu.Lock()
 	for _, c := range r.obs.crashed {
 		res.Violations = append(res.Violations, Violation{Invariant: "agent-exit", Record: c, Detail: "an agent process ended without being killed"})
@@ -471,6 +479,8 @@ func (r *run) report(res *Result) {
 	fmt.Fprintf(w, "  duplicates                             %d (explained: %d; switches' rewound+lagged %d over %d switches)\n", res.Duplicates, res.DuplicateBudget, res.SwitchRedeliveries, res.Switches)
 	fmt.Fprintf(w, "  out of order (first copies)            %d (counted by the agents: %v)\n", res.Reordered, res.ReorderedCounted)
 	fmt.Fprintf(w, "  terms seen (/leader)                   %d\n", res.Terms)
+	fmt.Fprintf(w, "  agents' commits checked (etcd history) %d\n", res.CommitsChecked)
+	fmt.Fprintf(w, "  /readyz answers checked                %d\n", res.ReadyzChecked)
 	if res.Settled > 0 {
 		fmt.Fprintf(w, "  settled after the producer stopped     %v (bound %v)\n", res.Settled.Round(100*time.Millisecond), settleBound)
 	}

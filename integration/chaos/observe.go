@@ -79,6 +79,8 @@ type observer struct {
 	claims   []leaderClaim
 	reorders map[string]float64 // "<agent>#<incarnation>" → kswitch_routing_reordered_total, the highest seen
 	crashed  []string           // agents that exited by themselves
+
+	fleet *fleetWatch // etcd's history and the agents' readiness (startFleetWatch); stopped by stop
 }
 
 func startObserver(brokers []string, topic string, parts int32, agents []*agentProc, start time.Time) (*observer, error) {
@@ -114,6 +116,9 @@ func (o *observer) every(ctx context.Context, d time.Duration, f func()) {
 func (o *observer) stop() {
 	o.cancel()
 	o.wg.Wait()
+	if o.fleet != nil {
+		o.fleet.stop()
+	}
 	o.cl.Close()
 }
 

@@ -85,6 +85,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if r.obs, err = startObserver(r.stack.info.Clusters["C"], r.stack.info.OutTopic, r.stack.info.Partitions, r.agents, r.start); err != nil {
 		return nil, err
 	}
+	if r.obs.fleet, err = startFleetWatch(r.stack.info, r.agents, r.start); err != nil {
+		return nil, err
+	}
 	r.say("stack %s (etcd %s; A %s, B %s, C %s), agents %s, %s, %d records/s; logs in %s",
 		r.stack.control, r.stack.info.Etcd[0], r.stack.info.Clusters["A"][0], r.stack.info.Clusters["B"][0], r.stack.info.Clusters["C"][0],
 		agentIDs, cfg.Mode, cfg.Rate, cfg.Dir)
