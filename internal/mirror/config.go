@@ -63,6 +63,15 @@ type Config struct {
 	// this. Default 100 ms.
 	FetchMaxWait time.Duration
 
+	// PartitionRefresh, when > 0, is how often the mirror looks for
+	// partitions added to its source topics, as MirrorMaker 2 does every
+	// refresh.topics.interval.seconds: it grows the remote topic to the
+	// source topic's count (CreatePartitions on the target), writes
+	// TargetPrefill filler records to each new partition and copies it
+	// from its start. Default 0: partitions added after Start are not
+	// copied.
+	PartitionRefresh time.Duration
+
 	// Logger receives state changes at info (started, stopped, stalled,
 	// resumed) and warn (data that could not be copied exactly), and every
 	// copied batch at debug. Default: no logs.
@@ -153,6 +162,9 @@ func (c Config) Validate() error {
 	}
 	if c.RetryBackoffMax < c.RetryBackoff {
 		errs = append(errs, fmt.Errorf("RetryBackoffMax %v < RetryBackoff %v", c.RetryBackoffMax, c.RetryBackoff))
+	}
+	if c.PartitionRefresh < 0 {
+		errs = append(errs, fmt.Errorf("PartitionRefresh %v is negative", c.PartitionRefresh))
 	}
 	if c.FetchMaxWait > requestTimeout/2 {
 		errs = append(errs, fmt.Errorf("FetchMaxWait %v: at most %v", c.FetchMaxWait, requestTimeout/2))

@@ -54,7 +54,9 @@
 //
 // A new Mirror always starts at the source's oldest offsets: starting one
 // again over a target that an earlier Mirror filled copies everything again.
-// Partitions added to a source topic after Start are not copied.
+// Partitions added to a source topic after Start are copied when
+// Config.PartitionRefresh is set (as MirrorMaker 2 copies them), and not
+// otherwise.
 //
 // # Offset-syncs
 //

@@ -293,6 +293,51 @@ func ensureTopic(cl sarama.Client, v sarama.KafkaVersion, topic string, partitio
 	return int32(len(ps)), nil
 }
 
+// growTopic grows topic to at least partitions partitions with a
+// CreatePartitions request to the controller (a topic already that large
+// is left alone).
+func growTopic(cl sarama.Client, v sarama.KafkaVersion, topic string, partitions int32) error {
+	if err := cl.RefreshMetadata(topic); err != nil {
+		return err
+	}
+	ps, err := cl.Partitions(topic)
+	if err != nil {
+		return err
+	}
+	if int32(len(ps)) >= partitions {
+		return nil
+	}
+	controller, err := cl.Controller()
+	if err != nil {
+		return err
+	}
+	req := &sarama.CreatePartitionsRequest{
+		TopicPartitions: map[string]*sarama.TopicPartition{topic: {Count: partitions}},
+		Timeout:         requestTimeout / 2,
+	}
+	if v.IsAtLeast(sarama.V2_0_0_0) {
+		req.Version = 1
+	}
+	resp, err := controller.CreatePartitions(req)
+	if err != nil {
+		return err
+	}
+	// INVALID_PARTITIONS: another writer grew it first; the refresh tells.
+	if te := resp.TopicPartitionErrors[topic]; te != nil && te.Err != sarama.ErrNoError && te.Err != sarama.ErrInvalidPartitions {
+		return te
+	}
+	if err := cl.RefreshMetadata(topic); err != nil {
+		return err
+	}
+	if ps, err = cl.Partitions(topic); err != nil {
+		return err
+	}
+	if int32(len(ps)) < partitions {
+		return fmt.Errorf("%s has %d partitions after CreatePartitions to %d", topic, len(ps), partitions)
+	}
+	return nil
+}
+
 // dialer is the mirror's sarama dialer. It remembers its connections so
 // that closeAll can cut them, which fails every request in flight at once
 // (sarama holds a broker's lock for a whole request, so closing a client

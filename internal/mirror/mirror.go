@@ -27,7 +27,11 @@ type Mirror struct {
 	log    *zap.Logger
 	dialer *dialer
 	topics []string // source topics, for metadata refreshes
-	parts  []*partition
+	// parts grows (PartitionRefresh) on the loop goroutine, under
+	// partsMu; the loop reads it without the lock, others through
+	// partitions.
+	parts   []*partition
+	partsMu sync.Mutex
 
 	// src and dst are the two clusters' clients; syncs is the one that
 	// holds the offset-syncs topic. The loop uses them; Lag and CaughtUp
@@ -60,6 +64,7 @@ type Mirror struct {
 	stalled      bool
 	stalledSince time.Time
 	lastErr      string
+	grownAt      time.Time // the last look for partitions added (PartitionRefresh)
 }
 
 // partition is one source partition and its copy.
@@ -165,18 +170,94 @@ func (m *Mirror) setup() error {
 		}
 	}
 	for _, p := range m.parts {
-		if err := m.prefill(p); err != nil {
+		if err := m.begin(p); err != nil {
 			return err
 		}
-		if p.next, err = m.dst.GetOffset(p.remote, p.id, sarama.OffsetNewest); err != nil {
-			return fmt.Errorf("mirror: end of %s/%d on %s: %w", p.remote, p.id, c.TargetName, err)
+	}
+	m.grownAt = time.Now()
+	return nil
+}
+
+// begin prefills p's target partition and sets p to copy from the source
+// partition's start.
+func (m *Mirror) begin(p *partition) error {
+	if err := m.prefill(p); err != nil {
+		return err
+	}
+	var err error
+	if p.next, err = m.dst.GetOffset(p.remote, p.id, sarama.OffsetNewest); err != nil {
+		return fmt.Errorf("mirror: end of %s/%d on %s: %w", p.remote, p.id, m.cfg.TargetName, err)
+	}
+	if p.fetchAt, err = m.src.GetOffset(p.topic, p.id, sarama.OffsetOldest); err != nil {
+		return fmt.Errorf("mirror: start of %s/%d on %s: %w", p.topic, p.id, m.cfg.SourceName, err)
+	}
+	p.pos.Store(p.fetchAt)
+	return nil
+}
+
+// grow looks, every PartitionRefresh, for partitions added to the source
+// topics: the remote topic grows to the source topic's count, and each
+// new partition is prefilled and then copied from its start. A failure
+// fails the round; the next round looks again (a partition prefilled
+// and not yet added is prefilled again: fillers only).
+func (m *Mirror) grow() error {
+	if m.cfg.PartitionRefresh <= 0 || time.Since(m.grownAt) < m.cfg.PartitionRefresh {
+		return nil
+	}
+	if err := m.src.RefreshMetadata(m.topics...); err != nil {
+		return fmt.Errorf("mirror: metadata of %v on %s: %w", m.topics, m.cfg.SourceName, err)
+	}
+	known := map[string]map[int32]bool{}
+	for _, p := range m.parts {
+		if known[p.topic] == nil {
+			known[p.topic] = map[int32]bool{}
 		}
-		if p.fetchAt, err = m.src.GetOffset(p.topic, p.id, sarama.OffsetOldest); err != nil {
-			return fmt.Errorf("mirror: start of %s/%d on %s: %w", p.topic, p.id, c.SourceName, err)
+		known[p.topic][p.id] = true
+	}
+	var added []*partition
+	for _, t := range m.topics {
+		ids, err := m.src.Partitions(t)
+		if err != nil {
+			return fmt.Errorf("mirror: source topic %s on %s: %w", t, m.cfg.SourceName, err)
 		}
-		p.pos.Store(p.fetchAt)
+		ids = slices.Sorted(slices.Values(ids))
+		var fresh []int32
+		for _, id := range ids {
+			if !known[t][id] {
+				fresh = append(fresh, id)
+			}
+		}
+		if len(fresh) == 0 {
+			continue
+		}
+		r := m.cfg.RemoteTopic(t)
+		if err := growTopic(m.dst, m.cfg.Version, r, int32(len(ids))); err != nil {
+			return fmt.Errorf("mirror: grow %s on %s to the %d partitions of %s on %s: %w", r, m.cfg.TargetName, len(ids), t, m.cfg.SourceName, err)
+		}
+		for _, id := range fresh {
+			p := &partition{topic: t, remote: r, id: id, fetchSize: fetchPartitionBytes}
+			if err := m.begin(p); err != nil {
+				return err
+			}
+			added = append(added, p)
+		}
+		m.log.Info("mirror: partitions added to the source topic; copying them",
+			zap.String("topic", t), zap.Int32s("partitions", fresh), zap.String("remote", r), zap.Int("total", len(ids)))
+	}
+	m.grownAt = time.Now()
+	if len(added) > 0 {
+		m.partsMu.Lock()
+		m.parts = append(m.parts, added...)
+		m.partsMu.Unlock()
 	}
 	return nil
+}
+
+// partitions returns the partitions copied so far, for use off the loop.
+func (m *Mirror) partitions() []*partition {
+	m.partsMu.Lock()
+	defer m.partsMu.Unlock()
+	return m.parts
 }
 
 // prefill writes cfg.TargetPrefill filler records to p's target partition.
@@ -249,10 +330,11 @@ func (m *Mirror) Copied() int64 { return m.copied.Load() }
 // the mirror stops.
 func (m *Mirror) CaughtUp(ctx context.Context) error {
 	backoff := m.cfg.RetryBackoff
+	parts := m.partitions()
 	var hwms []int64
 	for {
 		var err error
-		if hwms, err = m.highWatermarks(); err == nil {
+		if hwms, err = m.highWatermarks(parts); err == nil {
 			break
 		}
 		if errors.Is(err, ErrStopped) {
@@ -275,7 +357,7 @@ func (m *Mirror) CaughtUp(ctx context.Context) error {
 		progress := m.progress
 		m.progressMu.Unlock()
 		reached := true
-		for i, p := range m.parts {
+		for i, p := range parts {
 			if p.pos.Load() < hwms[i] {
 				reached = false
 				break
@@ -299,25 +381,26 @@ func (m *Mirror) CaughtUp(ctx context.Context) error {
 // copied (with its offset-sync, when configured). It fails when the source
 // is unreachable.
 func (m *Mirror) Lag() (int64, error) {
-	hwms, err := m.highWatermarks()
+	parts := m.partitions()
+	hwms, err := m.highWatermarks(parts)
 	if err != nil {
 		return 0, err
 	}
 	var lag int64
-	for i, p := range m.parts {
+	for i, p := range parts {
 		lag += max(0, hwms[i]-p.pos.Load())
 	}
 	return lag, nil
 }
 
-func (m *Mirror) highWatermarks() ([]int64, error) {
+func (m *Mirror) highWatermarks(parts []*partition) ([]int64, error) {
 	m.clientsMu.RLock()
 	defer m.clientsMu.RUnlock()
 	if m.clientsClosed {
 		return nil, ErrStopped
 	}
-	hwms := make([]int64, len(m.parts))
-	for i, p := range m.parts {
+	hwms := make([]int64, len(parts))
+	for i, p := range parts {
 		h, err := m.src.GetOffset(p.topic, p.id, sarama.OffsetNewest)
 		if err != nil {
 			return nil, fmt.Errorf("mirror: high watermark of %s/%d on %s: %w", p.topic, p.id, m.cfg.SourceName, err)
@@ -403,6 +486,9 @@ func (m *Mirror) run(ctx context.Context) {
 // fetch.
 func (m *Mirror) round(ctx context.Context) error {
 	if err := m.write(ctx); err != nil {
+		return err
+	}
+	if err := m.grow(); err != nil {
 		return err
 	}
 	return m.fetch(ctx)

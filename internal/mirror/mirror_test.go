@@ -688,3 +688,39 @@ func TestContextEndsMirror(t *testing.T) {
 		t.Fatalf("CaughtUp = %v, want ErrStopped", err)
 	}
 }
+
+// TestPartitionsAdded: with PartitionRefresh, partitions added to a source
+// topic while the mirror runs are created on the target and copied from
+// their start, as MirrorMaker 2 does; the partitions copied before go on.
+func TestPartitionsAdded(t *testing.T) {
+	const n, prefill = 20, 3
+	a, b := pair(t, map[string]int32{"orders": 2})
+	m := startMirror(t, Config{
+		Source: a.Brokers(), Target: b.Brokers(), SourceName: "A", TargetName: "B",
+		Topics: []string{"orders"}, RemoteTopic: func(t string) string { return "A." + t },
+		TargetPrefill: prefill, PartitionRefresh: 100 * time.Millisecond,
+	})
+	p := newProducer(t, newClient(t, a))
+	for part := range int32(2) {
+		produceN(t, p, "orders", part, 0, n)
+	}
+	caughtUp(t, m)
+	if err := a.AddPartitions("orders", 4); err != nil {
+		t.Fatal(err)
+	}
+	p = newProducer(t, newClient(t, a)) // metadata with 4 partitions
+	for part := range int32(4) {
+		produceN(t, p, "orders", part, n, n)
+	}
+	wait.For(t, 10*time.Second, "the mirror copies 4 partitions", func() error {
+		if got := len(m.partitions()); got != 4 {
+			return fmt.Errorf("%d partitions", got)
+		}
+		return nil
+	})
+	caughtUp(t, m)
+	ac, bc := newClient(t, a), newClient(t, b)
+	for part := range int32(4) {
+		checkCopy(t, ac, bc, "orders", "A.orders", part, prefill)
+	}
+}
