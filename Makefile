@@ -108,6 +108,29 @@ chaos: build
 	CHAOS_FAULTS=$(CHAOS_FAULTS) CHAOS_MODE=$(CHAOS_MODE) CHAOS_LOG_DIR=$(CURDIR)/integration/logs/chaos \
 	$(GO) test -count=1 -tags chaos -timeout 0 -v -run '^TestChaos$$' ./integration/chaos/
 
+## chaos-ci: the short chaos pass CI runs (docs/CHAOS.md, "In CI"): make chaos for CHAOS_CI_DURATION (1m) with each seed:mode of CHAOS_CI_SEEDS, then one random seed (printed before it runs, its mode drawn from it); fails naming every seed that failed and its replay command
+CHAOS_CI_SEEDS    ?= 1:at_least_once 2:exactly_once
+CHAOS_CI_DURATION ?= 1m
+.PHONY: chaos-ci
+chaos-ci: build
+	$(GO) build -tags chaos -o $(BIN)/chaosstack ./integration/chaos/stack
+	$(GO) test -c -tags chaos -o $(BIN)/chaos.test ./integration/chaos/
+	@random=$$(( (RANDOM << 15 | RANDOM) % 1000000 )); modes=(at_least_once exactly_once); \
+	runs="$(CHAOS_CI_SEEDS) $$random:$${modes[$$(( random % 2 ))]}"; \
+	echo "chaos-ci: $(CHAOS_CI_DURATION) each, seed:mode $$runs (the last one random)"; \
+	failed=(); \
+	for run in $$runs; do seed=$${run%%:*}; mode=$${run#*:}; \
+	  echo "== chaos-ci: seed $$seed, $$mode, $(CHAOS_CI_DURATION)"; \
+	  CHAOS_BIN=$(CURDIR)/$(BIN)/kswitch CHAOS_STACK=$(CURDIR)/$(BIN)/chaosstack CHAOS_SEED=$$seed CHAOS_DURATION=$(CHAOS_CI_DURATION) \
+	  CHAOS_MODE=$$mode CHAOS_LOG_DIR=$(CURDIR)/integration/logs/chaos $(BIN)/chaos.test -test.count=1 -test.timeout=10m -test.v -test.run '^TestChaos$$' \
+	    | tee $(BIN)/chaos-ci.out; \
+	  if [ $${PIPESTATUS[0]} -ne 0 ] || ! grep -q '^--- PASS: TestChaos' $(BIN)/chaos-ci.out; then failed+=("$$seed:$$mode"); fi; \
+	done; \
+	if [ $${#failed[@]} -gt 0 ]; then \
+	  for f in "$${failed[@]}"; do echo "chaos-ci: seed $${f%%:*} FAILED ($${f#*:}); replay: make chaos CHAOS_SEED=$${f%%:*} CHAOS_DURATION=$(CHAOS_CI_DURATION) CHAOS_MODE=$${f#*:}"; done; \
+	  exit 1; fi; \
+	echo "chaos-ci: every seed passed: $$runs"
+
 ## etcd-bin: the pinned etcd server and etcdctl (integration/tools/etcd/go.mod), built into $(CACHE)
 etcd-bin:
 	@if [ -x $(ETCD_DIR)/etcd ] && [ -x $(ETCD_DIR)/etcdctl ]; then echo "etcd $(ETCD_VERSION) cached in $(ETCD_DIR)"; else \
