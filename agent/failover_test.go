@@ -47,6 +47,13 @@ func startDCWith(t testing.TB, offsetSyncs bool) *dc {
 	if offsetSyncs {
 		syncs = "mm2-offset-syncs.A.internal" // MirrorMaker 2 names it after the source when it lives on the target
 	}
+	return startDCSyncs(t, syncs, true)
+}
+
+// startDCSyncs is startDC with the mirror's offset-syncs topic syncs (none
+// when empty), on B (onTarget) or on A, MirrorMaker 2's default.
+func startDCSyncs(t testing.TB, syncs string, onTarget bool) *dc {
+	t.Helper()
 	d := &dc{
 		etcd: testenv.StartEtcdT(t),
 		a:    testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": failoverPartitions}}),
@@ -60,7 +67,7 @@ func startDCWith(t testing.TB, offsetSyncs bool) *dc {
 		// Like MirrorMaker 2 with offset-syncs.topic.location=target: the
 		// syncs stay readable when A is down, for partitions whose last
 		// consumed record had not reached B yet.
-		OffsetSyncsTopic: syncs, OffsetSyncsOnTarget: true,
+		OffsetSyncsTopic: syncs, OffsetSyncsOnTarget: onTarget,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -358,4 +365,64 @@ func (l *ledger) duplicates() int {
 		n += max(0, c-1)
 	}
 	return n
+}
+
+// TestFailoverFromAHungCluster: A's brokers accept connections and answer
+// nothing, as a blackholed data centre does. The fleet fails over after
+// the failure window at default settings, and the switch's own steps
+// (from its decision to the assignment on B) stay under one probe
+// timeout: nothing in the switch waits on A, also when the offset-syncs
+// live on A (MirrorMaker 2's default), where translation read them before
+// (3.02 s: a probe timeout per broker of A). Every position is translated
+// by fingerprint on B; nothing is handled twice.
+func TestFailoverFromAHungCluster(t *testing.T) {
+	for _, syncsOn := range []string{"target", "source"} {
+		t.Run("syncs on "+syncsOn, func(t *testing.T) {
+			d := startDCSyncs(t, "mm2-offset-syncs.A.internal", syncsOn == "target")
+			if syncsOn == "source" {
+				d = startDCSyncs(t, "mm2-offset-syncs.B.internal", false)
+			}
+			cli := testenv.EtcdClientT(t, d.etcd)
+			settings := func(c *config.Config) {
+				c.Failover = config.Default().Failover
+				b := c.Clusters["B"]
+				b.OffsetSyncsOn = syncsOn
+				c.Clusters["B"] = b
+			}
+			l, agents, p := flowingFleet(t, d, settings)
+			wait.For(t, 20*time.Second, "records flowing through A and mirrored to B", func() error {
+				if n := l.count(); n < 300 || d.mirror.Copied() < 300 {
+					return fmt.Errorf("%d handled, %d mirrored", n, d.mirror.Copied())
+				}
+				return nil
+			})
+			cfg := d.config("x")
+			settings(&cfg)
+			began := time.Now()
+			d.a.Hang()
+			waitConsuming(t, cfg.Failover.FailureWindow+10*time.Second, "B", agents...)
+			took := time.Since(began)
+			p.halt()
+			h := readHistory(t, cli)
+			if len(h) != 1 {
+				t.Fatalf("history %+v, want one failover", h)
+			}
+			t.Logf("failover: decided %v, switch took %v, consuming B %v after A hung (failure window %v, probe timeout %v): %s",
+				h[0].Started.Sub(began), h[0].Finished.Sub(h[0].Started), took, cfg.Failover.FailureWindow, cfg.Failover.ProbeTimeout, h[0].Reason)
+			for _, ps := range h[0].Partitions {
+				t.Logf("%s/%d: %s (%s)", ps.ToTopic, ps.Partition, ps.Method, ps.Detail)
+				if ps.Method != "fingerprint" {
+					t.Errorf("%s/%d translated by %s, want fingerprint", ps.ToTopic, ps.Partition, ps.Method)
+				}
+			}
+			if steps := h[0].Finished.Sub(h[0].Started); steps >= cfg.Failover.ProbeTimeout {
+				t.Errorf("the switch's own steps took %v on a hung A: something waited on A (probe timeout %v)", steps, cfg.Failover.ProbeTimeout)
+			}
+			waitAllHandled(t, l, idsOn(t, d.b, "A.orders"), 20*time.Second)
+			if dups := l.duplicates(); dups != 0 {
+				t.Errorf("%d duplicates after a failover with fingerprint alignment", dups)
+			}
+			d.a.Recover()
+		})
+	}
 }

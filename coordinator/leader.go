@@ -313,7 +313,7 @@ func (l *Leader) checkCaughtUp(ctx context.Context, t *term, log *zap.Logger) (b
 	// The check runs every 2 s while failback waits: discovery's warning
 	// of a configured topic missing on the primary is the discovery
 	// loop's to give, once, not this check's each time.
-	x, err := l.openTranslation(ctx, standby, primary, zap.NewNop())
+	x, err := l.openTranslation(ctx, standby, primary, false, zap.NewNop())
 	if err != nil {
 		return false, err.Error(), -1
 	}

@@ -87,7 +87,7 @@ func (l *Leader) prepare(ctx context.Context, t *term, to string, live func() []
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		x, err := l.openTranslation(pctx, from, to, log)
+		x, err := l.openTranslation(pctx, from, to, false, log)
 		if err != nil {
 			log.Info("cannot open the translation clients ahead of the switch; opening them after the revoke", zap.Error(err))
 			return

@@ -464,16 +464,47 @@ type translation struct {
 }
 
 // lazyClient opens a client on first use and keeps it (or the failure).
+// The opening is given up after within: sarama's NewClient bounds each
+// seed broker's dial and metadata request by the timeout, not the whole,
+// so a cluster whose brokers accept connections and answer nothing (a
+// hung or blackholed data centre) costs the timeout once per broker. A
+// given-up opening runs on in bg and closes its client when it ends.
 type lazyClient struct {
 	once   sync.Once
 	open   func() (sarama.Client, error)
+	within time.Duration
+	bg     *sync.WaitGroup
 	client sarama.Client
 }
 
 func (c *lazyClient) get() sarama.Client {
 	c.once.Do(func() {
-		if cl, err := c.open(); err == nil {
-			c.client = cl
+		type opened struct {
+			client sarama.Client
+			err    error
+		}
+		done := make(chan opened, 1)
+		c.bg.Add(1)
+		go func() {
+			defer c.bg.Done()
+			cl, err := c.open()
+			done <- opened{cl, err}
+		}()
+		timer := time.NewTimer(c.within)
+		defer timer.Stop()
+		select {
+		case o := <-done:
+			if o.err == nil {
+				c.client = o.client
+			}
+		case <-timer.C:
+			c.bg.Add(1)
+			go func() {
+				defer c.bg.Done()
+				if o := <-done; o.err == nil {
+					_ = o.client.Close()
+				}
+			}()
 		}
 	})
 	return c.client
@@ -487,7 +518,13 @@ func (c *lazyClient) close() {
 }
 
 // openTranslation connects to `to` and lists the source partitions there.
-func (l *Leader) openTranslation(ctx context.Context, from, to string, log *zap.Logger) (*translation, error) {
+// fromDown says a quorum of agents does not reach `from` (a failover):
+// translation then never connects to it, and the offset-syncs kept there
+// are not read. Fingerprints and timestamps on `to` still translate every
+// position; trying a cluster the fleet has just declared down would cost
+// the switch a probe timeout when its brokers hang, and nothing when they
+// refuse, so a switch from a hung cluster is as fast as from a stopped one.
+func (l *Leader) openTranslation(ctx context.Context, from, to string, fromDown bool, log *zap.Logger) (*translation, error) {
 	conf := l.conf()
 	target, err := kafka.NewClientWith(to, conf.clusters[to], kafka.Options{Dialer: l.dialer(to)})
 	if err != nil {
@@ -495,9 +532,12 @@ func (l *Leader) openTranslation(ctx context.Context, from, to string, log *zap.
 	}
 	x := &translation{from: from, to: to, naming: conf.naming, target: target, unconsumed: conf.source.InitialOffset}
 	x.source = &lazyClient{open: func() (sarama.Client, error) {
+		if fromDown {
+			return nil, fmt.Errorf("coordinator: %s is down: its offset-syncs are not read", from)
+		}
 		return kafka.NewClientWith(from, conf.clusters[from],
 			kafka.Options{Dialer: l.dialer(from), Timeout: l.cfg.Failover.ProbeTimeout})
-	}}
+	}, within: l.cfg.Failover.ProbeTimeout, bg: l.bg}
 	d := &discovery{leader: l, cluster: to, log: log, client: target, def: conf.clusters[to], missing: map[string]bool{}}
 	if x.all, err = d.partitions(ctx, conf); err != nil {
 		x.close()
@@ -676,7 +716,7 @@ func (l *Leader) translateFrom(ctx context.Context, t *term, from, to string, pr
 	parts []PartitionSwitch, ops []clientv3.Op, replicaWait time.Duration, err error) {
 	x, hints := prep.use(from, to)
 	if x == nil {
-		if x, err = l.openTranslation(ctx, from, to, log); err != nil {
+		if x, err = l.openTranslation(ctx, from, to, !planned, log); err != nil {
 			return nil, nil, 0, err
 		}
 		defer x.close()
