@@ -29,9 +29,9 @@ import (
 //     channels);
 //   - source: every field but max_in_flight_mib, a bound of the agent's own
 //     memory;
-//   - clusters: every cluster with every field but client_id, tls and sasl
-//     (certificate paths, users and passwords may differ per host, and no
-//     secret is hashed), brokers sorted;
+//   - clusters: every cluster with every field but client_id, tls, sasl
+//     and proxy (certificate paths, users, passwords and the SOCKS bastion
+//     may differ per host, and no secret is hashed), brokers sorted;
 //   - failover: the whole section (the leader applies it, and any agent may
 //     lead).
 //
@@ -58,7 +58,7 @@ func DigestConfig(cfg config.Config) ConfigDigest {
 	clusters := make(map[string]config.Cluster, len(cfg.Clusters))
 	for name, c := range cfg.Clusters {
 		c.Brokers = slices.Sorted(slices.Values(c.Brokers))
-		c.ClientID, c.TLS, c.SASL = "", config.TLS{}, config.SASL{}
+		c.ClientID, c.TLS, c.SASL, c.Proxy = "", config.TLS{}, config.SASL{}, ""
 		clusters[name] = c
 	}
 	d := ConfigDigest{

@@ -39,9 +39,10 @@ func TestDigestConfigCoversTheFleetWideParts(t *testing.T) {
 		{"agent id and addresses", func(c *config.Config) { c.Agent.ID, c.Agent.HTTP, c.Agent.Gossip = "agent-9", "0.0.0.0:9", "0.0.0.0:7" }},
 		{"etcd", func(c *config.Config) { c.Etcd.Endpoints, c.Etcd.Username = []string{"other:2379"}, "me" }},
 		{"log", func(c *config.Config) { c.Log.Level = "debug" }},
-		{"a cluster's TLS files, SASL and client id", func(c *config.Config) {
+		{"a cluster's TLS files, SASL, proxy and client id", func(c *config.Config) {
 			a := c.Clusters["A"]
 			a.TLS.CAFile, a.SASL.Username, a.SASL.Password, a.ClientID = "/etc/ca.pem", "u", "secret", "host-2"
+			a.Proxy = "socks5://bastion-2:1080"
 			c.Clusters["A"] = a
 		}},
 		{"the order of the brokers", func(c *config.Config) {

@@ -161,6 +161,12 @@ type Cluster struct {
 	TLS TLS `yaml:"tls"`
 	// SASL authenticates to the brokers.
 	SASL SASL `yaml:"sasl"`
+	// Proxy is a SOCKS5 proxy (socks5://host:port, or with credentials
+	// socks5://user:password@host:port) that every connection to the
+	// cluster's brokers goes through: the bootstrap brokers and the
+	// addresses they advertise, for a cluster reached through a bastion.
+	// Empty: direct connections.
+	Proxy ProxyURL `yaml:"proxy" help:"SOCKS5 proxy for every connection to the brokers: socks5://host:port or socks5://user:password@host:port (default: none)"`
 
 	// The fields below describe how MirrorMaker 2 (or a replicator that
 	// follows its conventions) fills this cluster with copies of the other

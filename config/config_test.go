@@ -201,7 +201,7 @@ clusters:
     role: primary
     brokerz: [127.0.0.1:9092]
 `,
-			want: []string{`config: f.yaml line 7: unknown field "brokerz" in clusters.A (known: brokers, role, version, client_id, tls, sasl, replication_policy, source_alias, offset_syncs_topic, offset_syncs_on, checkpoints_topic, delivery, transaction_interval)`},
+			want: []string{`config: f.yaml line 7: unknown field "brokerz" in clusters.A (known: brokers, role, version, client_id, tls, sasl, proxy, replication_policy, source_alias, offset_syncs_topic, offset_syncs_on, checkpoints_topic, delivery, transaction_interval)`},
 		},
 		{
 			name: "unknown top-level field",
@@ -680,7 +680,7 @@ func TestBadOverrides(t *testing.T) {
 		{"flag cluster syntax", nil, []string{"--cluster=A:brokers=x"},
 			[]string{`for "--cluster" flag: want NAME.field=value`}},
 		{"flag cluster field", nil, []string{"--cluster=A.brokerz=x:1"},
-			[]string{`for "--cluster" flag: unknown cluster field "brokerz" (known: brokers, role, version, client_id, tls.enabled, tls.ca_file, tls.cert_file, tls.key_file, tls.server_name, tls.insecure_skip_verify, sasl.mechanism, sasl.username, sasl.password, sasl.password_file, replication_policy, source_alias, offset_syncs_topic, offset_syncs_on, checkpoints_topic, delivery, transaction_interval)`}},
+			[]string{`for "--cluster" flag: unknown cluster field "brokerz" (known: brokers, role, version, client_id, tls.enabled, tls.ca_file, tls.cert_file, tls.key_file, tls.server_name, tls.insecure_skip_verify, sasl.mechanism, sasl.username, sasl.password, sasl.password_file, proxy, replication_policy, source_alias, offset_syncs_topic, offset_syncs_on, checkpoints_topic, delivery, transaction_interval)`}},
 		{"flag ambiguous cluster", nil, []string{"--cluster=AB.role=sink"},
 			[]string{`config: --cluster AB.role: cluster "AB" matches clusters Ab and aB, which differ only in case`}},
 	} {

@@ -14,11 +14,11 @@ func DecodeOver(data []byte, name string, v any) error { return decodeStrict(dat
 // cluster, so it replaces the file's definition of that cluster as a
 // whole.
 //
-// An inline sasl.password is refused: etcd is read by every agent and
-// operator of the fleet and keeps old values in its history, and a
-// Secret marshals redacted, so it would not survive the leader's
-// versioned copy either. The definition names a password_file on the
-// agents' hosts instead.
+// An inline sasl.password, or a proxy URL with a password, is refused:
+// etcd is read by every agent and operator of the fleet and keeps old
+// values in its history, and both marshal redacted, so they would not
+// survive the leader's versioned copy either. The definition names a
+// password_file on the agents' hosts instead.
 func ParseCluster(data []byte, name string) (Cluster, error) {
 	c := defaultCluster()
 	if err := decodeStrict(data, name, &c); err != nil {
@@ -26,6 +26,9 @@ func ParseCluster(data []byte, name string) (Cluster, error) {
 	}
 	if c.SASL.Password != "" {
 		return Cluster{}, fmt.Errorf("config: %s: sasl.password: a cluster defined in etcd cannot hold a password (every reader of the fleet's keys would see it); set sasl.password_file, a file on the agents' hosts", name)
+	}
+	if _, _, pass, err := c.Proxy.SOCKS5(); err == nil && pass != "" {
+		return Cluster{}, fmt.Errorf("config: %s: proxy: a cluster defined in etcd cannot hold the proxy's password (every reader of the fleet's keys would see it); use a proxy without a password here, or define the cluster in the agents' files", name)
 	}
 	return c, nil
 }

@@ -25,6 +25,7 @@ var (
 	durationType   = reflect.TypeFor[time.Duration]()
 	stringListType = reflect.TypeFor[[]string]()
 	secretType     = reflect.TypeFor[Secret]()
+	proxyURLType   = reflect.TypeFor[ProxyURL]()
 
 	// configLeaves are the leaves of Config outside the clusters map.
 	configLeaves = leavesOf(reflect.ValueOf(Default()), "", nil)
@@ -194,6 +195,8 @@ func formatValue(v reflect.Value) string {
 		return strconv.FormatBool(v.Bool())
 	case v.Type() == secretType:
 		return v.Interface().(Secret).String() // flag help and errors never show it
+	case v.Type() == proxyURLType:
+		return v.Interface().(ProxyURL).String() // nor a proxy's password
 	default:
 		return v.String()
 	}

@@ -190,6 +190,11 @@ func (c *Config) validateClusters(p *problems) {
 		if strings.ContainsFunc(cl.ClientID, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
 			p.add(path+".client_id", "%q must not contain control characters", cl.ClientID)
 		}
+		if cl.Proxy != "" {
+			if _, _, _, err := cl.Proxy.SOCKS5(); err != nil {
+				p.add(path+".proxy", "%v", err)
+			}
+		}
 		validateReplication(p, path, cl)
 		switch cl.Delivery {
 		case AtLeastOnce, ExactlyOnce:

@@ -249,7 +249,7 @@ func sameConnection(a, b config.Cluster) bool {
 	ca, errA := kafka.Config(a)
 	cb, errB := kafka.Config(b)
 	return errA == nil && errB == nil && fmt.Sprint(a.Brokers) == fmt.Sprint(b.Brokers) && ca.Version == cb.Version &&
-		a.TLS == b.TLS && a.SASL == b.SASL
+		a.TLS == b.TLS && a.SASL == b.SASL && a.Proxy == b.Proxy
 }
 
 // acquire returns the producer of k for the owner (gen, session), opening

@@ -4,12 +4,14 @@
 package kafka
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
 	"time"
 
 	"github.com/IBM/sarama"
+	"golang.org/x/net/proxy"
 
 	"github.com/kswitch/kswitch/config"
 )
@@ -47,11 +49,61 @@ func configTraced(c config.Cluster) (*sarama.Config, *saslTrace, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := applyProxy(sc, c); err != nil {
+		return nil, nil, err
+	}
 	return sc, trace, nil
 }
 
+// applyProxy sends every connection of sc through cluster c's SOCKS5
+// proxy, if it has one. sarama dials each broker through Net.Proxy.Dialer,
+// the bootstrap brokers and the addresses they advertise alike, and puts
+// TLS on top of the connection it returns. An Options.Dialer replaces it.
+func applyProxy(sc *sarama.Config, c config.Cluster) error {
+	if c.Proxy == "" {
+		return nil
+	}
+	addr, user, pass, err := c.Proxy.SOCKS5()
+	if err != nil {
+		return fmt.Errorf("proxy: %w", err)
+	}
+	var auth *proxy.Auth
+	if user != "" {
+		auth = &proxy.Auth{User: user, Password: pass.Reveal()}
+	}
+	d, err := proxy.SOCKS5("tcp", addr, auth, &net.Dialer{KeepAlive: sc.Net.KeepAlive})
+	if err != nil {
+		return fmt.Errorf("proxy %s: %w", c.Proxy, err)
+	}
+	cd, ok := d.(proxy.ContextDialer)
+	if !ok {
+		return fmt.Errorf("proxy %s: x/net's SOCKS5 dialer takes no context", c.Proxy)
+	}
+	sc.Net.Proxy.Enable = true
+	sc.Net.Proxy.Dialer = socksDialer{sc: sc, d: cd}
+	return nil
+}
+
+// socksDialer bounds a dial through a SOCKS5 proxy by sc.Net.DialTimeout
+// as it is when the dial starts (NewClientWith's Options.Timeout changes
+// it after Config): the connection to the proxy and the handshake, which
+// waits for the proxy's own connection to the broker. sarama applies no
+// timeout to a dialer it is given, and x/net's SOCKS5 dialer none to its
+// handshake without a context deadline: a proxy that cannot reach a
+// broker would hold the dial for good.
+type socksDialer struct {
+	sc *sarama.Config
+	d  proxy.ContextDialer
+}
+
+func (s socksDialer) Dial(network, addr string) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.sc.Net.DialTimeout)
+	defer cancel()
+	return s.d.DialContext(ctx, network, addr)
+}
+
 // Dialer opens connections to brokers. Tests inject one to cut the link
-// between one agent and one cluster.
+// between one agent and one cluster; it replaces the cluster's proxy.
 type Dialer interface {
 	Dial(network, addr string) (net.Conn, error)
 }
