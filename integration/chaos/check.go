@@ -5,6 +5,7 @@ package chaos
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -166,7 +167,11 @@ func (r *run) check(ctx context.Context, stopped time.Time) (*Result, error) {
 	r.obs.mu.Unlock()
 	r.mu.Lock()
 	for _, e := range r.harness {
-		res.Violations = append(res.Violations, Violation{Invariant: "harness", Record: e.Error(), Detail: "the stack or a process refused a fault or its healing"})
+		v := Violation{Invariant: "harness", Record: e.Error(), Detail: "the stack or a process refused a fault or its healing"}
+		if oe := (*opError)(nil); errors.As(e, &oe) {
+			v.Invariant, v.Detail = "operator", "a bad value was accepted or not refused (faults_ops.go)"
+		}
+		res.Violations = append(res.Violations, v)
 	}
 	res.FaultsApplied = len(r.applied)
 	r.mu.Unlock()
@@ -440,7 +445,11 @@ func (r *run) behind(ctx context.Context, cli *clientv3.Client) ([]string, error
 	defer kc.Close()
 	var out []string
 	for _, topic := range []string{r.stack.info.Topic, other + "." + r.stack.info.Topic} {
-		for p := range r.stack.info.Partitions {
+		parts, err := kc.Partitions(topic) // partitions may have been added (partitions-add)
+		if err != nil {
+			return nil, fmt.Errorf("%s's partitions of %s: %w", active.Cluster, topic, err)
+		}
+		for _, p := range parts {
 			end, err := kc.GetOffset(topic, p, sarama.OffsetNewest)
 			if err != nil {
 				return nil, fmt.Errorf("%s's end of %s/%d: %w", active.Cluster, topic, p, err)

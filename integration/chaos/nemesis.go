@@ -53,7 +53,7 @@ var processKinds = []kindSpec{
 
 // kinds are every kind the nemesis draws from, in a fixed order (a
 // timeline is a function of it: adding a kind changes what a seed draws).
-var kinds = slices.Concat(processKinds)
+var kinds = slices.Concat(processKinds, opKinds)
 
 // kindSpecOf returns k's spec.
 func kindSpecOf(k Kind) (kindSpec, bool) {

@@ -99,11 +99,12 @@ type stackProc struct {
 
 // stackInfo is the stack's GET /info.
 type stackInfo struct {
-	Etcd       []string            `json:"etcd"`
-	Clusters   map[string][]string `json:"clusters"`
-	Topic      string              `json:"topic"`
-	OutTopic   string              `json:"out_topic"`
-	Partitions int32               `json:"partitions"`
+	Etcd          []string            `json:"etcd"`
+	Clusters      map[string][]string `json:"clusters"`
+	Topic         string              `json:"topic"`
+	OutTopic      string              `json:"out_topic"`
+	Partitions    int32               `json:"partitions"`     // of orders at the start
+	OutPartitions int32               `json:"out_partitions"` // of out on C; orders grows to that many at most
 }
 
 // producedSource is one source partition of the stack's GET /produced.

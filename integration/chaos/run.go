@@ -82,7 +82,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		r.agents = append(r.agents, a)
 	}
 	r.start = time.Now()
-	if r.obs, err = startObserver(r.stack.info.Clusters["C"], r.stack.info.OutTopic, r.stack.info.Partitions, r.agents, r.start); err != nil {
+	if r.obs, err = startObserver(r.stack.info.Clusters["C"], r.stack.info.OutTopic, r.stack.info.OutPartitions, r.agents, r.start); err != nil {
 		return nil, err
 	}
 	if r.obs.fleet, err = startFleetWatch(r.stack.info, r.agents, r.start); err != nil {

@@ -14,6 +14,8 @@
 //	POST /fault?target=mirror-AB&action=hold|release   (mirror-BA too)
 //	POST /producer?action=stop        the producer stops for good
 //	GET  /produced                    what the producer sent (JSON)
+//	POST /partitions?topic=orders&add=2   partitions added to orders on the
+//	                                  cluster the producer writes to (JSON)
 //
 // The producer writes to A's orders; a fault that takes A away (stop,
 // fail, hang) moves it to B's orders, as producers move in a data-centre
@@ -23,6 +25,13 @@
 // ":<unix ms>" of the send. A number whose send failed is not used again
 // (its outcome is unknown: it may be on the cluster), so a number is on
 // its source partition at most once.
+//
+// Partitions added to orders (POST /partitions) are written to from then
+// on, round-robin with the others; the mirrors look for added partitions
+// every second and create and copy them on the other cluster, as
+// MirrorMaker 2 does. out on C has -out-partitions partitions from the
+// start (manual-same-partition: source partition N goes to out/N), and
+// orders grows to that count at most.
 //
 // The program writes the control address to the file named by -ready once
 // everything serves, and runs until SIGTERM or SIGINT.
@@ -62,18 +71,19 @@ func run() int {
 		dir        = flag.String("dir", "", "directory for etcd's and the clusters' data (required)")
 		ready      = flag.String("ready", "", "file to write the control address to once everything serves (required)")
 		rate       = flag.Int("rate", 200, "records per second the producer writes")
-		partitions = flag.Int("partitions", 4, "partitions of orders on A and B, and of out on C")
+		partitions = flag.Int("partitions", 4, "partitions of orders on A and B at the start")
+		outParts   = flag.Int("out-partitions", 8, "partitions of out on C: as many as orders may grow to")
 	)
 	flag.Parse()
-	if *dir == "" || *ready == "" || *rate <= 0 || *partitions <= 0 {
-		fmt.Fprintln(os.Stderr, "stack: -dir and -ready are required; -rate and -partitions must be positive")
+	if *dir == "" || *ready == "" || *rate <= 0 || *partitions <= 0 || *outParts < *partitions {
+		fmt.Fprintln(os.Stderr, "stack: -dir and -ready are required; -rate and -partitions must be positive, -out-partitions at least -partitions")
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	logger, _ := zap.NewProduction()
 	defer logger.Sync() //nolint:errcheck // stderr
-	s := &stack{log: logger, partitions: int32(*partitions)}
+	s := &stack{log: logger, partitions: int32(*partitions), outParts: int32(*outParts)}
 	defer s.close()
 	if err := s.start(ctx, *dir); err != nil {
 		logger.Error("start", zap.Error(err))
@@ -111,7 +121,8 @@ func run() int {
 // a time (mu).
 type stack struct {
 	log        *zap.Logger
-	partitions int32
+	partitions int32 // of orders at the start
+	outParts   int32 // of out on C, the most orders grows to
 
 	mu      sync.Mutex
 	etcd    *devstack.Etcd
@@ -128,11 +139,11 @@ func (s *stack) start(ctx context.Context, dir string) error {
 	}
 	s.kafka = map[string]*devstack.Kafka{}
 	for _, name := range []string{"A", "B", "C"} {
-		t := topic
+		t, n := topic, s.partitions
 		if name == "C" {
-			t = outTopic
+			t, n = outTopic, s.outParts
 		}
-		k, err := devstack.StartKafka(name, devstack.KafkaOptions{DataDir: filepath.Join(dir, name), Topics: map[string]int32{t: s.partitions}})
+		k, err := devstack.StartKafka(name, devstack.KafkaOptions{DataDir: filepath.Join(dir, name), Topics: map[string]int32{t: n}})
 		if err != nil {
 			return err
 		}
@@ -145,7 +156,8 @@ func (s *stack) start(ctx context.Context, dir string) error {
 			Source: s.kafka[from].Brokers(), Target: s.kafka[to].Brokers(), SourceName: from, TargetName: to,
 			Topics: []string{topic}, RemoteTopic: func(t string) string { return from + "." + t },
 			TargetPrefill: 50, OffsetSyncsTopic: "mm2-offset-syncs." + from + ".internal", OffsetSyncsOnTarget: true,
-			Logger: s.log.Named("mirror-" + from + to).WithOptions(zap.IncreaseLevel(zap.WarnLevel)),
+			PartitionRefresh: time.Second,
+			Logger:           s.log.Named("mirror-" + from + to).WithOptions(zap.IncreaseLevel(zap.WarnLevel)),
 		})
 		if err != nil {
 			return fmt.Errorf("mirror %s → %s: %w", from, to, err)
@@ -178,13 +190,15 @@ type info struct {
 	Clusters   map[string][]string `json:"clusters"`
 	Topic      string              `json:"topic"`
 	OutTopic   string              `json:"out_topic"`
-	Partitions int32               `json:"partitions"`
+	Partitions int32               `json:"partitions"` // of orders at the start
+	// OutPartitions are out's on C; orders grows to that many at most.
+	OutPartitions int32 `json:"out_partitions"`
 }
 
 func (s *stack) mux() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /info", func(w http.ResponseWriter, _ *http.Request) {
-		in := info{Etcd: s.etcd.Endpoints(), Clusters: map[string][]string{}, Topic: topic, OutTopic: outTopic, Partitions: s.partitions}
+		in := info{Etcd: s.etcd.Endpoints(), Clusters: map[string][]string{}, Topic: topic, OutTopic: outTopic, Partitions: s.partitions, OutPartitions: s.outParts}
 		for n, k := range s.kafka {
 			in.Clusters[n] = k.Brokers()
 		}
@@ -209,6 +223,20 @@ func (s *stack) mux() *http.ServeMux {
 	})
 	mux.HandleFunc("GET /produced", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, s.prod.report())
+	})
+	mux.HandleFunc("POST /partitions", func(w http.ResponseWriter, r *http.Request) {
+		add, err := strconv.Atoi(r.URL.Query().Get("add"))
+		if t := r.URL.Query().Get("topic"); t != topic || err != nil || add <= 0 {
+			http.Error(w, "partitions: topic=orders&add=N (N > 0)", http.StatusBadRequest)
+			return
+		}
+		res, err := s.addPartitions(int32(add))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		s.log.Info("partitions", zap.String("cluster", res.Cluster), zap.Int32("before", res.Before), zap.Int32("after", res.After))
+		writeJSON(w, res)
 	})
 	return mux
 }
@@ -285,6 +313,30 @@ func (s *stack) fault(target, action string) error {
 	return nil
 }
 
+// grown is the answer of POST /partitions.
+type grown struct {
+	Cluster string `json:"cluster"`
+	Before  int32  `json:"before"`
+	After   int32  `json:"after"`
+}
+
+// addPartitions adds add partitions to orders on the cluster the producer
+// writes to, up to out's count, and has the producer write to them.
+func (s *stack) addPartitions(add int32) (grown, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cluster, before := s.prod.partitionsNow()
+	g := grown{Cluster: cluster, Before: before, After: min(before+add, s.outParts)}
+	if g.After == before {
+		return g, nil
+	}
+	if err := s.kafka[cluster].AddPartitions(topic, g.After); err != nil {
+		return g, err
+	}
+	s.prod.setPartitions(cluster, g.After)
+	return g, nil
+}
+
 // producer writes numbered records to orders on one cluster at a steady
 // rate, round-robin over the partitions. It owns one goroutine, ended by
 // stop.
@@ -297,6 +349,8 @@ type producer struct {
 
 	mu      sync.Mutex
 	target  string
+	parts   map[string]int32   // partitions of orders by cluster
+	grown   map[string]bool    // clusters whose orders grew since their client was made
 	sources map[string]*source // by "<origin>:<partition>"
 }
 
@@ -309,7 +363,8 @@ type source struct {
 }
 
 func startProducer(s *stack, rate int) *producer {
-	p := &producer{s: s, rate: rate, quit: make(chan struct{}), done: make(chan struct{}), target: "A", sources: map[string]*source{}}
+	p := &producer{s: s, rate: rate, quit: make(chan struct{}), done: make(chan struct{}), target: "A",
+		parts: map[string]int32{"A": s.partitions, "B": s.partitions}, grown: map[string]bool{}, sources: map[string]*source{}}
 	go func() {
 		defer close(p.done)
 		p.run()
@@ -321,6 +376,23 @@ func (p *producer) moveTo(cluster string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.target = cluster
+}
+
+// partitionsNow returns the cluster the producer writes to and the
+// partitions of its orders.
+func (p *producer) partitionsNow() (string, int32) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.target, p.parts[p.target]
+}
+
+// setPartitions has the producer write to n partitions of cluster's
+// orders from its next record on, with a client that knows them.
+func (p *producer) setPartitions(cluster string, n int32) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.parts[cluster] = n
+	p.grown[cluster] = true
 }
 
 func (p *producer) run() {
@@ -340,8 +412,13 @@ func (p *producer) run() {
 		case <-tick.C:
 		}
 		p.mu.Lock()
-		target := p.target
+		target, parts, grown := p.target, p.parts[p.target], p.grown[p.target]
+		p.grown[target] = false
 		p.mu.Unlock()
+		if sp := clients[target]; sp != nil && grown {
+			sp.Close() // its metadata has the partitions before
+			delete(clients, target)
+		}
 		sp := clients[target]
 		if sp == nil {
 			var err error
@@ -350,7 +427,7 @@ func (p *producer) run() {
 			}
 			clients[target] = sp
 		}
-		part = (part + 1) % p.s.partitions
+		part = (part + 1) % parts
 		src := p.source(target, part)
 		seq := src.Next
 		id := target + ":" + strconv.Itoa(int(part)) + ":" + strconv.FormatInt(seq, 10)
