@@ -43,6 +43,11 @@ type Record struct {
 	// -1 when the record has none (a producer that sent -1).
 	Timestamp   time.Time
 	TimestampMs int64
+	// ProducerID and ProducerEpoch are those of the record's batch (-1
+	// when the producer was neither idempotent nor transactional, and
+	// for legacy message sets): which producer session wrote it.
+	ProducerID    int64
+	ProducerEpoch int16
 }
 
 // Fetch sizes and retries of ReadPartition.
@@ -257,7 +262,8 @@ func DecodeBlock(block *sarama.FetchResponseBlock, next, end int64, fn func(Reco
 					if b.LogAppendTime {
 						ts, ms = b.MaxTimestamp, millis(b.MaxTimestamp)
 					}
-					if !emit(Record{Offset: b.FirstOffset + rec.OffsetDelta, Key: rec.Key, Value: rec.Value, Headers: rec.Headers, Timestamp: ts, TimestampMs: ms}) {
+					if !emit(Record{Offset: b.FirstOffset + rec.OffsetDelta, Key: rec.Key, Value: rec.Value, Headers: rec.Headers, Timestamp: ts, TimestampMs: ms,
+						ProducerID: b.ProducerID, ProducerEpoch: b.ProducerEpoch}) {
 						return next, true
 					}
 				}
@@ -276,7 +282,7 @@ func DecodeBlock(block *sarama.FetchResponseBlock, next, end int64, fn func(Reco
 							ts = mb.Msg.Timestamp
 						}
 					}
-					if !emit(Record{Offset: off, Key: m.Msg.Key, Value: m.Msg.Value, Timestamp: ts, TimestampMs: millis(ts)}) {
+					if !emit(Record{Offset: off, Key: m.Msg.Key, Value: m.Msg.Value, Timestamp: ts, TimestampMs: millis(ts), ProducerID: -1, ProducerEpoch: -1}) {
 						return next, true
 					}
 				}
