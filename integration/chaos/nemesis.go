@@ -16,14 +16,16 @@ type Kind string
 
 // The kinds of fault, each healed after a drawn time.
 const (
-	AgentKill  Kind = "agent-kill"  // SIGKILL an agent; heal: start it again
-	AgentStop  Kind = "agent-stop"  // SIGSTOP an agent; heal: SIGCONT
-	LeaderKill Kind = "leader-kill" // SIGKILL whichever agent leads when it fires; heal: start it again
-	KafkaStop  Kind = "kafka-stop"  // a cluster's listeners close (connection refused); heal: restart on its data
-	KafkaFail  Kind = "kafka-fail"  // every request closes its connection; heal: recover
-	KafkaHang  Kind = "kafka-hang"  // requests are never answered; heal: recover
-	MirrorHold Kind = "mirror-hold" // a mirror stops copying; heal: release
-	EtcdStop   Kind = "etcd-stop"   // etcd stops; heal: restart on its data
+	AgentKill   Kind = "agent-kill"   // SIGKILL an agent; heal: start it again
+	AgentStop   Kind = "agent-stop"   // SIGSTOP an agent; heal: SIGCONT
+	LeaderKill  Kind = "leader-kill"  // SIGKILL whichever agent leads when it fires; heal: start it again
+	KafkaStop   Kind = "kafka-stop"   // a cluster's listeners close (connection refused); heal: restart on its data
+	KafkaFail   Kind = "kafka-fail"   // every request closes its connection; heal: recover
+	KafkaHang   Kind = "kafka-hang"   // requests are never answered; heal: recover
+	MirrorHold  Kind = "mirror-hold"  // a mirror stops copying; heal: release
+	EtcdStop    Kind = "etcd-stop"    // etcd stops; heal: restart on its data
+	KafkaSlow   Kind = "kafka-slow"   // every request of a cluster waits 0-400 ms first; heal: recover
+	KafkaStarve Kind = "kafka-starve" // fetches answered at once with no records, all else served; heal: recover
 )
 
 // kindSpec says what a kind targets, how long its faults last and how
@@ -49,11 +51,13 @@ var processKinds = []kindSpec{
 	{KafkaHang, []string{"A", "B", "C"}, 3 * time.Second, 20 * time.Second, stackFault("recover", "hang")},
 	{MirrorHold, []string{"mirror-AB", "mirror-BA"}, 5 * time.Second, 30 * time.Second, stackFault("release", "hold")},
 	{EtcdStop, []string{"etcd"}, 2 * time.Second, 10 * time.Second, stackFault("restart", "stop")},
+	{KafkaSlow, []string{"A", "B", "C"}, 5 * time.Second, 30 * time.Second, stackFault("recover", "slow")},
+	{KafkaStarve, []string{"A", "B", "C"}, 3 * time.Second, 20 * time.Second, stackFault("recover", "starve")},
 }
 
 // kinds are every kind the nemesis draws from, in a fixed order (a
 // timeline is a function of it: adding a kind changes what a seed draws).
-var kinds = slices.Concat(processKinds, opKinds)
+var kinds = slices.Concat(processKinds, opKinds, switchKinds, netKinds)
 
 // kindSpecOf returns k's spec.
 func kindSpecOf(k Kind) (kindSpec, bool) {
@@ -151,11 +155,14 @@ func (p Plan) Timeline() []Fault {
 			break
 		}
 		heal := min(t+dur, end)
-		if busy[target] > t || (target == "leader" && anyBusy(busy, agentIDs, t)) ||
+		occupies := append([]string{target}, alsoBusy[spec.kind]...)
+		if anyBusy(busy, occupies, t) || (target == "leader" && anyBusy(busy, agentIDs, t)) ||
 			(slices.Contains(agentIDs, target) && busy["leader"] > t) {
 			continue
 		}
-		busy[target] = heal
+		for _, x := range occupies {
+			busy[x] = heal
+		}
 		out = append(out, Fault{N: len(out) + 1, At: t, Heal: heal, Kind: spec.kind, Target: target})
 	}
 	return out
