@@ -163,8 +163,9 @@ func lastLine(s string) string {
 	return s
 }
 
-// confFile is the configuration file the CLI is given: agent-1's.
-func (r *run) confFile() string { return r.agents[0].conf }
+// confFile is the configuration file the CLI is given: agent-1's, without
+// its links (the operator is not behind agent-1's network faults).
+func (r *run) confFile() string { return r.agents[0].directConf }
 
 // etcdDo runs f with an etcd client of the stack's etcd, again every
 // second while it fails, for up to opRetryFor (etcdctl retried by hand).

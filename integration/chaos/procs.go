@@ -183,8 +183,12 @@ func (s *stackProc) fault(target, action string) error {
 type agentProc struct {
 	id, http string
 	bin      string
-	conf     string
-	logPath  string
+	conf     string // what the agent runs with: etcd and the clusters through its links (net)
+	// directConf is the same configuration without the links, for a
+	// client that acts beside the fleet (an operator).
+	directConf string
+	logPath    string
+	net        *agentNet // the agent's links to etcd and the clusters; closed by closeNet
 
 	mu          sync.Mutex
 	p           *proc
@@ -213,9 +217,18 @@ func newAgent(bin, dir, id string, in stackInfo, mode Mode) (*agentProc, error) 
 	if err != nil {
 		return nil, err
 	}
+	n, err := startAgentNet(id, in)
+	if err != nil {
+		return nil, err
+	}
 	a := &agentProc{id: id, http: fmt.Sprintf("127.0.0.1:%d", ports[0]), bin: bin,
-		conf: filepath.Join(dir, id+".yaml"), logPath: filepath.Join(dir, id+".log")}
-	conf := fmt.Sprintf(`fleet: chaos
+		conf: filepath.Join(dir, id+".yaml"), directConf: filepath.Join(dir, id+"-direct.yaml"),
+		logPath: filepath.Join(dir, id+".log"), net: n}
+	conf := func(etcd []string, proxy string) string {
+		if proxy != "" {
+			proxy = ", proxy: " + proxy
+		}
+		return fmt.Sprintf(`fleet: chaos
 log: {format: json, level: info}
 agent:
   id: %s
@@ -226,9 +239,9 @@ etcd:
   session_ttl: %s
   request_timeout: 1s
 clusters:
-  A: {brokers: [%s], role: primary, offset_syncs_on: target}
-  B: {brokers: [%s], role: standby, offset_syncs_on: target}
-  C: {brokers: [%s], role: sink, delivery: %s}
+  A: {brokers: [%s], role: primary, offset_syncs_on: target%s}
+  B: {brokers: [%s], role: standby, offset_syncs_on: target%s}
+  C: {brokers: [%s], role: sink, delivery: %s%s}
 source:
   topics: [%s]
   group: chaos
@@ -244,14 +257,27 @@ routing:
   default: [out]
   channels:
     out: {cluster: C, topic: %s, partitioner: manual-same-partition}
-`, id, a.http, ports[1], strings.Join(in.Etcd, ", "), sessionTTL,
-		strings.Join(in.Clusters["A"], ", "), strings.Join(in.Clusters["B"], ", "), strings.Join(in.Clusters["C"], ", "), mode,
-		in.Topic, commitInterval, failbackStable, in.OutTopic)
-	if err := os.WriteFile(a.conf, []byte(conf), 0o600); err != nil {
+`, id, a.http, ports[1], strings.Join(etcd, ", "), sessionTTL,
+			strings.Join(in.Clusters["A"], ", "), proxy, strings.Join(in.Clusters["B"], ", "), proxy,
+			strings.Join(in.Clusters["C"], ", "), mode, proxy,
+			in.Topic, commitInterval, failbackStable, in.OutTopic)
+	}
+	err = os.WriteFile(a.conf, []byte(conf(n.etcdEndpoints(), n.proxyURL())), 0o600)
+	if err == nil {
+		err = os.WriteFile(a.directConf, []byte(conf(in.Etcd, "")), 0o600)
+	}
+	if err == nil {
+		err = a.start()
+	}
+	if err != nil {
+		n.close()
 		return nil, err
 	}
-	return a, a.start()
+	return a, nil
 }
+
+// closeNet stops the agent's links (after its process ended).
+func (a *agentProc) closeNet() { a.net.close() }
 
 // start starts the agent's process (again).
 func (a *agentProc) start() error {

@@ -237,8 +237,8 @@ func (r *run) leader() (string, error) {
 }
 
 // close ends everything the run started: the observer, the agents
-// (SIGCONT first for a stopped one, then SIGKILL), the stack (SIGTERM,
-// then SIGKILL after 20 s).
+// (SIGCONT first for a stopped one, then SIGKILL) and their links, the
+// stack (SIGTERM, then SIGKILL after 20 s).
 func (r *run) close() {
 	if r.obs != nil {
 		r.obs.stop()
@@ -246,6 +246,7 @@ func (r *run) close() {
 	for _, a := range r.agents {
 		p, _, _ := a.current()
 		p.kill()
+		a.closeNet()
 	}
 	if r.stack != nil {
 		r.stack.signal(syscall.SIGTERM)

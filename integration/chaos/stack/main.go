@@ -9,7 +9,7 @@
 // faults through a control API on loopback HTTP:
 //
 //	GET  /info                        endpoints and topics (JSON)
-//	POST /fault?target=A&action=fail  A|B|C: stop restart fail hang starve recover
+//	POST /fault?target=A&action=fail  A|B|C: stop restart fail hang starve slow recover
 //	POST /fault?target=etcd&action=stop|restart
 //	POST /fault?target=mirror-AB&action=hold|release   (mirror-BA too)
 //	POST /producer?action=stop        the producer stops for good
@@ -129,6 +129,7 @@ type stack struct {
 	kafka   map[string]*devstack.Kafka
 	mirrors map[string]*mirror.Mirror // "mirror-AB", "mirror-BA"
 	holds   sync.WaitGroup            // Hold calls under way
+	slow    map[string]*slowFault     // clusters slowed once (slow.go)
 	prod    *producer
 }
 
@@ -296,8 +297,13 @@ func (s *stack) fault(target, action string) error {
 		k.Hang()
 	case "starve":
 		k.Starve()
+	case "slow":
+		if err := s.slowOn(target, k); err != nil {
+			return err
+		}
 	case "recover":
 		k.Recover()
+		s.slowOff(target)
 	default:
 		return fmt.Errorf("%s: unknown action %q", target, action)
 	}
