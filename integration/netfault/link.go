@@ -26,11 +26,15 @@ type Fault struct {
 	// Cut closes every connection of the link, and new ones at once (a
 	// SOCKS5 CONNECT is refused), like a firewall that rejects.
 	Cut bool
-	// Blackhole drops every byte both ways and closes nothing, like a
-	// route that went nowhere: a client sees its requests time out. A
-	// connection opened meanwhile is accepted and not connected upstream
-	// until the blackhole is lifted (its bytes wait in the socket, as
-	// TCP retransmits); bytes of a connection already open are lost.
+	// Blackhole lets no byte through either way and closes nothing, like
+	// a route that leads nowhere: a client sees its requests time out.
+	// The bytes are held, not dropped: TCP retransmits what a network
+	// loses, so once the route is back a connection that its ends kept
+	// open carries every byte in order (dropping bytes inside a stream
+	// would corrupt it, which no network does: an etcd client saw HTTP/2
+	// PROTOCOL_ERROR on its connection after such a heal). A connection
+	// opened meanwhile is accepted and connected upstream when the
+	// blackhole is lifted.
 	Blackhole bool
 	// Latency delays the bytes of each direction by Latency plus a
 	// uniform draw in [-Jitter, +Jitter] (never below 0), keeping their
@@ -130,8 +134,8 @@ func (l *Link) state() (Fault, <-chan struct{}) {
 	return l.fault, l.changed
 }
 
-// admit waits while the link is blackholed, and reports whether a new
-// connection may be made (false: the link is cut, or done closed).
+// admit waits while the link is blackholed, and reports whether bytes or
+// a new connection may pass (false: the link is cut, or done closed).
 func (l *Link) admit(done <-chan struct{}) bool {
 	for {
 		f, changed := l.state()

@@ -147,7 +147,7 @@ func TestProxyCutClosesAndRefuses(t *testing.T) {
 	}
 }
 
-func TestProxyBlackholeDropsAndKeeps(t *testing.T) {
+func TestProxyBlackholeHoldsAndKeeps(t *testing.T) {
 	l := netfault.NewLink("etcd")
 	p := proxyTo(t, echo(t), l)
 	c := dialTCP(t, p.Addr())
@@ -155,7 +155,7 @@ func TestProxyBlackholeDropsAndKeeps(t *testing.T) {
 		t.Fatal(err)
 	}
 	l.Set(netfault.Fault{Blackhole: true})
-	if _, err := io.WriteString(c, "lost"); err != nil {
+	if _, err := io.WriteString(c, "held"); err != nil {
 		t.Fatal(err)
 	}
 	nothingArrives(t, c, "an open connection, blackholed")
@@ -166,15 +166,21 @@ func TestProxyBlackholeDropsAndKeeps(t *testing.T) {
 	nothingArrives(t, late, "a connection made while blackholed")
 
 	l.Heal()
-	// The open connection was kept, and what was sent into the blackhole
-	// is gone: the next bytes are echoed, not "lost".
-	if err := roundTrip(c, "after", 5*time.Second); err != nil {
-		t.Fatalf("the open connection after Heal: %v", err)
+	// The open connection was kept, and carries what was sent into the
+	// blackhole, then what is sent now, in order: as TCP's
+	// retransmissions would.
+	if _, err := io.WriteString(c, "after"); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got := make([]byte, len("heldafter"))
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != "heldafter" {
+		t.Fatalf("the open connection after Heal: read %q, %v; want heldafter", got, err)
 	}
 	// The connection made meanwhile reaches the upstream now, with the
 	// bytes it had sent.
 	_ = late.SetReadDeadline(time.Now().Add(5 * time.Second))
-	got := make([]byte, len("waits"))
+	got = make([]byte, len("waits"))
 	if _, err := io.ReadFull(late, got); err != nil || string(got) != "waits" {
 		t.Fatalf("the waiting connection after Heal: read %q, %v; want waits", got, err)
 	}

@@ -74,28 +74,31 @@ func (p *pair) pipe(dst, src net.Conn) {
 }
 
 // read reads src into q until an error: io.EOF when src ended cleanly.
-// A blackholed link's bytes are dropped here.
+// While the link is blackholed it holds what it read and reads no more,
+// so the sender's socket buffers fill as they would with no
+// acknowledgements coming back.
 func (p *pair) read(src net.Conn, q chan<- chunk) error {
 	buf := make([]byte, 32<<10)
 	var last time.Time // the previous chunk's due time: order is kept
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
+			if !p.link.admit(p.done) {
+				return net.ErrClosed // cut, or closed
+			}
 			f := p.link.Fault()
-			if !f.Blackhole && !f.Cut {
-				due := time.Now()
-				if f.delayed() {
-					due = due.Add(delay(f))
-				}
-				if due.Before(last) {
-					due = last
-				}
-				last = due
-				select {
-				case q <- chunk{bytes.Clone(buf[:n]), due}:
-				case <-p.done:
-					return net.ErrClosed
-				}
+			due := time.Now()
+			if f.delayed() {
+				due = due.Add(delay(f))
+			}
+			if due.Before(last) {
+				due = last
+			}
+			last = due
+			select {
+			case q <- chunk{bytes.Clone(buf[:n]), due}:
+			case <-p.done:
+				return net.ErrClosed
 			}
 		}
 		if err != nil {
@@ -114,21 +117,15 @@ func delay(f Fault) time.Duration {
 }
 
 // write delivers q's chunks to dst when due, at most Bandwidth bytes a
-// second; a chunk due while the link is blackholed is lost. It reports
-// whether it wrote everything up to q's close.
+// second; a chunk due while the link is blackholed waits for its end. It
+// reports whether it wrote everything up to q's close.
 func (p *pair) write(dst net.Conn, q <-chan chunk) bool {
 	var next time.Time // when the bandwidth cap lets the next piece go
 	for c := range q {
-		if !p.sleepUntil(c.due) {
+		if !p.sleepUntil(c.due) || !p.link.admit(p.done) {
 			return false
 		}
 		f := p.link.Fault()
-		if f.Cut {
-			return false
-		}
-		if f.Blackhole {
-			continue
-		}
 		for b := c.b; len(b) > 0; {
 			n := len(b)
 			if f.Bandwidth > 0 {
