@@ -19,6 +19,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/kswitch/kswitch/integration/netfault"
 	"github.com/kswitch/kswitch/internal/wait"
 	"github.com/kswitch/kswitch/keys"
 )
@@ -28,7 +29,10 @@ import (
 // etcd ×3, three agents and two kcat producers, one on A's orders and one
 // on B's, under a seeded nemesis that sends signals: SIGKILL (then a start
 // on the same data) and SIGSTOP (then SIGCONT) of agents, the leader,
-// brokers, etcd members, and SIGSTOP of MirrorMaker 2. Checked from
+// brokers, etcd members, SIGSTOP of MirrorMaker 2, and the network
+// between one agent and one cluster cut, blackholed or slowed (each agent
+// reaches the clusters through a SOCKS5 proxy of its own,
+// integration/netfault, clusters.<name>.proxy). Checked from
 // outside as make chaos checks: every record on A's and B's orders is on
 // C (kcat), duplicates within what the faults and switches explain
 // (exactly_once: none, read read_committed), order per source partition
@@ -84,7 +88,7 @@ func runChaosReal(t *testing.T) (rep scenarioReport) {
 	for _, f := range faults {
 		t.Logf("  %s", f)
 	}
-	rep.Covers = fmt.Sprintf("seed %d, %s: %d faults in %v (SIGKILL/SIGSTOP of agents, the leader, brokers A, B, C, etcd members; SIGSTOP of MirrorMaker 2), checked from outside",
+	rep.Covers = fmt.Sprintf("seed %d, %s: %d faults in %v (SIGKILL/SIGSTOP of agents, the leader, brokers A, B, C, etcd members; SIGSTOP of MirrorMaker 2; an agent's link to a cluster cut, blackholed, slowed), checked from outside",
 		seed, mode, len(faults), chaosDuration-chaosWarmup-chaosQuiet)
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -114,14 +118,27 @@ func runChaosReal(t *testing.T) (rep scenarioReport) {
 	c.start(t)
 	timed("kafka_c_ready", c.waitReady(t, 2*time.Minute))
 	c.createTopic(t, "sink", ordersPartitions)
-	conf := st.agentConfig()
-	delivery := ""
-	if mode == "exactly_once" {
-		delivery = ", delivery: exactly_once"
+	brokers := map[string]*kafkaBroker{"A": st.a, "B": st.b, "C": c}
+	// Each agent reaches the clusters through a SOCKS5 proxy of its own,
+	// a link per cluster: the network faults' targets.
+	links := map[string]*netfault.Link{}
+	var agents []*agentProc
+	for _, id := range chaosAgents {
+		byAddr := map[string]*netfault.Link{}
+		for name, b := range brokers {
+			l := netfault.NewLink(id + ">" + name)
+			links[l.Name()], byAddr[b.addr] = l, l
+		}
+		proxy, err := netfault.ListenSOCKS5("127.0.0.1:0", byAddr)
+		if err != nil {
+			fatal(t, err)
+		}
+		t.Cleanup(func() { _ = proxy.Close() })
+		conf := st.agentConfig()
+		conf.Clusters = chaosClusters(st, c, "socks5://"+proxy.Addr(), mode)
+		conf.Extra = routingTo("C", "sink", "")
+		agents = append(agents, startAgentWith(t, id, conf))
 	}
-	conf.Clusters += fmt.Sprintf("  C: {brokers: [%s], role: sink, version: %q%s}\n", c.addr, kafkaVersion, delivery)
-	conf.Extra = routingTo("C", "sink", "")
-	agents := startFleet(t, conf)
 	producers := []*producer{
 		startNamedProducer(t, "a", st.a.addr, "orders", chaosRate),
 		startNamedProducer(t, "b", st.b.addr, "orders", chaosRate),
@@ -130,7 +147,7 @@ func runChaosReal(t *testing.T) (rep scenarioReport) {
 
 	// The nemesis, watched from outside.
 	obs := startChaosObserver(t, agents)
-	n := &chaosNemesis{t: t, brokers: map[string]*kafkaBroker{"A": st.a, "B": st.b, "C": c}, st: st, agents: agents,
+	n := &chaosNemesis{t: t, brokers: brokers, links: links, st: st, agents: agents,
 		down: map[string]bool{}, resolved: map[int]string{}, began: time.Now()}
 	n.run(faults, chaosDuration)
 	for _, pr := range producers {
@@ -228,6 +245,25 @@ func runChaosReal(t *testing.T) (rep scenarioReport) {
 	return rep
 }
 
+// chaosClusters is the agents' clusters section on the chaos stack (the
+// stack's, as agentConfig writes it, and the sink C), every cluster
+// reached through proxy; C delivers in mode.
+func chaosClusters(st *stack, c *kafkaBroker, proxy, mode string) string {
+	return fmt.Sprintf(`  A: {brokers: [%s], proxy: %q, role: primary, version: %q, offset_syncs_on: target}
+  B:
+    brokers: [%s]
+    proxy: %q
+    role: standby
+    version: %q
+    replication_policy: %s
+    source_alias: A
+    offset_syncs_on: target
+    offset_syncs_topic: %s
+    checkpoints_topic: A.checkpoints.internal
+  C: {brokers: [%s], proxy: %q, role: sink, version: %q, delivery: %s}
+`, st.a.addr, proxy, kafkaVersion, st.b.addr, proxy, kafkaVersion, st.policy.kswitch, st.policy.syncTopic, c.addr, proxy, kafkaVersion, mode)
+}
+
 // chaosSettings reads KSWITCH_CHAOS_SEED and KSWITCH_CHAOS_MODE.
 func chaosSettings(t *testing.T) (uint64, string) {
 	t.Helper()
@@ -254,6 +290,7 @@ type chaosNemesis struct {
 	t       *testing.T
 	st      *stack
 	brokers map[string]*kafkaBroker
+	links   map[string]*netfault.Link // agent>cluster
 	agents  []*agentProc
 	began   time.Time
 	// down holds the targets faulted now; resolved the agent each
@@ -327,6 +364,19 @@ func (n *chaosNemesis) apply(s chaosStep) {
 		p = b.proc
 	case f.Kind == "mirror-stop":
 		p = n.st.mm.proc
+	case strings.HasPrefix(f.Kind, "net-"):
+		l := n.links[target]
+		switch {
+		case s.heal:
+			l.Heal()
+		case f.Kind == "net-cut":
+			l.Set(netfault.Fault{Cut: true})
+		case f.Kind == "net-blackhole":
+			l.Set(netfault.Fault{Blackhole: true})
+		default:
+			l.Set(netfault.Fault{Latency: 250 * time.Millisecond, Jitter: 100 * time.Millisecond, Bandwidth: 100_000})
+		}
+		return
 	case strings.HasPrefix(f.Kind, "etcd-"):
 		i := slices.Index(chaosEtcd, target)
 		m := n.st.etcd.members[i]

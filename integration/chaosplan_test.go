@@ -37,11 +37,18 @@ var chaosKinds = []chaosKind{
 	{"mirror-stop", []string{"mirrormaker"}, 5 * time.Second, 30 * time.Second}, // SIGSTOP of MirrorMaker 2, both flows; heal: SIGCONT
 	{"etcd-kill", chaosEtcd, 2 * time.Second, 10 * time.Second},                 // SIGKILL of a member; heal: started again on its data
 	{"etcd-stop", chaosEtcd, 2 * time.Second, 10 * time.Second},                 // SIGSTOP of a member; heal: SIGCONT
+	// The network between an agent and a cluster: the link of that
+	// cluster in the agent's SOCKS5 proxy (integration/netfault).
+	{"net-cut", chaosLinks, 2 * time.Second, 12 * time.Second},       // connections closed, new ones refused; heal: healthy
+	{"net-blackhole", chaosLinks, 2 * time.Second, 12 * time.Second}, // bytes dropped both ways, nothing closed; heal: healthy
+	{"net-slow", chaosLinks, 5 * time.Second, 20 * time.Second},      // 250 ms ± 100 ms each way, 100 kB/s; heal: healthy
 }
 
 var (
 	chaosAgents = []string{"agent-1", "agent-2", "agent-3"}
 	chaosEtcd   = []string{"etcd0", "etcd1", "etcd2"}
+	// chaosLinks name the links agent>cluster.
+	chaosLinks = []string{"agent-1>A", "agent-1>B", "agent-1>C", "agent-2>A", "agent-2>B", "agent-2>C", "agent-3>A", "agent-3>B", "agent-3>C"}
 )
 
 // chaosFault is one fault of a timeline, injected At and healed at Heal,
