@@ -126,6 +126,10 @@ func (r *run) operate(args ...string) (string, error) {
 		if code == 0 {
 			return out, nil
 		}
+		if strings.Contains(out, "nothing written") {
+			// Refused as invalid: the input is wrong, a retry changes nothing.
+			return out, fmt.Errorf("kswitch %s: refused (exit %d): %s", strings.Join(args, " "), code, out)
+		}
 		if time.Now().After(deadline) {
 			return out, fmt.Errorf("kswitch %s: exit %d for %v: %s", strings.Join(args, " "), code, opRetryFor, lastLine(out))
 		}
@@ -362,13 +366,18 @@ func (r *run) opFile(name, content string) (string, error) {
 
 // applyRoutes: kswitch routes apply of a version that routes every record
 // to out, written differently from the file (two rules by partition, mode
-// all, out redefined with lz4); then a rules file naming a channel that
+// all, out redefined: lz4 at_least_once, acks spelled out exactly_once,
+// whose transactions take no compression); then a rules file naming a channel that
 // does not exist, which the CLI must refuse; then a bad value of
 // channels/out put by hand, which every agent must refuse, keeping the
 // version in force. Heal: routes and channels/out deleted (the file's
 // routing again).
 func (r *run) applyRoutes(target string, heal bool) error {
 	k := keys.New(fleetName)
+	redefined := "compression: lz4"
+	if r.cfg.Mode == ExactlyOnce {
+		redefined = "acks: all"
+	}
 	if heal {
 		return r.etcdDo("del "+k.Routes()+" "+k.Channel("out"), func(ctx context.Context, c *clientv3.Client) error {
 			_, err := c.Txn(ctx).Then(clientv3.OpDelete(k.Routes()), clientv3.OpDelete(k.Channel("out"))).Commit()
@@ -385,8 +394,8 @@ rules:
     channels: [out]
 default: [out]
 channels:
-  out: {cluster: C, topic: %s, partitioner: manual-same-partition, compression: lz4}
-`, r.stack.info.OutTopic))
+  out: {cluster: C, topic: %s, partitioner: manual-same-partition, %s}
+`, r.stack.info.OutTopic, redefined))
 	if err != nil {
 		return err
 	}
