@@ -59,6 +59,8 @@ type Result struct {
 	FaultsApplied         int
 	LeaderKillsUnresolved int
 	CommitsChecked        int // agents' commits in etcd's history checked against their fence
+	DeliveriesAttributed  int // records on C whose producer session was attributed to an agent
+	DeliveredUnowned      int // of those, delivered by an agent that did not hold their partition
 	ReadyzChecked         int // /readyz answers checked against the partitions' positions
 }
 
@@ -159,6 +161,7 @@ func (r *run) check(ctx context.Context, stopped time.Time) (*Result, error) {
 			Detail: "the checker could not read etcd's history to its end"})
 	}
 	r.obs.fleet.hist.checkCommits(r, res)
+	r.checkDeliveries(res, got)
 	r.obs.fleet.checkReadiness(res)
 	r.obs.mu.Lock()
 	for _, c := range r.obs.crashed {
@@ -489,6 +492,7 @@ func (r *run) report(res *Result) {
 	fmt.Fprintf(w, "  out of order (first copies)            %d (counted by the agents: %v)\n", res.Reordered, res.ReorderedCounted)
 	fmt.Fprintf(w, "  terms seen (/leader)                   %d\n", res.Terms)
 	fmt.Fprintf(w, "  agents' commits checked (etcd history) %d\n", res.CommitsChecked)
+	fmt.Fprintf(w, "  records on C attributed to an agent    %d (%d delivered without holding their partition)\n", res.DeliveriesAttributed, res.DeliveredUnowned)
 	fmt.Fprintf(w, "  /readyz answers checked                %d\n", res.ReadyzChecked)
 	if res.Settled > 0 {
 		fmt.Fprintf(w, "  settled after the producer stopped     %v (bound %v)\n", res.Settled.Round(100*time.Millisecond), settleBound)

@@ -26,6 +26,9 @@ type arrival struct {
 	cPart  int32
 	cOff   int64
 	seenAt time.Time // when the observer read it (within about a second of its arrival)
+	// producer is the producer session that wrote it to C (its batch's
+	// producer id and epoch): one agent process's.
+	producer producerSession
 }
 
 // srcKey names a source partition: the cluster whose producer wrote it
@@ -134,7 +137,8 @@ func (o *observer) readC(ctx context.Context, timeout time.Duration) error {
 		next, err := kafka.ReadPartition(ctx, o.cl, o.topic, p, o.next[p], func(r kafka.Record) bool {
 			src, seq, sent, ok := parseValue(r.Value)
 			if ok {
-				got = append(got, arrival{src: src, seq: seq, sent: sent, cPart: p, cOff: r.Offset, seenAt: time.Now()})
+				got = append(got, arrival{src: src, seq: seq, sent: sent, cPart: p, cOff: r.Offset, seenAt: time.Now(),
+					producer: producerSession{r.ProducerID, r.ProducerEpoch}})
 			}
 			return true
 		})
