@@ -114,12 +114,20 @@ type step struct {
 }
 
 // nemesis applies the timeline, then waits for the end of the duration.
+// Each step runs on its own at its time, a fault's heal after its
+// injection has returned: a step that takes long (an operator command
+// retried while etcd is stopped, a restart) delays nothing else — run one
+// after another, the command would have held back etcd's own restart.
 func (r *run) nemesis(ctx context.Context) error {
 	var steps []step
+	injected := map[int]chan struct{}{}
 	for _, f := range r.faults {
 		steps = append(steps, step{f.At, f, false}, step{f.Heal, f, true})
+		injected[f.N] = make(chan struct{})
 	}
 	slices.SortStableFunc(steps, func(a, b step) int { return int(a.at - b.at) })
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	for _, s := range append(steps, step{at: r.cfg.Duration}) {
 		select {
 		case <-ctx.Done():
@@ -129,12 +137,21 @@ func (r *run) nemesis(ctx context.Context) error {
 		if s.f.N == 0 {
 			break
 		}
-		if err := r.apply(s); err != nil {
-			r.mu.Lock()
-			r.harness = append(r.harness, fmt.Errorf("%.1fs %s: %w", time.Since(r.start).Seconds(), s.f, err))
-			r.mu.Unlock()
-			r.say("  %v", err)
-		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if s.heal {
+				<-injected[s.f.N]
+			} else {
+				defer close(injected[s.f.N])
+			}
+			if err := r.apply(s); err != nil {
+				r.mu.Lock()
+				r.harness = append(r.harness, fmt.Errorf("%.1fs %s: %w", time.Since(r.start).Seconds(), s.f, err))
+				r.mu.Unlock()
+				r.say("  %v", err)
+			}
+		}()
 	}
 	return nil
 }
