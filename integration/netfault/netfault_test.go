@@ -403,3 +403,60 @@ func TestCloseEndsEverything(t *testing.T) {
 		t.Errorf("second Close: %v", err)
 	}
 }
+
+// TestCloseEndsAHalfClosedPair: a client that has half-closed its side
+// (its request sent, CloseWrite) while the upstream keeps the connection
+// open and sends nothing. Close must end the pair: closing the client's
+// connection alone does not unblock the read from the upstream (a chaos
+// run hung in Close on such a connection for 7 minutes).
+func TestCloseEndsAHalfClosedPair(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			accepted <- c
+		}
+		close(accepted)
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		for c := range accepted {
+			c.Close()
+		}
+	})
+	p, err := netfault.ListenProxy("127.0.0.1:0", ln.Addr().String(), netfault.NewLink("quiet"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := dialTCP(t, p.Addr())
+	if _, err := io.WriteString(c, "request"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	// The upstream reads the request and its end, and stays silent.
+	var up net.Conn
+	select {
+	case up = <-accepted:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the proxy never connected upstream")
+	}
+	if b, err := io.ReadAll(up); err != nil || string(b) != "request" {
+		t.Fatalf("upstream read %q, %v", b, err)
+	}
+	done := make(chan struct{})
+	go func() {
+		p.Close()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return within 10 s")
+	}
+}

@@ -28,8 +28,13 @@ type server struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu      sync.Mutex
-	clients map[net.Conn]struct{} // accepted and not yet finished
+	mu sync.Mutex
+	// clients are the connections accepted and not yet finished, each
+	// with what closes it: the client connection, then its pair (both
+	// connections) once joined. Closing the client alone does not end a
+	// pair whose client side has half-closed: its other pipe reads the
+	// upstream.
+	clients map[net.Conn]func()
 	closed  bool
 }
 
@@ -39,7 +44,7 @@ func listen(addr string, connect func(context.Context, net.Conn) (net.Conn, *Lin
 		return nil, fmt.Errorf("netfault: listen %s: %w", addr, err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &server{ln: ln, connect: connect, ctx: ctx, cancel: cancel, clients: map[net.Conn]struct{}{}}
+	s := &server{ln: ln, connect: connect, ctx: ctx, cancel: cancel, clients: map[net.Conn]func(){}}
 	s.wg.Go(s.serve)
 	return s, nil
 }
@@ -81,7 +86,7 @@ func (s *server) track(c net.Conn) bool {
 	if s.closed {
 		return false
 	}
-	s.clients[c] = struct{}{}
+	s.clients[c] = func() { c.Close() }
 	return true
 }
 
@@ -98,6 +103,14 @@ func (s *server) handle(c net.Conn) {
 		return
 	}
 	p := newPair(l, c, up)
+	s.mu.Lock()
+	closed := s.closed
+	s.clients[c] = p.close
+	s.mu.Unlock()
+	if closed {
+		p.close()
+		return
+	}
 	if !l.add(p) { // cut since connect
 		p.close()
 		return
@@ -123,8 +136,8 @@ func (s *server) close() error {
 	s.closed = true
 	s.cancel()
 	err := s.ln.Close()
-	for c := range s.clients {
-		c.Close() // a pair whose client closes closes its upstream
+	for _, closeIt := range s.clients {
+		closeIt()
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
