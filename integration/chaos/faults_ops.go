@@ -44,7 +44,7 @@ const (
 	OpStage       Kind = "op-stage"       // kswitch failover --to B --stages orders --check 5s; heal: --auto --stages
 	OpRoutes      Kind = "op-routes"      // kswitch routes apply of a version routing everything to out, a bad file refused by the CLI, a bad channel value refused by the agents; heal: the keys deleted
 	OpConfig      Kind = "op-config"      // kswitch config apply of C redefined (client_id), a bad file refused by the CLI, B's brokers unreachable refused by the leader; heal: the keys deleted
-	PartitionsAdd Kind = "partitions-add" // 2 partitions added to orders on the cluster the producer writes to (at most up to out's count); heal: none (partitions stay)
+	PartitionsAdd Kind = "partitions-add" // a partition added to orders on the cluster the producer writes to (at most up to out's count); heal: none (partitions stay)
 )
 
 // opKinds are the operator actions and the partitions added to a source
@@ -478,7 +478,7 @@ func (r *run) applyPartitionsAdd(target string, heal bool) error {
 		Before  int32  `json:"before"`
 		After   int32  `json:"after"`
 	}
-	err := r.stack.postJSON("/partitions", map[string][]string{"topic": {target}, "add": {"2"}}, &res)
+	err := r.stack.postJSON("/partitions", map[string][]string{"topic": {target}, "add": {"1"}}, &res)
 	if err != nil && strings.Contains(err.Error(), http.StatusText(http.StatusServiceUnavailable)) {
 		// The cluster did not take the request (stopped, failed, hung):
 		// an operator's kafka-topics --alter fails the same way.
