@@ -29,10 +29,11 @@ import (
 //
 // It keeps what the checks need, in revision order: every value of
 // state/assignment, every committed position (offsets/: partition, agent,
-// generation, offset), every acknowledgement (acks/) and every signal
-// (signals/), each with the time the watch delivered it (etcd's events
-// carry no time; a delivery comes within milliseconds of the write unless
-// the driver is starved). It owns one goroutine, ended by stop.
+// generation, offset), every acknowledgement (acks/), every signal
+// (signals/) and when each agent last registered (agents/), each with the
+// time the watch delivered it (etcd's events carry no time; a delivery
+// comes within milliseconds of the write unless the driver is starved).
+// It owns one goroutine, ended by stop.
 type history struct {
 	k      keys.Fleet
 	cancel context.CancelFunc
@@ -43,6 +44,7 @@ type history struct {
 	assignments []assignmentAt
 	commits     []commitAt
 	acks        []ackAt
+	registered  map[string]time.Time // agent id → when its registration was last created (a new session)
 	pauses      map[string]time.Time // signal key → since when it pauses (in force now)
 	lastPause   time.Time            // when the last pause ended
 	malformed   []string             // values the checker could not read
@@ -85,7 +87,7 @@ func (c clusterPart) String() string { return fmt.Sprintf("%s:%s/%d", c.cluster,
 
 func startHistory(cli *clientv3.Client, k keys.Fleet) *history {
 	ctx, cancel := context.WithCancel(context.Background())
-	h := &history{k: k, cancel: cancel, done: make(chan struct{}), pauses: map[string]time.Time{}}
+	h := &history{k: k, cancel: cancel, done: make(chan struct{}), pauses: map[string]time.Time{}, registered: map[string]time.Time{}}
 	go func() {
 		defer close(h.done)
 		h.follow(ctx, cli)
@@ -158,6 +160,10 @@ func (h *history) add(evs []*clientv3.Event, seen time.Time) {
 				continue
 			}
 			h.acks = append(h.acks, ackAt{rev: kv.ModRevision, seen: seen, agent: strings.TrimPrefix(key, h.k.Acks()), generation: g})
+		case strings.HasPrefix(key, h.k.Agents()) && ev.Type == clientv3.EventTypePut && ev.IsCreate():
+			// A registration created: the agent's new session runs a new
+			// worker, whose partitions start afresh.
+			h.registered[strings.TrimPrefix(key, h.k.Agents())] = seen
 		case strings.HasPrefix(key, h.k.Signals()):
 			paused := false
 			if ev.Type == clientv3.EventTypePut {

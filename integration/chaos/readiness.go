@@ -132,8 +132,11 @@ func (f *fleetWatch) close() {
 // stallBound. The clock of that rule starts at the latest of: the agent's
 // acknowledgement of the first generation of its ownership (it runs the
 // partition from then), the last change of the partition's committed
-// position, the agent process's start or SIGCONT, the end of the last
-// pause signal (a paused partition is not stalled; while any pause signal
+// position, the agent process's start or SIGCONT, its last registration
+// (a session lost and registered again runs a new worker, whose stall
+// limit starts then: seed 31 saw an agent answer 200 4 s after it
+// registered again, owning a partition that had not moved for 67 s while
+// it had no session), the end of the last pause signal (a paused partition is not stalled; while any pause signal
 // is in force nothing is checked), and the first time records were seen
 // waiting past that position.
 func (f *fleetWatch) pollReadiness(ctx context.Context) {
@@ -249,7 +252,7 @@ func (f *fleetWatch) stillParts(id string, aliveSince time.Time) []stillPart {
 			}
 			committed, moved := h.position(part)
 			from := owned
-			for _, t := range []time.Time{moved, aliveSince, h.lastPause} {
+			for _, t := range []time.Time{moved, aliveSince, h.lastPause, h.registered[id]} {
 				if t.After(from) {
 					from = t
 				}
