@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -52,13 +53,104 @@ const (
 // one to B) may overlap: the later write wins, and a heal removes only a
 // value its own action wrote.
 var opKinds = []kindSpec{
-	{OpPause, []string{"fleet", "topic:orders", "channel:out"}, 3 * time.Second, 20 * time.Second, (*run).applyPause},
-	{OpPin, []string{"fleet@A", "fleet@B"}, 5 * time.Second, 30 * time.Second, (*run).applyPin},
-	{OpTopicPin, []string{"orders@A", "orders@B"}, 5 * time.Second, 30 * time.Second, (*run).applyPin},
-	{OpStage, []string{"stages@B"}, 10 * time.Second, 30 * time.Second, (*run).applyStage},
-	{OpRoutes, []string{"routes"}, 5 * time.Second, 30 * time.Second, (*run).applyRoutes},
-	{OpConfig, []string{"config"}, 5 * time.Second, 30 * time.Second, (*run).applyConfig},
-	{PartitionsAdd, []string{"orders"}, 1 * time.Second, 2 * time.Second, (*run).applyPartitionsAdd},
+	{OpPause, []string{"fleet", "topic:orders", "channel:out"}, 3 * time.Second, 20 * time.Second, byOperator(OpPause, (*run).applyPause)},
+	{OpPin, []string{"fleet@A", "fleet@B"}, 5 * time.Second, 30 * time.Second, byOperator(OpPin, (*run).applyPin)},
+	{OpTopicPin, []string{"orders@A", "orders@B"}, 5 * time.Second, 30 * time.Second, byOperator(OpTopicPin, (*run).applyPin)},
+	{OpStage, []string{"stages@B"}, 10 * time.Second, 30 * time.Second, byOperator(OpStage, (*run).applyStage)},
+	{OpRoutes, []string{"routes"}, 5 * time.Second, 30 * time.Second, byOperator(OpRoutes, (*run).applyRoutes)},
+	{OpConfig, []string{"config"}, 5 * time.Second, 30 * time.Second, byOperator(OpConfig, (*run).applyConfig)},
+	{PartitionsAdd, []string{"orders"}, 1 * time.Second, 2 * time.Second, byOperator(PartitionsAdd, (*run).applyPartitionsAdd)},
+}
+
+// byOperator hands an action to the run's operator (r.op), who makes
+// the actions one after another, in the timeline's order, off the
+// nemesis's goroutine: an operator's command retried while etcd is
+// stopped must not hold up the step that restarts it.
+func byOperator(k Kind, apply func(r *run, target string, heal bool) error) func(r *run, target string, heal bool) error {
+	return func(r *run, target string, heal bool) error {
+		r.op.do(func() {
+			if err := apply(r, target, heal); err != nil {
+				verb := pick(heal, "heal", "inject")
+				r.mu.Lock()
+				r.harness = append(r.harness, fmt.Errorf("%.1fs %s %s %s: %w", time.Since(r.start).Seconds(), verb, k, target, err))
+				r.mu.Unlock()
+				r.say("  %s %s %s: %v", verb, k, target, err)
+			}
+		})
+		return nil
+	}
+}
+
+// operator makes operator actions in the order they are handed over, on
+// one goroutine of its own, started by the first action; wait returns
+// once every action handed over is made, stop ends it. The zero value is
+// ready for use.
+type operator struct {
+	once    sync.Once
+	mu      sync.Mutex
+	queue   []func()
+	wake    chan struct{}
+	quit    chan struct{}
+	done    chan struct{}
+	pending sync.WaitGroup // actions handed over and not yet made
+}
+
+func (o *operator) do(f func()) {
+	o.once.Do(func() {
+		o.wake, o.quit, o.done = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+		go o.loop()
+	})
+	o.pending.Add(1)
+	o.mu.Lock()
+	o.queue = append(o.queue, f)
+	o.mu.Unlock()
+	select {
+	case o.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (o *operator) loop() {
+	defer close(o.done)
+	for {
+		o.mu.Lock()
+		var f func()
+		if len(o.queue) > 0 {
+			f, o.queue = o.queue[0], o.queue[1:]
+		}
+		o.mu.Unlock()
+		if f != nil {
+			f()
+			o.pending.Done()
+			continue
+		}
+		select {
+		case <-o.quit:
+			return
+		case <-o.wake:
+		}
+	}
+}
+
+// wait returns once every action handed over is made (each retries for a
+// bounded time).
+func (o *operator) wait() { o.pending.Wait() }
+
+// stop ends the operator's goroutine once the action under way is made;
+// actions not yet made are dropped.
+func (o *operator) stop() {
+	o.once.Do(func() {}) // never started: nothing to stop
+	if o.quit == nil {
+		return
+	}
+	o.mu.Lock()
+	for range o.queue {
+		o.pending.Done()
+	}
+	o.queue = nil
+	o.mu.Unlock()
+	close(o.quit)
+	<-o.done
 }
 
 // Operator timing.
@@ -203,10 +295,9 @@ func errString(err error) string {
 }
 
 // putBad writes a bad value to key as etcdctl would; an agent must count
-// its refusal (kind) within refusalWait. The nemesis applies nothing else
-// meanwhile, so etcd stays up (the put went through) and an agent that
-// runs throughout reads the value: none counting it while one runs is a
-// violation.
+// its refusal (kind) within refusalWait: none counting it while one runs
+// is a violation (etcd was up for the put; an etcd stopped right after
+// is back within 10 s, and the agents read the value then).
 func (r *run) putBad(kind, key, value string) error {
 	before := r.refusals(kind)
 	if err := r.etcdDo(fmt.Sprintf("put %s %q", key, value), func(ctx context.Context, c *clientv3.Client) error {

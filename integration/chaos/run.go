@@ -59,6 +59,8 @@ type run struct {
 	resolved map[int]string // a leader-kill's number → the agent it killed
 	applied  []appliedStep  // what was done, when, for the report
 	harness  []error        // faults the stack or a process refused
+
+	op operator // makes the operator actions off the nemesis's goroutine (faults_ops.go)
 }
 
 // Run runs the stack, the fleet and the nemesis, then checks. It returns
@@ -94,6 +96,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err := r.nemesis(ctx); err != nil {
 		return nil, err
 	}
+	r.op.wait() // an operator's heal retried while etcd was away may come late
 	if err := r.stack.post("/producer", map[string][]string{"action": {"stop"}}); err != nil {
 		return nil, err
 	}
@@ -257,6 +260,7 @@ func (r *run) leader() (string, error) {
 // (SIGCONT first for a stopped one, then SIGKILL) and their links, the
 // stack (SIGTERM, then SIGKILL after 20 s).
 func (r *run) close() {
+	r.op.stop()
 	if r.obs != nil {
 		r.obs.stop()
 	}
