@@ -168,12 +168,7 @@ func startFlow(t *testing.T, d *dc, l *ledger, n int, agents ...*agent.Agent) *p
 	waitConsuming(t, 20*time.Second, "A", agents...)
 	waitBalanced(t, failoverPartitions, agents...)
 	p := startProducer(t, d.a.Brokers(), "orders", 0)
-	wait.For(t, 20*time.Second, "records flowing through A and mirrored to B", func() error {
-		if h, m := l.count(), d.mirror.Copied(); h < n || m < int64(n) {
-			return fmt.Errorf("%d handled, %d mirrored", h, m)
-		}
-		return nil
-	})
+	waitFlowing(t, d, l, n)
 	return p
 }
 

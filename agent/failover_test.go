@@ -230,12 +230,7 @@ func TestFailoverToTheReplicaAndBack(t *testing.T) {
 	}
 	waitConsuming(t, 20*time.Second, "A", agents...)
 	p := startProducer(t, d.a.Brokers(), "orders", 0)
-	wait.For(t, 20*time.Second, "records flowing through A and mirrored to B", func() error {
-		if n := l.count(); n < 500 || d.mirror.Copied() < 500 {
-			return fmt.Errorf("%d handled, %d mirrored", n, d.mirror.Copied())
-		}
-		return nil
-	})
+	waitFlowing(t, d, l, 500)
 
 	// A dies. Records keep coming until its producer notices.
 	cfg := d.config("x")
@@ -298,12 +293,7 @@ func TestFailoverWhenEveryBrokerRefuses(t *testing.T) {
 	// within pushPullInterval, so the full window is longer than that.
 	window := func(c *config.Config) { c.Failover.FailureWindow = agent.PushPullInterval + time.Second }
 	l, agents, p := flowingFleet(t, d, window)
-	wait.For(t, 20*time.Second, "records flowing through A and mirrored to B", func() error {
-		if n := l.count(); n < 300 || d.mirror.Copied() < 300 {
-			return fmt.Errorf("%d handled, %d mirrored", n, d.mirror.Copied())
-		}
-		return nil
-	})
+	waitFlowing(t, d, l, 300)
 	cfg := d.config("x")
 	window(&cfg)
 	began := time.Now()
@@ -327,6 +317,17 @@ func TestFailoverWhenEveryBrokerRefuses(t *testing.T) {
 		t.Errorf("%d duplicates after a failover with fingerprint alignment", dups)
 	}
 	l.check(t)
+}
+
+// waitFlowing waits until n records were handled and mirrored to B.
+func waitFlowing(t *testing.T, d *dc, l *ledger, n int) {
+	t.Helper()
+	wait.For(t, 20*time.Second, "records flowing through A and mirrored to B", func() error {
+		if h, m := l.count(), d.mirror.Copied(); h < n || m < int64(n) {
+			return fmt.Errorf("%d handled, %d mirrored", h, m)
+		}
+		return nil
+	})
 }
 
 // logHistory logs the fleet's switch history, which says per partition how
@@ -390,12 +391,7 @@ func TestFailoverFromAHungCluster(t *testing.T) {
 				c.Clusters["B"] = b
 			}
 			l, agents, p := flowingFleet(t, d, settings)
-			wait.For(t, 20*time.Second, "records flowing through A and mirrored to B", func() error {
-				if n := l.count(); n < 300 || d.mirror.Copied() < 300 {
-					return fmt.Errorf("%d handled, %d mirrored", n, d.mirror.Copied())
-				}
-				return nil
-			})
+			waitFlowing(t, d, l, 300)
 			cfg := d.config("x")
 			settings(&cfg)
 			began := time.Now()
