@@ -3,7 +3,6 @@
 package chaos
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -355,23 +354,16 @@ func (r *run) refusedSince(kind string, before map[string]float64, d time.Durati
 // metricSeries returns the value of one series (name and labels exactly
 // as exposed) on a Prometheus text page; 0 when it is not there.
 func metricSeries(ctx context.Context, url, series string) (float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := pollClient.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), series+" "); ok {
-			return strconv.ParseFloat(strings.TrimSpace(v), 64)
+	var v float64
+	var perr error
+	err := scrape(ctx, url, func(line string) bool {
+		rest, ok := strings.CutPrefix(line, series+" ")
+		if ok {
+			v, perr = strconv.ParseFloat(strings.TrimSpace(rest), 64)
 		}
-	}
-	return 0, sc.Err()
+		return !ok
+	})
+	return v, errors.Join(err, perr)
 }
 
 // applyPause: kswitch pause of the fleet, the topic orders or the channel

@@ -214,32 +214,36 @@ func getJSON(ctx context.Context, url string, v any) error {
 
 // metricSum sums every series of the metric name on a Prometheus text page.
 func metricSum(ctx context.Context, url, name string) (float64, error) {
+	sum := 0.0
+	err := scrape(ctx, url, func(line string) bool {
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok || (rest != "" && rest[0] != ' ' && rest[0] != '{') {
+			return true // another metric, or one whose name starts with name
+		}
+		f := strings.Fields(line)
+		if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
+			sum += v
+		}
+		return true
+	})
+	return sum, err
+}
+
+// scrape reads a Prometheus text page line by line into each, until each
+// returns false.
+func scrape(ctx context.Context, url string, each func(line string) bool) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	resp, err := pollClient.Do(req)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	sum := 0.0
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, name) {
-			continue
-		}
-		rest := line[len(name):]
-		if rest != "" && rest[0] != ' ' && rest[0] != '{' {
-			continue // another metric whose name starts with name
-		}
-		f := strings.Fields(line)
-		v, err := strconv.ParseFloat(f[len(f)-1], 64)
-		if err == nil {
-			sum += v
-		}
+	for sc.Scan() && each(sc.Text()) {
 	}
-	return sum, sc.Err()
+	return sc.Err()
 }
