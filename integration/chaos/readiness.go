@@ -183,6 +183,7 @@ func readyz(ctx context.Context, addr string) (int, string, error) {
 type stillPart struct {
 	part      clusterPart
 	committed int64
+	moved     time.Time // when the position reached committed (zero: never committed)
 	from      time.Time
 }
 
@@ -223,9 +224,13 @@ func (f *fleetWatch) checkAgent(ctx context.Context, id string, aliveSince, now 
 			continue
 		}
 		f.seen[id+" "+p.part.String()] = true
+		movedAt := "never committed in this run"
+		if !p.moved.IsZero() {
+			movedAt = fmt.Sprintf("there since %.1fs", p.moved.Sub(f.start).Seconds())
+		}
 		f.stalls = append(f.stalls, Violation{Invariant: "readiness", At: now.Sub(f.start),
-			Record: fmt.Sprintf("%s /readyz 200 at %.1fs owning %s, committed %d unmoved since %.1fs, records waiting since %.1fs",
-				id, now.Sub(f.start).Seconds(), p.part, p.committed, p.from.Sub(f.start).Seconds(), w.since.Sub(f.start).Seconds()),
+			Record: fmt.Sprintf("%s /readyz 200 at %.1fs owning %s, committed %d (%s), records waiting past it since %.1fs; the rule's clock ran from %.1fs (ownership, position, start or pause, whichever latest)",
+				id, now.Sub(f.start).Seconds(), p.part, p.committed, movedAt, w.since.Sub(f.start).Seconds(), p.from.Sub(f.start).Seconds()),
 			Detail: fmt.Sprintf("an agent whose partition has not moved for over its stall limit (%v; the checker allows %v) while records wait must not answer ready (reason it gave: %q)",
 				agentStuckAfter, stallBound, reason)})
 	}
@@ -257,7 +262,7 @@ func (f *fleetWatch) stillParts(id string, aliveSince time.Time) []stillPart {
 					from = t
 				}
 			}
-			out = append(out, stillPart{part: part, committed: committed, from: from})
+			out = append(out, stillPart{part: part, committed: committed, moved: moved, from: from})
 		}
 	}
 	return out
