@@ -506,8 +506,20 @@ func (a *Agent) Leading() bool { return a.cand != nil && a.cand.Leading() }
 
 // LeaderView returns who leads, as this agent sees it.
 func (a *Agent) LeaderView() LeaderView {
-	v := LeaderView{Agent: a.id, Self: a.Leading()}
-	if l, ok := a.observer.Leader(); ok {
+	l, ok := a.observer.Leader()
+	return leaderView(a.id, a.Leading(), l, ok)
+}
+
+// leaderView is LeaderView of agent id, whose leader work runs (leading)
+// or not, when etcd's election names l (ok) or nobody. An agent leads when
+// its leader work runs and etcd does not name another: a leader whose term
+// etcd has ended (its lease expired while it was stopped or cut off) can
+// see its successor's election key before its own work notices the end,
+// and must not claim the successor's term meanwhile (its writes are
+// fenced already).
+func leaderView(id string, leading bool, l election.Leader, ok bool) LeaderView {
+	v := LeaderView{Agent: id, Self: leading && (!ok || l.ID == id)}
+	if ok {
 		v.Leader, v.FencingToken = l.ID, l.Token
 	}
 	return v

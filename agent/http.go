@@ -22,7 +22,8 @@ import (
 type LeaderView struct {
 	// Leader is the leader's agent id; empty when nobody leads.
 	Leader string `json:"leader"`
-	// Self is true while this agent leads (its leader work is running).
+	// Self is true while this agent leads: its leader work runs and etcd's
+	// election does not name another agent.
 	Self bool `json:"self"`
 	// FencingToken is the creation revision of the leader key.
 	FencingToken int64 `json:"fencing_token"`
