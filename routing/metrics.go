@@ -87,7 +87,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"channel"}),
 		waits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kswitch_routing_waits_total",
-			Help: "Records the router asked the agent to offer again later: reason paused (a channel signal), failing (a destination is failing), blocked (an earlier record of the partition is refused and there is no dead-letter channel), opening (a producer is connecting), evaluation (no dead-letter channel for an expression error), not_ready (etcd's routes not read yet).",
+			Help: "Records the router asked the agent to offer again later: reason paused (a channel signal), failing (a destination is failing), blocked (an earlier record of the partition is refused and there is no dead-letter channel), opening (a producer is connecting), redefined (the channel changed producer: its produces inside the previous one return first), evaluation (no dead-letter channel for an expression error), not_ready (etcd's routes not read yet).",
 		}, []string{"reason"}),
 		producers: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kswitch_routing_producers",

@@ -131,6 +131,12 @@ type destState struct {
 	acked    atomic.Int64            // produces acknowledged
 	health   destHealth              // under Router.mu
 
+	// sending is the producer the destination's produces go through (nil:
+	// none yet, or the exactly_once path); it changes only while nothing
+	// of the destination is in flight (enter).
+	enterMu sync.Mutex
+	sending *producer
+
 	routed   prometheus.Counter
 	latency  prometheus.Observer
 	failures prometheus.Counter
@@ -271,7 +277,7 @@ type WaitError struct {
 	// Channel is the channel the record waits for ("" when it is the
 	// partition that waits).
 	Channel string
-	// Reason is "paused", "failing", "opening" or "blocked".
+	// Reason is "paused", "failing", "opening", "redefined" or "blocked".
 	Reason string
 	Err    error
 }
@@ -491,13 +497,28 @@ func (r *Router) submit(ctx context.Context, rec *record.Record, msgs []*outMsg)
 			return &WaitError{Channel: m.ch.Name, Reason: "opening", Err: err}
 		}
 	}
+	for i, m := range msgs {
+		if !m.ds.enter(m.pr) {
+			for _, done := range msgs[:i] {
+				done.ds.inFlight.Add(-1)
+			}
+			for _, m := range msgs {
+				if m.pr != nil {
+					r.pool.release(m.pr, 1)
+				}
+			}
+			r.m.waits.WithLabelValues("redefined").Inc()
+			return &WaitError{Channel: m.ch.Name, Reason: "redefined",
+				Err: fmt.Errorf("channel %s changed producer (cluster %s redefined, or its compression or acks): its records wait until the %d produces inside the previous producer return",
+					m.ch.Name, m.ch.Cluster, m.ds.inFlight.Load())}
+		}
+	}
 	d := &msgs[0].own
 	d.rec = rec
 	d.pending.Store(int32(len(msgs)))
 	now := time.Now()
 	for i, m := range msgs {
 		m.d, m.sent = d, now
-		m.ds.inFlight.Add(1)
 		var err error
 		switch {
 		case m.tp == nil:
@@ -525,6 +546,29 @@ func (r *Router) submit(ctx context.Context, rec *record.Record, msgs []*outMsg)
 		}
 	}
 	return nil
+}
+
+// enter counts a produce of ds through pr (nil: an exactly_once stream's)
+// as in flight, and reports whether it may go. A destination's produces go
+// through one producer at a time: a produce through another (its channel
+// redefined with another compression or acks, its cluster redefined, or
+// moved between delivery modes) waits until every produce of the
+// destination has returned, since each producer keeps only its own order:
+// a record sent through the new producer would overtake an earlier record
+// of its source partition that the previous one still holds or retries
+// (chaos seed 51: the routes in force changed while the channel's cluster
+// was down).
+func (ds *destState) enter(pr *producer) bool {
+	ds.enterMu.Lock()
+	defer ds.enterMu.Unlock()
+	if ds.sending != pr {
+		if ds.inFlight.Load() > 0 {
+			return false
+		}
+		ds.sending = pr
+	}
+	ds.inFlight.Add(1)
+	return true
 }
 
 // settle forgets m, acknowledged or not: it no longer counts as in flight
