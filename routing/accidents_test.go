@@ -159,6 +159,29 @@ func (w *world) settled(f *partitionFeed, skip func(p int, off int64) bool) (map
 	return want, n
 }
 
+// orderAfterRecovery waits until 300 records more than before are taken
+// (C is back), settles f, reads channel c back and returns how many
+// records reached it after a later one of their partition, and how many
+// the router counted so.
+func (w *world) orderAfterRecovery(r *Router, f *partitionFeed, label string) (late int, counted float64) {
+	t := w.t
+	t.Helper()
+	before := f.total()
+	wait.For(t, 60*time.Second, "records flowing again", func() error {
+		if n := f.total(); n < before+300 {
+			return fmt.Errorf("%d taken since the recovery", n-before)
+		}
+		return nil
+	})
+	want, n := w.settled(f, nil)
+	recs := w.readAll("C", "c", want)
+	dups, late := orderOf(t, recs)
+	counted = metricValue(r.m.reordered)
+	t.Logf("%s: %d records taken, %d on C (%d duplicates, %d after a later one of their partition; kswitch_routing_reordered_total %v)",
+		label, n, len(recs), dups, late, counted)
+	return late, counted
+}
+
 // orderOf counts, in records of channel partitions that mirror their
 // source partitions, the duplicates and the records that reached the
 // channel after a later record of their partition (first copies only).
@@ -235,19 +258,7 @@ func TestSinkOutageKeepsSourceOrder(t *testing.T) {
 			})
 			time.Sleep(3 * time.Second) // the outage: C stays down while records wait
 			c.Recover()
-			before := f.total()
-			wait.For(t, 60*time.Second, "records flowing again", func() error {
-				if n := f.total(); n < before+300 {
-					return fmt.Errorf("%d taken since the recovery", n-before)
-				}
-				return nil
-			})
-			want, n := w.settled(f, nil)
-			recs := w.readAll("C", "c", want)
-			dups, late := orderOf(t, recs)
-			counted := metricValue(r.m.reordered)
-			t.Logf("%s: %d records taken, %d on C (%d duplicates, %d after a later one of their partition; kswitch_routing_reordered_total %v)",
-				fault, n, len(recs), dups, late, counted)
+			late, counted := w.orderAfterRecovery(r, f, fault)
 			// The producer keeps a partition's order through its retries:
 			// nothing comes late, counted or not.
 			requireCounted(t, r, late)

@@ -59,19 +59,7 @@ func TestChannelRedefinedDuringAnOutageKeepsSourceOrder(t *testing.T) {
 			} else {
 				c.Recover()
 			}
-			before := f.total()
-			wait.For(t, 60*time.Second, "records flowing again", func() error {
-				if n := f.total(); n < before+300 {
-					return fmt.Errorf("%d taken since the recovery", n-before)
-				}
-				return nil
-			})
-			want, n := w.settled(f, nil)
-			recs := w.readAll("C", "c", want)
-			dups, late := orderOf(t, recs)
-			counted := metricValue(r.m.reordered)
-			t.Logf("%s: %d records taken, %d on C (%d duplicates, %d after a later one of their partition; kswitch_routing_reordered_total %v)",
-				fault, n, len(recs), dups, late, counted)
+			late, counted := w.orderAfterRecovery(r, f, fault)
 			if late > 0 {
 				t.Errorf("%d records reached the channel after a later one of their partition (%v counted by the router)", late, counted)
 			}
