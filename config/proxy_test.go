@@ -1,15 +1,10 @@
 package config
 
 import (
-	"bytes"
-	"encoding/json"
-	"fmt"
 	"strings"
 	"testing"
 
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-	"go.yaml.in/yaml/v3"
 )
 
 const proxyPass = "proxy-S3cret-pw"
@@ -76,24 +71,7 @@ func TestProxyPasswordIsRedacted(t *testing.T) {
 	a := c.Clusters["A"]
 	a.Proxy = ProxyURL("socks5://fleet:" + proxyPass + "@bastion:1080")
 	c.Clusters["A"] = a
-	var out bytes.Buffer
-	for _, verb := range []string{"%v", "%+v", "%#v", "%s"} {
-		fmt.Fprintf(&out, verb+"\n", c)
-	}
-	j, err := json.Marshal(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out.Write(j)
-	y, err := yaml.Marshal(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out.Write(y)
-	enc := zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig())
-	log := zap.New(zapcore.NewCore(enc, zapcore.AddSync(&out), zap.DebugLevel))
-	log.Info("config", zap.Any("config", c), zap.Stringer("proxy", a.Proxy))
-	_ = log.Sync()
+	out := rendered(t, c, zap.Stringer("proxy", a.Proxy))
 	if strings.Contains(out.String(), proxyPass) {
 		t.Errorf("%q shows in:\n%s", proxyPass, out.String())
 	}

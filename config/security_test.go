@@ -40,8 +40,10 @@ func secured(t *testing.T) Config {
 // TestSecretsAreRedacted: passwords never show in fmt, JSON, YAML or zap
 // output of the configuration, and Reveal still gives them to the one
 // place that needs them.
-func TestSecretsAreRedacted(t *testing.T) {
-	c := secured(t)
+// rendered is c as every way it is shown: fmt's verbs, JSON, YAML, and a
+// zap log line with c and fields.
+func rendered(t *testing.T, c Config, fields ...zap.Field) *bytes.Buffer {
+	t.Helper()
 	var out bytes.Buffer
 	for _, verb := range []string{"%v", "%+v", "%#v", "%s"} {
 		fmt.Fprintf(&out, verb+"\n", c)
@@ -58,9 +60,15 @@ func TestSecretsAreRedacted(t *testing.T) {
 	out.Write(y)
 	enc := zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig())
 	log := zap.New(zapcore.NewCore(enc, zapcore.AddSync(&out), zap.DebugLevel))
-	log.Info("config", zap.Any("config", c), zap.Object("etcd", c.Etcd),
-		zap.Any("password", c.Etcd.Password), zap.Stringer("sasl", c.Clusters["A"].SASL.Password))
+	log.Info("config", append([]zap.Field{zap.Any("config", c)}, fields...)...)
 	_ = log.Sync()
+	return &out
+}
+
+func TestSecretsAreRedacted(t *testing.T) {
+	c := secured(t)
+	out := rendered(t, c, zap.Object("etcd", c.Etcd),
+		zap.Any("password", c.Etcd.Password), zap.Stringer("sasl", c.Clusters["A"].SASL.Password))
 	for _, secret := range []string{etcdPass, kafkaPass} {
 		if strings.Contains(out.String(), secret) {
 			t.Errorf("%q shows in:\n%s", secret, out.String())

@@ -159,6 +159,19 @@ func (w *world) settled(f *partitionFeed, skip func(p int, off int64) bool) (map
 	return want, n
 }
 
+// waitFailing waits until r reports channel name failing.
+func waitFailing(t *testing.T, r *Router, name string) {
+	t.Helper()
+	wait.For(t, 30*time.Second, "channel "+name+" failing", func() error {
+		for _, cs := range r.Status().Channels {
+			if cs.Name == name && cs.Failing != "" {
+				return nil
+			}
+		}
+		return errors.New("not failing")
+	})
+}
+
 // orderAfterRecovery waits until 300 records more than before are taken
 // (C is back), settles f, reads channel c back and returns how many
 // records reached it after a later one of their partition, and how many
@@ -248,14 +261,7 @@ func TestSinkOutageKeepsSourceOrder(t *testing.T) {
 			} else {
 				c.Hang()
 			}
-			wait.For(t, 30*time.Second, "channel c failing", func() error {
-				for _, cs := range r.Status().Channels {
-					if cs.Name == "c" && cs.Failing != "" {
-						return nil
-					}
-				}
-				return errors.New("not failing")
-			})
+			waitFailing(t, r, "c")
 			time.Sleep(3 * time.Second) // the outage: C stays down while records wait
 			c.Recover()
 			late, counted := w.orderAfterRecovery(r, f, fault)

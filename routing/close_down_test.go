@@ -39,14 +39,7 @@ func goroutinesOf(pkgs ...string) []string {
 func TestCloseWhileTheChannelIsDown(t *testing.T) {
 	w, r, f := orderedWorld(t, nil, nil)
 	w.kafkas["C"].Fail()
-	wait.For(t, 30*time.Second, "channel c failing", func() error {
-		for _, cs := range r.Status().Channels {
-			if cs.Name == "c" && cs.Failing != "" {
-				return nil
-			}
-		}
-		return errors.New("not failing")
-	})
+	waitFailing(t, r, "c")
 	time.Sleep(2 * time.Second) // records wait in the producer
 	f.stop()
 	w.unackedOnClose = true

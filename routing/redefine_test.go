@@ -1,7 +1,6 @@
 package routing
 
 import (
-	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -41,14 +40,7 @@ func TestChannelRedefinedDuringAnOutageKeepsSourceOrder(t *testing.T) {
 			} else {
 				c.Fail()
 			}
-			wait.For(t, 30*time.Second, "channel c failing", func() error {
-				for _, cs := range r.Status().Channels {
-					if cs.Name == "c" && cs.Failing != "" {
-						return nil
-					}
-				}
-				return errors.New("not failing")
-			})
+			waitFailing(t, r, "c")
 			// The channel redefined while its records wait: no
 			// compression, so another producer.
 			w.waitVersion(w.put(keys.New(fleet).Channel("c"), "cluster: C\ntopic: c\npartitioner: manual-same-partition\n"))
