@@ -123,6 +123,11 @@ type hooks struct {
 	// fails that start as a failed ListOffsets would, so the partition
 	// stays dead and its start is tried again at the next commit tick.
 	RestartFails func(cluster string, tp coordinator.TopicPartition) error
+	// EtcdProbed, when set, is called by the etcd probe after each read
+	// of the agent's registration returns (found: the read saw it) and
+	// before it is judged: a test delays that judgement past a
+	// registration.
+	EtcdProbed func(found bool)
 }
 
 // Agent is one member of a fleet. Its exported methods are safe for
@@ -191,6 +196,7 @@ type Agent struct {
 type sessionState struct {
 	registered bool
 	lease      clientv3.LeaseID
+	revision   int64  // etcd revision of the registration's write
 	reason     string // why not registered
 }
 
@@ -675,12 +681,13 @@ func (a *Agent) runSession(ctx context.Context) error {
 			a.log.Debug("revoke session lease", zap.Error(err))
 		}
 	}()
-	if err := a.register(ctx, s.Lease()); err != nil {
+	regRev, err := a.register(ctx, s.Lease())
+	if err != nil {
 		return err
 	}
 	a.current.Store(s)
 	defer a.current.Store(nil)
-	a.setSession(sessionState{registered: true, lease: s.Lease()})
+	a.setSession(sessionState{registered: true, lease: s.Lease(), revision: regRev})
 	a.log.Info("registered", zap.String("key", a.keys.Agent(a.id)), zap.String("lease", fmt.Sprintf("%x", s.Lease())))
 
 	// The worker consumes while the session lives. On a clean stop it
@@ -721,15 +728,15 @@ func (a *Agent) runSession(ctx context.Context) error {
 	}
 }
 
-// register writes agents/<id> on the lease. It refuses to take over a
-// registration held by another live lease: two agents with one id would
-// fight over partitions.
-func (a *Agent) register(ctx context.Context, lease clientv3.LeaseID) error {
+// register writes agents/<id> on the lease and returns the etcd revision
+// of that write. It refuses to take over a registration held by another
+// live lease: two agents with one id would fight over partitions.
+func (a *Agent) register(ctx context.Context, lease clientv3.LeaseID) (int64, error) {
 	digest := a.digest
 	reg := Registration{ID: a.id, HTTP: a.HTTPAddr(), Gossip: a.GossipAddr(), Version: version.Version, Started: a.started, Config: &digest}
 	val, err := json.Marshal(reg)
 	if err != nil {
-		return fmt.Errorf("agent: encode registration: %w", err)
+		return 0, fmt.Errorf("agent: encode registration: %w", err)
 	}
 	key := a.keys.Agent(a.id)
 	rctx, cancel := context.WithTimeout(ctx, a.cfg.Etcd.RequestTimeout)
@@ -740,18 +747,18 @@ func (a *Agent) register(ctx context.Context, lease clientv3.LeaseID) error {
 		Else(clientv3.OpGet(key)).Commit()
 	if err != nil {
 		a.metrics.etcdErrors.WithLabelValues("register").Inc()
-		return fmt.Errorf("etcd: register %s: %w", key, etcdclient.Explain(err, a.cfg.Etcd, "write "+key))
+		return 0, fmt.Errorf("etcd: register %s: %w", key, etcdclient.Explain(err, a.cfg.Etcd, "write "+key))
 	}
 	if !resp.Succeeded {
 		kvs := resp.Responses[0].GetResponseRange().Kvs
 		if len(kvs) > 0 {
-			return fmt.Errorf("agent id %q is already registered by another process (lease %x); "+
+			return 0, fmt.Errorf("agent id %q is already registered by another process (lease %x); "+
 				"give every agent a unique agent.id, or wait up to etcd.session_ttl (%s) after a crash",
 				a.id, kvs[0].Lease, a.cfg.Etcd.SessionTTL)
 		}
-		return fmt.Errorf("etcd: register %s: raced with a delete; retrying", key)
+		return 0, fmt.Errorf("etcd: register %s: raced with a delete; retrying", key)
 	}
-	return nil
+	return resp.Header.Revision, nil
 }
 
 // runLeader is the leader work of one term. Its goroutines, and those
@@ -873,11 +880,16 @@ func (a *Agent) probeEtcdLoop(ctx context.Context) {
 		pctx, cancel := context.WithTimeout(ctx, a.cfg.Etcd.RequestTimeout)
 		resp, err := a.client.Get(pctx, a.keys.Agent(a.id), clientv3.WithCountOnly())
 		cancel()
+		if a.opts.hooks.EtcdProbed != nil {
+			a.opts.hooks.EtcdProbed(err == nil && resp.Count > 0)
+		}
 		if ctx.Err() != nil {
 			return
 		}
 		if err == nil && resp.Count == 0 {
-			if s := a.current.Load(); s != nil && a.session.Load().registered {
+			// A read served before the registration was written (the
+			// probe raced the registration) says nothing about it.
+			if s, st := a.current.Load(), a.session.Load(); s != nil && st.registered && resp.Header.Revision >= st.revision {
 				// The leader evicted us (gossip thought us dead) or an
 				// operator deleted the key: our commits are refused from
 				// now on, so end this session and register again.

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -329,5 +330,67 @@ func TestMetricsAndDuplicateID(t *testing.T) {
 	})
 	if ok, _ := a.Ready(); !ok {
 		t.Fatal("the first agent lost its registration to a duplicate")
+	}
+}
+
+// TestAProbeReadBeforeRegistrationEvictsNothing: the etcd probe evicts the
+// agent (ends its session and registers again) when its registration is
+// gone; a read served before the registration was written, judged after
+// it, must not count as gone. Before the fix the agent dropped its first
+// session within milliseconds of registering (a CI failure: agent-2's
+// partitions were given, taken back and given again).
+func TestAProbeReadBeforeRegistrationEvictsNothing(t *testing.T) {
+	e := testenv.StartEtcdT(t)
+	c, err := e.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	key := "/kswitch/orders/agents/agent-1"
+	lease := make(chan int64, 1)
+	var calls atomic.Int32
+	probed := make(chan struct{})
+	hook := func(found bool) {
+		n := calls.Add(1)
+		if n == 1 {
+			if found {
+				t.Error("the probe's first read already saw the registration: the race is not reproduced")
+			}
+			// Judge this read only once the registration is written.
+			deadline := time.Now().Add(10 * time.Second)
+			for time.Now().Before(deadline) {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				resp, err := c.Get(ctx, key)
+				cancel()
+				if err == nil && len(resp.Kvs) == 1 {
+					lease <- resp.Kvs[0].Lease
+					return
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			close(lease)
+		}
+		if n == 3 {
+			close(probed)
+		}
+	}
+	startFleetAgent(t, testConfig(e, "agent-1"), agent.WithHooks(agent.Options{}, agent.Hooks{EtcdProbed: hook}))
+	first, ok := <-lease
+	if !ok {
+		t.Fatal("agent-1 never registered")
+	}
+	select {
+	case <-probed: // the stale read was judged, and two more after it
+	case <-time.After(15 * time.Second):
+		t.Fatal("the probe did not run three times in 15 s")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	resp, err := c.Get(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) != 1 || resp.Kvs[0].Lease != first {
+		t.Fatalf("registration after the stale probe read: %v, want the first one on lease %x kept", resp.Kvs, first)
 	}
 }
