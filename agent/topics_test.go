@@ -473,13 +473,15 @@ func waitFleetOn(t *testing.T, cli *clientv3.Client, cluster string, timeout tim
 
 // notPaused reports whether gap, the largest delivery gap of a topic
 // while the switches evs moved others, shows it was not paused: within
-// twice its baseline gap and 150 ms (the machine's noise), or shorter
-// than the longest of the switches (a topic paused for a switch has a gap
-// at least as long as the switch).
+// twice its baseline gap and 500 ms, or shorter than the longest of the
+// switches (a topic paused for a switch has a gap at least as long as the
+// switch). The 500 ms is the noise of 2 cores running the race detector
+// and other packages' tests beside this one: a CI run failed on 150 ms.
+// A topic held for a stage's check (2 s and more) still fails.
 func notPaused(gap, base time.Duration, evs ...coordinator.SwitchEvent) bool {
 	longest := time.Duration(0)
 	for _, ev := range evs {
 		longest = max(longest, ev.Finished.Sub(ev.Started))
 	}
-	return gap <= 2*base+150*time.Millisecond || gap < longest
+	return gap <= 2*base+500*time.Millisecond || gap < longest
 }
