@@ -292,6 +292,38 @@ func DecodeBlock(block *sarama.FetchResponseBlock, next, end int64, fn func(Reco
 	return next, false
 }
 
+// DecodeBlockInto is DecodeBlock appending the records to dst, which it
+// grows at most once, to hold every record of the block: one allocation
+// per block instead of a call per record. It returns dst and the offset
+// after the last batch seen.
+func DecodeBlockInto(block *sarama.FetchResponseBlock, next, end int64, dst []Record) ([]Record, int64) {
+	if n := blockRecords(block); cap(dst)-len(dst) < n {
+		dst = append(make([]Record, 0, len(dst)+n), dst...)
+	}
+	next, _ = DecodeBlock(block, next, end, func(r Record) bool {
+		dst = append(dst, r)
+		return true
+	})
+	return dst, next
+}
+
+// blockRecords is the number of records block holds, control records and
+// aborted ones included: an upper bound of what DecodeBlock passes on.
+func blockRecords(block *sarama.FetchResponseBlock) int {
+	n := 0
+	for _, recs := range block.RecordsSet {
+		switch {
+		case recs.RecordBatch != nil:
+			n += len(recs.RecordBatch.Records)
+		case recs.MsgSet != nil:
+			for _, mb := range recs.MsgSet.Messages {
+				n += len(mb.Messages())
+			}
+		}
+	}
+	return n
+}
+
 // millis is t in Unix milliseconds, -1 for the zero time: what sarama
 // decodes a timestamp of -1 (none) to.
 func millis(t time.Time) int64 {
