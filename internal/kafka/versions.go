@@ -82,3 +82,22 @@ func CloseOnTransportError(b *sarama.Broker, err error) {
 	}
 	_ = b.Close() // ErrNotConnected when already closed: fine
 }
+
+// InitProducerIDVersion returns the InitProducerID request version to send
+// to a cluster of Kafka version v: what sarama's client sends. The
+// idempotent producer asks for a new producer id at every bump (-1/-1 from
+// 3 on), so it needs no more than 0 (Kafka 0.11).
+func InitProducerIDVersion(v sarama.KafkaVersion) int16 {
+	switch {
+	case v.IsAtLeast(sarama.V2_7_0_0):
+		return 4
+	case v.IsAtLeast(sarama.V2_5_0_0):
+		return 3
+	case v.IsAtLeast(sarama.V2_4_0_0):
+		return 2
+	case v.IsAtLeast(sarama.V2_0_0_0):
+		return 1
+	default:
+		return 0
+	}
+}

@@ -1,0 +1,125 @@
+package kafka
+
+import (
+	"math"
+	"time"
+
+	"github.com/IBM/sarama"
+)
+
+// recordOverhead bounds what a v2 record adds to its key, value and
+// headers: length, attributes, timestamp and offset deltas, key and value
+// lengths, header count (varints, at their widest for our sizes).
+const recordOverhead = 24
+
+// batch is the records of one destination partition sent as one v2
+// RecordBatch. Once first sent it keeps its sequence across every resend
+// (until a bump renumbers every unacknowledged batch, §3); its encoding
+// (rb, compressed once by sarama) is kept with it.
+type batch struct {
+	msgs  []*Message
+	codec sarama.CompressionCodec
+	level int
+	size  int // the records' bytes, estimated: what batchBytes bounds
+
+	// seq is the batch's first sequence, -1 until it is first sent.
+	seq int32
+	// maybe is set when the batch is sent, and cleared by a definite
+	// refusal (not written): a batch that is maybe written is never
+	// renumbered (drain-and-bump resends it under its sequence first).
+	maybe bool
+	rb    *sarama.RecordBatch
+}
+
+func newBatch(m *Message) *batch {
+	return &batch{codec: m.Codec, level: m.CompressionLevel, seq: -1}
+}
+
+// fits reports whether m may join b: same codec, and b stays within the
+// limits.
+func (b *batch) fits(m *Message, size, maxBytes, maxRecords int) bool {
+	return m.Codec == b.codec && m.CompressionLevel == b.level &&
+		len(b.msgs) < maxRecords && (len(b.msgs) == 0 || b.size+size <= maxBytes)
+}
+
+func (b *batch) add(m *Message, size int) {
+	b.msgs = append(b.msgs, m)
+	b.size += size
+}
+
+// recordBatch returns b's RecordBatch with the producer id, epoch and
+// b's sequence, building it at the first call.
+func (b *batch) recordBatch(pid int64, epoch int16) *sarama.RecordBatch {
+	if b.rb == nil {
+		b.rb = encodeBatch(b.msgs, b.codec, b.level)
+	}
+	b.rb.ProducerID, b.rb.ProducerEpoch, b.rb.FirstSequence = pid, epoch, b.seq
+	return b.rb
+}
+
+// encodeBatch builds the RecordBatch of msgs: one slab of records, the
+// keys, values and headers the messages' own (no copy until sarama
+// encodes the request).
+func encodeBatch(msgs []*Message, codec sarama.CompressionCodec, level int) *sarama.RecordBatch {
+	recs := make([]sarama.Record, len(msgs))
+	ptrs := make([]*sarama.Record, len(msgs))
+	first := msgs[0].Timestamp.UnixMilli()
+	maxTs := first
+	for i, m := range msgs {
+		ts := m.Timestamp.UnixMilli()
+		maxTs = max(maxTs, ts)
+		recs[i] = sarama.Record{
+			Key: m.Key, Value: m.Value, Headers: m.Headers,
+			OffsetDelta:    int64(i),
+			TimestampDelta: time.Duration(ts-first) * time.Millisecond,
+		}
+		ptrs[i] = &recs[i]
+	}
+	if level == 0 {
+		level = sarama.CompressionLevelDefault
+	}
+	return &sarama.RecordBatch{
+		Version:          2,
+		Codec:            codec,
+		CompressionLevel: level,
+		FirstTimestamp:   time.UnixMilli(first),
+		MaxTimestamp:     time.UnixMilli(maxTs),
+		LastOffsetDelta:  int32(len(msgs) - 1),
+		Records:          ptrs,
+	}
+}
+
+// split cuts b (of n > 1 records) in two halves that keep its sequence
+// range: the first starts at b's sequence, the second n/2 later, so the
+// sequences of the batches behind b stay valid.
+func (b *batch) split() (*batch, *batch) {
+	h := len(b.msgs) / 2
+	first := &batch{msgs: b.msgs[:h:h], codec: b.codec, level: b.level, seq: b.seq}
+	second := &batch{msgs: b.msgs[h:], codec: b.codec, level: b.level, seq: addSeq(b.seq, int32(h))}
+	for _, m := range first.msgs {
+		first.size += messageSize(m)
+	}
+	second.size = b.size - first.size
+	return first, second
+}
+
+// messageSize estimates m's bytes in a batch.
+func messageSize(m *Message) int {
+	n := len(m.Key) + len(m.Value) + recordOverhead
+	for _, h := range m.Headers {
+		n += len(h.Key) + len(h.Value) + 10
+	}
+	return n
+}
+
+// addSeq is s + n as Kafka counts sequences: they wrap from MaxInt32 to 0.
+func addSeq(s, n int32) int32 {
+	v := int64(s) + int64(n)
+	if v > math.MaxInt32 {
+		v -= math.MaxInt32 + 1
+	}
+	if v < 0 {
+		v += math.MaxInt32 + 1
+	}
+	return int32(v)
+}

@@ -1,0 +1,626 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	"go.uber.org/zap"
+
+	"github.com/kswitch/kswitch/config"
+)
+
+// The idempotent producer of docs/RELAY.md §3, on sarama's protocol layer:
+// a sink goroutine per destination broker sends ProduceRequests (one v2
+// RecordBatch per partition) on a connection of its own, up to
+// MaxInFlight requests at a time; a resolver goroutine finds leaders and
+// bumps the producer id when a partition's sequence is lost. Batches keep
+// their sequence across resends and there is no retry limit: a record is
+// reported acknowledged or refused for good, in order per partition, or
+// not at all (Close).
+
+// Message is one record to produce. The Producer keeps the pointer and
+// reads Key, Value and Headers when it encodes a request: the caller must
+// not change them until the message is reported.
+type Message struct {
+	Topic     string
+	Partition int32
+	Key       []byte
+	Value     []byte
+	Headers   []*sarama.RecordHeader
+	// Timestamp is the record's create time, in milliseconds on the wire;
+	// the zero time means when Produce is called.
+	Timestamp time.Time
+	// Codec compresses the batch the message is in: messages of one
+	// partition with different codecs go in different batches, in order.
+	Codec sarama.CompressionCodec
+	// CompressionLevel is the codec's level; 0 means the codec's default.
+	CompressionLevel int
+	// Ref is the caller's; the Producer does not touch it.
+	Ref any
+}
+
+// ProduceHandler receives the outcome of every message given to a
+// Producer. Its methods are called from the Producer's sink goroutines,
+// never concurrently for one partition, and for each partition in the
+// order the messages were given. They must not block (hand work to a
+// queue) and must not call Flush or Close; they may call Produce.
+type ProduceHandler interface {
+	// Acked reports msgs, consecutive messages of one partition,
+	// written at offsets offset, offset+1, ... offset is -1 when the
+	// broker answered DUPLICATE_SEQUENCE_NUMBER (it had them, at an
+	// offset it did not say).
+	Acked(msgs []*Message, offset int64)
+	// Refused reports m refused for good by its destination: a single
+	// record too large for the topic, or invalid (err is the
+	// sarama.KError). Nothing of it was written; the messages after it
+	// are not affected.
+	Refused(m *Message, err error)
+}
+
+// UnfinishedHandler is implemented by a ProduceHandler that wants to be
+// told, at Close, of the messages that were neither acknowledged nor
+// refused: they may or may not have been written.
+type UnfinishedHandler interface {
+	Unfinished(msgs []*Message)
+}
+
+// ProducerConfig adjusts a Producer. Start from DefaultProducerConfig.
+type ProducerConfig struct {
+	// Timeout is the Produce request's timeout (how long a broker waits
+	// for its replicas). A request unanswered for Timeout plus the
+	// cluster's Net.ReadTimeout (5 s) has its connection closed and its
+	// batches resent. Default 10 s.
+	Timeout time.Duration
+	// MaxInFlight is the number of requests in flight per broker
+	// connection, 1 to 5 (Kafka keeps the last 5 batches of a producer
+	// per partition to recognise a resend). Default 5.
+	MaxInFlight int
+	// BatchBytes bounds a batch's records (before compression); a
+	// record larger than it goes alone. Default 1 MiB, Kafka's default
+	// max.message.bytes; batches a topic refuses as too large are split.
+	BatchBytes int
+	// BatchRecords bounds a batch's record count. Default 10 000.
+	BatchRecords int
+	// RequestBytes bounds a request's batches. Default 16 MiB.
+	RequestBytes int
+	// RetryBackoff is the wait before the first resend of a partition's
+	// batches after an error, doubled up to RetryBackoffMax. Defaults
+	// 100 ms and 1 s.
+	RetryBackoff, RetryBackoffMax time.Duration
+	// Dialer, when set, opens every connection (tests cut links with it).
+	Dialer Dialer
+	// Logger; default zap.NewNop().
+	Logger *zap.Logger
+}
+
+// DefaultProducerConfig returns the defaults documented on ProducerConfig.
+func DefaultProducerConfig() ProducerConfig {
+	return ProducerConfig{
+		Timeout:         10 * time.Second,
+		MaxInFlight:     5,
+		BatchBytes:      1 << 20,
+		BatchRecords:    10000,
+		RequestBytes:    16 << 20,
+		RetryBackoff:    100 * time.Millisecond,
+		RetryBackoffMax: time.Second,
+		Logger:          zap.NewNop(),
+	}
+}
+
+// Validate reports a setting out of range.
+func (c ProducerConfig) Validate() error {
+	switch {
+	case c.Timeout < time.Millisecond:
+		return fmt.Errorf("kafka: producer: Timeout %s is under 1 ms", c.Timeout)
+	case c.MaxInFlight < 1 || c.MaxInFlight > 5:
+		return fmt.Errorf("kafka: producer: MaxInFlight %d is not within 1..5 (Kafka recognises resends of the last 5 batches only)", c.MaxInFlight)
+	case c.BatchBytes < 1 || c.BatchRecords < 1 || c.RequestBytes < c.BatchBytes:
+		return fmt.Errorf("kafka: producer: BatchBytes %d, BatchRecords %d, RequestBytes %d: each must be positive and RequestBytes >= BatchBytes",
+			c.BatchBytes, c.BatchRecords, c.RequestBytes)
+	case c.RetryBackoff <= 0 || c.RetryBackoffMax < c.RetryBackoff:
+		return fmt.Errorf("kafka: producer: RetryBackoff %s, RetryBackoffMax %s: want 0 < RetryBackoff <= RetryBackoffMax", c.RetryBackoff, c.RetryBackoffMax)
+	case c.Logger == nil:
+		return errors.New("kafka: producer: Logger is nil")
+	}
+	return nil
+}
+
+// ErrProducerClosed is returned by Produce after Close.
+var ErrProducerClosed = errors.New("kafka: producer closed")
+
+// ProducerStats counts what a Producer did besides sending.
+type ProducerStats struct {
+	Bumps       int64 // new producer ids after a lost sequence (drain-and-bump)
+	Duplicates  int64 // batches answered DUPLICATE_SEQUENCE_NUMBER
+	Splits      int64 // batches split after MESSAGE_TOO_LARGE or a refusal
+	Refused     int64 // messages refused for good
+	Retries     int64 // rounds of a partition's batches sent again
+	Reconnected int64 // broker connections opened after the first
+}
+
+// Stall is what Stalled reports about a topic whose records wait.
+type Stall struct {
+	// Since is when the longest-waiting partition last had a batch
+	// acknowledged, or when its records started waiting.
+	Since time.Time
+	// Err is that partition's last error, nil if none.
+	Err error
+}
+
+// topicPartition names a destination partition.
+type topicPartition struct {
+	topic     string
+	partition int32
+}
+
+// partState is a destination partition's producing state, under
+// Producer.mu.
+type partState struct {
+	topicPartition
+	// sink is the partition leader's; nil while the resolver looks it
+	// up (then nothing of the partition is in flight).
+	sink *sink
+	open *batch // filling; never sent
+	// queue holds sealed batches in order; its first ones may carry a
+	// sequence (sent before, to be sent again).
+	queue []*batch
+	// inflight are the batches sent in the current round, in sequence
+	// order; unanswered how many of them have no answer yet.
+	inflight   []*batch
+	unanswered int
+	// failed: the round's head was not acknowledged; the answers of
+	// the batches behind it decide nothing, and the round's batches go
+	// back to the queue once every one is answered.
+	failed bool
+	// refresh: look the leader up again once the round drained.
+	refresh bool
+	// gate: one batch at a time until one is acknowledged (a new
+	// leader, or a resend round).
+	gate     bool
+	retryAt  time.Time
+	retries  int
+	nextSeq  int32
+	pending  int       // messages given and not yet reported
+	since    time.Time // see Stall.Since; zero when nothing waits
+	lastErr  error
+	reported int // reports being made outside the lock: the partition does not move meanwhile
+}
+
+// Producer is an idempotent (acks all) producer to one cluster. Its
+// methods are safe for concurrent use.
+type Producer struct {
+	name   string
+	cfg    ProducerConfig
+	log    *zap.Logger
+	h      ProduceHandler
+	client sarama.Client  // metadata, InitProducerID
+	sc     *sarama.Config // the sinks' connections
+	ver    int16          // Produce request version
+
+	quit     chan struct{} // closed when Close gives up waiting: every goroutine returns
+	kick     chan struct{} // wakes the resolver
+	resolved chan struct{} // closed when the resolver returned
+
+	mu        sync.Mutex
+	pid       int64
+	epoch     int16
+	bump      string // why a bump is wanted; "" when none is
+	parts     map[topicPartition]*partState
+	sinks     map[int32]*sink // by broker id: the sink of its current address
+	allSinks  []*sink         // every sink started, for Close
+	pending   int             // messages given and not reported
+	drained   chan struct{}   // closed when pending drops to 0
+	requests  int             // requests in flight, all sinks
+	quiet     chan struct{}   // closed when requests drops to 0 while closing
+	closing   bool
+	closeOnce sync.Once
+	closeErr  error
+
+	stats struct {
+		bumps, duplicates, splits, refused, retries, reconnected atomic.Int64
+	}
+}
+
+// NewProducer opens an idempotent producer to cluster c (name is for
+// errors and logs): a metadata client, and a producer id from
+// InitProducerID, which it retries until ctx ends. Nothing else is
+// connected until messages come. The caller must Close it.
+func NewProducer(ctx context.Context, name string, c config.Cluster, cfg ProducerConfig, h ProduceHandler) (*Producer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if h == nil {
+		return nil, errors.New("kafka: producer: the ProduceHandler is nil")
+	}
+	sc, err := Config(c)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: producer for cluster %s: %w", name, err)
+	}
+	ver := ProduceVersion(sc.Version)
+	if ver < 3 {
+		return nil, fmt.Errorf("kafka: producer for cluster %s: Kafka version %s has no record batches (Produce v3, Kafka 0.11): raise the cluster's version", name, sc.Version)
+	}
+	if cfg.Dialer != nil {
+		sc.Net.Proxy.Enable = true
+		sc.Net.Proxy.Dialer = cfg.Dialer
+	}
+	sc.Net.MaxOpenRequests = cfg.MaxInFlight
+	sc.Net.ReadTimeout += cfg.Timeout
+	client, err := NewClientWith(name, c, Options{Dialer: cfg.Dialer})
+	if err != nil {
+		return nil, err
+	}
+	p := &Producer{
+		name: name, cfg: cfg, log: cfg.Logger.With(zap.String("cluster", name)), h: h,
+		client: client, sc: sc, ver: ver,
+		quit: make(chan struct{}), kick: make(chan struct{}, 1), resolved: make(chan struct{}),
+		parts: map[topicPartition]*partState{}, sinks: map[int32]*sink{},
+	}
+	pid, epoch, err := p.initProducerID(ctx)
+	if err != nil {
+		_ = client.Close()
+		return nil, err
+	}
+	p.pid, p.epoch = pid, epoch
+	go p.resolve()
+	p.log.Info("producer opened", zap.Int64("producer_id", pid), zap.Int16("epoch", epoch))
+	return p, nil
+}
+
+// Produce hands m to the producer; it does not block. Its outcome is
+// reported to the handler. The partition is the caller's choice
+// (HashPartition for keys as sarama's murmur2 partitioner places them).
+func (p *Producer) Produce(m *Message) error {
+	if m.Timestamp.IsZero() {
+		m.Timestamp = time.Now()
+	}
+	size := messageSize(m)
+	k := topicPartition{m.Topic, m.Partition}
+	p.mu.Lock()
+	if p.closing {
+		p.mu.Unlock()
+		return ErrProducerClosed
+	}
+	ps := p.parts[k]
+	if ps == nil {
+		ps = &partState{topicPartition: k, gate: true}
+		p.parts[k] = ps
+		p.kickResolver()
+	}
+	if ps.open != nil && !ps.open.fits(m, size, p.cfg.BatchBytes, p.cfg.BatchRecords) {
+		ps.queue = append(ps.queue, ps.open)
+		ps.open = nil
+	}
+	if ps.open == nil {
+		ps.open = newBatch(m)
+	}
+	ps.open.add(m, size)
+	if ps.pending == 0 {
+		ps.since = time.Now()
+	}
+	ps.pending++
+	if p.pending == 0 {
+		p.drained = make(chan struct{})
+	}
+	p.pending++
+	s := ps.sink
+	p.mu.Unlock()
+	if s != nil {
+		s.wake()
+	}
+	return nil
+}
+
+// Flush waits until every message given so far is reported, or ctx
+// ends.
+func (p *Producer) Flush(ctx context.Context) error {
+	p.mu.Lock()
+	if p.pending == 0 {
+		p.mu.Unlock()
+		return nil
+	}
+	ch := p.drained
+	p.mu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Stalled reports whether a partition of topic has had records waiting
+// for longer than after without an acknowledgement, and since when.
+func (p *Producer) Stalled(topic string, after time.Duration) (Stall, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var st Stall
+	for k, ps := range p.parts {
+		if k.topic != topic || ps.pending == 0 {
+			continue
+		}
+		if st.Since.IsZero() || ps.since.Before(st.Since) {
+			st = Stall{Since: ps.since, Err: ps.lastErr}
+		}
+	}
+	return st, !st.Since.IsZero() && time.Since(st.Since) > after
+}
+
+// Partitions returns topic's partition count from the producer's
+// metadata (for HashPartition).
+func (p *Producer) Partitions(topic string) (int32, error) {
+	ps, err := p.client.Partitions(topic)
+	if err != nil {
+		return 0, fmt.Errorf("kafka: partitions of topic %s on cluster %s: %w", topic, p.name, err)
+	}
+	return int32(len(ps)), nil
+}
+
+// Stats returns the producer's counters.
+func (p *Producer) Stats() ProducerStats {
+	return ProducerStats{
+		Bumps: p.stats.bumps.Load(), Duplicates: p.stats.duplicates.Load(), Splits: p.stats.splits.Load(),
+		Refused: p.stats.refused.Load(), Retries: p.stats.retries.Load(), Reconnected: p.stats.reconnected.Load(),
+	}
+}
+
+// Close stops the producer: Produce fails from now on, nothing more is
+// sent, the requests in flight get until ctx ends to be answered (and
+// reported), then every connection is closed and every goroutine has
+// returned. Messages not reported by then go to the handler's
+// Unfinished, if it has one. It returns ctx.Err() if ctx ended first.
+// Close may be called more than once.
+func (p *Producer) Close(ctx context.Context) error {
+	p.closeOnce.Do(func() { p.closeErr = p.close(ctx) })
+	return p.closeErr
+}
+
+func (p *Producer) close(ctx context.Context) error {
+	p.mu.Lock()
+	p.closing = true
+	quiet := make(chan struct{})
+	if p.requests == 0 {
+		close(quiet)
+	}
+	p.quiet = quiet
+	sinks := slices.Clone(p.allSinks) // no sink starts once closing
+	p.mu.Unlock()
+	var err error
+	select {
+	case <-quiet:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	close(p.quit)
+	for _, s := range sinks {
+		<-s.done
+	}
+	<-p.resolved
+	_ = p.client.Close()
+	p.mu.Lock()
+	var left []*Message
+	for _, ps := range p.parts {
+		for _, b := range ps.inflight {
+			left = append(left, b.msgs...)
+		}
+		for _, b := range ps.queue {
+			left = append(left, b.msgs...)
+		}
+		if ps.open != nil {
+			left = append(left, ps.open.msgs...)
+		}
+	}
+	p.mu.Unlock()
+	if u, ok := p.h.(UnfinishedHandler); ok && len(left) > 0 {
+		u.Unfinished(left)
+	}
+	p.log.Info("producer closed", zap.Int("unfinished", len(left)))
+	return err
+}
+
+func (p *Producer) kickResolver() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// backoff is the wait before the n-th resend (n >= 1).
+func (p *Producer) backoff(n int) time.Duration {
+	d := p.cfg.RetryBackoff
+	for i := 1; i < n && d < p.cfg.RetryBackoffMax; i++ {
+		d *= 2
+	}
+	return min(d, p.cfg.RetryBackoffMax)
+}
+
+// resolve is the resolver goroutine: it finds the leader of each
+// partition without a sink, and bumps the producer id once a bump is
+// wanted and nothing is in flight.
+func (p *Producer) resolve() {
+	defer close(p.resolved)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	failures := 0
+	for {
+		if p.bumpReady() {
+			p.bumpProducerID()
+		}
+		wait := time.Duration(0)
+		if !p.assignLeaders() {
+			failures++
+			wait = p.backoff(failures)
+		} else {
+			failures = 0
+		}
+		if wait > 0 {
+			timer.Reset(wait)
+		}
+		select {
+		case <-p.quit:
+			return
+		case <-p.kick:
+		case <-timer.C:
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+	}
+}
+
+// assignLeaders gives each partition without a sink its leader's sink.
+// It returns false when a leader could not be found (to retry later).
+func (p *Producer) assignLeaders() bool {
+	p.mu.Lock()
+	var todo []*partState
+	topics := map[string]bool{}
+	for _, ps := range p.parts {
+		if ps.sink == nil && ps.reported == 0 {
+			todo = append(todo, ps)
+			if ps.refresh {
+				topics[ps.topic] = true
+			}
+		}
+	}
+	p.mu.Unlock()
+	if len(todo) == 0 {
+		return true
+	}
+	ok := true
+	if len(topics) > 0 {
+		if err := p.client.RefreshMetadata(slices.Collect(maps.Keys(topics))...); err != nil {
+			p.log.Debug("metadata refresh failed", zap.Error(err))
+		}
+	}
+	for _, ps := range todo {
+		b, err := p.client.Leader(ps.topic, ps.partition)
+		if err != nil {
+			ok = false
+			p.mu.Lock()
+			ps.lastErr = fmt.Errorf("kafka: leader of %s/%d on cluster %s: %w", ps.topic, ps.partition, p.name, err)
+			ps.refresh = true
+			p.mu.Unlock()
+			continue
+		}
+		p.mu.Lock()
+		if p.closing {
+			p.mu.Unlock()
+			return true
+		}
+		s := p.sinks[b.ID()]
+		if s == nil || s.addr != b.Addr() {
+			s = newSink(p, b.ID(), b.Addr())
+			p.sinks[b.ID()] = s
+		}
+		ps.sink, ps.refresh, ps.gate = s, false, true
+		s.parts = append(s.parts, ps)
+		p.mu.Unlock()
+		s.wake()
+	}
+	return ok
+}
+
+// bumpReady reports whether a bump is wanted and may run: nothing is in
+// flight and no partition's next batch may have been written.
+func (p *Producer) bumpReady() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.bump == "" || p.closing {
+		return false
+	}
+	for _, ps := range p.parts {
+		if len(ps.inflight) > 0 || len(ps.queue) > 0 && ps.queue[0].maybe {
+			return false
+		}
+	}
+	return true
+}
+
+// bumpProducerID takes a new producer id and renumbers every partition's
+// unacknowledged batches from 0, in order (drain-and-bump, §3).
+func (p *Producer) bumpProducerID() {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-p.quit:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	pid, epoch, err := p.initProducerID(ctx)
+	if err != nil {
+		return // closing
+	}
+	p.mu.Lock()
+	why := p.bump
+	oldPid, oldEpoch := p.pid, p.epoch
+	p.pid, p.epoch, p.bump = pid, epoch, ""
+	for _, ps := range p.parts {
+		seq := int32(0)
+		for _, b := range ps.queue {
+			if b.seq >= 0 {
+				b.seq = seq
+				seq = addSeq(seq, int32(len(b.msgs)))
+			}
+		}
+		ps.nextSeq, ps.gate = seq, true
+	}
+	sinks := slices.Collect(maps.Values(p.sinks))
+	p.mu.Unlock()
+	p.stats.bumps.Add(1)
+	p.log.Warn("producer id bumped: a partition's sequence was lost; its unacknowledged batches are renumbered from 0, nothing acknowledged is sent again",
+		zap.String("reason", why), zap.Int64("old_producer_id", oldPid), zap.Int16("old_epoch", oldEpoch),
+		zap.Int64("producer_id", pid), zap.Int16("epoch", epoch))
+	for _, s := range sinks {
+		s.wake()
+	}
+}
+
+// initProducerID asks any broker for a producer id, retrying until ctx
+// ends.
+func (p *Producer) initProducerID(ctx context.Context) (int64, int16, error) {
+	req := &sarama.InitProducerIDRequest{Version: InitProducerIDVersion(p.sc.Version), ProducerID: -1, ProducerEpoch: -1}
+	var last error
+	for n := 1; ; n++ {
+		resp, err := p.sendInitProducerID(req)
+		if err == nil && !errors.Is(resp.Err, sarama.ErrNoError) {
+			err = resp.Err
+		}
+		if err == nil {
+			return resp.ProducerID, resp.ProducerEpoch, nil
+		}
+		if errors.Is(err, sarama.ErrClusterAuthorizationFailed) {
+			return 0, 0, fmt.Errorf("kafka: InitProducerID on cluster %s: the idempotent producer needs IdempotentWrite on the cluster: %w", p.name, err)
+		}
+		last = err
+		p.log.Debug("InitProducerID failed; retrying", zap.Int("attempt", n), zap.Error(err))
+		if err := sleepCtx(ctx, p.backoff(n)); err != nil {
+			return 0, 0, fmt.Errorf("kafka: InitProducerID on cluster %s: %w (last error: %v)", p.name, err, last)
+		}
+	}
+}
+
+func (p *Producer) sendInitProducerID(req *sarama.InitProducerIDRequest) (*sarama.InitProducerIDResponse, error) {
+	b := p.client.LeastLoadedBroker()
+	if b == nil {
+		if err := p.client.RefreshMetadata(); err != nil {
+			return nil, err
+		}
+		return nil, sarama.ErrBrokerNotAvailable
+	}
+	r := *req
+	resp, err := b.InitProducerID(&r)
+	CloseOnTransportError(b, err)
+	return resp, err
+}

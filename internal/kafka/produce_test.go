@@ -1,0 +1,480 @@
+package kafka_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/devstack"
+	"github.com/kswitch/kswitch/internal/kafka"
+	"github.com/kswitch/kswitch/internal/testenv"
+	"github.com/kswitch/kswitch/internal/wait"
+)
+
+// The producer's tests: every record carries its partition and its
+// number within it (the message's Ref, and the value's prefix); a
+// recorder checks the reports (each record once, in order per partition)
+// and a franz-go reader reads the topic back to its end and checks the
+// verdict: every record exactly once, in order per partition, but those
+// meant to be refused.
+
+// recorder is the ProduceHandler of the tests.
+type recorder struct {
+	mu       sync.Mutex
+	next     map[int32]int // per partition: the number the next report must carry, at least
+	acked    int
+	refused  []string // values' prefixes
+	problems []string
+	left     int // Unfinished
+	kick     chan struct{}
+}
+
+func newRecorder() *recorder {
+	return &recorder{next: map[int32]int{}, kick: make(chan struct{}, 1)}
+}
+
+type ref struct {
+	partition int32
+	n         int
+}
+
+func (r *recorder) saw(m *kafka.Message) {
+	id := m.Ref.(ref)
+	if id.n < r.next[id.partition] {
+		r.problems = append(r.problems, fmt.Sprintf("partition %d: record %d reported after record %d", id.partition, id.n, r.next[id.partition]-1))
+	}
+	r.next[id.partition] = id.n + 1
+}
+
+func (r *recorder) Acked(msgs []*kafka.Message, offset int64) {
+	r.mu.Lock()
+	for _, m := range msgs {
+		r.saw(m)
+	}
+	r.acked += len(msgs)
+	r.mu.Unlock()
+	r.poke()
+}
+
+func (r *recorder) Refused(m *kafka.Message, err error) {
+	r.mu.Lock()
+	r.saw(m)
+	r.refused = append(r.refused, prefix(m.Value))
+	r.mu.Unlock()
+	r.poke()
+}
+
+func (r *recorder) Unfinished(msgs []*kafka.Message) {
+	r.mu.Lock()
+	r.left += len(msgs)
+	r.mu.Unlock()
+}
+
+func (r *recorder) poke() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (r *recorder) settled() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.acked + len(r.refused)
+}
+
+func (r *recorder) ackedN() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.acked
+}
+
+func (r *recorder) check(t *testing.T, refused ...string) {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, p := range r.problems {
+		t.Error(p)
+	}
+	if !slices.Equal(r.refused, refused) {
+		t.Errorf("refused %q, want %q", r.refused, refused)
+	}
+}
+
+// value is record n of partition p, size bytes at least: "p/n " then
+// filler.
+func value(p int32, n, size int) []byte {
+	v := fmt.Appendf(nil, "%d/%d ", p, n)
+	for len(v) < size {
+		v = append(v, byte('a'+len(v)%26))
+	}
+	return v
+}
+
+func prefix(v []byte) string {
+	s, _, _ := strings.Cut(string(v), " ")
+	return s
+}
+
+// plan says what a test produces: count records spread over partitions
+// (record i to partition i % partitions), each of size bytes (sizes
+// overrides by "p/n"), with the codec of codecs[(i / 1000) % len].
+type plan struct {
+	topic      string
+	partitions int32
+	count      int
+	size       int
+	sizes      map[string]int
+	codecs     []sarama.CompressionCodec
+	// window bounds the records given and not yet reported (0: none):
+	// a producing application's pace, so that faults land mid-stream.
+	window int
+}
+
+func (pl plan) messages() []*kafka.Message {
+	msgs := make([]*kafka.Message, pl.count)
+	per := make([]int, pl.partitions)
+	for i := range msgs {
+		p := int32(i) % pl.partitions
+		n := per[p]
+		per[p]++
+		size := pl.size
+		if s, ok := pl.sizes[fmt.Sprintf("%d/%d", p, n)]; ok {
+			size = s
+		}
+		codec := sarama.CompressionNone
+		if len(pl.codecs) > 0 {
+			codec = pl.codecs[(i/1000)%len(pl.codecs)]
+		}
+		msgs[i] = &kafka.Message{Topic: pl.topic, Partition: p, Key: []byte(strconv.Itoa(i)), Value: value(p, n, size),
+			Headers: []*sarama.RecordHeader{{Key: []byte("n"), Value: []byte(strconv.Itoa(n))}},
+			Codec:   codec, Ref: ref{p, n}}
+	}
+	return msgs
+}
+
+// feed produces msgs in order, keeping at most window unreported; it
+// returns when all are given or ctx ends.
+func feed(ctx context.Context, t *testing.T, p *kafka.Producer, r *recorder, msgs []*kafka.Message, window int) {
+	for i, m := range msgs {
+		for window > 0 && i-r.settled() >= window {
+			select {
+			case <-r.kick:
+			case <-ctx.Done():
+				return
+			}
+		}
+		if err := p.Produce(m); err != nil {
+			t.Errorf("Produce: %v", err)
+			return
+		}
+	}
+}
+
+func cluster(k *devstack.Kafka) config.Cluster {
+	return config.Cluster{Brokers: k.Brokers(), Version: config.DefaultKafkaVersion}
+}
+
+func newProducer(t *testing.T, k *devstack.Kafka, cfg kafka.ProducerConfig, r *recorder) *kafka.Producer {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	p, err := kafka.NewProducer(ctx, k.Name(), cluster(k), cfg, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := p.Close(ctx); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return p
+}
+
+// produceAll gives every message of pl to p at pl.window's pace and waits
+// until each is reported.
+func produceAll(t *testing.T, p *kafka.Producer, r *recorder, pl plan, within time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), within)
+	defer cancel()
+	feed(ctx, t, p, r, pl.messages(), pl.window)
+	if err := p.Flush(ctx); err != nil {
+		t.Fatalf("Flush: %v (%d of %d reported, stats %+v)", err, r.settled(), pl.count, p.Stats())
+	}
+}
+
+// verdict reads topic back from its start to its end with a franz-go
+// client and checks every partition holds exactly the records of pl but
+// the refused ones, once each and in order.
+func verdict(t *testing.T, k *devstack.Kafka, pl plan, refused ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	ends := endOffsets(ctx, t, k, pl.topic, pl.partitions)
+	offsets := map[int32]kgo.Offset{}
+	for p := range pl.partitions {
+		offsets[p] = kgo.NewOffset().AtStart()
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{pl.topic: offsets}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	got := map[int32][]string{}
+	next := map[int32]int64{}
+	for !reached(next, ends) {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("read back %s: %v (read up to %v of %v)", pl.topic, err, next, ends)
+		}
+		fs.EachError(func(topic string, p int32, err error) { t.Logf("read back %s/%d: %v", topic, p, err) })
+		fs.EachRecord(func(rec *kgo.Record) {
+			got[rec.Partition] = append(got[rec.Partition], prefix(rec.Value))
+			next[rec.Partition] = rec.Offset + 1
+		})
+	}
+	skip := map[string]bool{}
+	for _, s := range refused {
+		skip[s] = true
+	}
+	want := map[int32][]string{}
+	for _, m := range pl.messages() {
+		if s := prefix(m.Value); !skip[s] {
+			want[m.Partition] = append(want[m.Partition], s)
+		}
+	}
+	n := 0
+	for _, g := range got {
+		n += len(g)
+	}
+	t.Logf("read back %d records of %s", n, pl.topic)
+	for p := range pl.partitions {
+		if g, w := got[p], want[p]; !slices.Equal(g, w) {
+			t.Errorf("partition %d holds %d records, want %d: %s", p, len(g), len(w), firstDiff(g, w))
+		}
+	}
+}
+
+func reached(next, ends map[int32]int64) bool {
+	for p, end := range ends {
+		if next[p] < end {
+			return false
+		}
+	}
+	return true
+}
+
+func firstDiff(got, want []string) string {
+	for i := range min(len(got), len(want)) {
+		if got[i] != want[i] {
+			return fmt.Sprintf("at %d got %s, want %s", i, got[i], want[i])
+		}
+	}
+	return fmt.Sprintf("equal for %d, then lengths differ", min(len(got), len(want)))
+}
+
+// endOffsets lists the end offset of each partition of topic.
+func endOffsets(ctx context.Context, t *testing.T, k *devstack.Kafka, topic string, partitions int32) map[int32]int64 {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	req := kmsg.NewPtrListOffsetsRequest()
+	rt := kmsg.NewListOffsetsRequestTopic()
+	rt.Topic = topic
+	for p := range partitions {
+		rp := kmsg.NewListOffsetsRequestTopicPartition()
+		rp.Partition, rp.Timestamp = p, -1
+		rt.Partitions = append(rt.Partitions, rp)
+	}
+	req.Topics = append(req.Topics, rt)
+	ends := map[int32]int64{}
+	for shard := range slices.Values(cl.RequestSharded(ctx, req)) {
+		if shard.Err != nil {
+			t.Fatalf("list offsets of %s: %v", topic, shard.Err)
+		}
+		for _, st := range shard.Resp.(*kmsg.ListOffsetsResponse).Topics {
+			for _, sp := range st.Partitions {
+				if err := kerr.ErrorForCode(sp.ErrorCode); err != nil {
+					t.Fatalf("list offsets of %s/%d: %v", topic, sp.Partition, err)
+				}
+				ends[sp.Partition] = sp.Offset
+			}
+		}
+	}
+	return ends
+}
+
+func testConfig() kafka.ProducerConfig {
+	cfg := kafka.DefaultProducerConfig()
+	cfg.Timeout = time.Second
+	return cfg
+}
+
+var allCodecs = []sarama.CompressionCodec{sarama.CompressionNone, sarama.CompressionSnappy, sarama.CompressionLZ4,
+	sarama.CompressionZSTD, sarama.CompressionGZIP}
+
+// TestProduce: 30 000 records over 12 partitions, the codec changing
+// every 1 000 records, on 1 broker and on 3.
+func TestProduce(t *testing.T) {
+	for _, brokers := range []int{1, 3} {
+		t.Run(fmt.Sprintf("brokers=%d", brokers), func(t *testing.T) {
+			pl := plan{topic: "out", partitions: 12, count: 30000, size: 100, codecs: allCodecs, window: 5000}
+			k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Brokers: brokers, Topics: map[string]int32{pl.topic: pl.partitions}})
+			r := newRecorder()
+			p := newProducer(t, k, testConfig(), r)
+			produceAll(t, p, r, pl, time.Minute)
+			r.check(t)
+			verdict(t, k, pl)
+			t.Logf("stats %+v", p.Stats())
+			if st := p.Stats(); st.Bumps != 0 || st.Refused != 0 {
+				t.Errorf("stats %+v: want no bump, nothing refused", st)
+			}
+		})
+	}
+}
+
+// TestProduceAppliedButUnanswered (F3): the broker writes batches and
+// answers REQUEST_TIMED_OUT or NOT_ENOUGH_REPLICAS_AFTER_APPEND; the
+// resends under the same sequences are recognised: 0 duplicated.
+func TestProduceAppliedButUnanswered(t *testing.T) {
+	pl := plan{topic: "out", partitions: 12, count: 12000, size: 100, window: 2000}
+	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{pl.topic: pl.partitions}})
+	faults := k.Cluster().Fault(
+		kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: pl.topic, Partitions: []int32{2}, Err: kerr.RequestTimedOut, Count: 3},
+		kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: pl.topic, Partitions: []int32{7}, Err: kerr.NotEnoughReplicasAfterAppend, Count: 3},
+	)
+	r := newRecorder()
+	p := newProducer(t, k, testConfig(), r)
+	produceAll(t, p, r, pl, time.Minute)
+	if n := faults.Hits(); n != 6 {
+		t.Errorf("faults answered %d requests, want 6", n)
+	}
+	r.check(t)
+	verdict(t, k, pl)
+	if st := p.Stats(); st.Bumps != 0 || st.Retries < 6 {
+		t.Errorf("stats %+v: want no bump, >= 6 resend rounds", st)
+	}
+}
+
+// TestProduceSequenceLost (F7): OUT_OF_ORDER_SEQUENCE_NUMBER, then
+// UNKNOWN_PRODUCER_ID, on one partition: one drain-and-bump each, nothing
+// acknowledged sent again, nothing skipped.
+func TestProduceSequenceLost(t *testing.T) {
+	pl := plan{topic: "out", partitions: 6, count: 12000, size: 100, window: 1000}
+	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{pl.topic: pl.partitions}})
+	r := newRecorder()
+	p := newProducer(t, k, testConfig(), r)
+	msgs := pl.messages()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	third := len(msgs) / 3
+	feed(ctx, t, p, r, msgs[:third], pl.window)
+	wait.For(t, 30*time.Second, "a third acknowledged", func() error {
+		if n := r.ackedN(); n < third/2 {
+			return fmt.Errorf("%d acknowledged", n)
+		}
+		return nil
+	})
+	for i, e := range []*kerr.Error{kerr.OutOfOrderSequenceNumber, kerr.UnknownProducerID} {
+		k.Cluster().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: pl.topic, Partitions: []int32{3}, Err: e})
+		feed(ctx, t, p, r, msgs[third*(i+1):third*(i+2)], pl.window)
+		wait.For(t, 30*time.Second, fmt.Sprintf("bump %d", i+1), func() error {
+			if n := p.Stats().Bumps; n != int64(i+1) {
+				return fmt.Errorf("%d bumps", n)
+			}
+			return nil
+		})
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r.check(t)
+	verdict(t, k, pl)
+	if n := p.Stats().Bumps; n != 2 {
+		t.Errorf("%d bumps, want 2", n)
+	}
+}
+
+// TestProduceSplitsTooLarge (F9): a topic taking batches of 64 KiB at
+// most; 20 KiB records are sent in batches split until they fit, the one
+// record of 100 KiB is refused, every other once and in order.
+func TestProduceSplitsTooLarge(t *testing.T) {
+	pl := plan{topic: "small", partitions: 3, count: 300, size: 20 << 10, sizes: map[string]int{"1/40": 100 << 10}}
+	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{})
+	createTopic(t, k, pl.topic, pl.partitions, map[string]string{"max.message.bytes": strconv.Itoa(64 << 10)})
+	r := newRecorder()
+	p := newProducer(t, k, testConfig(), r)
+	produceAll(t, p, r, pl, time.Minute)
+	r.check(t, "1/40")
+	verdict(t, k, pl, "1/40")
+	if st := p.Stats(); st.Splits == 0 || st.Refused != 1 || st.Bumps != 0 {
+		t.Errorf("stats %+v: want splits, 1 refused, no bump", st)
+	}
+}
+
+func createTopic(t *testing.T, k *devstack.Kafka, topic string, partitions int32, configs map[string]string) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	req := kmsg.NewPtrCreateTopicsRequest()
+	rt := kmsg.NewCreateTopicsRequestTopic()
+	rt.Topic, rt.NumPartitions, rt.ReplicationFactor = topic, partitions, 1
+	for name, v := range configs {
+		c := kmsg.NewCreateTopicsRequestTopicConfig()
+		c.Name, c.Value = name, &v
+		rt.Configs = append(rt.Configs, c)
+	}
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(t.Context(), cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kerr.ErrorForCode(resp.Topics[0].ErrorCode); err != nil {
+		t.Fatalf("create topic %s: %v", topic, err)
+	}
+}
+
+// TestMurmur2MatchesSarama: HashPartition places 10⁶ random keys where
+// sarama's murmur2 partitioner does, so the move to the new producer
+// moves no key.
+func TestMurmur2MatchesSarama(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	sp := sarama.NewMurmur2Partitioner("t")
+	key := make([]byte, 64)
+	for i := range 1000000 {
+		k := key[:rng.IntN(len(key)+1)]
+		for j := range k {
+			k[j] = byte(rng.Uint32())
+		}
+		n := int32(1 + i%97)
+		want, err := sp.Partition(&sarama.ProducerMessage{Key: sarama.ByteEncoder(k)}, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := kafka.HashPartition(k, n); got != want {
+			t.Fatalf("key %x over %d partitions: HashPartition %d, sarama %d", k, n, got, want)
+		}
+	}
+}
