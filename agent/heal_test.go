@@ -253,6 +253,73 @@ func TestUnusableActiveStateIsRecoveredNotSwitchedAgain(t *testing.T) {
 	l.check(t)
 }
 
+// TestAForgedActiveStateInTheLeaderlessWindowMovesNothing: the leader
+// dies and, before the next is elected, someone puts a well-formed
+// state/active naming B, one epoch on, with no switch behind it (no
+// history/ entry, the assignment still on A). The new leader does not take
+// it: it recovers A from the fleet's records and writes it back. Nothing
+// is consumed on B (taken as it was, B was consumed from offset 0: 10 526
+// duplicates in the hostile pass) and history/ stays empty.
+func TestAForgedActiveStateInTheLeaderlessWindowMovesNothing(t *testing.T) {
+	d := startDC(t)
+	cli := testenv.EtcdClientT(t, d.etcd)
+	l, agents, p := flowingFleet(t, d)
+	before, err := readActive(cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader := leaderOf(t, agents...)
+	leader.Abort() // its lease lives on for the TTL: nobody leads meanwhile
+	rest := slices.DeleteFunc(slices.Clone(agents), func(a *agent.Agent) bool { return a == leader })
+	forged, err := json.Marshal(coordinator.Active{Cluster: "B", Epoch: before.Epoch + 1, Phase: coordinator.PhaseActive,
+		Reason: "forged", Since: time.Now().UTC(), Leader: leader.ID(), Token: before.Token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(context.Background(), fleetKeys.Active(), string(forged)); err != nil {
+		t.Fatal(err)
+	}
+	if leader.Leading() {
+		t.Fatal("the aborted agent still leads")
+	}
+	next := leaderOf(t, rest...)
+	wait.For(t, 10*time.Second, "state/active recovered by "+next.ID(), func() error {
+		a, err := readActive(cli)
+		if err != nil {
+			return err
+		}
+		if a.Cluster != "A" || a.Leader != next.ID() {
+			return fmt.Errorf("state/active %+v", a)
+		}
+		return nil
+	})
+	waitConsuming(t, 10*time.Second, "A", rest...)
+	p.halt()
+	waitAllHandled(t, l, p.written(), 20*time.Second)
+	if evs := readHistory(t, cli); len(evs) != 0 {
+		logEvents(t, evs)
+		t.Errorf("history/ holds %d switches, want none", len(evs))
+	}
+	if n := l.handledOn("B"); n != 0 {
+		t.Errorf("%d records handled from B, where the fleet never switched", n)
+	}
+}
+
+// handledOn returns how many deliveries came from cluster.
+func (l *ledger) handledOn(cluster string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, ds := range l.deliveries {
+		for _, d := range ds {
+			if d.cluster == cluster {
+				n++
+			}
+		}
+	}
+	return n
+}
+
 func readAssignment(cli *clientv3.Client) (coordinator.Assignment, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
