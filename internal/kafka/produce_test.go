@@ -478,3 +478,145 @@ func TestMurmur2MatchesSarama(t *testing.T) {
 		}
 	}
 }
+
+// midStream produces pl through p at pl.window's pace: half of it, then,
+// once a quarter is acknowledged, calls start (the fault begins), gives
+// the second half, waits until p says the topic stalls, calls end (the
+// fault ends) and waits until every record is reported.
+func midStream(t *testing.T, p *kafka.Producer, r *recorder, pl plan, start, end func()) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	msgs := pl.messages()
+	half := len(msgs) / 2
+	started, fed := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(fed)
+		feed(ctx, t, p, r, msgs[:half], pl.window)
+		select {
+		case <-started:
+		case <-ctx.Done():
+			return
+		}
+		feed(ctx, t, p, r, msgs[half:], pl.window)
+	}()
+	defer func() { <-fed }()
+	wait.For(t, time.Minute, "a quarter acknowledged", func() error {
+		if n := r.ackedN(); n < pl.count/4 {
+			return fmt.Errorf("%d of %d acknowledged", n, pl.count)
+		}
+		return nil
+	})
+	start()
+	close(started)
+	wait.For(t, 30*time.Second, "the destination seen failing", func() error {
+		if st, ok := p.Stalled(pl.topic, 500*time.Millisecond); !ok {
+			return fmt.Errorf("not stalled (%+v)", st)
+		}
+		return nil
+	})
+	end()
+	<-fed
+	if err := p.Flush(ctx); err != nil {
+		t.Fatalf("Flush: %v (%d of %d reported, stats %+v)", err, r.settled(), pl.count, p.Stats())
+	}
+	t.Logf("stats %+v", p.Stats())
+}
+
+// TestProduceThroughARestart (F1): the destination's only broker stopped
+// and restarted (its state, producers' included, kept on disk) while
+// records flow: batches in flight are sent again under their sequences,
+// no bump, every record once.
+func TestProduceThroughARestart(t *testing.T) {
+	pl := plan{topic: "out", partitions: 12, count: 30000, size: 100, window: 3000}
+	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{pl.topic: pl.partitions}})
+	r := newRecorder()
+	p := newProducer(t, k, testConfig(), r)
+	midStream(t, p, r, pl, k.Stop, func() {
+		if err := k.Restart(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	r.check(t)
+	verdict(t, k, pl)
+	if st := p.Stats(); st.Bumps != 0 || st.Reconnected == 0 {
+		t.Errorf("stats %+v: want no bump, a reconnection", st)
+	}
+	if st, ok := p.Stalled(pl.topic, 0); ok {
+		t.Errorf("still stalled after every record was acknowledged: %+v", st)
+	}
+}
+
+// TestProduceThroughAHang (F2): the destination swallows every request
+// for 3 s: the requests time out, their connection is closed, the
+// batches are sent again; the destination is seen failing, then flows.
+func TestProduceThroughAHang(t *testing.T) {
+	pl := plan{topic: "out", partitions: 12, count: 20000, size: 100, window: 3000}
+	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{pl.topic: pl.partitions}})
+	r := newRecorder()
+	p := newProducer(t, k, testConfig(), r)
+	var hung time.Time
+	midStream(t, p, r, pl, func() {
+		k.Hang()
+		hung = time.Now()
+	}, func() {
+		time.Sleep(time.Until(hung.Add(3 * time.Second))) // the fault's length, not a wait for a condition
+		k.Recover()
+	})
+	r.check(t)
+	verdict(t, k, pl)
+	if st := p.Stats(); st.Bumps != 0 || st.Reconnected == 0 {
+		t.Errorf("stats %+v: want no bump, a reconnection", st)
+	}
+}
+
+// TestProduceThroughACutLink (F4): every connection of the producer cut
+// with requests in flight, dials refused until the destination is seen
+// failing, then healed.
+func TestProduceThroughACutLink(t *testing.T) {
+	pl := plan{topic: "out", partitions: 12, count: 30000, size: 100, window: 5000}
+	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Brokers: 3, Topics: map[string]int32{pl.topic: pl.partitions}})
+	link := devstack.NewLink()
+	cfg := testConfig()
+	cfg.Dialer = link
+	r := newRecorder()
+	p := newProducer(t, k, cfg, r)
+	midStream(t, p, r, pl, link.Cut, link.Heal)
+	r.check(t)
+	verdict(t, k, pl)
+	if st := p.Stats(); st.Bumps != 0 || st.Reconnected == 0 {
+		t.Errorf("stats %+v: want no bump, reconnections", st)
+	}
+}
+
+// TestProduceWhileLeadersMove (F6, produce side): on 3 brokers, a
+// partition's leader moves after every 500 records given, with records
+// in flight.
+func TestProduceWhileLeadersMove(t *testing.T) {
+	pl := plan{topic: "out", partitions: 12, count: 30000, size: 100, window: 3000}
+	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Brokers: 3, Topics: map[string]int32{pl.topic: pl.partitions}})
+	r := newRecorder()
+	p := newProducer(t, k, testConfig(), r)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	msgs := pl.messages()
+	moves := 0
+	for i := 0; i < len(msgs); i += 500 {
+		feed(ctx, t, p, r, msgs[i:min(i+500, len(msgs))], pl.window)
+		part, node := int32(moves%int(pl.partitions)), int32((moves/int(pl.partitions)+1+moves)%3)
+		if err := k.Cluster().MoveTopicPartition(pl.topic, part, node); err != nil {
+			t.Fatal(err)
+		}
+		moves++
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatalf("Flush: %v (%d of %d reported, stats %+v)", err, r.settled(), pl.count, p.Stats())
+	}
+	st := p.Stats()
+	t.Logf("%d leader moves, stats %+v", moves, st)
+	r.check(t)
+	verdict(t, k, pl)
+	if st.Bumps != 0 || st.Retries == 0 {
+		t.Errorf("stats %+v: want no bump, resends after the moves", st)
+	}
+}
