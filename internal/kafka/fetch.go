@@ -39,7 +39,8 @@ type FetchConfig struct {
 	// released, over every broker of the Fetcher (and over every Fetcher
 	// sharing it). A broker's loop sends no request while the budget has
 	// less than PartitionMaxBytes free; a response is charged whole when
-	// it arrives, so the bytes held exceed the bound by at most one
+	// it arrives (its size, or its records' when larger: compressed
+	// batches), so the bytes held exceed the bound by at most one
 	// response per broker loop. Default nil: unbounded.
 	Budget Budget
 	// Logger receives the Fetcher's logs. Default zap.NewNop().
@@ -681,7 +682,18 @@ func (b *fetchBroker) handle(log *zap.Logger, parts []*FetchPartition, resp *sar
 	if ref.budget != nil {
 		ref.budget.Charge(size)
 	}
-	defer ref.unref()
+	// The records of a compressed batch slice its decompressed buffer,
+	// not the response: the response is charged the larger of its size
+	// and its records' (the chunks hold the last reference until the
+	// loop is done with the response, so the size may still change).
+	var decoded int64
+	defer func() {
+		if extra := decoded - ref.size; extra > 0 && ref.budget != nil {
+			ref.budget.Charge(extra)
+			ref.size = decoded
+		}
+		ref.unref()
+	}()
 	for _, p := range parts {
 		block := resp.GetBlock(p.topic, p.partition)
 		if block == nil {
@@ -690,7 +702,7 @@ func (b *fetchBroker) handle(log *zap.Logger, parts []*FetchPartition, resp *sar
 		switch err := block.Err; {
 		case errors.Is(err, sarama.ErrNoError):
 			p.failures = 0
-			b.accept(p, block, ref)
+			decoded += b.accept(p, block, ref)
 		case errors.Is(err, sarama.ErrOffsetOutOfRange):
 			b.remove(p)
 			p.end(fmt.Errorf("kafka: cluster %s: fetch %s/%d at %d (log %d-%d): %w", f.name, p.topic, p.partition, p.offset, block.LogStartOffset, block.HighWaterMarkOffset, err))
@@ -737,8 +749,8 @@ func (b *fetchBroker) remove(p *FetchPartition) {
 	p.broker.Store(nil)
 }
 
-// accept decodes p's block and queues its records.
-func (b *fetchBroker) accept(p *FetchPartition, block *sarama.FetchResponseBlock, ref *fetchResponse) {
+// accept decodes p's block and queues its records; it returns their size.
+func (b *fetchBroker) accept(p *FetchPartition, block *sarama.FetchResponseBlock, ref *fetchResponse) int64 {
 	p.hwm.Store(block.HighWaterMarkOffset)
 	recs, next := DecodeBlockInto(block, p.offset, math.MaxInt64, nil)
 	if next == p.offset {
@@ -746,16 +758,16 @@ func (b *fetchBroker) accept(p *FetchPartition, block *sarama.FetchResponseBlock
 			if p.maxBytes >= fetchMaxBytesCap {
 				b.remove(p)
 				p.end(fmt.Errorf("kafka: cluster %s: fetch %s/%d at %d: record batch larger than %d bytes", b.f.name, p.topic, p.partition, p.offset, p.maxBytes))
-				return
+				return 0
 			}
 			p.maxBytes = min(2*p.maxBytes, fetchMaxBytesCap)
 		}
-		return
+		return 0
 	}
 	p.maxBytes = b.f.cfg.PartitionMaxBytes
 	if len(recs) == 0 {
 		p.offset = next // control records, aborted ones, compaction gaps
-		return
+		return 0
 	}
 	c := &Chunk{Records: recs, Next: next, HighWaterMark: block.HighWaterMarkOffset, p: p, resp: ref, size: recordsSize(recs)}
 	ref.refs.Add(1)
@@ -763,9 +775,10 @@ func (b *fetchBroker) accept(p *FetchPartition, block *sarama.FetchResponseBlock
 		// Paused or stopped meanwhile: dropped, fetched again from
 		// the same offset after a resume.
 		ref.unref()
-		return
+		return 0
 	}
 	p.offset = next
+	return c.size
 }
 
 func recordsSize(recs []Record) int64 {

@@ -2,10 +2,13 @@ package kafka_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -370,4 +373,349 @@ func TestFetchReadCommitted(t *testing.T) {
 	f, _ := fetcherT(t, k, kafka.FetchConfig{})
 	rs := readers(t, f, "t", 2, false)
 	waitRead(t, rs, 20*time.Second, committed)
+}
+
+// TestFetchHungBroker (F5): one of three brokers stops answering fetches.
+// The partitions it leads stall; the others keep advancing; closing a
+// stalled partition returns at once. When the broker answers again, its
+// partitions catch up after the request's read timeout, every record once
+// and in order. Hung again, the whole Fetcher closes at once.
+func TestFetchHungBroker(t *testing.T) {
+	const parts = 12
+	k := testenv.StartKafkaT(t, "F", devstack.KafkaOptions{Brokers: 3, Topics: map[string]int32{"t": parts}})
+	c := k.Cluster()
+	var hung []int32
+	hungNode := c.LeaderFor("t", 0)
+	for p := range int32(parts) {
+		if c.LeaderFor("t", p) == hungNode {
+			hung = append(hung, p)
+		}
+	}
+	if len(hung) == parts {
+		// kfake places leaders at random: move one away.
+		if err := c.MoveTopicPartition("t", parts-1, (hungNode+1)%3); err != nil {
+			t.Fatal(err)
+		}
+		hung = hung[:parts-1]
+	}
+	produceSeq(t, k, "t", parts, 0, 100, 100)
+	f, _ := fetcherT(t, k, kafka.FetchConfig{})
+	rs := readers(t, f, "t", parts, false)
+	waitRead(t, rs, 20*time.Second, 100)
+
+	var hang atomic.Bool
+	var hanging atomic.Int32
+	c.ControlKey(int16(kmsg.Fetch), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if c.CurrentNode() != hungNode || !hang.Load() {
+			return nil, nil, false
+		}
+		hanging.Add(1)
+		return nil, nil, true // never answered
+	})
+	hangNow := func() {
+		t.Helper()
+		hang.Store(true)
+		before := hanging.Load()
+		wait.For(t, 10*time.Second, "a fetch hung on the broker", func() error {
+			if hanging.Load() == before {
+				return errors.New("none yet")
+			}
+			return nil
+		})
+	}
+	hangNow()
+	produceSeq(t, k, "t", parts, 100, 300, 100)
+	want := make([]int, parts)
+	for p := range want {
+		want[p] = 300
+		if slices.Contains(hung, int32(p)) {
+			want[p] = 100
+		}
+	}
+	// The others advance while the hung broker's partitions read nothing.
+	waitRead(t, rs, 20*time.Second, want...)
+
+	closed := hung[0]
+	start := time.Now()
+	rs[closed].p.Close()
+	if took := time.Since(start); took > closeBound {
+		t.Errorf("Close of %d, led by the hung broker, took %v (bound %v)", closed, took, closeBound)
+	} else {
+		t.Logf("Close of %d, led by the hung broker: %v", closed, took)
+	}
+
+	// Answering again: the request in flight times out (Net.ReadTimeout
+	// 5 s), the connection is made again, the partitions catch up.
+	hang.Store(false)
+	for _, p := range hung {
+		want[p] = 300
+	}
+	want[closed] = 100
+	waitRead(t, rs, 30*time.Second, want...)
+	if st := f.Stats(); st.Errors == 0 {
+		t.Errorf("the hung request's timeout was not counted: %+v", st)
+	}
+
+	hangNow()
+	start = time.Now()
+	f.Close()
+	if took := time.Since(start); took > closeBound {
+		t.Errorf("the Fetcher's Close with a fetch hung took %v (bound %v)", took, closeBound)
+	} else {
+		t.Logf("the Fetcher's Close with a fetch hung: %v", took)
+	}
+	t.Logf("%+v", f.Stats())
+}
+
+// TestFetchLeaderMoves (F6, fetch side): partition leaders move every 30 ms
+// while records are produced and fetched; every record is read once, in
+// order, and partitions did move.
+func TestFetchLeaderMoves(t *testing.T) {
+	const parts = 6
+	k := testenv.StartKafkaT(t, "F", devstack.KafkaOptions{Brokers: 3, Topics: map[string]int32{"t": parts}})
+	f, _ := fetcherT(t, k, kafka.FetchConfig{})
+	rs := readers(t, f, "t", parts, false)
+	stop := make(chan struct{})
+	shuffled := make(chan int)
+	var changes atomic.Int32
+	go func() {
+		n := 0
+		defer func() { shuffled <- n }()
+		tick := time.NewTicker(30 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				if n%2 == 0 {
+					k.Cluster().ShufflePartitionLeaders()
+				} else {
+					p := int32(n % parts)
+					_ = k.Cluster().MoveTopicPartition("t", p, (k.Cluster().LeaderFor("t", p)+1)%3)
+				}
+				n++
+				changes.Add(1)
+			}
+		}
+	}()
+	// Each round waits for two leader changes and for its records to be
+	// read, so moves land between fetches of every round.
+	for i := range 10 {
+		before := changes.Load()
+		wait.For(t, 10*time.Second, "two leader changes", func() error {
+			if changes.Load() < before+2 {
+				return errors.New("not yet")
+			}
+			return nil
+		})
+		produceSeq(t, k, "t", parts, i*100, (i+1)*100, 100)
+		waitRead(t, rs, 30*time.Second, (i+1)*100)
+	}
+	waitRead(t, rs, 30*time.Second, 1000)
+	close(stop)
+	n := <-shuffled
+	if moves := f.Stats().Moves; moves == 0 {
+		t.Errorf("%d leader changes, no partition moved", n)
+	}
+	t.Logf("%d leader changes, %+v", n, f.Stats())
+}
+
+// TestFetchOffsetOutOfRange (F12): a partition started beyond the log's
+// end, and one whose records were deleted past its position, end with an
+// error satisfying errors.Is(err, sarama.ErrOffsetOutOfRange).
+func TestFetchOffsetOutOfRange(t *testing.T) {
+	k := testenv.StartKafkaT(t, "F", devstack.KafkaOptions{Topics: map[string]int32{"t": 2}})
+	produceSeq(t, k, "t", 2, 0, 10, 10)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	del := kmsg.NewPtrDeleteRecordsRequest()
+	dt := kmsg.NewDeleteRecordsRequestTopic()
+	dt.Topic = "t"
+	dp := kmsg.NewDeleteRecordsRequestTopicPartition()
+	dp.Partition, dp.Offset = 1, 6
+	dt.Partitions = append(dt.Partitions, dp)
+	del.Topics = append(del.Topics, dt)
+	del.TimeoutMillis = 5000
+	resp, err := del.RequestWith(t.Context(), cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := resp.Topics[0].Partitions[0].ErrorCode; code != 0 {
+		t.Fatalf("DeleteRecords: error code %d", code)
+	}
+	f, _ := fetcherT(t, k, kafka.FetchConfig{})
+	for _, c := range []struct {
+		what      string
+		partition int32
+		at        int64
+	}{{"beyond the end", 0, 15}, {"before the log start", 1, 2}} {
+		p, err := f.ConsumePartition("t", c.partition, c.at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-p.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: the partition did not end within 10 s", c.what)
+		}
+		chunks, err := p.Poll(nil)
+		if len(chunks) != 0 || !errors.Is(err, sarama.ErrOffsetOutOfRange) {
+			t.Errorf("%s: Poll = %d chunks, %v; want none and offset out of range", c.what, len(chunks), err)
+		}
+		t.Logf("%s: %v", c.what, err)
+		p.Close()
+	}
+	// Ended, the partition may be consumed again, in range.
+	r, err := startReader(f, "t", 1, 6, 6, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.stop()
+	waitRead(t, []*reader{r}, 10*time.Second, 10)
+}
+
+// TestFetchThrottled (F14): the broker answers every other fetch empty with
+// ThrottleMillis 100, while records come in 10 rounds; everything is still
+// read, once, in order, and the throttle time is counted.
+func TestFetchThrottled(t *testing.T) {
+	k := testenv.StartKafkaT(t, "F", devstack.KafkaOptions{Topics: map[string]int32{"t": 4}})
+	c := k.Cluster()
+	var n, throttled atomic.Int32
+	c.ControlKey(int16(kmsg.Fetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if n.Add(1)%2 == 1 {
+			return nil, nil, false
+		}
+		throttled.Add(1)
+		fr := req.(*kmsg.FetchRequest)
+		resp := fr.ResponseKind().(*kmsg.FetchResponse)
+		resp.Version = fr.Version
+		resp.ThrottleMillis = 100
+		for _, rt := range fr.Topics {
+			st := kmsg.NewFetchResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewFetchResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.HighWatermark, sp.LastStableOffset, sp.LogStartOffset = -1, -1, -1
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	f, _ := fetcherT(t, k, kafka.FetchConfig{PartitionMaxBytes: 4 << 10, MaxBytes: 16 << 10})
+	rs := readers(t, f, "t", 4, false)
+	for i := range 10 {
+		produceSeq(t, k, "t", 4, i*25, (i+1)*25, 100)
+		waitRead(t, rs, 30*time.Second, (i+1)*25)
+	}
+	st := f.Stats()
+	if want := time.Duration(throttled.Load()) * 100 * time.Millisecond; st.Throttled < want-100*time.Millisecond || st.Throttled == 0 {
+		t.Errorf("throttled %v, want about %v (%d throttled responses)", st.Throttled, want, throttled.Load())
+	}
+	t.Logf("%d throttled responses, %+v", throttled.Load(), st)
+}
+
+// peakBudget is a ByteBudget that remembers the most it held.
+type peakBudget struct {
+	*kafka.ByteBudget
+	mu   sync.Mutex
+	peak int64
+}
+
+func (b *peakBudget) Charge(n int64) {
+	b.ByteBudget.Charge(n)
+	b.mu.Lock()
+	b.peak = max(b.peak, b.InUse())
+	b.mu.Unlock()
+}
+
+func (b *peakBudget) Peak() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.peak
+}
+
+// TestFetchBounds (F15): 16 partitions with a backlog of 512 KiB each and
+// readers that release nothing: fetching stops at the budget, having held
+// at most the budget and one response, and every partition got records
+// before it stopped (rotation: 4 partitions per request); released, every
+// record is read once, in order.
+func TestFetchBounds(t *testing.T) {
+	const (
+		parts    = 16
+		records  = 512
+		size     = 1 << 10
+		budget   = 3 << 20
+		partMax  = 128 << 10
+		reqMax   = 512 << 10
+		batchMax = 16 << 10
+	)
+	k := testenv.StartKafkaT(t, "F", devstack.KafkaOptions{Topics: map[string]int32{"t": parts}})
+	// Uncompressed, so that a response's size is its records' (a
+	// compressed one is charged its records' size, larger).
+	produceSeq(t, k, "t", parts, 0, records, size, kgo.ProducerBatchMaxBytes(batchMax), kgo.ProducerBatchCompression(kgo.NoCompression()))
+	b := &peakBudget{ByteBudget: kafka.NewByteBudget(budget)}
+	f, _ := fetcherT(t, k, kafka.FetchConfig{Budget: b, PartitionMaxBytes: partMax, MaxBytes: reqMax, MaxPartitions: 4})
+	rs := readers(t, f, "t", parts, true)
+	wait.For(t, 20*time.Second, "fetching stopped by the budget", func() error {
+		if b.Room(partMax) == nil {
+			return fmt.Errorf("%d of %d bytes held, %+v", b.InUse(), budget, f.Stats())
+		}
+		return nil
+	})
+	// A response is at most the request's MaxBytes, plus the first batch
+	// (KIP-74: returned whole) and the framing of 4 partitions; it is
+	// charged its records' size (64 bytes more per KiB record) when that
+	// is larger.
+	bound := int64(budget + (reqMax+batchMax)*9/8 + 4<<10)
+	if b.Peak() > bound {
+		t.Errorf("held %d bytes at the peak, bound %d (budget %d + one response)", b.Peak(), bound, budget)
+	}
+	for _, r := range rs {
+		if n, _ := r.seen(); n == 0 {
+			t.Errorf("partition %d got nothing before the budget ran out: starved", r.p.Partition())
+		}
+	}
+	t.Logf("stopped with %d bytes held (peak %d), %+v", b.InUse(), b.Peak(), f.Stats())
+	for _, r := range rs {
+		r.setHold(false)
+	}
+	waitRead(t, rs, 60*time.Second, records)
+	if b.Peak() > bound {
+		t.Errorf("held %d bytes at the peak, bound %d", b.Peak(), bound)
+	}
+}
+
+// TestFetchPauseResume: a paused partition receives nothing while another
+// of the same broker flows; resumed, it goes on from where it was.
+func TestFetchPauseResume(t *testing.T) {
+	k := testenv.StartKafkaT(t, "F", devstack.KafkaOptions{Topics: map[string]int32{"t": 2}})
+	produceSeq(t, k, "t", 2, 0, 100, 10)
+	f, _ := fetcherT(t, k, kafka.FetchConfig{})
+	rs := readers(t, f, "t", 2, false)
+	waitRead(t, rs, 10*time.Second, 100)
+	rs[0].p.Pause()
+	produceSeq(t, k, "t", 2, 100, 200, 10)
+	waitRead(t, rs[1:], 10*time.Second, 200)
+	// Two more requests answered after partition 1 read everything: the
+	// paused one was left out of them.
+	after := f.Stats().Requests
+	wait.For(t, 10*time.Second, "two more fetches", func() error {
+		if n := f.Stats().Requests; n < after+2 {
+			return fmt.Errorf("%d requests since", n-after)
+		}
+		return nil
+	})
+	if n, _ := rs[0].seen(); n != 100 {
+		t.Fatalf("paused partition 0 read %d records, want the 100 read before the pause", n)
+	}
+	rs[0].p.Resume()
+	waitRead(t, rs, 10*time.Second, 200)
 }
