@@ -533,8 +533,16 @@ func (b *fetchBroker) run() {
 			b.failed(log, err, failures)
 			continue
 		}
-		failures = 0
 		f.requests.Add(1)
+		if resp.ErrorCode != 0 {
+			// A request-level error (v7+: fetch sessions, which we
+			// do not open; or the broker shutting down) answers no
+			// partition: back off as after a failed request.
+			failures++
+			b.failed(log, fmt.Errorf("broker %d: %w", b.id, sarama.KError(resp.ErrorCode)), failures)
+			continue
+		}
+		failures = 0
 		b.handle(log, parts, resp, conn.BytesRead()-before)
 		if t := resp.ThrottleTime; t > 0 {
 			// sarama delays the next request on this connection by

@@ -719,3 +719,134 @@ func TestFetchPauseResume(t *testing.T) {
 	rs[0].p.Resume()
 	waitRead(t, rs, 10*time.Second, 200)
 }
+
+// TestFetchConnectionsDropped: the broker closes the connection on every
+// third fetch; every record is still read once, in order, and the
+// failures are counted.
+func TestFetchConnectionsDropped(t *testing.T) {
+	k := testenv.StartKafkaT(t, "F", devstack.KafkaOptions{Topics: map[string]int32{"t": 3}})
+	c := k.Cluster()
+	var n atomic.Int32
+	c.ControlKey(int16(kmsg.Fetch), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if n.Add(1)%3 != 0 {
+			return nil, nil, false
+		}
+		return nil, errors.New("dropped by the test"), true // kfake closes the connection
+	})
+	f, _ := fetcherT(t, k, kafka.FetchConfig{PartitionMaxBytes: 4 << 10, MaxBytes: 16 << 10})
+	rs := readers(t, f, "t", 3, false)
+	for i := range 5 {
+		produceSeq(t, k, "t", 3, i*50, (i+1)*50, 100)
+		waitRead(t, rs, 30*time.Second, (i+1)*50)
+	}
+	if st := f.Stats(); st.Errors == 0 {
+		t.Errorf("no failure counted: %+v", st)
+	}
+	t.Logf("%d fetches, %+v", n.Load(), f.Stats())
+}
+
+// BenchmarkFetch reads the same 100 000 records of 100 bytes (4 partitions,
+// kfake in this process) with the Fetcher and with sarama's Consumer, one
+// after the other in each round, each timed from its start to its last
+// record (closing is not timed: sarama's waits for a fetch in flight);
+// records/s is the Fetcher's, x-sarama its ratio to sarama's.
+func BenchmarkFetch(b *testing.B) {
+	const parts, perPart = 4, 25_000
+	k := testenv.StartKafkaT(b, "B", devstack.KafkaOptions{Topics: map[string]int32{"b": parts}})
+	for i := range 5 {
+		produceSeq(b, k, "b", parts, i*perPart/5, (i+1)*perPart/5, 100)
+	}
+	f, client := fetcherT(b, k, kafka.FetchConfig{Budget: kafka.NewByteBudget(32 << 20)})
+	consumer, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer consumer.Close()
+	var ours, theirs time.Duration
+	b.ResetTimer()
+	for range b.N {
+		ours += benchFetcher(b, f, parts, perPart)
+		theirs += benchSarama(b, consumer, parts, perPart)
+	}
+	b.StopTimer()
+	total := float64(b.N * parts * perPart)
+	b.ReportMetric(total/ours.Seconds(), "records/s")
+	b.ReportMetric(total/theirs.Seconds(), "sarama-records/s")
+	b.ReportMetric(theirs.Seconds()/ours.Seconds(), "x-sarama")
+}
+
+func benchFetcher(b *testing.B, f *kafka.Fetcher, parts int32, perPart int) time.Duration {
+	var read sync.WaitGroup
+	var fps []*kafka.FetchPartition
+	start := time.Now()
+	for p := range parts {
+		fp, err := f.ConsumePartition("b", p, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		fps = append(fps, fp)
+		read.Add(1)
+		go func() {
+			defer read.Done()
+			var buf []*kafka.Chunk
+			bytes := 0
+			for {
+				<-fp.Ready()
+				chunks, err := fp.Poll(buf[:0])
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				for _, c := range chunks {
+					for i := range c.Records {
+						bytes += len(c.Records[i].Value)
+					}
+					last := c.Records[len(c.Records)-1].Offset
+					c.Release()
+					if last == int64(perPart-1) {
+						return
+					}
+				}
+			}
+		}()
+	}
+	read.Wait()
+	took := time.Since(start)
+	for _, fp := range fps {
+		fp.Close()
+	}
+	return took
+}
+
+func benchSarama(b *testing.B, consumer sarama.Consumer, parts int32, perPart int) time.Duration {
+	var read sync.WaitGroup
+	var pcs []sarama.PartitionConsumer
+	start := time.Now()
+	for p := range parts {
+		pc, err := consumer.ConsumePartition("b", p, sarama.OffsetOldest)
+		if err != nil {
+			b.Fatal(err)
+		}
+		pcs = append(pcs, pc)
+		read.Add(1)
+		go func() {
+			defer read.Done()
+			bytes := 0
+			for m := range pc.Messages() {
+				bytes += len(m.Value)
+				if m.Offset == int64(perPart-1) {
+					return
+				}
+			}
+		}()
+	}
+	read.Wait()
+	took := time.Since(start)
+	for _, pc := range pcs {
+		if err := pc.Close(); err != nil {
+			b.Error(err)
+		}
+	}
+	return took
+}
