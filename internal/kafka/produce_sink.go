@@ -134,13 +134,21 @@ func (s *sink) send() time.Duration {
 			}
 		}
 		s.p.mu.Lock()
-		req, sent, wait := s.build(time.Now())
+		sent, wait := s.build(time.Now())
 		if len(sent) > 0 {
 			s.p.requests++
 		}
+		pid, epoch := s.p.pid, s.p.epoch
 		s.p.mu.Unlock()
 		if len(sent) == 0 {
 			return wait
+		}
+		// Encoded outside the lock: a batch in flight is the sink's
+		// alone (a bump waits until none is; a split or a refusal
+		// renumbers it on this goroutine).
+		req := &sarama.ProduceRequest{Version: s.p.ver, RequiredAcks: sarama.WaitForAll, Timeout: int32(s.p.cfg.Timeout / time.Millisecond)}
+		for _, sb := range sent {
+			req.AddBatch(sb.ps.topic, sb.ps.partition, sb.b.recordBatch(pid, epoch))
 		}
 		s.inflight++
 		conn := s.conn
@@ -175,10 +183,9 @@ func (s *sink) ready(now time.Time) (bool, time.Duration) {
 
 // build takes the next batch of each partition that may send, up to
 // RequestBytes, starting after the partition that started the last
-// request. The caller holds p.mu.
-func (s *sink) build(now time.Time) (*sarama.ProduceRequest, []sentBatch, time.Duration) {
+// request, and puts them in flight. The caller holds p.mu.
+func (s *sink) build(now time.Time) ([]sentBatch, time.Duration) {
 	p := s.p
-	req := &sarama.ProduceRequest{Version: p.ver, RequiredAcks: sarama.WaitForAll, Timeout: int32(p.cfg.Timeout / time.Millisecond)}
 	var sent []sentBatch
 	var wait time.Duration
 	size, n := 0, len(s.parts)
@@ -204,13 +211,12 @@ func (s *sink) build(now time.Time) (*sarama.ProduceRequest, []sentBatch, time.D
 		ps.inflight = append(ps.inflight, b)
 		ps.unanswered++
 		size += b.size
-		req.AddBatch(ps.topic, ps.partition, b.recordBatch(p.pid, p.epoch))
 		sent = append(sent, sentBatch{ps, b})
 	}
 	if n > 0 {
 		s.cursor = (s.cursor + 1) % n
 	}
-	return req, sent, wait
+	return sent, wait
 }
 
 // dial opens the sink's connection. On failure it sets when to try

@@ -620,3 +620,107 @@ func TestProduceWhileLeadersMove(t *testing.T) {
 		t.Errorf("stats %+v: want no bump, resends after the moves", st)
 	}
 }
+
+// countHandler counts reports and closes done once want are in.
+type countHandler struct {
+	mu   sync.Mutex
+	n    int
+	want int
+	done chan struct{}
+}
+
+func (h *countHandler) add(n int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.n += n; h.n == h.want {
+		close(h.done)
+	}
+}
+
+func (h *countHandler) Acked(msgs []*kafka.Message, _ int64) { h.add(len(msgs)) }
+func (h *countHandler) Refused(*kafka.Message, error)        { h.add(1) }
+func (h *countHandler) reset(want int) {
+	h.mu.Lock()
+	h.n, h.want, h.done = 0, want, make(chan struct{})
+	h.mu.Unlock()
+}
+
+// BenchmarkProduce produces the same records (150 B, 12 partitions,
+// keys spread) with this producer, sarama's idempotent AsyncProducer
+// (acks all; sarama allows it one request in flight) and a franz-go
+// producer (idempotent, acks all, its defaults) on the same in-process
+// kfake, and reports this producer's records/s and its ratio to each.
+func BenchmarkProduce(b *testing.B) {
+	const records, partitions = 50000, 12
+	k, err := devstack.StartKafka("C", devstack.KafkaOptions{Topics: map[string]int32{"ours": partitions, "sarama": partitions, "franz": partitions}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer k.Stop()
+	val := value(0, 0, 150)
+	h := &countHandler{}
+	p, err := kafka.NewProducer(b.Context(), "C", cluster(k), kafka.DefaultProducerConfig(), h)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = p.Close(context.Background()) }()
+	sc := sarama.NewConfig()
+	sc.Version = sarama.V3_6_0_0
+	sc.Producer.Idempotent, sc.Producer.RequiredAcks, sc.Net.MaxOpenRequests = true, sarama.WaitForAll, 1
+	sc.Producer.Return.Successes = true
+	sc.Producer.Partitioner = sarama.NewManualPartitioner
+	sp, err := sarama.NewAsyncProducer(k.Brokers(), sc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sp.Close()
+	fc, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer fc.Close()
+
+	var ours, sar, franz time.Duration
+	for b.Loop() {
+		start := time.Now()
+		h.reset(records)
+		for i := range records {
+			if err := p.Produce(&kafka.Message{Topic: "ours", Partition: int32(i % partitions), Key: strconv.AppendInt(nil, int64(i), 10), Value: val}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		<-h.done
+		ours += time.Since(start)
+
+		start = time.Now()
+		go func() {
+			for i := range records {
+				sp.Input() <- &sarama.ProducerMessage{Topic: "sarama", Partition: int32(i % partitions), Key: sarama.ByteEncoder(strconv.AppendInt(nil, int64(i), 10)), Value: sarama.ByteEncoder(val)}
+			}
+		}()
+		for range records {
+			select {
+			case <-sp.Successes():
+			case err := <-sp.Errors():
+				b.Fatal(err)
+			}
+		}
+		sar += time.Since(start)
+
+		start = time.Now()
+		for i := range records {
+			fc.Produce(b.Context(), &kgo.Record{Topic: "franz", Partition: int32(i % partitions), Key: strconv.AppendInt(nil, int64(i), 10), Value: val}, func(_ *kgo.Record, err error) {
+				if err != nil {
+					b.Error(err)
+				}
+			})
+		}
+		if err := fc.Flush(b.Context()); err != nil {
+			b.Fatal(err)
+		}
+		franz += time.Since(start)
+	}
+	b.ReportMetric(float64(b.N*records)/ours.Seconds(), "records/s")
+	b.ReportMetric(sar.Seconds()/ours.Seconds(), "x_sarama")
+	b.ReportMetric(franz.Seconds()/ours.Seconds(), "x_franz-go")
+}
