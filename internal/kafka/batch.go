@@ -63,15 +63,30 @@ func (b *batch) recordBatch(pid int64, epoch int16) *sarama.RecordBatch {
 func encodeBatch(msgs []*Message, codec sarama.CompressionCodec, level int) *sarama.RecordBatch {
 	recs := make([]sarama.Record, len(msgs))
 	ptrs := make([]*sarama.Record, len(msgs))
+	nh := 0
+	for _, m := range msgs {
+		nh += len(m.Headers)
+	}
+	var hdrs []*sarama.RecordHeader // one slab for the batch, pointing into the messages' headers
+	if nh > 0 {
+		hdrs = make([]*sarama.RecordHeader, 0, nh)
+	}
 	first := msgs[0].Timestamp.UnixMilli()
 	maxTs := first
 	for i, m := range msgs {
 		ts := m.Timestamp.UnixMilli()
 		maxTs = max(maxTs, ts)
 		recs[i] = sarama.Record{
-			Key: m.Key, Value: m.Value, Headers: m.Headers,
+			Key: m.Key, Value: m.Value,
 			OffsetDelta:    int64(i),
 			TimestampDelta: time.Duration(ts-first) * time.Millisecond,
+		}
+		if len(m.Headers) > 0 {
+			start := len(hdrs)
+			for j := range m.Headers {
+				hdrs = append(hdrs, &m.Headers[j])
+			}
+			recs[i].Headers = hdrs[start:len(hdrs):len(hdrs)]
 		}
 		ptrs[i] = &recs[i]
 	}

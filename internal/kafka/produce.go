@@ -33,7 +33,7 @@ type Message struct {
 	Partition int32
 	Key       []byte
 	Value     []byte
-	Headers   []*sarama.RecordHeader
+	Headers   []sarama.RecordHeader
 	// Timestamp is the record's create time, in milliseconds on the wire;
 	// the zero time means when Produce is called.
 	Timestamp time.Time

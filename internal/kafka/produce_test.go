@@ -160,7 +160,7 @@ func (pl plan) messages() []*kafka.Message {
 			codec = pl.codecs[(i/1000)%len(pl.codecs)]
 		}
 		msgs[i] = &kafka.Message{Topic: pl.topic, Partition: p, Key: []byte(strconv.Itoa(i)), Value: value(p, n, size),
-			Headers: []*sarama.RecordHeader{{Key: []byte("n"), Value: []byte(strconv.Itoa(n))}},
+			Headers: []sarama.RecordHeader{{Key: []byte("n"), Value: []byte(strconv.Itoa(n))}},
 			Codec:   codec, Ref: ref{p, n}}
 	}
 	return msgs
@@ -245,7 +245,11 @@ func verdict(t *testing.T, k *devstack.Kafka, pl plan, refused ...string) {
 		}
 		fs.EachError(func(topic string, p int32, err error) { t.Logf("read back %s/%d: %v", topic, p, err) })
 		fs.EachRecord(func(rec *kgo.Record) {
-			got[rec.Partition] = append(got[rec.Partition], prefix(rec.Value))
+			pre := prefix(rec.Value)
+			if _, n, _ := strings.Cut(pre, "/"); len(rec.Headers) != 1 || rec.Headers[0].Key != "n" || string(rec.Headers[0].Value) != n {
+				t.Errorf("record %s at %s/%d@%d: headers %v, want n=%s", pre, rec.Topic, rec.Partition, rec.Offset, rec.Headers, n)
+			}
+			got[rec.Partition] = append(got[rec.Partition], pre)
 			next[rec.Partition] = rec.Offset + 1
 		})
 	}
