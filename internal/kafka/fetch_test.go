@@ -691,6 +691,17 @@ func TestFetchBounds(t *testing.T) {
 	if b.Peak() > bound {
 		t.Errorf("held %d bytes at the peak, bound %d", b.Peak(), bound)
 	}
+	// Closed, the partitions give every byte back (a response in flight
+	// for them is charged, then dropped).
+	for _, r := range rs {
+		r.stop()
+	}
+	wait.For(t, 10*time.Second, "the budget given back", func() error {
+		if n := b.InUse(); n != 0 {
+			return fmt.Errorf("%d bytes still charged", n)
+		}
+		return nil
+	})
 }
 
 // TestFetchPauseResume: a paused partition receives nothing while another
