@@ -356,32 +356,38 @@ func (f *Fetcher) mover() {
 		var topics []string
 		seen := map[string]bool{}
 		parts := make([]*FetchPartition, 0, len(f.homeless))
+		var stale []*FetchPartition // waiting for a refresh
 		for p, refresh := range f.homeless {
-			parts = append(parts, p)
-			if refresh && !seen[p.topic] {
-				seen[p.topic] = true
-				topics = append(topics, p.topic)
-			}
-		}
-		f.mu.Unlock()
-		if len(topics) > 0 {
-			if wait := fetchRetryMin - time.Since(lastRefresh); wait > 0 {
-				timer.Reset(wait)
+			if refresh {
+				stale = append(stale, p)
+				if !seen[p.topic] {
+					seen[p.topic] = true
+					topics = append(topics, p.topic)
+				}
 				continue
 			}
+			parts = append(parts, p)
+		}
+		f.mu.Unlock()
+		var next time.Time
+		if wait := fetchRetryMin - time.Since(lastRefresh); len(topics) > 0 && wait > 0 {
+			// Refreshed less than fetchRetryMin ago: the others are
+			// placed now, these at the next refresh.
+			next = time.Now().Add(wait)
+		} else if len(topics) > 0 {
 			lastRefresh = time.Now()
 			if err := f.client.RefreshMetadata(topics...); err != nil {
 				f.log.Debug("metadata refresh for partitions without a leader failed", zap.Strings("topics", topics), zap.Error(err))
 			}
 			f.mu.Lock()
-			for _, p := range parts {
+			for _, p := range stale {
 				if _, ok := f.homeless[p]; ok {
 					f.homeless[p] = false
 				}
 			}
 			f.mu.Unlock()
+			parts = append(parts, stale...)
 		}
-		var next time.Time
 		for _, p := range parts {
 			if wake := f.place(p); !wake.IsZero() && (next.IsZero() || wake.Before(next)) {
 				next = wake
