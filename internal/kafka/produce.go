@@ -204,7 +204,9 @@ type Producer struct {
 	sc     *sarama.Config // the sinks' connections
 	ver    int16          // Produce request version
 
-	quit     chan struct{} // closed when Close gives up waiting: every goroutine returns
+	quit     chan struct{}   // closed when Close gives up waiting: every goroutine returns
+	ctx      context.Context // ends with quit: interrupts the sinks' dials
+	cancel   context.CancelFunc
 	kick     chan struct{} // wakes the resolver
 	resolved chan struct{} // closed when the resolver returned
 
@@ -257,7 +259,9 @@ func NewProducer(ctx context.Context, name string, c config.Cluster, cfg Produce
 	if err != nil {
 		return nil, err
 	}
+	pctx, cancel := context.WithCancel(context.Background())
 	p := &Producer{
+		ctx: pctx, cancel: cancel,
 		name: name, cfg: cfg, log: cfg.Logger.With(zap.String("cluster", name)), h: h,
 		client: client, sc: sc, ver: ver,
 		quit: make(chan struct{}), kick: make(chan struct{}, 1), resolved: make(chan struct{}),
@@ -265,6 +269,7 @@ func NewProducer(ctx context.Context, name string, c config.Cluster, cfg Produce
 	}
 	pid, epoch, err := p.initProducerID(ctx)
 	if err != nil {
+		cancel()
 		_ = client.Close()
 		return nil, err
 	}
@@ -399,6 +404,7 @@ func (p *Producer) close(ctx context.Context) error {
 		err = ctx.Err()
 	}
 	close(p.quit)
+	p.cancel()
 	for _, s := range sinks {
 		<-s.done
 	}

@@ -32,7 +32,7 @@ type sink struct {
 	done    chan struct{} // closed when run returned
 
 	// owned by run
-	conn        *sarama.Broker
+	conn        *Conn
 	inflight    int // requests sent whose answer run has not read
 	dialFails   int
 	dialAfter   time.Time
@@ -52,7 +52,7 @@ type answer struct {
 	sent []sentBatch
 	resp *sarama.ProduceResponse
 	err  error
-	conn *sarama.Broker
+	conn *Conn
 }
 
 // report is an outcome to hand to the ProduceHandler, outside the lock.
@@ -152,7 +152,7 @@ func (s *sink) send() time.Duration {
 		}
 		s.inflight++
 		conn := s.conn
-		err := conn.AsyncProduce(req, func(resp *sarama.ProduceResponse, err error) {
+		err := conn.Broker().AsyncProduce(req, func(resp *sarama.ProduceResponse, err error) {
 			s.answers <- answer{sent: sent, resp: resp, err: err, conn: conn}
 		})
 		if err != nil {
@@ -219,26 +219,24 @@ func (s *sink) build(now time.Time) ([]sentBatch, time.Duration) {
 	return sent, wait
 }
 
-// dial opens the sink's connection. On failure it sets when to try
+// dial opens the sink's connection (Close interrupts it) and checks the
+// broker serves Produce v3 or later. On failure it sets when to try
 // again, and after a few failures in a row has the leaders of its
 // partitions looked up again.
 func (s *sink) dial() bool {
-	b := sarama.NewBroker(s.addr)
-	err := b.Open(s.p.sc)
+	c, err := DialConn(s.p.ctx, s.p.sc, s.addr)
 	if err == nil {
-		var ok bool
-		if ok, err = b.Connected(); !ok && err == nil {
-			err = sarama.ErrNotConnected
+		if _, err = c.Negotiate(APIKeyProduce, s.p.ver, 3); err != nil {
+			c.Close()
 		}
 	}
 	if err == nil {
 		if s.everOpened {
 			s.p.stats.reconnected.Add(1)
 		}
-		s.conn, s.everOpened, s.dialFails, s.lastDialErr = b, true, 0, nil
+		s.conn, s.everOpened, s.dialFails, s.lastDialErr = c, true, 0, nil
 		return true
 	}
-	_ = b.Close()
 	s.dialFails++
 	s.dialAfter = time.Now().Add(s.p.backoff(s.dialFails))
 	s.lastDialErr = err
@@ -257,7 +255,7 @@ func (s *sink) dial() bool {
 
 func (s *sink) closeConn() {
 	if s.conn != nil {
-		_ = s.conn.Close() // ErrNotConnected when sarama closed it: fine
+		s.conn.Close()
 		s.conn = nil
 	}
 }
