@@ -521,6 +521,9 @@ func (b *fetchBroker) run() {
 			}
 			if err != nil {
 				conn = nil
+				if f.ctx.Err() != nil {
+					return // closed while dialling
+				}
 				failures++
 				b.failed(log, err, failures)
 				continue

@@ -861,3 +861,60 @@ func benchSarama(b *testing.B, consumer sarama.Consumer, parts int32, perPart in
 	}
 	return took
 }
+
+// TestFetchOverSASLAndTLS: the Fetcher's own connections use the cluster's
+// TLS (with a client certificate) and SASL from the client's Config.
+func TestFetchOverSASLAndTLS(t *testing.T) {
+	pki, err := devstack.NewPKI(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlsOpt, err := devstack.KafkaTLS(pki)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := pki.Issue("kafka-client", user)
+	if err != nil {
+		t.Fatal(err)
+	}
+	extra := append(devstack.KafkaSASL(config.SASLScramSHA512, user, pass), tlsOpt)
+	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"t": 2}, Extra: extra})
+	c := config.Cluster{Brokers: k.Brokers(), Version: config.DefaultKafkaVersion,
+		SASL: config.SASL{Mechanism: config.SASLScramSHA512, Username: user, Password: pass},
+		TLS:  config.TLS{CAFile: pki.CAFile, CertFile: cert.CertFile, KeyFile: cert.KeyFile}}
+	client, err := kafka.NewClient("A", c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	sc, err := kafka.Config(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.Producer.Return.Successes = true
+	sc.Producer.Partitioner = sarama.NewManualPartitioner
+	producer, err := sarama.NewSyncProducer(c.Brokers, sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []*sarama.ProducerMessage
+	for n := range 50 {
+		for p := range int32(2) {
+			msgs = append(msgs, &sarama.ProducerMessage{Topic: "t", Partition: p, Value: sarama.ByteEncoder(seqValue(p, n, 10))})
+		}
+	}
+	if err := producer.SendMessages(msgs); err != nil {
+		t.Fatal(err)
+	}
+	_ = producer.Close()
+	f, err := kafka.NewFetcher("A", client, kafka.FetchConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		f.Close()
+		<-f.Done()
+	}()
+	rs := readers(t, f, "t", 2, false)
+	waitRead(t, rs, 20*time.Second, 50)
+}
