@@ -513,12 +513,7 @@ func midStream(t *testing.T, p *kafka.Producer, r *recorder, pl plan, start, end
 	})
 	start()
 	close(started)
-	wait.For(t, 30*time.Second, "the destination seen failing", func() error {
-		if st, ok := p.Stalled(pl.topic, 500*time.Millisecond); !ok {
-			return fmt.Errorf("not stalled (%+v)", st)
-		}
-		return nil
-	})
+	waitStalledFor(t, p, pl.topic)
 	end()
 	<-fed
 	if err := p.Flush(ctx); err != nil {
@@ -727,4 +722,58 @@ func BenchmarkProduce(b *testing.B) {
 	b.ReportMetric(float64(b.N*records)/ours.Seconds(), "records/s")
 	b.ReportMetric(sar.Seconds()/ours.Seconds(), "x_sarama")
 	b.ReportMetric(franz.Seconds()/ours.Seconds(), "x_franz-go")
+}
+
+// TestProduceCloseOnAHungDestination: Close with requests in flight to a
+// destination that answers nothing returns at its deadline, not after
+// the read timeout, and hands back every unreported message.
+func TestProduceCloseOnAHungDestination(t *testing.T) {
+	pl := plan{topic: "out", partitions: 4, count: 2000, size: 100}
+	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{pl.topic: pl.partitions}})
+	r := newRecorder()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	p, err := kafka.NewProducer(ctx, k.Name(), cluster(k), testConfig(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := pl.messages()
+	feed(ctx, t, p, r, msgs[:1000], 0)
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	k.Hang()
+	defer k.Recover()
+	feed(ctx, t, p, r, msgs[1000:], 0)
+	waitStalledFor(t, p, pl.topic)
+	closeCtx, cancelClose := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	defer cancelClose()
+	start := time.Now()
+	if err := p.Close(closeCtx); err != context.DeadlineExceeded {
+		t.Errorf("Close: %v, want %v", err, context.DeadlineExceeded)
+	}
+	// The deadline, then closing sockets and joining goroutines: well
+	// under the 6 s a hung request waits for its answer.
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("Close took %s with a 500 ms deadline", d)
+	}
+	if err := p.Produce(msgs[0]); err != kafka.ErrProducerClosed {
+		t.Errorf("Produce after Close: %v, want ErrProducerClosed", err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.acked+r.left != pl.count || r.acked < 1000 {
+		t.Errorf("%d acknowledged + %d unfinished, want %d in all and the first 1000 acknowledged", r.acked, r.left, pl.count)
+	}
+}
+
+// waitStalledFor waits until p says topic's records wait unacknowledged.
+func waitStalledFor(t *testing.T, p *kafka.Producer, topic string) {
+	t.Helper()
+	wait.For(t, 30*time.Second, "the destination seen failing", func() error {
+		if st, ok := p.Stalled(topic, 500*time.Millisecond); !ok {
+			return fmt.Errorf("not stalled (%+v)", st)
+		}
+		return nil
+	})
 }
