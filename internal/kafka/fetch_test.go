@@ -918,3 +918,22 @@ func TestFetchOverSASLAndTLS(t *testing.T) {
 	rs := readers(t, f, "t", 2, false)
 	waitRead(t, rs, 20*time.Second, 50)
 }
+
+// TestFetchBrokerRemoved (F5, stopped): a broker leaves the cluster while
+// its partitions are fetched (kfake closes its listener and moves every
+// leader); they go on from the survivors, every record once, in order.
+func TestFetchBrokerRemoved(t *testing.T) {
+	const parts = 9
+	k := testenv.StartKafkaT(t, "F", devstack.KafkaOptions{Brokers: 3, Topics: map[string]int32{"t": parts}})
+	f, _ := fetcherT(t, k, kafka.FetchConfig{})
+	rs := readers(t, f, "t", parts, false)
+	produceSeq(t, k, "t", parts, 0, 100, 100)
+	waitRead(t, rs, 20*time.Second, 100)
+	gone := k.Cluster().LeaderFor("t", 0)
+	if err := k.Cluster().RemoveNode(gone); err != nil {
+		t.Fatal(err)
+	}
+	produceSeq(t, k, "t", parts, 100, 300, 100)
+	waitRead(t, rs, 30*time.Second, 300)
+	t.Logf("broker %d removed: %+v", gone, f.Stats())
+}
