@@ -294,9 +294,11 @@ func (f *Fetcher) Stats() FetchStats {
 // Close stops fetching and closes every partition (their queued chunks
 // released). It closes the broker connections, so it does not wait for
 // responses in flight, and waits only for the broker goroutines, which
-// then return at once. A metadata refresh in flight is not waited for: it
-// ends within the client's Metadata.Timeout, and Done is closed then.
-// Safe to call more than once.
+// then return at once (but for a dial through a Dialer that takes no
+// context, Options.Dialer: it ends within that dialer's own timeout). A
+// metadata refresh in flight is not waited for: it ends within the
+// client's Metadata.Timeout, and Done is closed then. Safe to call more
+// than once.
 func (f *Fetcher) Close() {
 	f.mu.Lock()
 	if f.closed {
