@@ -937,3 +937,41 @@ func TestFetchBrokerRemoved(t *testing.T) {
 	waitRead(t, rs, 30*time.Second, 300)
 	t.Logf("broker %d removed: %+v", gone, f.Stats())
 }
+
+// The loop of a consumer of one partition: wait for the kick, take the
+// queued chunks, hand their records on, release each chunk when done with
+// it; a partition that ended on its own says why.
+func ExampleFetcher() {
+	client, err := kafka.NewClient("A", config.Cluster{Brokers: []string{"localhost:9092"}, Version: config.DefaultKafkaVersion})
+	if err != nil {
+		return
+	}
+	defer client.Close()
+	f, err := kafka.NewFetcher("A", client, kafka.FetchConfig{Budget: kafka.NewByteBudget(32 << 20)})
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	p, err := f.ConsumePartition("orders", 0, 0)
+	if err != nil {
+		return
+	}
+	defer p.Close()
+	var buf []*kafka.Chunk
+	for range p.Ready() {
+		chunks, err := p.Poll(buf[:0])
+		if err != nil {
+			// Ended on its own, everything queued before taken:
+			// errors.Is(err, sarama.ErrOffsetOutOfRange) when its
+			// position left the log.
+			fmt.Println(err)
+			return
+		}
+		for _, c := range chunks {
+			for _, r := range c.Records {
+				fmt.Println(r.Offset, string(r.Value))
+			}
+			c.Release()
+		}
+	}
+}
