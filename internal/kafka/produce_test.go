@@ -777,3 +777,54 @@ func waitStalledFor(t *testing.T, p *kafka.Producer, topic string) {
 		return nil
 	})
 }
+
+// printer prints what a Producer reports.
+type printer struct{}
+
+func (p printer) Acked(msgs []*kafka.Message, offset int64) {
+	for i, m := range msgs {
+		fmt.Printf("%s/%d@%d %s\n", m.Topic, m.Partition, offset+int64(i), m.Value)
+	}
+}
+
+func (p printer) Refused(m *kafka.Message, err error) { fmt.Printf("refused %s: %v\n", m.Value, err) }
+
+// A Producer per destination cluster: the caller picks each record's
+// partition (HashPartition for a key, as sarama's hash partitioner
+// does), and learns per partition, in order, what was written where.
+func ExampleProducer() {
+	k, err := devstack.StartKafka("C", devstack.KafkaOptions{Topics: map[string]int32{"orders": 3}})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer k.Stop()
+	ctx := context.Background()
+	p, err := kafka.NewProducer(ctx, "C", config.Cluster{Brokers: k.Brokers(), Version: config.DefaultKafkaVersion},
+		kafka.DefaultProducerConfig(), printer{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer p.Close(ctx)
+	n, err := p.Partitions("orders")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	for _, v := range []string{"first", "second", "third"} {
+		key := []byte("customer-42")
+		if err := p.Produce(&kafka.Message{Topic: "orders", Partition: kafka.HashPartition(key, n), Key: key, Value: []byte(v),
+			Codec: sarama.CompressionZSTD}); err != nil {
+			fmt.Println(err)
+			return
+		}
+	}
+	if err := p.Flush(ctx); err != nil {
+		fmt.Println(err)
+	}
+	// Output:
+	// orders/0@0 first
+	// orders/0@1 second
+	// orders/0@2 third
+}
