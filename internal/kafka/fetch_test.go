@@ -18,6 +18,7 @@ import (
 
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/devstack"
+	"github.com/kswitch/kswitch/integration/netfault"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
@@ -973,5 +974,39 @@ func ExampleFetcher() {
 			}
 			c.Release()
 		}
+	}
+}
+
+// TestFetchThroughProxy: the Fetcher's own connections go through the
+// cluster's SOCKS5 proxy; with the proxy's link blackholed under a fetch
+// in flight, Close returns at once.
+func TestFetchThroughProxy(t *testing.T) {
+	k, _, link, cl := proxied(t)
+	produceSeq(t, k, "t", 6, 0, 100, 100)
+	client, err := kafka.NewClient("P", cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	before := link.Conns() // the client's own
+
+	f, err := kafka.NewFetcher("P", client, kafka.FetchConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		f.Close()
+		<-f.Done()
+	}()
+	rs := readers(t, f, "t", 6, false)
+	waitRead(t, rs, 20*time.Second, 100)
+	if n := link.Conns(); n <= before {
+		t.Errorf("connections through the proxy: %d before the Fetcher, %d after it read everything; want more", before, n)
+	}
+	link.Set(netfault.Fault{Blackhole: true})
+	start := time.Now()
+	f.Close()
+	if took := time.Since(start); took > closeBound {
+		t.Errorf("Close with the proxy blackholed took %v (bound %v)", took, closeBound)
 	}
 }
