@@ -820,6 +820,7 @@ func (a *Agent) deadLetters() func() map[string]int64 {
 type fleetView struct{ a *Agent }
 
 func (f fleetView) Live() []string                              { return f.a.registry.Live() }
+func (f fleetView) Lease(id string) (clientv3.LeaseID, bool)    { return f.a.registry.Lease(id) }
 func (f fleetView) Dead() <-chan string                         { return f.a.gossip.dead }
 func (f fleetView) GossipAlive(id string) bool                  { return f.a.gossip.alive(id) }
 func (f fleetView) Answers(ctx context.Context, id string) bool { return f.a.answers(ctx, id) }

@@ -42,6 +42,10 @@ type Registration struct {
 	// Config is the digest of the agent's fleet-wide configuration; nil
 	// in the registration of an agent older than it.
 	Config *ConfigDigest `json:"config,omitempty"`
+	// Lease is the session lease the registration is kept on (set from
+	// etcd, not from the value): what the agent writes on its own behalf
+	// (acks/<id>) is on this lease.
+	Lease clientv3.LeaseID `json:"-"`
 }
 
 // maxRegistrationSize bounds what is parsed from agents/: a value written
@@ -90,7 +94,9 @@ func parseRegistrationKV(id string, kv *mvccpb.KeyValue) (Registration, error) {
 	if kv.Lease == 0 {
 		return Registration{}, fmt.Errorf("agent: registration of %q has no lease: an agent registers on its session lease, so this one was written by hand and is not a member (delete it)", id)
 	}
-	return ParseRegistration(id, kv.Value)
+	r, err := ParseRegistration(id, kv.Value)
+	r.Lease = clientv3.LeaseID(kv.Lease)
+	return r, err
 }
 
 // ReadRegistrations lists the registered agents of a fleet, sorted by id.
@@ -142,6 +148,14 @@ func (r *registry) list() []Registration {
 	out := slices.Collect(maps.Values(r.regs))
 	slices.SortFunc(out, func(a, b Registration) int { return strings.Compare(a.ID, b.ID) })
 	return out
+}
+
+// Lease returns the session lease of agent id's registration.
+func (r *registry) Lease(id string) (clientv3.LeaseID, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	reg, ok := r.regs[id]
+	return reg.Lease, ok
 }
 
 // Live returns the ids of the registered agents, sorted. An agent is
