@@ -110,7 +110,10 @@ func encodeBatch(msgs []*Message, codec sarama.CompressionCodec, level int) *sar
 func (b *batch) split() (*batch, *batch) {
 	h := len(b.msgs) / 2
 	first := &batch{msgs: b.msgs[:h:h], codec: b.codec, level: b.level, seq: b.seq}
-	second := &batch{msgs: b.msgs[h:], codec: b.codec, level: b.level, seq: addSeq(b.seq, int32(h))}
+	second := &batch{msgs: b.msgs[h:], codec: b.codec, level: b.level, seq: b.seq}
+	if b.seq >= 0 {
+		second.seq = addSeq(b.seq, int32(h))
+	}
 	for _, m := range first.msgs {
 		first.size += messageSize(m)
 	}

@@ -73,6 +73,15 @@ type UnfinishedHandler interface {
 
 // ProducerConfig adjusts a Producer. Start from DefaultProducerConfig.
 type ProducerConfig struct {
+	// Acks is what the brokers acknowledge: sarama.WaitForAll (every
+	// in-sync replica; the producer is then idempotent: a producer id,
+	// sequences, up to 5 batches in flight per partition, resends
+	// recognised), WaitForLocal (the leader) or NoResponse (nothing: a
+	// batch is reported acknowledged, offset -1, once written to the
+	// connection). The last two have no producer id: one batch in
+	// flight per partition keeps the order, and a resend after a lost
+	// answer may write a batch twice. Default WaitForAll.
+	Acks sarama.RequiredAcks
 	// Timeout is the Produce request's timeout (how long a broker waits
 	// for its replicas). A request unanswered for Timeout plus the
 	// cluster's Net.ReadTimeout (5 s) has its connection closed and its
@@ -103,6 +112,7 @@ type ProducerConfig struct {
 // DefaultProducerConfig returns the defaults documented on ProducerConfig.
 func DefaultProducerConfig() ProducerConfig {
 	return ProducerConfig{
+		Acks:            sarama.WaitForAll,
 		Timeout:         10 * time.Second,
 		MaxInFlight:     5,
 		BatchBytes:      1 << 20,
@@ -117,6 +127,8 @@ func DefaultProducerConfig() ProducerConfig {
 // Validate reports a setting out of range.
 func (c ProducerConfig) Validate() error {
 	switch {
+	case c.Acks != sarama.WaitForAll && c.Acks != sarama.WaitForLocal && c.Acks != sarama.NoResponse:
+		return fmt.Errorf("kafka: producer: Acks %d is none of -1 (all), 1 (leader), 0 (none)", c.Acks)
 	case c.Timeout < time.Millisecond:
 		return fmt.Errorf("kafka: producer: Timeout %s is under 1 ms", c.Timeout)
 	case c.MaxInFlight < 1 || c.MaxInFlight > 5:
@@ -193,7 +205,7 @@ type partState struct {
 	reported int // reports being made outside the lock: the partition does not move meanwhile
 }
 
-// Producer is an idempotent (acks all) producer to one cluster. Its
+// Producer produces to one cluster, idempotent with acks all. Its
 // methods are safe for concurrent use.
 type Producer struct {
 	name   string
@@ -230,8 +242,8 @@ type Producer struct {
 	}
 }
 
-// NewProducer opens an idempotent producer to cluster c (name is for
-// errors and logs): a metadata client, and a producer id from
+// NewProducer opens a producer to cluster c (name is for errors and
+// logs): a metadata client and, with acks all, a producer id from
 // InitProducerID, which it retries until ctx ends. Nothing else is
 // connected until messages come. The caller must Close it.
 func NewProducer(ctx context.Context, name string, c config.Cluster, cfg ProducerConfig, h ProduceHandler) (*Producer, error) {
@@ -267,15 +279,17 @@ func NewProducer(ctx context.Context, name string, c config.Cluster, cfg Produce
 		quit: make(chan struct{}), kick: make(chan struct{}, 1), resolved: make(chan struct{}),
 		parts: map[topicPartition]*partState{}, sinks: map[int32]*sink{},
 	}
-	pid, epoch, err := p.initProducerID(ctx)
-	if err != nil {
-		cancel()
-		_ = client.Close()
-		return nil, err
+	pid, epoch := int64(-1), int16(-1)
+	if cfg.Acks == sarama.WaitForAll {
+		if pid, epoch, err = p.initProducerID(ctx); err != nil {
+			cancel()
+			_ = client.Close()
+			return nil, err
+		}
 	}
 	p.pid, p.epoch = pid, epoch
 	go p.resolve()
-	p.log.Info("producer opened", zap.Int64("producer_id", pid), zap.Int16("epoch", epoch))
+	p.log.Info("producer opened", zap.Int16("acks", int16(cfg.Acks)), zap.Int64("producer_id", pid), zap.Int16("epoch", epoch))
 	return p, nil
 }
 

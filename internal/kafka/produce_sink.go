@@ -53,6 +53,8 @@ type answer struct {
 	resp *sarama.ProduceResponse
 	err  error
 	conn *Conn
+	// unanswered: acks 0, the request was written and gets no answer.
+	unanswered bool
 }
 
 // report is an outcome to hand to the ProduceHandler, outside the lock.
@@ -146,7 +148,7 @@ func (s *sink) send() time.Duration {
 		// Encoded outside the lock: a batch in flight is the sink's
 		// alone (a bump waits until none is; a split or a refusal
 		// renumbers it on this goroutine).
-		req := &sarama.ProduceRequest{Version: s.p.ver, RequiredAcks: sarama.WaitForAll, Timeout: int32(s.p.cfg.Timeout / time.Millisecond)}
+		req := &sarama.ProduceRequest{Version: s.p.ver, RequiredAcks: s.p.cfg.Acks, Timeout: int32(s.p.cfg.Timeout / time.Millisecond)}
 		for _, sb := range sent {
 			req.AddBatch(sb.ps.topic, sb.ps.partition, sb.b.recordBatch(pid, epoch))
 		}
@@ -160,6 +162,9 @@ func (s *sink) send() time.Duration {
 			// is counted, so the channel has room).
 			s.answers <- answer{sent: sent, err: err, conn: conn}
 			return 0
+		}
+		if req.RequiredAcks == sarama.NoResponse {
+			s.answers <- answer{sent: sent, conn: conn, unanswered: true} // written: all acks 0 learns
 		}
 	}
 	return 0
@@ -203,7 +208,7 @@ func (s *sink) build(now time.Time) ([]sentBatch, time.Duration) {
 			break
 		}
 		ps.take()
-		if b.seq < 0 {
+		if b.seq < 0 && p.pid >= 0 {
 			b.seq = ps.nextSeq
 			ps.nextSeq = addSeq(ps.nextSeq, int32(len(b.msgs)))
 		}
@@ -283,7 +288,7 @@ func (s *sink) handle(a answer) {
 	for _, sb := range a.sent {
 		err := a.err
 		var blk *sarama.ProduceResponseBlock
-		if err == nil {
+		if err == nil && !a.unanswered {
 			blk = a.resp.GetBlock(sb.ps.topic, sb.ps.partition)
 			switch {
 			case blk == nil:
@@ -394,7 +399,10 @@ func (p *Producer) settle(ps *partState, b *batch, blk *sarama.ProduceResponseBl
 		ps.failed = true
 	case cls == classAcked:
 		ps.inflight = ps.inflight[1:]
-		off := blk.Offset
+		off := int64(-1)
+		if blk != nil {
+			off = blk.Offset
+		}
 		if errors.Is(err, sarama.ErrDuplicateSequenceNumber) {
 			off = -1
 			p.stats.duplicates.Add(1)
@@ -498,6 +506,7 @@ func (p *Producer) sendable(ps *partState, now time.Time) (bool, time.Duration) 
 	switch {
 	case b == nil, ps.failed, p.closing,
 		len(ps.inflight) >= maxPartitionInFlight,
+		p.pid < 0 && len(ps.inflight) > 0, // no sequences: one batch at a time keeps the order
 		ps.gate && len(ps.inflight) > 0:
 		return false, 0
 	case p.bump != "" && !(b.maybe && len(ps.inflight) == 0):

@@ -828,3 +828,47 @@ func ExampleProducer() {
 	// orders/0@1 second
 	// orders/0@2 third
 }
+
+// TestProduceAcks: with acks leader and none (no producer id, one batch
+// in flight per partition) every record is written once and in order
+// when nothing fails; with acks leader a batch too large is split and
+// the record too large refused as with acks all.
+func TestProduceAcks(t *testing.T) {
+	for _, acks := range []sarama.RequiredAcks{sarama.WaitForLocal, sarama.NoResponse} {
+		t.Run(fmt.Sprintf("acks=%d", acks), func(t *testing.T) {
+			pl := plan{topic: "out", partitions: 12, count: 12000, size: 100, codecs: allCodecs, window: 3000}
+			k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{pl.topic: pl.partitions}})
+			cfg := testConfig()
+			cfg.Acks = acks
+			r := newRecorder()
+			p := newProducer(t, k, cfg, r)
+			produceAll(t, p, r, pl, time.Minute)
+			r.check(t)
+			// acks 0 reports a batch once written to the connection:
+			// wait until the broker has appended the last ones.
+			wait.For(t, 10*time.Second, "every record appended", func() error {
+				n := int64(0)
+				for _, end := range endOffsets(t.Context(), t, k, pl.topic, pl.partitions) {
+					n += end
+				}
+				if n < int64(pl.count) {
+					return fmt.Errorf("%d of %d", n, pl.count)
+				}
+				return nil
+			})
+			verdict(t, k, pl)
+		})
+	}
+	t.Run("acks=1/too-large", func(t *testing.T) {
+		pl := plan{topic: "small", partitions: 3, count: 300, size: 20 << 10, sizes: map[string]int{"2/77": 100 << 10}}
+		k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{})
+		createTopic(t, k, pl.topic, pl.partitions, map[string]string{"max.message.bytes": strconv.Itoa(64 << 10)})
+		cfg := testConfig()
+		cfg.Acks = sarama.WaitForLocal
+		r := newRecorder()
+		p := newProducer(t, k, cfg, r)
+		produceAll(t, p, r, pl, time.Minute)
+		r.check(t, "2/77")
+		verdict(t, k, pl, "2/77")
+	})
+}
