@@ -20,10 +20,17 @@ import (
 
 // acks follows acks/: agent id → generation it has applied.
 type acks struct {
-	keys    keys.Fleet
-	log     *zap.Logger
+	keys keys.Fleet
+	log  *zap.Logger
+	// leaseOf is the session lease of an agent's registration
+	// (Membership.Lease): an ack counts only on it.
+	leaseOf func(id string) (clientv3.LeaseID, bool)
+	refused func()
 	mu      sync.Mutex
-	gens    map[string]int64
+	gens    map[string]ack
+	// warned holds the acks on another lease already logged, so that a
+	// stranger's value is logged once, not at every snapshot.
+	warned  map[string]clientv3.LeaseID
 	changed chan struct{}
 	// synced is closed by the first read of acks/: before it, gens is
 	// not what the agents applied.
@@ -31,12 +38,19 @@ type acks struct {
 	syncedOnce sync.Once
 }
 
-func newAcks(k keys.Fleet, log *zap.Logger) *acks {
-	return &acks{keys: k, log: log, gens: map[string]int64{}, changed: make(chan struct{}, 1), synced: make(chan struct{})}
+// ack is one acks/<id> value and the lease it was written on.
+type ack struct {
+	gen   int64
+	lease clientv3.LeaseID
+}
+
+func newAcks(k keys.Fleet, leaseOf func(string) (clientv3.LeaseID, bool), refused func(), log *zap.Logger) *acks {
+	return &acks{keys: k, log: log, leaseOf: leaseOf, refused: refused, gens: map[string]ack{}, warned: map[string]clientv3.LeaseID{},
+		changed: make(chan struct{}, 1), synced: make(chan struct{})}
 }
 
 func (a *acks) Reset(kvs []*mvccpb.KeyValue, _ int64) {
-	m := map[string]int64{}
+	m := map[string]ack{}
 	for _, kv := range kvs {
 		a.put(m, kv)
 	}
@@ -60,18 +74,21 @@ func (a *acks) Apply(evs []*clientv3.Event) {
 	a.notify()
 }
 
-func (a *acks) put(m map[string]int64, kv *mvccpb.KeyValue) {
+func (a *acks) put(m map[string]ack, kv *mvccpb.KeyValue) {
 	id := strings.TrimPrefix(string(kv.Key), a.keys.Acks())
 	g, err := strconv.ParseInt(strings.TrimSpace(string(kv.Value)), 10, 64)
-	if err != nil || g < 0 || kv.Lease == 0 {
-		// An agent acknowledges on its session lease: a value without
-		// one was written by hand, and must not move generations.
-		a.log.Warn("ignoring malformed acknowledgement (a generation on the agent's lease)", zap.String("key", string(kv.Key)),
+	if err != nil || g < 0 || g > maxGeneration || kv.Lease == 0 {
+		// An agent acknowledges a generation it applied (never above
+		// maxGeneration: it refuses those) on its session lease: any
+		// other value was written by hand, and must not move
+		// generations.
+		a.log.Warn("ignoring malformed acknowledgement (a generation up to 2^53, on the agent's lease)", zap.String("key", string(kv.Key)),
 			zap.ByteString("value", kv.Value), zap.Bool("lease", kv.Lease != 0))
+		a.refused()
 		delete(m, id)
 		return
 	}
-	m[id] = g
+	m[id] = ack{gen: g, lease: clientv3.LeaseID(kv.Lease)}
 }
 
 func (a *acks) notify() {
@@ -81,12 +98,46 @@ func (a *acks) notify() {
 	}
 }
 
+// snapshot returns the generation each registered agent acknowledged on
+// the lease of its registration. An ack on another lease (a stranger's,
+// or one left by an earlier session of the agent) does not count: the
+// agent has acknowledged nothing in its current session. An agent not
+// registered (yet) has acknowledged nothing either.
 func (a *acks) snapshot() map[string]int64 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	out := make(map[string]int64, len(a.gens))
-	for k, v := range a.gens {
-		out[k] = v
+	for id, v := range a.gens {
+		lease, ok := a.leaseOf(id)
+		if !ok {
+			continue
+		}
+		if lease != v.lease {
+			if a.warned[id] != v.lease {
+				a.warned[id] = v.lease
+				a.log.Warn("ignoring an acknowledgement that is not on the agent's lease", zap.String("acks", id),
+					zap.Int64("generation", v.gen), zap.String("lease", fmt.Sprintf("%x", int64(v.lease))),
+					zap.String("registration_lease", fmt.Sprintf("%x", int64(lease))))
+				a.refused()
+			}
+			continue
+		}
+		out[id] = v.gen
+	}
+	return out
+}
+
+// upTo is snapshot without the acks above gen, the generation the
+// leader published last: an agent acknowledges only what was published,
+// so an ack above it is left from an earlier run of generations (before
+// a term started them again) or was written by someone else; neither
+// says the agent applied gen.
+func (a *acks) upTo(gen int64) map[string]int64 {
+	out := a.snapshot()
+	for id, g := range out {
+		if g > gen {
+			delete(out, id)
+		}
 	}
 	return out
 }

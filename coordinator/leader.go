@@ -30,6 +30,10 @@ import (
 type Membership interface {
 	// Live returns the ids of the agents that are registered and ready.
 	Live() []string
+	// Lease returns the session lease of agent id's registration, false
+	// when it is not registered. What an agent writes on its own behalf
+	// (acks/<id>) counts only on that lease.
+	Lease(id string) (clientv3.LeaseID, bool)
 	// Subscribe returns a channel that receives a value after Live or
 	// Views changed (coalesced), until ctx ends.
 	Subscribe(ctx context.Context) <-chan struct{}

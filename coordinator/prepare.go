@@ -109,7 +109,7 @@ func (l *Leader) prepare(ctx context.Context, t *term, to string, live func() []
 	}()
 
 	for warmGen > 0 {
-		acks := t.acks.snapshot()
+		acks := t.acks.upTo(t.current.Generation)
 		cold := 0
 		for _, id := range live() {
 			if acks[id] < warmGen {

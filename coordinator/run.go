@@ -101,7 +101,7 @@ type leaderRun struct {
 
 func (l *Leader) newRun(et election.Term) *leaderRun {
 	log := l.log.With(zap.Int64("fencing_token", et.Rev))
-	ak := newAcks(l.keys, log)
+	ak := newAcks(l.keys, l.members.Lease, func() { l.metrics.refusedValue(refused.Ack) }, log)
 	r := &leaderRun{Leader: l, log: log, ak: ak, asg: newKeyWatch(), act: newKeyWatch(),
 		t: &term{Term: et, log: log, acks: ak}, h: newHealth(), br: &breaker{cfg: l.cfg.Failover},
 		disc: map[string]*discoveryRun{}, lists: map[string][]TopicPartition{}, listed: make(chan struct{}, 1), failedEpoch: -1,
@@ -423,7 +423,7 @@ func (r *leaderRun) keepAssignment(ctx context.Context, now time.Time, live []st
 	if !listed {
 		return false, nil
 	}
-	acks := r.ak.snapshot()
+	acks := r.ak.upTo(t.current.Generation)
 	next, changed := PlanSections(SectionsInput{Current: t.current, Cluster: t.active.Cluster, Partitions: parts,
 		Live: live, CutOff: cut, Acks: acks})
 	if !changed {

@@ -384,7 +384,7 @@ func (l *Leader) activate(ctx context.Context, t *term, a Active, ops []clientv3
 	}
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(l.keys.Active()), "=", t.activeRev)}
 	final := []clientv3.Op{clientv3.OpPut(l.keys.Active(), string(aval))}
-	next, changed := PlanSections(SectionsInput{Current: t.current, Cluster: a.Cluster, Partitions: parts, Live: live, CutOff: cut, Acks: t.acks.snapshot()})
+	next, changed := PlanSections(SectionsInput{Current: t.current, Cluster: a.Cluster, Partitions: parts, Live: live, CutOff: cut, Acks: t.acks.upTo(t.current.Generation)})
 	if changed && parts != nil {
 		next.Leader, next.Token, next.Published = t.ID, t.Rev, time.Now().UTC()
 		val, err := json.Marshal(next)
@@ -466,7 +466,7 @@ func (r *leaderRun) releaseAll(ctx context.Context, t *term, live func() []strin
 		}
 	}
 	next, changed := PlanSections(SectionsInput{Current: t.current, Cluster: t.active.Cluster, Partitions: keep,
-		Live: live(), Acks: t.acks.snapshot()})
+		Live: live(), Acks: t.acks.upTo(t.current.Generation)})
 	if changed {
 		if err := r.publishTerm(ctx, t, next); err != nil {
 			return err
@@ -508,7 +508,7 @@ func (l *Leader) ackTimeout() time.Duration { return 10 * time.Second }
 // unacked returns the live agents that still hold partitions of the
 // current generation unreleased.
 func (l *Leader) unacked(t *term, live []string) []string {
-	acks := t.acks.snapshot()
+	acks := t.acks.upTo(t.current.Generation)
 	var out []string
 	for _, id := range live {
 		if t.current.Revokes(id) && acks[id] < t.current.Generation {

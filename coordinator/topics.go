@@ -188,7 +188,7 @@ func (r *leaderRun) topicSwitch(ctx context.Context, t *term, mv *topicMove) (Sw
 		return fail(fmt.Errorf("coordinator: topic switch: the partitions of %s are not listed yet", strings.Join(inUse(t.active), ", ")))
 	}
 	next, changed := PlanSections(SectionsInput{Current: t.current, Cluster: t.active.Cluster, Partitions: parts,
-		Live: r.members.Live(), CutOff: r.cutOffAll(time.Now()), Acks: r.ak.snapshot()})
+		Live: r.members.Live(), CutOff: r.cutOffAll(time.Now()), Acks: r.ak.upTo(t.current.Generation)})
 	if changed {
 		if err := r.publishTerm(ctx, t, next); err != nil {
 			return fail(err)

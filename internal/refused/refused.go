@@ -26,6 +26,7 @@ const (
 	History      = "history"      // history/<epoch>
 	Gossip       = "gossip"       // another agent's gossip metadata
 	Config       = "config"       // state/config (a version this agent cannot apply)
+	Ack          = "ack"          // acks/<id>
 )
 
 // Name is the metric's name.
