@@ -407,8 +407,9 @@ func (p *Producer) close(ctx context.Context) error {
 	quiet := make(chan struct{})
 	if p.requests == 0 {
 		close(quiet)
+	} else {
+		p.quiet = quiet // closed by the sink that settles the last one
 	}
-	p.quiet = quiet
 	sinks := slices.Clone(p.allSinks) // no sink starts once closing
 	p.mu.Unlock()
 	var err error
