@@ -872,3 +872,31 @@ func TestProduceAcks(t *testing.T) {
 		verdict(t, k, pl, "2/77")
 	})
 }
+
+// TestProduceToATopicCreatedLater: records for a topic the cluster does
+// not have wait (Stalled, with the error saying which partition has no
+// leader), and are written once the topic is created.
+func TestProduceToATopicCreatedLater(t *testing.T) {
+	pl := plan{topic: "later", partitions: 3, count: 300, size: 100}
+	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{})
+	r := newRecorder()
+	p := newProducer(t, k, testConfig(), r)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	feed(ctx, t, p, r, pl.messages(), 0)
+	wait.For(t, 30*time.Second, "records for the missing topic seen waiting", func() error {
+		st, ok := p.Stalled(pl.topic, 0)
+		if !ok || st.Err == nil || !strings.Contains(st.Err.Error(), "leader of later/") {
+			return fmt.Errorf("stalled %v: %+v", ok, st)
+		}
+		return nil
+	})
+	if err := k.CreateTopic(pl.topic, pl.partitions); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatalf("Flush: %v (stats %+v)", err, p.Stats())
+	}
+	r.check(t)
+	verdict(t, k, pl)
+}
