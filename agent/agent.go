@@ -95,6 +95,12 @@ type Options struct {
 	// closes it after Stop; Abort closes it, as a crash ends every
 	// connection of the process.
 	Etcd *clientv3.Client
+	// Fetch chooses how the agent reads its partitions: FetchSarama
+	// (sarama's Consumer) or FetchDirect (kafka.Fetcher, docs/RELAY.md
+	// §2). Both stay until the relay's plan makes FetchDirect the default
+	// (§7 step 6); it is not in the YAML. Default: FetchSarama (the
+	// agent's tests take KSWITCH_RELAY_PATH instead).
+	Fetch string
 
 	// hooks are set by the agent's own tests and benchmarks
 	// (export_test.go).
@@ -218,6 +224,12 @@ func New(cfg config.Config, opts Options) (*Agent, error) {
 	}
 	if opts.DrainTimeout <= 0 {
 		opts.DrainTimeout = 5 * time.Second
+	}
+	if opts.Fetch == "" {
+		opts.Fetch = defaultFetch
+	}
+	if opts.Fetch != FetchSarama && opts.Fetch != FetchDirect {
+		return nil, fmt.Errorf("agent: Options.Fetch is %q; want %q or %q", opts.Fetch, FetchSarama, FetchDirect)
 	}
 	reg := prometheus.NewRegistry()
 	a := &Agent{
@@ -845,6 +857,7 @@ func (a *Agent) newWorker(s *concurrency.Session) *worker {
 	return &worker{
 		hold:   hold,
 		budget: budget,
+		direct: a.opts.Fetch == FetchDirect,
 		stuck:  &a.stuck, stuckAfter: a.opts.StuckAfter,
 		reachable: func(cluster string) bool {
 			v, ok := a.prober.view()[cluster]

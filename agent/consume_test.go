@@ -120,8 +120,9 @@ func (l *ledger) record(id string, r *record.Record) {
 	}
 	l.genHolder[gk] = id
 	// Within one session of one agent a partition's offsets only grow; a
-	// new session may consume again from the committed offset.
-	ok := fmt.Sprintf("%s/%x %s", id, r.Session, gk)
+	// new session may consume again from the committed offset, and a
+	// topic created again (another id) from its start.
+	ok := fmt.Sprintf("%s/%x %s %s", id, r.Session, gk, r.TopicID)
 	if last, seen := l.lastOffset[ok]; seen && r.Offset <= last {
 		l.violations = append(l.violations, fmt.Sprintf("%s handled %s offset %d after %d in one session", id, tp, r.Offset, last))
 	}

@@ -3,6 +3,8 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/coordinator"
+	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/record"
 )
 
@@ -27,9 +30,10 @@ type partitionRun struct {
 	// each record: a position of another id is of a topic deleted since
 	// (lifecycle.go), and so is a sink's (routing's exactly_once done).
 	topicID string
-	// cause is why sarama's partition consumer ended on its own (offset
-	// out of range, retries exhausted); set by the loop before done is
-	// closed, nil when the worker stopped it.
+	// cause is why the partition's consumer (sarama's, or the Fetcher's
+	// FetchPartition) ended on its own (offset out of range, retries
+	// exhausted); set by the loop before done is closed, nil when the
+	// worker stopped it.
 	cause error
 	// movedAt is when the committable position last moved (or the
 	// partition started), next that position: owned by the worker's loop.
@@ -42,11 +46,17 @@ type partitionRun struct {
 	// committedAt is when its position was last committed (zero: not
 	// by this run), for the commit budget's order.
 	committedAt time.Time
-	pc          sarama.PartitionConsumer
-	t           *tracker
-	cancel      context.CancelFunc
-	done        chan struct{}
-	gate        *gate
+	// Exactly one of pc (sarama's path) and fp (the direct path) is set.
+	pc sarama.PartitionConsumer
+	fp *kafka.FetchPartition
+	// chunks are the chunks polled from fp whose records are not all
+	// acknowledged, oldest first: owned by the loop, then by stop, which
+	// releases them.
+	chunks []*chunkRef
+	t      *tracker
+	cancel context.CancelFunc
+	done   chan struct{}
+	gate   *gate
 }
 
 // gate holds a partition's delivery while it is paused. The worker sets
@@ -139,33 +149,112 @@ func (g *gate) wait(ctx context.Context) error {
 // partition instead of growing memory.
 const maxInFlight = 4096
 
+// Values of Options.Fetch.
+const (
+	// FetchSarama reads partitions with sarama's Consumer.
+	FetchSarama = "sarama"
+	// FetchDirect reads partitions with kafka.Fetcher (docs/RELAY.md §2).
+	FetchDirect = "direct"
+)
+
+// defaultFetch is Options.Fetch when it is empty. The agent's tests set it
+// from KSWITCH_RELAY_PATH (export_test.go).
+var defaultFetch = FetchSarama
+
 // startPartition starts consuming tp, of topic id topicID, at start (an
 // offset >= 0, resolved by the caller) and returns the running partition.
-// A start out of the partition's range is moved (outOfRange).
-func (w *worker) startPartition(ctx context.Context, k *kafkaConn, gen int64, tp coordinator.TopicPartition, start int64, paused bool, topicID string) (*partitionRun, error) {
-	pc, err := k.consumer.ConsumePartition(tp.Topic, tp.Partition, start)
-	if errors.Is(err, sarama.ErrOffsetOutOfRange) {
-		if start, err = w.outOfRange(k, tp, start); err != nil {
-			return nil, err
+// A start out of the partition's range is moved (outOfRange): at once by
+// sarama's Consumer; on the direct path when the partition's previous run
+// ended out of range (ended), as the Fetcher finds it out only when it
+// fetches.
+func (w *worker) startPartition(ctx context.Context, k *kafkaConn, gen int64, tp coordinator.TopicPartition, start int64, paused bool, topicID string, ended error) (*partitionRun, error) {
+	var pc sarama.PartitionConsumer
+	var fp *kafka.FetchPartition
+	var err error
+	if k.fetcher != nil {
+		if errors.Is(ended, sarama.ErrOffsetOutOfRange) {
+			if start, err = w.intoRange(k, tp, start); err != nil {
+				return nil, err
+			}
 		}
+		fp, err = k.fetcher.ConsumePartition(tp.Topic, tp.Partition, start)
+	} else {
 		pc, err = k.consumer.ConsumePartition(tp.Topic, tp.Partition, start)
+		if errors.Is(err, sarama.ErrOffsetOutOfRange) {
+			if start, err = w.outOfRange(k, tp, start); err != nil {
+				return nil, err
+			}
+			pc, err = k.consumer.ConsumePartition(tp.Topic, tp.Partition, start)
+		}
 	}
 	if err != nil {
 		return nil, err
 	}
 	pctx, cancel := context.WithCancel(ctx)
 	s := w.naming.Stream(k.name, tp.Topic)
-	r := &partitionRun{tp: tp, cluster: k.name, logical: s.Logical, origin: s.Origin, topicID: topicID, generation: gen, pc: pc, t: newTracker(start, maxInFlight, w.budget),
-		cancel: cancel, done: make(chan struct{}), gate: newGate(paused)}
+	budget := w.budget
+	if fp != nil {
+		budget = nil // the Fetcher charges it, per response
+	}
+	r := &partitionRun{tp: tp, cluster: k.name, logical: s.Logical, origin: s.Origin, topicID: topicID, generation: gen, pc: pc, fp: fp,
+		t: newTracker(start, maxInFlight, budget), cancel: cancel, done: make(chan struct{}), gate: newGate(paused)}
 	if paused {
 		// Stop fetching too, so a long pause holds no records in memory.
-		pc.Pause()
+		r.pause()
 	}
 	go func() {
 		defer close(r.done)
-		r.cause = w.consume(pctx, r)
+		if fp != nil {
+			r.cause = w.consumeChunks(pctx, r)
+		} else {
+			r.cause = w.consume(pctx, r)
+		}
 	}()
 	return r, nil
+}
+
+// intoRange returns start if it is within tp's log, else where
+// outOfRange moves it.
+func (w *worker) intoRange(k *kafkaConn, tp coordinator.TopicPartition, start int64) (int64, error) {
+	oldest, err := k.resolve(tp, sarama.OffsetOldest)
+	if err != nil {
+		return 0, err
+	}
+	end, err := k.resolve(tp, sarama.OffsetNewest)
+	if err != nil {
+		return 0, err
+	}
+	if start >= oldest && start <= end {
+		return start, nil
+	}
+	return w.outOfRange(k, tp, start)
+}
+
+// pause stops the partition's fetching (its records already fetched wait
+// at the gate).
+func (r *partitionRun) pause() {
+	if r.fp != nil {
+		r.fp.Pause()
+	} else {
+		r.pc.Pause()
+	}
+}
+
+func (r *partitionRun) resume() {
+	if r.fp != nil {
+		r.fp.Resume()
+	} else {
+		r.pc.Resume()
+	}
+}
+
+// highWaterMark is the partition's high watermark as of its last fetch
+// (0 or -1 before the first).
+func (r *partitionRun) highWaterMark() int64 {
+	if r.fp != nil {
+		return r.fp.HighWaterMark()
+	}
+	return r.pc.HighWaterMarkOffset()
 }
 
 // consume hands the partition's records to the handler, in order, until
@@ -218,7 +307,7 @@ func (w *worker) consume(ctx context.Context, r *partitionRun) error {
 				if !ok {
 					return ended()
 				}
-				if !w.deliver(ctx, log, r, msg) {
+				if !w.deliver(ctx, log, r, saramaDelivery(r, msg)) {
 					return nil
 				}
 				if n == burst || ctx.Err() != nil {
@@ -235,16 +324,108 @@ func (w *worker) consume(ctx context.Context, r *partitionRun) error {
 	}
 }
 
+// consumeChunks is consume on the direct path: it polls the chunks the
+// Fetcher queued for the partition and hands their records on, each as
+// consume does (gate, hold, tracker, handler), until ctx ends (nil) or the
+// partition ends on its own: then it returns why, every chunk queued
+// before the end delivered, and the worker starts the partition again
+// (restartEnded). It waits on nothing but the Fetcher's kick, the gate's
+// and ctx: never on the network.
+func (w *worker) consumeChunks(ctx context.Context, r *partitionRun) error {
+	log := w.log.With(zap.Stringer("partition", r.tp), zap.Int64("generation", r.generation))
+	var polled []*kafka.Chunk
+	for {
+		// As in consume: a paused partition hands nothing on, and its
+		// chunks polled wait here, unacknowledged.
+		if r.gate.wait(ctx) != nil || w.hold.wait(ctx) != nil {
+			return nil
+		}
+		var err error
+		polled, err = r.fp.Poll(polled[:0])
+		if len(polled) == 0 {
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				log.Warn("partition fetch ended; the worker starts it again", zap.Error(err))
+				return err
+			}
+			select {
+			case <-r.fp.Done():
+				// Ended (Poll says why next) or closed: by stop, or by
+				// the Fetcher's Close, which ends it for good.
+				if ctx.Err() == nil && r.fp.Err() == nil {
+					return fmt.Errorf("agent: the fetch of %s on cluster %s was closed", r.tp, r.cluster)
+				}
+			case <-ctx.Done():
+				return nil
+			case <-r.gate.kick:
+			case <-r.fp.Ready():
+			}
+			continue
+		}
+		// Polled chunks are the loop's: held from here until their
+		// records are acknowledged, or stop releases them.
+		r.chunks = slices.DeleteFunc(r.chunks, (*chunkRef).done)
+		first := len(r.chunks)
+		for _, c := range polled {
+			r.chunks = append(r.chunks, newChunkRef(c))
+		}
+		clear(polled)
+		for _, ref := range r.chunks[first:] {
+			if !w.deliverChunk(ctx, log, r, ref) {
+				return nil
+			}
+		}
+	}
+}
+
+// deliverChunk hands the records of ref's chunk on, in order; false means
+// ctx ended. The records' deliveries, and their headers, are allocated
+// once for the chunk.
+func (w *worker) deliverChunk(ctx context.Context, log *zap.Logger, r *partitionRun, ref *chunkRef) bool {
+	recs := ref.c.Records
+	ds := make([]delivery, len(recs))
+	nh := 0
+	for i := range recs {
+		nh += len(recs[i].Headers)
+	}
+	var hs []record.Header
+	if nh > 0 {
+		hs = make([]record.Header, 0, nh)
+	}
+	for i := range recs {
+		m, d := &recs[i], &ds[i]
+		d.chunk = ref
+		d.rec = record.Record{
+			Cluster: r.cluster, Topic: r.tp.Topic, SourceTopic: r.logical, Origin: r.origin, TopicID: r.topicID, Partition: r.tp.Partition, Offset: m.Offset,
+			Key: m.Key, Value: m.Value, Timestamp: m.Timestamp, Generation: r.generation, Session: int64(w.lease),
+		}
+		if len(m.Headers) > 0 {
+			from := len(hs)
+			for _, h := range m.Headers {
+				if h != nil {
+					hs = append(hs, record.Header{Key: h.Key, Value: h.Value})
+				}
+			}
+			d.rec.Headers = hs[from:len(hs):len(hs)]
+		}
+		if ctx.Err() != nil || !w.deliver(ctx, log, r, d) {
+			return false
+		}
+	}
+	return true
+}
+
 // burst bounds the records the partition loop hands on between two looks
 // at its other channels (errors, the gate's kick).
 const burst = 256
 
-// deliver hands msg to the handler, once a slot is free and the gate
-// open; false means ctx ended.
-func (w *worker) deliver(ctx context.Context, log *zap.Logger, r *partitionRun, msg *sarama.ConsumerMessage) bool {
+// saramaDelivery is the delivery of msg, read by sarama's Consumer.
+func saramaDelivery(r *partitionRun, msg *sarama.ConsumerMessage) *delivery {
 	d := &delivery{rec: record.Record{
 		Cluster: r.cluster, Topic: msg.Topic, SourceTopic: r.logical, Origin: r.origin, TopicID: r.topicID, Partition: msg.Partition, Offset: msg.Offset,
-		Key: msg.Key, Value: msg.Value, Timestamp: msg.Timestamp, Generation: r.generation, Session: int64(w.lease),
+		Key: msg.Key, Value: msg.Value, Timestamp: msg.Timestamp, Generation: r.generation,
 	}}
 	if len(msg.Headers) > 0 {
 		d.rec.Headers = make([]record.Header, 0, len(msg.Headers))
@@ -254,6 +435,13 @@ func (w *worker) deliver(ctx context.Context, log *zap.Logger, r *partitionRun, 
 			}
 		}
 	}
+	return d
+}
+
+// deliver hands d's record to the handler, once a slot is free and the
+// gate open; false means ctx ended.
+func (w *worker) deliver(ctx context.Context, log *zap.Logger, r *partitionRun, d *delivery) bool {
+	d.rec.Session = int64(w.lease)
 	for {
 		// A pause, or a hold of delivery while commits fail, that came
 		// while this record was read (the loop waited for it in a select)
@@ -305,9 +493,23 @@ func (w *worker) handle(ctx context.Context, log *zap.Logger, rec *record.Record
 // acknowledge what it was given. What sarama still holds is drained in a
 // goroutine added to bg, so that its goroutines can end: sarama closes the
 // partition's channels only after the fetch in flight returns (up to
-// Consumer.MaxWaitTime), which the final commit need not wait for.
+// Consumer.MaxWaitTime), which the final commit need not wait for. On the
+// direct path nothing waits for the network: the FetchPartition closes at
+// once, and the chunks still held are released after the drain (their
+// records acknowledged later give nothing back twice).
 func (r *partitionRun) stop(drain time.Duration, bg *sync.WaitGroup) (drained bool) {
 	r.cancel()
+	if r.fp != nil {
+		r.fp.Close()
+		<-r.done
+		drained = r.t.waitDrained(drain)
+		r.t.close()
+		for _, ref := range r.chunks {
+			ref.c.Release()
+		}
+		r.chunks = nil
+		return drained
+	}
 	r.pc.AsyncClose()
 	<-r.done
 	bg.Add(1)

@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/offsets"
 	"github.com/kswitch/kswitch/record"
 )
@@ -15,14 +16,44 @@ type delivery struct {
 	rec     record.Record
 	t       *tracker // set once delivered
 	pending pending
+	// chunk, on the direct path, is the fetched chunk the record is of:
+	// its first acknowledgement counts down the chunk's records.
+	chunk *chunkRef
 }
 
 // Ack tells the tracker that d's record is acknowledged (record.Acker).
 func (d *delivery) Ack() {
-	if d.t != nil {
-		d.t.ack(d)
+	if d.t != nil && d.t.ack(d) && d.chunk != nil {
+		d.chunk.acked()
 	}
 }
+
+// chunkRef counts the records of a fetched chunk not yet acknowledged:
+// the chunk is released (its response's bytes given back to the agent's
+// budget, once every chunk of that response is) when the last one is.
+// The partition's stop releases the chunks whose records it dropped.
+type chunkRef struct {
+	c    *kafka.Chunk
+	left atomic.Int64
+}
+
+func newChunkRef(c *kafka.Chunk) *chunkRef {
+	r := &chunkRef{c: c}
+	r.left.Store(int64(len(c.Records)))
+	if len(c.Records) == 0 {
+		c.Release()
+	}
+	return r
+}
+
+func (r *chunkRef) acked() {
+	if r.left.Add(-1) == 0 {
+		r.c.Release()
+	}
+}
+
+// done reports whether every record of the chunk is acknowledged.
+func (r *chunkRef) done() bool { return r.left.Load() <= 0 }
 
 // pending is the tracker's state of one delivered record.
 type pending struct {
@@ -110,11 +141,12 @@ func (t *tracker) close() {
 	t.budget.give(n)
 }
 
-func (t *tracker) ack(d *delivery) {
+// ack records d's acknowledgement and reports whether it is the first.
+func (t *tracker) ack(d *delivery) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if d.pending.acked {
-		return
+		return false
 	}
 	d.pending.acked = true
 	t.out--
@@ -146,6 +178,7 @@ func (t *tracker) ack(d *delivery) {
 	if len(t.queue) == 0 {
 		t.drained.Broadcast()
 	}
+	return true
 }
 
 // position returns the committable position: the next offset to consume,
@@ -201,8 +234,9 @@ func (t *tracker) waitDrained(timeout time.Duration) bool {
 
 // byteBudget bounds the bytes of the records an agent has handed to its
 // handler and not yet had acknowledged, over all its partitions
-// (source.max_in_flight_mib). Safe for concurrent use; a nil budget
-// bounds nothing. Taking and giving are atomic adds on the hot path; the
+// (source.max_in_flight_mib); on the direct path it is its Fetchers'
+// kafka.Budget, charged per response. Safe for concurrent use; a nil
+// budget bounds nothing (take, give). Taking and giving are atomic adds on the hot path; the
 // lock is only for waiting.
 type byteBudget struct {
 	max     int64
@@ -258,6 +292,35 @@ func (b *byteBudget) give(n int64) {
 		b.room = nil
 	}
 }
+
+// Charge takes n bytes, beyond the bound if need be (kafka.Budget).
+func (b *byteBudget) Charge(n int64) { b.used.Add(n) }
+
+// Give gives n bytes back (kafka.Budget).
+func (b *byteBudget) Give(n int64) { b.give(n) }
+
+// Room returns nil when n bytes are free, or when nothing is taken (so
+// that a budget below a fetch's size cannot stop it for ever); otherwise
+// a channel closed by the next give (kafka.Budget).
+func (b *byteBudget) Room(n int64) <-chan struct{} {
+	if used := b.used.Load(); used+n <= b.max || used <= 0 {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.room == nil {
+		b.room = make(chan struct{})
+	}
+	b.waiting.Store(1)
+	// A give between the first look and the registration found nobody
+	// waiting: look again, now that a give will close room.
+	if used := b.used.Load(); used+n <= b.max || used <= 0 {
+		return nil
+	}
+	return b.room
+}
+
+var _ kafka.Budget = (*byteBudget)(nil)
 
 // inUse returns the bytes taken.
 func (b *byteBudget) inUse() int64 {

@@ -30,25 +30,59 @@ import (
 // keyed so, as A's orders/0 and B's orders/0 are different streams.
 type cpart = coordinator.ClusterPartition
 
-// kafkaConn is the worker's connection to a cluster it consumes.
+// kafkaConn is the worker's connection to a cluster it consumes. Its
+// partitions are read by sarama's Consumer or, on the direct path
+// (Options.Fetch), by a kafka.Fetcher: exactly one of consumer and
+// fetcher is set.
 type kafkaConn struct {
 	name     string
 	client   sarama.Client
 	consumer sarama.Consumer
+	fetcher  *kafka.Fetcher
 	mirror   *offsets.KafkaMirror
 }
 
-func dialKafka(name string, c config.Cluster, group string, timeout time.Duration, d kafka.Dialer) (*kafkaConn, error) {
+// dialKafka connects to cluster name; fetch, when not nil, makes its
+// partitions read by a kafka.Fetcher of that configuration instead of
+// sarama's Consumer.
+func dialKafka(name string, c config.Cluster, group string, timeout time.Duration, d kafka.Dialer, fetch *kafka.FetchConfig) (*kafkaConn, error) {
 	client, err := kafka.NewClientWith(name, c, kafka.Options{Dialer: d})
 	if err != nil {
 		return nil, err
 	}
-	consumer, err := sarama.NewConsumerFromClient(client)
+	k := &kafkaConn{name: name, client: client, mirror: offsets.NewKafkaMirror(client, group, timeout)}
+	if fetch != nil {
+		k.fetcher, err = kafka.NewFetcher(name, client, *fetch)
+	} else {
+		k.consumer, err = sarama.NewConsumerFromClient(client)
+	}
 	if err != nil {
 		client.Close()
 		return nil, fmt.Errorf("kafka: consumer on cluster %s: %w", name, err)
 	}
-	return &kafkaConn{name: name, client: client, consumer: consumer, mirror: offsets.NewKafkaMirror(client, group, timeout)}, nil
+	return k, nil
+}
+
+// fetchConfig is the configuration of the worker's Fetchers on the direct
+// path, nil on sarama's. The agent's byte budget is theirs: it is charged
+// per response (the records are slices of it) and given back as the
+// chunks are acknowledged, so the tracker charges nothing more. The
+// fetch sizes follow the budget (default 32 MiB: Kafka's 1 MiB per
+// partition, 8 MiB per request): no request is sent with less than
+// budget/8 free, and a response is at most budget/4 (KIP-74's oversized
+// first batch aside), so the bytes held stay below 1.125 × the budget
+// with one broker, plus a quarter of it for each other broker fetching at
+// the same moment.
+func (w *worker) fetchConfig(cluster string) *kafka.FetchConfig {
+	if !w.direct {
+		return nil
+	}
+	return &kafka.FetchConfig{
+		Budget:            w.budget,
+		PartitionMaxBytes: int32(min(w.budget.max/8, kafka.DefaultFetchPartitionMaxBytes)),
+		MaxBytes:          int32(min(w.budget.max/4, kafka.DefaultFetchMaxBytes)),
+		Logger:            w.log.With(zap.String("cluster", cluster)),
+	}
 }
 
 // resolve turns sarama.OffsetOldest or OffsetNewest into an offset.
@@ -61,7 +95,11 @@ func (k *kafkaConn) resolve(tp coordinator.TopicPartition, which int64) (int64, 
 }
 
 func (k *kafkaConn) close() {
-	_ = k.consumer.Close()
+	if k.fetcher != nil {
+		k.fetcher.Close()
+	} else {
+		_ = k.consumer.Close()
+	}
 	_ = k.client.Close()
 }
 
@@ -171,8 +209,11 @@ type worker struct {
 	// cluster (true when it has not probed it).
 	reachable func(cluster string) bool
 	// budget bounds the bytes handed to the handler and not yet
-	// acknowledged (source.max_in_flight_mib).
+	// acknowledged (source.max_in_flight_mib); on the direct path, the
+	// bytes of the fetch responses whose records are not all acknowledged.
 	budget *byteBudget
+	// direct: partitions are read by kafka.Fetchers (Options.Fetch).
+	direct bool
 	// leaderToken returns the current leader's fencing token as this
 	// agent's observer sees it (false: none known).
 	leaderToken func() (int64, bool)
@@ -546,7 +587,7 @@ func (w *worker) followWarm(ctx context.Context, a coordinator.Assignment) bool 
 		w.bg.Add(1)
 		go func() {
 			defer w.bg.Done()
-			k, err := dialKafka(a.Warm, c, w.cfg.Source.Group, w.cfg.Etcd.RequestTimeout, d)
+			k, err := dialKafka(a.Warm, c, w.cfg.Source.Group, w.cfg.Etcd.RequestTimeout, d, w.fetchConfig(a.Warm))
 			if err == nil {
 				k.openBrokers()
 			}
@@ -729,7 +770,7 @@ func (w *worker) startOn(ctx context.Context, cluster string, tps []coordinator.
 			return tps
 		}
 		var err error
-		if k, err = dialKafka(cluster, c, w.cfg.Source.Group, w.cfg.Etcd.RequestTimeout, w.dialerFor(cluster)); err != nil {
+		if k, err = dialKafka(cluster, c, w.cfg.Source.Group, w.cfg.Etcd.RequestTimeout, w.dialerFor(cluster), w.fetchConfig(cluster)); err != nil {
 			w.log.Warn("cannot connect to the assigned cluster; retrying", zap.String("cluster", cluster), zap.Error(err))
 			return tps
 		}
@@ -798,7 +839,7 @@ func (w *worker) startOn(ctx context.Context, cluster string, tps []coordinator.
 			w.committed[cpart{Cluster: cluster, TopicPartition: tp}] = p.Offset
 			startAt = append(startAt, p.Commit)
 		}
-		_, restarting := w.life.dead[cpart{Cluster: cluster, TopicPartition: tp}]
+		dead, restarting := w.life.dead[cpart{Cluster: cluster, TopicPartition: tp}]
 		go func() {
 			if restarting && w.restartFails != nil {
 				if err := w.restartFails(cluster, tp); err != nil {
@@ -823,7 +864,7 @@ func (w *worker) startOn(ctx context.Context, cluster string, tps []coordinator.
 					return
 				}
 			}
-			r, err := w.startPartition(ctx, k, w.applied.Generation, tp, start, paused[tp], ids[tp.Topic])
+			r, err := w.startPartition(ctx, k, w.applied.Generation, tp, start, paused[tp], ids[tp.Topic], dead.cause)
 			results <- started{tp, r, err}
 		}()
 	}
@@ -1275,10 +1316,10 @@ func (w *worker) applySignals(ctx context.Context) {
 		}
 		parked = append(parked, r.gate.set(paused))
 		if paused {
-			r.pc.Pause()
+			r.pause()
 			w.log.Info("partition paused", zap.Stringer("partition", tp), zap.Stringer("scope", scope))
 		} else {
-			r.pc.Resume()
+			r.resume()
 			w.log.Info("partition resumed", zap.Stringer("partition", tp))
 		}
 	}
@@ -1362,11 +1403,11 @@ func (w *worker) observeLag() {
 	type key struct{ cluster, topic string }
 	lag := map[key]int64{}
 	for _, r := range w.parts {
-		if r.pc == nil {
+		if r.pc == nil && r.fp == nil {
 			continue
 		}
 		next, _, _ := r.t.position()
-		lag[key{r.cluster, r.logical}] += max(0, r.pc.HighWaterMarkOffset()-next)
+		lag[key{r.cluster, r.logical}] += max(0, r.highWaterMark()-next)
 	}
 	w.metrics.lag.Reset()
 	for k, n := range lag {

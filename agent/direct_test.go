@@ -1,0 +1,435 @@
+package agent_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kswitch/kswitch/agent"
+	"github.com/kswitch/kswitch/devstack"
+	"github.com/kswitch/kswitch/internal/testenv"
+	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/record"
+)
+
+// The tests of the direct path (Options.Fetch = FetchDirect, docs/RELAY.md
+// §2, §7 step 3) that the rest of the suite does not cover on it whatever
+// KSWITCH_RELAY_PATH says.
+
+// partitionLog is a handler that acknowledges at once and records the
+// offsets handled by partition.
+type partitionLog struct {
+	mu      sync.Mutex
+	offsets map[int32][]int64
+}
+
+func (l *partitionLog) handler() record.Handler {
+	return record.HandlerFunc(func(_ context.Context, r *record.Record) error {
+		l.mu.Lock()
+		if l.offsets == nil {
+			l.offsets = map[int32][]int64{}
+		}
+		l.offsets[r.Partition] = append(l.offsets[r.Partition], r.Offset)
+		l.mu.Unlock()
+		r.Ack()
+		return nil
+	})
+}
+
+// handled returns the distinct offsets handled of partition p.
+func (l *partitionLog) handled(p int32) map[int64]bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	seen := map[int64]bool{}
+	for _, o := range l.offsets[p] {
+		seen[o] = true
+	}
+	return seen
+}
+
+// produceCounted writes n records keyed 0..n-1 to topic and returns how
+// many each partition got.
+func produceCounted(t *testing.T, k *devstack.Kafka, topic string, n int) map[int32]int64 {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...), kgo.DefaultProduceTopic(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	recs := make([]*kgo.Record, n)
+	for i := range recs {
+		recs[i] = &kgo.Record{Key: []byte(strconv.Itoa(i)), Value: []byte("v" + strconv.Itoa(i))}
+	}
+	res := cl.ProduceSync(t.Context(), recs...)
+	if err := res.FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	per := map[int32]int64{}
+	for _, r := range res {
+		per[r.Record.Partition]++
+	}
+	return per
+}
+
+// waitHandled waits until partition p's offsets [0, n) were all handled.
+func waitHandled(t *testing.T, l *partitionLog, timeout time.Duration, want map[int32]int64, parts ...int32) {
+	t.Helper()
+	wait.For(t, timeout, fmt.Sprintf("partitions %v handled", parts), func() error {
+		for _, p := range parts {
+			seen := l.handled(p)
+			for o := range want[p] {
+				if !seen[o] {
+					return fmt.Errorf("partition %d: offset %d of %d not handled", p, o, want[p])
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// TestDirectHungBroker (F5 at the agent's level): one of the source
+// cluster's three brokers stops answering fetches. On the direct path the
+// agent goes on delivering the partitions the other brokers lead; the
+// partitions the hung broker leads are released on a rebalance, and on
+// Stop, without waiting for their fetch in flight (a wait would last at
+// least Net.ReadTimeout, 5 s); once the broker answers again, every record
+// is delivered.
+func TestDirectHungBroker(t *testing.T) {
+	const parts = 6
+	e := testenv.StartEtcdT(t)
+	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Brokers: 3, Topics: map[string]int32{"orders": parts}})
+	c := k.Cluster()
+	hungNode := c.LeaderFor("orders", 0)
+	isHung := map[int32]bool{}
+	for p := range int32(parts) {
+		isHung[p] = c.LeaderFor("orders", p) == hungNode
+	}
+	if isHung[parts-1] {
+		// kfake places leaders at random: one partition at least is led
+		// by another broker.
+		if err := c.MoveTopicPartition("orders", parts-1, (hungNode+1)%3); err != nil {
+			t.Fatal(err)
+		}
+		isHung[parts-1] = false
+	}
+	var hung, others []int32
+	all := make([]int32, 0, parts)
+	for p := range int32(parts) {
+		all = append(all, p)
+		if isHung[p] {
+			hung = append(hung, p)
+		} else {
+			others = append(others, p)
+		}
+	}
+	t.Logf("broker %d leads %v", hungNode, hung)
+
+	var mu sync.Mutex
+	released := map[int32]time.Time{}
+	var l partitionLog
+	opts := func(id string) agent.Options {
+		return agent.Options{Handler: l.handler(), Fetch: agent.FetchDirect, Released: func(o record.Owned) {
+			if id == "agent-1" {
+				mu.Lock()
+				released[o.Partition] = time.Now()
+				mu.Unlock()
+			}
+		}}
+	}
+	a1 := startFleetAgent(t, consumeConfig(e, k, "agent-1"), opts("agent-1"))
+	waitBalanced(t, parts, a1)
+	want := produceCounted(t, k, "orders", 600)
+	waitHandled(t, &l, 20*time.Second, want, all...)
+
+	var hang atomic.Bool
+	var hanging atomic.Int32
+	c.ControlKey(int16(kmsg.Fetch), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if c.CurrentNode() != hungNode || !hang.Load() {
+			return nil, nil, false
+		}
+		hanging.Add(1)
+		return nil, nil, true // never answered
+	})
+	hang.Store(true)
+	wait.For(t, 10*time.Second, "a fetch hung on the broker", func() error {
+		if hanging.Load() == 0 {
+			return errors.New("none yet")
+		}
+		return nil
+	})
+	for p, n := range produceCounted(t, k, "orders", 600) {
+		want[p] += n
+	}
+	// The other brokers' partitions are delivered while the hung one's
+	// wait.
+	waitHandled(t, &l, 20*time.Second, want, others...)
+
+	// A rebalance: agent-1 releases some partitions, then Stop all of its
+	// others. Each release is timed from what caused it: the assignment
+	// that revoked it, or the Stop.
+	published := watchAssignments(t, e)
+	a2 := startFleetAgent(t, consumeConfig(e, k, "agent-2"), opts("agent-2"))
+	waitBalanced(t, parts, a1, a2)
+	stopAt := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := a1.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(stopAt); took > releaseBound {
+		t.Errorf("agent-1's Stop with broker %d hung took %v (bound %v)", hungNode, took, releaseBound)
+	}
+	mu.Lock()
+	for _, p := range hung {
+		at, ok := released[p]
+		if !ok {
+			t.Errorf("agent-1 never released partition %d", p)
+			continue
+		}
+		cause := stopAt
+		if at.Before(stopAt) {
+			cause = published.before(at)
+		}
+		if took := at.Sub(cause); took > releaseBound {
+			t.Errorf("partition %d, led by the hung broker, released %v after it was revoked (bound %v)", p, took, releaseBound)
+		} else {
+			t.Logf("partition %d, led by the hung broker, released %v after it was revoked", p, took)
+		}
+	}
+	mu.Unlock()
+
+	hang.Store(false)
+	// The fetch in flight times out (Net.ReadTimeout 5 s), agent-2's
+	// Fetcher connects again, and everything is delivered.
+	waitHandled(t, &l, 30*time.Second, want, all...)
+}
+
+// releaseBound bounds a release that waits on no network: the stop of the
+// partition, the drain of records the handler acknowledged at once, a
+// commit to etcd; below the 5 s of Net.ReadTimeout a wait for a hung
+// fetch would take.
+const releaseBound = 3 * time.Second
+
+// assignmentLog is the times the assignment was written, as a watcher saw
+// them.
+type assignmentLog struct {
+	mu sync.Mutex
+	at []time.Time
+}
+
+func watchAssignments(t *testing.T, e *devstack.Etcd) *assignmentLog {
+	cli := testenv.EtcdClientT(t, e)
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &assignmentLog{}
+	ch := cli.Watch(clientv3.WithRequireLeader(ctx), fleetKeys.Assignment())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for resp := range ch {
+			now := time.Now()
+			l.mu.Lock()
+			for range resp.Events {
+				l.at = append(l.at, now)
+			}
+			l.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return l
+}
+
+// before returns the last write seen before at (zero: none).
+func (l *assignmentLog) before(at time.Time) time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var last time.Time
+	for _, w := range l.at {
+		if w.Before(at) {
+			last = w
+		}
+	}
+	return last
+}
+
+// TestDirectBytesInFlightAreBounded is TestBytesInFlightAreBounded on the
+// direct path, where the budget (source.max_in_flight_mib 1) is charged
+// per fetch response and given back when each chunk's last record is
+// acknowledged: with a handler that holds every record, the records it
+// holds never exceed budget + budget/4 (no request with less than
+// budget/8 free, a response at most budget/4: worker.fetchConfig), the
+// fetching stops there (the budget full within budget/8), and once the
+// handler acknowledges, every record is handled and the budget is empty.
+func TestDirectBytesInFlightAreBounded(t *testing.T) {
+	e := testenv.StartEtcdT(t)
+	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 4}})
+	const size, n, budget = 16 << 10, 200, 1 << 20
+	var mu sync.Mutex
+	var held []*record.Record
+	var heldBytes, maxHeld int64
+	seen := map[string]bool{}
+	hold := true
+	h := record.HandlerFunc(func(_ context.Context, r *record.Record) error {
+		mu.Lock()
+		defer mu.Unlock()
+		seen[fmt.Sprintf("%d@%d", r.Partition, r.Offset)] = true
+		if hold {
+			held = append(held, r)
+			heldBytes += r.Size()
+			maxHeld = max(maxHeld, heldBytes)
+			return nil
+		}
+		r.Ack()
+		return nil
+	})
+	cfg := consumeConfig(e, k, "agent-1")
+	cfg.Source.MaxInFlightMiB = budget >> 20
+	a := startFleetAgent(t, cfg, agent.Options{Handler: h, Fetch: agent.FetchDirect})
+	waitBalanced(t, 4, a)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...), kgo.DefaultProduceTopic("orders"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for i := range n {
+		if err := cl.ProduceSync(t.Context(), &kgo.Record{Key: []byte(strconv.Itoa(i)), Value: make([]byte, size)}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Response framing (headers, batch and record overhead) is charged
+	// too: a few KiB over the records.
+	const bound, framing = budget + budget/4, 8 << 10
+	wait.For(t, 10*time.Second, "the budget full", func() error {
+		v, _ := metricValue(a, "kswitch_in_flight_bytes", nil)
+		if v < budget-budget/8 {
+			return fmt.Errorf("kswitch_in_flight_bytes %v", v)
+		}
+		return nil
+	})
+	v, _ := metricValue(a, "kswitch_in_flight_bytes", nil)
+	mu.Lock()
+	got, most := len(held), maxHeld
+	mu.Unlock()
+	if most > bound || v > bound+framing {
+		t.Fatalf("the handler held up to %d B (%d records of %d B), in flight %v B; want at most %d", most, got, size, v, bound)
+	}
+	t.Logf("%d records held (%d KiB, %v B charged) with a 1 MiB budget", got, most>>10, v)
+	mu.Lock()
+	hold = false
+	for _, r := range held {
+		r.Ack()
+	}
+	mu.Unlock()
+	wait.For(t, 20*time.Second, "every record handled, the budget empty", func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(seen) != n {
+			return fmt.Errorf("%d of %d handled", len(seen), n)
+		}
+		if v, _ := metricValue(a, "kswitch_in_flight_bytes", nil); v != 0 {
+			return fmt.Errorf("kswitch_in_flight_bytes %v", v)
+		}
+		return nil
+	})
+}
+
+// BenchmarkConsumePaths measures one agent consuming 200 000
+// records of 100 B from 4 partitions of an in-process kfake to a handler
+// that acknowledges at once, on sarama's path and on the direct path in
+// the same run (alternating rounds, a fleet of its own each, so each
+// starts at the oldest offset): records/s from the first record handled
+// to the last, the median of the rounds of each path.
+func BenchmarkConsumePaths(b *testing.B) {
+	const records, rounds = 200_000, 3
+	e := testenv.StartEtcdT(b)
+	k := testenv.StartKafkaT(b, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 4}})
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...), kgo.DefaultProduceTopic("orders"), kgo.ProducerLinger(5*time.Millisecond))
+	if err != nil {
+		b.Fatal(err)
+	}
+	value := make([]byte, 100)
+	recs := make([]*kgo.Record, 0, 10_000)
+	for i := range records {
+		recs = append(recs, &kgo.Record{Key: []byte(strconv.Itoa(i)), Value: value})
+		if len(recs) == cap(recs) || i == records-1 {
+			if err := cl.ProduceSync(b.Context(), recs...).FirstErr(); err != nil {
+				b.Fatal(err)
+			}
+			recs = recs[:0]
+		}
+	}
+	cl.Close()
+	round := 0
+	run := func(path string) float64 {
+		round++
+		var n atomic.Int64
+		var first, last atomic.Int64
+		done := make(chan struct{})
+		h := record.HandlerFunc(func(_ context.Context, r *record.Record) error {
+			now := time.Now().UnixNano()
+			first.CompareAndSwap(0, now)
+			r.Ack()
+			if n.Add(1) == records {
+				last.Store(now)
+				close(done)
+			}
+			return nil
+		})
+		cfg := consumeConfig(e, k, "agent-1")
+		cfg.Fleet = "bench-" + strconv.Itoa(round)
+		a, err := agent.New(cfg, agent.Options{Handler: h, Fetch: path})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := a.Start(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		select {
+		case <-done:
+		case <-time.After(2 * time.Minute):
+			b.Fatalf("%s path: %d of %d records handled after 2 minutes", path, n.Load(), records)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		if err := a.Stop(ctx); err != nil {
+			b.Fatal(err)
+		}
+		return float64(records) / time.Duration(last.Load()-first.Load()).Seconds()
+	}
+	var sarama, direct []float64
+	b.ResetTimer()
+	for range b.N {
+		sarama, direct = sarama[:0], direct[:0]
+		for i := range rounds {
+			if i%2 == 0 {
+				sarama = append(sarama, run(agent.FetchSarama))
+				direct = append(direct, run(agent.FetchDirect))
+			} else {
+				direct = append(direct, run(agent.FetchDirect))
+				sarama = append(sarama, run(agent.FetchSarama))
+			}
+		}
+	}
+	b.StopTimer()
+	slices.Sort(sarama)
+	slices.Sort(direct)
+	s, d := sarama[len(sarama)/2], direct[len(direct)/2]
+	b.ReportMetric(s, "sarama-records/s")
+	b.ReportMetric(d, "direct-records/s")
+	b.ReportMetric(d/s, "direct/sarama")
+	b.Logf("%d records of 100 B, 4 partitions, 1 agent: sarama %.0f records/s %.0f, direct %.0f records/s %.0f: direct ÷ sarama %.2f",
+		records, s, sarama, d, direct, d/s)
+}
