@@ -183,6 +183,63 @@ func TestARegistrationWithoutALeaseIsNoMember(t *testing.T) {
 	}
 }
 
+// TestGhostRegistrationsLoseTheirPartitions: registrations put by a
+// stranger on leases that live (one on a lease of its own, one on
+// agent-1's session lease) are given partitions at the next rebalance,
+// since a registration is all etcd shows of an agent. They never
+// acknowledge a generation, so after silentAfter (30 s) the leader plans
+// without them: their partitions go to the real agents, its status names
+// them silent, and every record is handled. (Before, one ghost took 3 of
+// 12 partitions, which nobody consumed, for good.)
+func TestGhostRegistrationsLoseTheirPartitions(t *testing.T) {
+	d := startDC(t)
+	cli := testenv.EtcdClientT(t, d.etcd)
+	l, agents, p := flowingFleet(t, d)
+	resp, err := cli.Get(t.Context(), fleetKeys.Agent("agent-1"))
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("agent-1's registration: %v %v", resp, err)
+	}
+	own, err := cli.Grant(t.Context(), 120)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, lease := range map[string]clientv3.LeaseID{"ghost-1": own.ID, "ghost-2": clientv3.LeaseID(resp.Kvs[0].Lease)} {
+		reg := fmt.Sprintf(`{"id":%q,"http":"127.0.0.1:1","gossip":"127.0.0.1:2","version":"x","started":"2026-01-01T00:00:00Z"}`, id)
+		if _, err := cli.Put(t.Context(), fleetKeys.Agent(id), reg, clientv3.WithLease(lease)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ghosts := func(a coordinator.Assignment) int { return len(a.Owned["ghost-1"]) + len(a.Owned["ghost-2"]) }
+	wait.For(t, 10*time.Second, "the ghosts given partitions", func() error {
+		if a, err := readAssignment(cli); err != nil || ghosts(a) == 0 {
+			return fmt.Errorf("generation %d owned %v (%v)", a.Generation, a.Owned, err)
+		}
+		return nil
+	})
+	began := time.Now()
+	wait.For(t, 50*time.Second, "the ghosts planned without", func() error {
+		a, err := readAssignment(cli)
+		if err != nil {
+			return err
+		}
+		if n := ghosts(a); n > 0 {
+			return fmt.Errorf("the ghosts own %d partitions in generation %d", n, a.Generation)
+		}
+		return nil
+	})
+	t.Logf("the ghosts' partitions moved to the agents %v after they were given them", time.Since(began).Round(time.Millisecond))
+	waitBalanced(t, failoverPartitions, agents...)
+	st := leaderOf(t, agents...).Status().Coordinator
+	if st == nil || st.Silent["ghost-1"] == "" || st.Silent["ghost-2"] == "" {
+		t.Errorf("the leader's status does not name both ghosts silent: %+v", st)
+	} else {
+		t.Logf("leader status: %v", st.Silent)
+	}
+	p.halt()
+	waitAllHandled(t, l, p.written(), 20*time.Second)
+	l.check(t)
+}
+
 // TestUnusableActiveStateIsRecoveredNotSwitchedAgain: while the fleet is
 // pinned on B, state/active is overwritten with garbage and the leader
 // changes. The new leader recovers B and the epoch from state/assignment

@@ -197,6 +197,9 @@ type LeaderStatus struct {
 	// Unassigned lists the discovered partitions that no agent consumes
 	// or is releasing, with how long: the fleet's stalled partitions.
 	Unassigned []string `json:"unassigned,omitempty"`
+	// Silent lists the registered agents planned without because they
+	// do not acknowledge the generations given to them, with why.
+	Silent map[string]string `json:"silent,omitempty"`
 }
 
 // Status returns the leader's last verdict, or nil when this agent has not

@@ -57,9 +57,12 @@ type leaderRun struct {
 	t   *term
 	log *zap.Logger
 	ak  *acks
-	pn  *pin
-	tp  *topicPins
-	sp  *stagePlan
+	// quiet leaves out of planning the registered agents that never
+	// acknowledge (silence).
+	quiet *silence
+	pn    *pin
+	tp    *topicPins
+	sp    *stagePlan
 	// stages is state/stages as this term wrote or found it (nil: no
 	// staged move).
 	stages *StageState
@@ -102,7 +105,7 @@ type leaderRun struct {
 func (l *Leader) newRun(et election.Term) *leaderRun {
 	log := l.log.With(zap.Int64("fencing_token", et.Rev))
 	ak := newAcks(l.keys, l.members.Lease, func() { l.metrics.refusedValue(refused.Ack) }, log)
-	r := &leaderRun{Leader: l, log: log, ak: ak, asg: newKeyWatch(), act: newKeyWatch(),
+	r := &leaderRun{Leader: l, log: log, ak: ak, quiet: newSilence(silentAfter(l.cfg.Etcd.SessionTTL), log), asg: newKeyWatch(), act: newKeyWatch(),
 		t: &term{Term: et, log: log, acks: ak}, h: newHealth(), br: &breaker{cfg: l.cfg.Failover},
 		disc: map[string]*discoveryRun{}, lists: map[string][]TopicPartition{}, listed: make(chan struct{}, 1), failedEpoch: -1,
 		caughtUpWhy: "not checked yet", unowned: &stalled{since: map[ClusterPartition]time.Time{}, metrics: l.metrics}}
@@ -199,12 +202,21 @@ func (r *leaderRun) loadBreaker(ctx context.Context) {
 	}
 }
 
+// live returns the agents the leader plans on at now: the registered
+// ones that are not silent.
+func (r *leaderRun) live(now time.Time) []string {
+	return r.quiet.live(now, r.members.Live(), r.t.current, r.ak.snapshot())
+}
+
+// liveNow is live at the time of the call.
+func (r *leaderRun) liveNow() []string { return r.live(time.Now()) }
+
 // turn is one turn of the loop; again asks for the next at once, without
 // waiting for a change.
 func (r *leaderRun) turn(ctx context.Context) (again bool, err error) {
 	now := time.Now()
 	conf := r.conf()
-	live := r.members.Live()
+	live := r.live(now)
 	views := r.members.Views()
 	r.h.observe(now, live, views, []string{conf.primary, conf.standby})
 	if r.metrics != nil {
@@ -418,7 +430,8 @@ func (r *leaderRun) keepAssignment(ctx context.Context, now time.Time, live []st
 		cannot[c] = r.h.downFor(now, c, r.cfg.Failover.FailureWindow)
 	}
 	r.status.Store(&LeaderStatus{Active: t.active, Verdict: why, Pin: r.pn.get(), TopicPins: r.tp.get(), Stages: r.stages, Breaker: r.br.openUntil,
-		CutOff: cut[t.active.Cluster], CutOffOn: cut, Unassigned: r.unowned.note(now, parts, t.current, cannot)})
+		CutOff: cut[t.active.Cluster], CutOffOn: cut, Unassigned: r.unowned.note(now, parts, t.current, cannot),
+		Silent: r.quiet.reasons()})
 	r.publishStalled(ctx, t, r.unowned, now, r.log)
 	if !listed {
 		return false, nil

@@ -268,7 +268,7 @@ func recoverPlaced(asg Assignment, a Active, conf *dynamic) map[string]TopicActi
 // same transaction that makes the phase active. So a leader that dies anywhere in 1–3
 // leaves a state the next leader resumes from, and re-translating is safe.
 func (r *leaderRun) switchTo(ctx context.Context, t *term, to, reason string, auto, planned bool, stay []string) (SwitchEvent, error) {
-	live := r.members.Live
+	live := r.liveNow
 	began := time.Now()
 	from := t.active.Cluster
 	started := began.UTC()

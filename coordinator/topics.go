@@ -188,13 +188,13 @@ func (r *leaderRun) topicSwitch(ctx context.Context, t *term, mv *topicMove) (Sw
 		return fail(fmt.Errorf("coordinator: topic switch: the partitions of %s are not listed yet", strings.Join(inUse(t.active), ", ")))
 	}
 	next, changed := PlanSections(SectionsInput{Current: t.current, Cluster: t.active.Cluster, Partitions: parts,
-		Live: r.members.Live(), CutOff: r.cutOffAll(time.Now()), Acks: r.ak.upTo(t.current.Generation)})
+		Live: r.liveNow(), CutOff: r.cutOffAll(time.Now()), Acks: r.ak.upTo(t.current.Generation)})
 	if changed {
 		if err := r.publishTerm(ctx, t, next); err != nil {
 			return fail(err)
 		}
 	}
-	if err := r.awaitReleases(ctx, t, r.members.Live, log); err != nil {
+	if err := r.awaitReleases(ctx, t, r.liveNow, log); err != nil {
 		return fail(err)
 	}
 	ev.Phases["revoke"] = time.Since(began).Seconds()
@@ -228,7 +228,7 @@ func (r *leaderRun) topicSwitch(ctx context.Context, t *term, mv *topicMove) (Sw
 	if !listed {
 		return fail(fmt.Errorf("coordinator: topic switch: the partitions of %s are not listed yet", strings.Join(inUse(done), ", ")))
 	}
-	if err := r.activate(ctx, t, done, ops, parts, r.members.Live(), r.cutOffAll(time.Now())); err != nil {
+	if err := r.activate(ctx, t, done, ops, parts, r.liveNow(), r.cutOffAll(time.Now())); err != nil {
 		return fail(err)
 	}
 	if r.lists[mv.to] == nil {
