@@ -232,6 +232,21 @@ func requireCounted(t *testing.T, r *Router, late int) {
 	}
 }
 
+// requireInOrderOnDirect fails t when, on the direct produce path, a
+// record reached its channel after a later one of its partition, or the
+// router counted one so (kswitch_routing_reordered_total): the direct
+// producer retries in place, splits a batch too large itself and gives
+// back only what is refused for good, so nothing may come late.
+func requireInOrderOnDirect(t *testing.T, r *Router, late int) {
+	t.Helper()
+	if r.opts.Produce != ProduceDirect {
+		return
+	}
+	if counted := metricValue(r.m.reordered); late > 0 || counted > 0 {
+		t.Errorf("direct path: %d records reached the channel after a later one of their partition, %v counted", late, counted)
+	}
+}
+
 // adminOf returns a sarama cluster admin of k, closed when the test ends.
 func adminOf(t *testing.T, k *devstack.Kafka) sarama.ClusterAdmin {
 	t.Helper()
@@ -334,8 +349,14 @@ func TestRecordNoTopicTakes(t *testing.T) {
 					t.Errorf("reference header %s = %q, want %q", k, got, want)
 				}
 			}
-			if e := header(ref, HeaderError); !strings.Contains(e, "MaxMessageBytes") {
-				t.Errorf("reference header %s = %q, want the producer's refusal", HeaderError, e)
+			// sarama's producer refuses it itself (Producer.MaxMessageBytes);
+			// the direct one sends it, alone, and the broker refuses it.
+			refusal := "MaxMessageBytes"
+			if r.opts.Produce == ProduceDirect {
+				refusal = sarama.ErrMessageSizeTooLarge.Error()
+			}
+			if e := header(ref, HeaderError); !strings.Contains(e, refusal) {
+				t.Errorf("reference header %s = %q, want the refusal (%q)", HeaderError, e, refusal)
 			}
 			if got := w.read("C", "c", 1); string(got[0].Value) != "orders/0@1" {
 				t.Errorf("channel c holds %q first, want orders/0@1", got[0].Value)
@@ -483,6 +504,7 @@ func TestChannelTopicRecreated(t *testing.T) {
 	recs := w.readAll("C", "c", want)
 	_, late := orderOf(t, recs)
 	requireCounted(t, r, late)
+	requireInOrderOnDirect(t, r, late)
 	t.Logf("%d records taken, %d in the re-created topic, %d after a later one of their partition (counted %v)", n, len(recs), late, metricValue(r.m.reordered))
 }
 
@@ -529,6 +551,7 @@ func TestBatchWithARecordTooLargeForTheTopic(t *testing.T) {
 	// counts each such record. It never produces one behind them itself.
 	_, late := orderOf(t, w.readAll("C", "c", want))
 	requireCounted(t, r, late)
+	requireInOrderOnDirect(t, r, late)
 	dead := w.read("C", "dead", 1)
 	if len(dead) != 1 || header(dead[0], HeaderSource) != fmt.Sprintf("orders/0@%d", bigAt) || header(dead[0], HeaderSize) != strconv.Itoa(big) {
 		for _, d := range dead {

@@ -99,6 +99,9 @@ func (r *Router) sampleHealth(now time.Time) {
 			// answer. New records wait until it does (Handle), instead of
 			// piling up behind the retried ones.
 			err := fmt.Errorf("no produce acknowledged for %s while %d wait; the producer retries", now.Sub(ds.health.stalledSince).Round(time.Millisecond), ds.inFlight.Load())
+			if last := ds.stallError(); last != nil {
+				err = fmt.Errorf("%w (last error: %w)", err, last)
+			}
 			if ds.failing.CompareAndSwap(nil, &failure{err: err, since: ds.health.stalledSince}) {
 				r.log.Warn("destination does not acknowledge; its records wait and are sent again in order once it answers",
 					zap.Stringer("destination", ds.dest), zap.Error(err))

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/internal/kafka"
 )
 
 // producerKey identifies a producer: the cluster, and the settings that
@@ -42,15 +43,20 @@ func (k producerKey) String() string {
 // errClosed is returned once the router is closing.
 var errClosed = errors.New("routing: router closed")
 
-// producer is one sarama AsyncProducer and the count of the messages it
-// holds. A producer is closed only when its count is 0, and the count is
+// producer is one sarama AsyncProducer, or one direct kafka.Producer,
+// and the count of the messages it holds. A producer is closed only when its count is 0, and the count is
 // raised under the pool's read lock, so nothing is sent to a closed
 // producer.
 type producer struct {
 	key producerKey
-	p   sarama.AsyncProducer
+	p   sarama.AsyncProducer // nil on the direct path
+	// kp is the direct path's producer (nil on sarama's), and
+	// roundRobin its per-topic counters (topic → *atomic.Uint32).
+	kp         *kafka.Producer
+	roundRobin sync.Map
 	// client is p's own: closed once p has finished, or by a close that
 	// timed out, which ends the retries p would otherwise go on with.
+	// Nil on the direct path.
 	client sarama.Client
 	// users counts the messages given to p (or about to be) whose fate is
 	// not settled: not yet acknowledged, or failed and waiting to be sent
@@ -120,6 +126,13 @@ type pool struct {
 	onResult func(p *producer, m *sarama.ProducerMessage, err error)
 	// opened is told about each producer opened and closed.
 	opened func(k producerKey, open bool)
+	// handler, when set, makes the pool's producers direct ones
+	// (Options.Produce "direct"): it returns the handler of each.
+	handler func() *directHandler
+	// ctx ends when the pool closes: it bounds the opening of direct
+	// producers.
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	mu       sync.RWMutex
 	clusters map[string]config.Cluster
@@ -133,8 +146,19 @@ type pool struct {
 }
 
 func newPool(clusters map[string]config.Cluster, log *zap.Logger) *pool {
+	ctx, cancel := context.WithCancel(context.Background())
 	return &pool{clusters: clusters, log: log, live: map[producerKey]*producer{}, opening: map[producerKey]*opening{},
-		onResult: func(*producer, *sarama.ProducerMessage, error) {}, opened: func(producerKey, bool) {}}
+		onResult: func(*producer, *sarama.ProducerMessage, error) {}, opened: func(producerKey, bool) {}, ctx: ctx, cancel: cancel}
+}
+
+// norm returns the key of the producer that k's produces go through: on
+// the direct path one producer serves every compression of a cluster and
+// acks (the codec is per batch).
+func (p *pool) norm(k producerKey) producerKey {
+	if p.handler != nil {
+		k.compression = "none"
+	}
+	return k
 }
 
 // acquire returns the producer of k with its user count raised by n,
@@ -142,6 +166,7 @@ func newPool(clusters map[string]config.Cluster, log *zap.Logger) *pool {
 // ctx ends) for an opening, then fails, and an attempt that failed less
 // than openRetry ago fails at once with that attempt's error.
 func (p *pool) acquire(ctx context.Context, k producerKey, n int64, wait time.Duration) (*producer, error) {
+	k = p.norm(k)
 	var timeout <-chan time.Time
 	for {
 		p.mu.RLock()
@@ -222,6 +247,7 @@ func (p *pool) startOpening(k producerKey) *opening {
 // warm starts opening the producer of k in the background, unless it is
 // open or startOpening would not start it.
 func (p *pool) warm(k producerKey) {
+	k = p.norm(k)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !p.closed && p.live[k] == nil {
@@ -236,6 +262,10 @@ func (p *pool) release(pr *producer, n int64) { pr.users.Add(-n) }
 // p.live.
 func (p *pool) open(k producerKey, o *opening) {
 	defer p.wg.Done()
+	if p.handler != nil {
+		p.openDirect(k, o)
+		return
+	}
 	ap, client, err := p.newProducer(k)
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -281,6 +311,13 @@ func (p *pool) setClusters(clusters map[string]config.Cluster) {
 			pr.retired.Store(true)
 			p.retired = append(p.retired, pr)
 			p.log.Info("cluster definition changed: the producer is replaced", zap.Stringer("producer", k))
+			if pr.kp != nil {
+				// It never gives up a record: closed now, what it did not
+				// finish comes back (Unfinished) and is sent again
+				// through the new producer, in order.
+				ctx, cancel := context.WithTimeout(p.ctx, retireWait)
+				p.shut(ctx, pr, cancel)
+			}
 		}
 	}
 	for k, o := range p.opening {
@@ -288,6 +325,56 @@ func (p *pool) setClusters(clusters map[string]config.Cluster) {
 			delete(p.opening, k)
 		}
 	}
+}
+
+// directOpenTimeout bounds the opening of a direct producer (its
+// metadata, then InitProducerID retried): acquire gives up waiting after
+// Options.OpenWait, and the next attempt starts openRetry after a failure.
+const directOpenTimeout = 10 * time.Second
+
+// openDirect opens the direct producer of k; its outcome is in o and, on
+// success, in p.live.
+func (p *pool) openDirect(k producerKey, o *opening) {
+	p.mu.RLock()
+	cl, ok := p.clusters[k.cluster]
+	p.mu.RUnlock()
+	h := p.handler()
+	var kp *kafka.Producer
+	err := fmt.Errorf("cluster %q is not configured", k.cluster)
+	if ok {
+		cfg := kafka.DefaultProducerConfig()
+		cfg.Acks = acksOf(k.acks)
+		cfg.Logger = p.log
+		ctx, cancel := context.WithTimeout(p.ctx, directOpenTimeout)
+		kp, err = kafka.NewProducer(ctx, k.cluster, cl, cfg, h)
+		cancel()
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	defer close(o.done)
+	o.at = time.Now()
+	if err != nil {
+		o.err = fmt.Errorf("routing: open a producer for cluster %s: %w", k, err)
+		p.log.Warn("cannot open producer; records for its channels wait", zap.Stringer("producer", k), zap.Error(err))
+		return
+	}
+	if p.closed {
+		o.err = errClosed
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), closeAbortWait)
+			defer cancel()
+			_ = kp.Close(ctx)
+		}()
+		return
+	}
+	pr := &producer{key: k, kp: kp, done: make(chan struct{})}
+	h.pr = pr
+	p.live[k] = pr
+	delete(p.opening, k)
+	p.opened(k, true)
+	p.log.Info("producer opened", zap.Stringer("producer", k), zap.String("path", ProduceDirect))
 }
 
 func (p *pool) newProducer(k producerKey) (sarama.AsyncProducer, sarama.Client, error) {
@@ -344,6 +431,13 @@ func (p *pool) results(pr *producer) {
 // sweep closes, and waits for, the producers that used does not name and
 // that hold no message, and forgets failed openings of unused producers.
 func (p *pool) sweep(used map[producerKey]bool) {
+	if p.handler != nil {
+		norm := make(map[producerKey]bool, len(used))
+		for k := range used {
+			norm[p.norm(k)] = true
+		}
+		used = norm
+	}
 	var idle []*producer
 	p.mu.Lock()
 	for k, pr := range p.live {
@@ -372,21 +466,42 @@ func (p *pool) sweep(used map[producerKey]bool) {
 	})
 	p.mu.Unlock()
 	for _, pr := range idle {
-		p.shut(pr)
+		ctx, cancel := context.WithTimeout(context.Background(), closeAbortWait)
+		p.shut(ctx, pr, cancel)
 		<-pr.done
 		p.opened(pr.key, false)
 		p.log.Info("producer closed: no channel uses it any more", zap.Stringer("producer", pr.key))
 	}
 }
 
-// shut starts closing pr; its results loop ends once sarama has finished.
-func (p *pool) shut(pr *producer) {
+// retireWait bounds how long a retired direct producer may go on with what
+// it holds before the rest is sent again through the new producer.
+const retireWait = 5 * time.Second
+
+// shut starts closing pr; its results loop ends once sarama has finished,
+// or, on the direct path, pr.done is closed once Close(ctx) returned;
+// cancel is called then (at once on sarama's path, or when pr was shut
+// already).
+func (p *pool) shut(ctx context.Context, pr *producer, cancel context.CancelFunc) {
 	pr.sendMu.Lock()
 	defer pr.sendMu.Unlock()
-	if !pr.closed {
-		pr.closed = true
-		pr.p.AsyncClose()
+	if pr.closed {
+		cancel()
+		return
 	}
+	pr.closed = true
+	if pr.kp == nil {
+		cancel()
+		pr.p.AsyncClose()
+		return
+	}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		defer close(pr.done)
+		defer cancel()
+		_ = pr.kp.Close(ctx)
+	}()
 }
 
 // keys returns the producers open now.
@@ -405,6 +520,7 @@ func (p *pool) keys() []producerKey {
 func (p *pool) close(ctx context.Context) error {
 	p.mu.Lock()
 	p.closed = true
+	p.cancel()
 	live := slices.Collect(maps.Values(p.live))
 	live = append(live, p.retired...)
 	for _, pr := range live {
@@ -413,7 +529,7 @@ func (p *pool) close(ctx context.Context) error {
 	p.live, p.retired = map[producerKey]*producer{}, nil
 	p.mu.Unlock()
 	for _, pr := range live {
-		p.shut(pr)
+		p.shut(ctx, pr, func() {})
 	}
 	done := make(chan struct{})
 	go func() {
@@ -429,7 +545,9 @@ func (p *pool) close(ctx context.Context) error {
 	// finishes once its client is closed: what it held is not
 	// acknowledged (its records are consumed again by the next owner).
 	for _, pr := range live {
-		_ = pr.client.Close()
+		if pr.client != nil {
+			_ = pr.client.Close()
+		}
 	}
 	select {
 	case <-done:

@@ -286,7 +286,7 @@ func (r *Router) sendAgain(om *outMsg) bool {
 		r.pool.release(om.pr, 1)
 		om.pr = pr
 	}
-	if err := om.pr.send(ctx, ctx.Done(), om.msg); err != nil {
+	if err := r.send(ctx, om); err != nil {
 		r.leaveRound(om)
 		r.settle(om)
 	}

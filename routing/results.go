@@ -88,10 +88,11 @@ func (r *Router) failed(om *outMsg, err error) {
 		r.log.Debug("produce failed", zap.Stringer("destination", om.ds.dest), zap.String("source", sourceOf(om.d.rec)),
 			zap.Int("failures", om.failures), zap.Error(err))
 	}
-	if tooLargeInBatch(err) && !om.single {
+	if tooLargeInBatch(err) && !om.single && (om.pr == nil || om.pr.kp == nil) {
 		// The broker refuses a whole batch that is too large, every
 		// record of it with the same error: send each again alone, in
-		// order, and judge only the one that is refused so.
+		// order, and judge only the one that is refused so. (A direct
+		// producer splits the batch itself and refuses only the record.)
 		om.single = true
 	} else if permanent(err) {
 		r.leaveRound(om)
@@ -248,7 +249,7 @@ func (r *Router) resend(om *outMsg) {
 		r.pool.release(om.pr, 1)
 		om.pr = pr
 	}
-	if err := om.pr.send(ctx, ctx.Done(), om.msg); err != nil {
+	if err := r.send(ctx, om); err != nil {
 		r.settle(om)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/keys"
 	"github.com/kswitch/kswitch/record"
 	"github.com/kswitch/kswitch/signals"
@@ -55,6 +56,11 @@ type Options struct {
 	// OnAck, when set, is called after each record is acknowledged, from
 	// the goroutine that acknowledged it. It must not block. For tests.
 	OnAck func(*record.Record)
+	// Produce is the path of the at_least_once produces: ProduceSarama
+	// (the default) or ProduceDirect (docs/RELAY.md §7 step 5). The
+	// exactly_once clusters' produces stay on sarama's transactional
+	// producer either way.
+	Produce string
 }
 
 // Router is the routing sink, an record.Handler. New starts its one
@@ -155,14 +161,17 @@ type delivery struct {
 
 // outMsg is one produce of a record to one channel.
 type outMsg struct {
-	d            *delivery
-	ch           *channel
-	rule         string // "" for the default route
-	dead         bool   // a dead-letter produce
-	ds           *destState
-	pr           *producer
-	tp           *txnProducer // instead of pr, on an exactly_once cluster
-	msg          *sarama.ProducerMessage
+	d    *delivery
+	ch   *channel
+	rule string // "" for the default route
+	dead bool   // a dead-letter produce
+	ds   *destState
+	pr   *producer
+	tp   *txnProducer // instead of pr, on an exactly_once cluster
+	msg  *sarama.ProducerMessage
+	// km is what a direct producer is given, built from msg when sent
+	// (direct.go): its Ref is the outMsg.
+	km           kafka.Message
 	srcPartition int32
 	sent         time.Time // first handed to a producer
 	failures     int
@@ -206,6 +215,11 @@ func New(cfg config.Config, sig func() signals.State, opts Options) (*Router, er
 		opts.RetryBackoffMax = 5 * time.Second
 	}
 	opts.RetryBackoffMax = max(opts.RetryBackoffMax, opts.RetryBackoff)
+	switch opts.Produce = cmp.Or(opts.Produce, defaultProduce); opts.Produce {
+	case ProduceSarama, ProduceDirect:
+	default:
+		return nil, fmt.Errorf("routing: Options.Produce %q is not %q or %q", opts.Produce, ProduceSarama, ProduceDirect)
+	}
 	if opts.Registerer == nil {
 		opts.Registerer = prometheus.NewRegistry()
 	}
@@ -243,6 +257,9 @@ func New(cfg config.Config, sig func() signals.State, opts Options) (*Router, er
 	r.txns = newTxnSet(r, cfg.Fleet, cfg.Clusters)
 	r.pool = newPool(cfg.Clusters, log)
 	r.pool.onResult = r.onResult
+	if opts.Produce == ProduceDirect {
+		r.pool.handler = func() *directHandler { return &directHandler{r: r} }
+	}
 	r.pool.opened = func(_ producerKey, open bool) {
 		if open {
 			m.producers.Inc()
@@ -522,7 +539,7 @@ func (r *Router) submit(ctx context.Context, rec *record.Record, msgs []*outMsg)
 		var err error
 		switch {
 		case m.tp == nil:
-			err = m.pr.send(ctx, r.loopCtx.Done(), m.msg)
+			err = r.send(ctx, m)
 		case m.tp.covers(rec):
 			// An earlier owner's transaction produced it: this owner
 			// consumes it again from etcd's older position.

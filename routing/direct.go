@@ -1,0 +1,200 @@
+package routing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+
+	"github.com/IBM/sarama"
+
+	"github.com/kswitch/kswitch/internal/kafka"
+)
+
+// The produce paths of a router (Options.Produce), until the direct one
+// is the only one (docs/RELAY.md §7).
+const (
+	// ProduceSarama produces through sarama's idempotent AsyncProducer,
+	// one per cluster, compression and acks; the router sends again, in
+	// source order, what it fails (recovery.go). The default.
+	ProduceSarama = "sarama"
+	// ProduceDirect produces through internal/kafka's Producer, one per
+	// cluster and acks: the router picks the partition, the producer
+	// retries in place without limit and gives back only what the
+	// destination refused for good.
+	ProduceDirect = "direct"
+)
+
+// defaultProduce is the path of a router whose Options.Produce is empty:
+// the tests set it from KSWITCH_RELAY_PATH.
+var defaultProduce = ProduceSarama
+
+// errRetired fails the produces a retired direct producer did not finish
+// (SetClusters): they are sent again, in order, through the new one.
+var errRetired = errors.New("routing: the cluster's definition changed; sending again through a producer with the new one")
+
+// send hands om to its producer: om.msg to sarama's, or om.km to the
+// direct one. On the direct path a produce that cannot be placed (no
+// partition count for its topic, or a manual partition the topic lacks)
+// is failed as the sarama path would fail it, and send returns nil.
+func (r *Router) send(ctx context.Context, om *outMsg) error {
+	pr := om.pr
+	if pr.kp == nil {
+		return pr.send(ctx, r.loopCtx.Done(), om.msg)
+	}
+	m := om.msg
+	km := &om.km
+	*km = kafka.Message{Topic: m.Topic, Key: encoded(m.Key), Value: encoded(m.Value), Headers: m.Headers,
+		Timestamp: m.Timestamp, Codec: codecOf(om.ch.Compression), Ref: om}
+	n, err := pr.kp.Partitions(m.Topic)
+	if err == nil {
+		km.Partition, err = pr.partition(om, km.Key, n)
+	}
+	if err != nil {
+		r.failed(om, err)
+		return nil
+	}
+	pr.sendMu.RLock()
+	defer pr.sendMu.RUnlock()
+	if pr.closed {
+		return errClosed
+	}
+	if err := pr.kp.Produce(km); err != nil {
+		if errors.Is(err, kafka.ErrProducerClosed) {
+			return errClosed
+		}
+		return err
+	}
+	return nil
+}
+
+// partition chooses om's partition among n by its channel's partitioner,
+// as partitioner.go does on the sarama path: a manual partition the topic
+// does not have is sarama.ErrInvalidPartition (the dead-letter channel).
+func (pr *producer) partition(om *outMsg, key []byte, n int32) (int32, error) {
+	if n <= 0 {
+		return -1, fmt.Errorf("topic %s has no partitions: %w", om.ch.Topic, sarama.ErrInvalidPartition)
+	}
+	switch om.ch.Partitioner {
+	case PartitionerRandom:
+		return rand.Int32N(n), nil
+	case PartitionerRoundRobin:
+		c, _ := pr.roundRobin.LoadOrStore(om.ch.Topic, new(atomic.Uint32))
+		return int32((c.(*atomic.Uint32).Add(1) - 1) % uint32(n)), nil
+	case PartitionerManual:
+		if om.srcPartition < 0 || om.srcPartition >= n {
+			return -1, sarama.ErrInvalidPartition
+		}
+		return om.srcPartition, nil
+	default:
+		if key == nil { // sarama's hash partitioner: random without a key
+			return rand.Int32N(n), nil
+		}
+		return kafka.HashPartition(key, n), nil
+	}
+}
+
+// encoded returns the bytes of a key or value the router built (a
+// sarama.ByteEncoder, or a pointer to one), without a copy.
+func encoded(e sarama.Encoder) []byte {
+	switch b := e.(type) {
+	case nil:
+		return nil
+	case *sarama.ByteEncoder:
+		return *b
+	case sarama.ByteEncoder:
+		return b
+	default:
+		out, _ := e.Encode()
+		return out
+	}
+}
+
+// codecOf returns the codec of a channel's compression (validated by
+// Compile).
+func codecOf(compression string) sarama.CompressionCodec {
+	switch compression {
+	case "gzip":
+		return sarama.CompressionGZIP
+	case "snappy":
+		return sarama.CompressionSnappy
+	case "lz4":
+		return sarama.CompressionLZ4
+	case "zstd":
+		return sarama.CompressionZSTD
+	default:
+		return sarama.CompressionNone
+	}
+}
+
+// acksOf returns the required acks of a channel's acks (validated by
+// Compile).
+func acksOf(acks string) sarama.RequiredAcks {
+	switch acks {
+	case "leader":
+		return sarama.WaitForLocal
+	case "none":
+		return sarama.NoResponse
+	default:
+		return sarama.WaitForAll
+	}
+}
+
+// directHandler receives the outcomes of one direct producer's messages
+// (kafka.ProduceHandler) on its sink goroutines: none of its calls
+// blocks.
+type directHandler struct {
+	r  *Router
+	pr *producer // set before the producer is used
+}
+
+// Acked settles each produce of an acknowledged batch, in order.
+func (h *directHandler) Acked(msgs []*kafka.Message, _ int64) {
+	for _, m := range msgs {
+		h.r.produced(m.Ref.(*outMsg))
+	}
+}
+
+// Refused fails a produce its destination refused for good: the
+// dead-letter channel, a reference, or its partition blocked
+// (refusedForGood), as on the sarama path.
+func (h *directHandler) Refused(m *kafka.Message, err error) {
+	om := m.Ref.(*outMsg)
+	if h.r.loopCtx.Err() != nil {
+		h.r.settle(om)
+		return
+	}
+	h.r.failed(om, err)
+}
+
+// Unfinished settles what the producer held when it closed: not
+// acknowledged (consumed again by the next owner) when the router
+// closes; held and sent again in order through the new producer when
+// the producer was retired.
+func (h *directHandler) Unfinished(msgs []*kafka.Message) {
+	for _, m := range msgs {
+		om := m.Ref.(*outMsg)
+		if h.r.loopCtx.Err() != nil || !h.pr.retired.Load() {
+			h.r.settle(om)
+			continue
+		}
+		h.r.failed(om, errRetired)
+	}
+}
+
+// stallError returns the last error of the partitions of ds's topic that
+// wait in its direct producer (kafka.Producer.Stalled), or nil: none
+// waits, or ds goes through sarama's producer, which tells none.
+func (ds *destState) stallError() error {
+	ds.enterMu.Lock()
+	pr := ds.sending
+	ds.enterMu.Unlock()
+	if pr == nil || pr.kp == nil {
+		return nil
+	}
+	if st, ok := pr.kp.Stalled(ds.dest.topic, 0); ok {
+		return st.Err
+	}
+	return nil
+}
