@@ -44,9 +44,9 @@ func (k producerKey) String() string {
 var errClosed = errors.New("routing: router closed")
 
 // producer is one sarama AsyncProducer, or one direct kafka.Producer,
-// and the count of the messages it holds. A producer is closed only when its count is 0, and the count is
-// raised under the pool's read lock, so nothing is sent to a closed
-// producer.
+// and the count of the messages it holds. A producer is closed only when
+// its count is 0, and the count is raised under the pool's read lock, so
+// nothing is sent to a closed producer.
 type producer struct {
 	key producerKey
 	p   sarama.AsyncProducer // nil on the direct path
