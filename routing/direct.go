@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync/atomic"
+	"time"
 
 	"github.com/IBM/sarama"
+	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/internal/kafka"
 )
@@ -197,4 +199,50 @@ func (ds *destState) stallError() error {
 		return st.Err
 	}
 	return nil
+}
+
+// bumpRepeat is how soon after a new producer id another one tells of a
+// broker that keeps losing producer state (RELAY.md §3), and
+// bumpProblemFor how long readiness then reports it.
+const (
+	bumpRepeat     = 5 * time.Second
+	bumpProblemFor = time.Minute
+)
+
+// sampleProducers exports the direct producers' counters (epoch bumps,
+// duplicate sequences) and notes a new producer id taken within
+// bumpRepeat of the one before. It runs on the loop every second.
+func (r *Router) sampleProducers(now time.Time) {
+	for _, pr := range r.pool.directs() {
+		st := pr.kp.Stats()
+		if d := st.Duplicates - pr.seen.Duplicates; d > 0 {
+			r.m.duplicates.WithLabelValues(pr.key.cluster).Add(float64(d))
+		}
+		if d := st.Bumps - pr.seen.Bumps; d > 0 {
+			r.m.bumps.WithLabelValues(pr.key.cluster).Add(float64(d))
+			if d > 1 || !pr.bumpAt.IsZero() && now.Sub(pr.bumpAt) <= bumpRepeat {
+				pr.bumpRepeated.Store(now.UnixNano())
+				r.log.Warn("the destination lost the producer's sequence numbers again within 5 s: a broker keeps losing producer state",
+					zap.Stringer("producer", pr.key), zap.Int64("bumps", st.Bumps))
+			}
+			pr.bumpAt = now
+		}
+		pr.seen = st
+	}
+}
+
+// bumpProblems returns, for readiness, the producers that took a new
+// producer id within bumpRepeat of the one before, less than
+// bumpProblemFor ago.
+func (r *Router) bumpProblems(now time.Time) []string {
+	var out []string
+	for _, pr := range r.pool.directs() {
+		at := pr.bumpRepeated.Load()
+		if at == 0 || now.Sub(time.Unix(0, at)) > bumpProblemFor {
+			continue
+		}
+		out = append(out, fmt.Sprintf("the producer for cluster %s lost its sequence numbers twice within %s (%d new producer ids in all, the last repeat %s ago): a broker of the cluster keeps losing producer state (records still flow, in order)",
+			pr.key, bumpRepeat, pr.kp.Stats().Bumps, now.Sub(time.Unix(0, at)).Round(time.Second)))
+	}
+	return out
 }

@@ -2,9 +2,15 @@ package routing
 
 import (
 	"errors"
+	"fmt"
 	"maps"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kswitch/kswitch/internal/wait"
 )
@@ -47,4 +53,31 @@ func TestClusterRedefinedDuringAnOutageKeepsSourceOrder(t *testing.T) {
 	if late > 0 {
 		t.Errorf("%d records reached the channel after a later one of their partition (%v counted by the router)", late, counted)
 	}
+}
+
+// TestRepeatedEpochBumpsTellReadiness (direct path, whatever
+// KSWITCH_RELAY_PATH says): the channel's broker answers two produces of
+// a partition in a row OUT_OF_ORDER_SEQUENCE_NUMBER, so the producer
+// takes a new producer id twice, the second right after the first (one
+// resend apart, well within 5 s). Records go on flowing in order,
+// kswitch_routing_epoch_bumps_total counts both, and readiness says that
+// a broker keeps losing producer state.
+func TestRepeatedEpochBumpsTellReadiness(t *testing.T) {
+	t.Cleanup(SetDefaultProduce(ProduceDirect))
+	w, r, f := orderedWorld(t, nil, nil)
+	w.kafkas["C"].Cluster().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "c", Partitions: []int32{0},
+		Err: kerr.OutOfOrderSequenceNumber, Count: 2})
+	wait.For(t, 30*time.Second, "readiness reports the repeated bump", func() error {
+		if p := r.DeliveryProblem(time.Minute); !strings.Contains(p, "lost its sequence numbers twice") {
+			return fmt.Errorf("DeliveryProblem = %q", p)
+		}
+		return nil
+	})
+	late, counted := w.orderAfterRecovery(r, f, "bumped")
+	requireCounted(t, r, late)
+	requireInOrderOnDirect(t, r, late)
+	if got := metricValue(r.m.bumps.WithLabelValues("C")); got != 2 {
+		t.Errorf("kswitch_routing_epoch_bumps_total = %v, want 2", got)
+	}
+	t.Logf("late %d, counted %v; DeliveryProblem: %s", late, counted, r.DeliveryProblem(time.Minute))
 }

@@ -130,7 +130,9 @@ func (r *Router) queuedByDest() map[*destState]int64 {
 //   - a channel that has acknowledged no record for longer than after
 //     while records wait for it (its cluster stopped, hung or refusing);
 //   - every record handled for longer than after went to the dead-letter
-//     channel, none to a channel.
+//     channel, none to a channel;
+//   - a direct producer took a new producer id within 5 s of the one
+//     before, less than a minute ago (sampleProducers).
 func (r *Router) DeliveryProblem(after time.Duration) string {
 	now := time.Now()
 	var out []string
@@ -152,6 +154,7 @@ func (r *Router) DeliveryProblem(after time.Duration) string {
 			ds.dest, now.Sub(since).Round(time.Second), ds.inFlight.Load(), cause))
 	}
 	r.mu.Unlock()
+	out = append(out, r.bumpProblems(now)...)
 	h := &r.health
 	if d := h.deadRunFor(now); d > after && now.Sub(time.Unix(0, h.lastDead.Load())) <= after {
 		cause := "?"

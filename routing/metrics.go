@@ -29,6 +29,8 @@ type metrics struct {
 	producers     prometheus.Gauge
 	skipped       prometheus.Counter
 	reordered     prometheus.Counter
+	bumps         *prometheus.CounterVec // cluster; the direct path's
+	duplicates    *prometheus.CounterVec // cluster; the direct path's
 	txns          *prometheus.CounterVec // cluster, outcome
 }
 
@@ -58,6 +60,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kswitch_routing_exactly_once_skipped_total",
 			Help: "Produces to an exactly_once cluster skipped because an earlier owner's committed transaction holds them (consumed again after a crash).",
 		}),
+		bumps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kswitch_routing_epoch_bumps_total",
+			Help: "New producer ids the direct producer took after a destination lost its sequence numbers (drain-and-bump), by cluster. Two within 5 s make readiness fail for a minute.",
+		}, []string{"cluster"}),
+		duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kswitch_routing_duplicate_sequence_total",
+			Help: "Batches the direct producer sent again that the destination already had (DUPLICATE_SEQUENCE_NUMBER), by cluster.",
+		}, []string{"cluster"}),
 		reordered: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kswitch_routing_reordered_total",
 			Help: "Records that reached their channel before an earlier record of the same source partition that had failed (sarama's producer sent the later one at the instant its cluster came back); each is logged with its partition.",
@@ -94,7 +104,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Producers open (one per destination cluster and compression/acks combination in use).",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.version, m.refused, m.routed, m.rules, m.dropped, m.dead, m.latency, m.failures, m.waits, m.producers, m.skipped, m.reordered, m.txns} {
+	for _, c := range []prometheus.Collector{m.version, m.refused, m.routed, m.rules, m.dropped, m.dead, m.latency, m.failures, m.waits, m.producers, m.skipped, m.reordered, m.bumps, m.duplicates, m.txns} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {

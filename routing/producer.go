@@ -73,6 +73,13 @@ type producer struct {
 	// gone is set once the pool closes the producer or is about to (see
 	// acquireFor).
 	gone atomic.Bool
+	// The direct producer's counters at the router's last sample, when
+	// it last took a new producer id, and when it took one less than
+	// bumpRepeat after the one before (unix ns; 0: never): on the loop
+	// (sampleProducers) but bumpRepeated, read by DeliveryProblem.
+	seen         kafka.ProducerStats
+	bumpAt       time.Time
+	bumpRepeated atomic.Int64
 }
 
 // send hands m to the producer. It blocks while sarama's input is full,
@@ -502,6 +509,24 @@ func (p *pool) shut(ctx context.Context, pr *producer, cancel context.CancelFunc
 		defer cancel()
 		_ = pr.kp.Close(ctx)
 	}()
+}
+
+// directs returns the direct producers open now, retired ones included.
+func (p *pool) directs() []*producer {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	var out []*producer
+	for _, pr := range p.live {
+		if pr.kp != nil {
+			out = append(out, pr)
+		}
+	}
+	for _, pr := range p.retired {
+		if pr.kp != nil {
+			out = append(out, pr)
+		}
+	}
+	return out
 }
 
 // keys returns the producers open now.

@@ -209,6 +209,7 @@ func (r *Router) loop() {
 		case <-tick.C:
 			r.pool.sweep(r.cur.Load().producers())
 			r.sampleHealth(time.Now())
+			r.sampleProducers(time.Now())
 		}
 		if !timer.Stop() {
 			select {
