@@ -25,9 +25,17 @@ type batch struct {
 	// seq is the batch's first sequence, -1 until it is first sent.
 	seq int32
 	// maybe is set when the batch is sent, and cleared by a definite
-	// refusal (not written): a batch that is maybe written is never
-	// renumbered (drain-and-bump resends it under its sequence first).
+	// refusal (not written) unless unsure: a batch that is maybe written
+	// is never renumbered (drain-and-bump resends it under its sequence
+	// first).
 	maybe bool
+	// unsure is set by an answer that leaves the outcome open (a lost
+	// connection, REQUEST_TIMED_OUT, ...) and is sticky: a later send's
+	// refusal (NOT_LEADER, MESSAGE_TOO_LARGE, ...) says nothing about the
+	// earlier one, which may be in the log. Only OUT_OF_ORDER_SEQUENCE /
+	// UNKNOWN_PRODUCER_ID answered to this batch at the partition's head
+	// clear it: the broker has not got its sequence.
+	unsure bool
 	rb    *sarama.RecordBatch
 }
 

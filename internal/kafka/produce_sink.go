@@ -388,8 +388,12 @@ func (p *Producer) settle(ps *partState, b *batch, blk *sarama.ProduceResponseBl
 	cls := classify(err)
 	switch {
 	case ps.failed:
-		if cls != classAcked && cls != classAmbiguous && cls != classLost {
-			b.maybe = false
+		switch cls {
+		case classAcked:
+		case classAmbiguous, classLost:
+			b.unsure = true
+		default:
+			b.maybe = b.unsure // this send was refused; an earlier one may have been written
 		}
 	case len(ps.inflight) == 0 || ps.inflight[0] != b:
 		// Cannot happen: a partition's batches are answered in order,
@@ -419,22 +423,26 @@ func (p *Producer) settle(ps *partState, b *batch, blk *sarama.ProduceResponseBl
 			ps.retryAt = time.Time{}
 			reps = p.splitHead(ps, b, err, reps)
 		case classSeqLost:
-			b.maybe = false
+			// The broker has not got this batch's sequence: not written,
+			// whatever an earlier answer left open.
+			b.maybe, b.unsure = false, false
 			if p.bump == "" {
 				p.bump = fmt.Sprintf("%s on %s/%d", err, ps.topic, ps.partition)
 			}
 			p.retryLater(ps, now)
 		case classLeader:
-			b.maybe = false
+			b.maybe = b.unsure
 			ps.refresh = true
 			p.retryLater(ps, now)
 		case classLost:
+			b.unsure = true
 			ps.refresh = true
 			p.retryLater(ps, now)
 		case classRetry:
-			b.maybe = false
+			b.maybe = b.unsure
 			p.retryLater(ps, now)
 		default:
+			b.unsure = true
 			p.retryLater(ps, now)
 		}
 	}

@@ -900,3 +900,28 @@ func TestProduceToATopicCreatedLater(t *testing.T) {
 	r.check(t)
 	verdict(t, k, pl)
 }
+
+// TestProduceBumpKeepsAnUnsureBatch: partition 0's batch is written but
+// answered REQUEST_TIMED_OUT, and its resend refused NOT_LEADER (as Kafka
+// answers once the leader moved after replicating the first send); the
+// refusal says nothing about the first send, so the bump partition 1's
+// OUT_OF_ORDER_SEQUENCE asks for waits until the batch is resent under its
+// old sequence (answered as a duplicate) instead of renumbering it under
+// the new producer id: partition 0 holds it once.
+func TestProduceBumpKeepsAnUnsureBatch(t *testing.T) {
+	pl := plan{topic: "out", partitions: 2, count: 2, size: 100}
+	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{pl.topic: 2}})
+	k.Cluster().Fault(
+		kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: pl.topic, Partitions: []int32{0}, Err: kerr.RequestTimedOut},
+		kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: pl.topic, Partitions: []int32{0}, Err: kerr.NotLeaderForPartition},
+		kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: pl.topic, Partitions: []int32{1}, Err: kerr.OutOfOrderSequenceNumber},
+	)
+	r := newRecorder()
+	p := newProducer(t, k, testConfig(), r)
+	produceAll(t, p, r, pl, 30*time.Second)
+	r.check(t)
+	verdict(t, k, pl)
+	if st := p.Stats(); st.Bumps != 1 {
+		t.Errorf("stats %+v, want 1 bump", st)
+	}
+}
