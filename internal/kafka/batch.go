@@ -36,7 +36,7 @@ type batch struct {
 	// UNKNOWN_PRODUCER_ID answered to this batch at the partition's head
 	// clear it: the broker has not got its sequence.
 	unsure bool
-	rb    *sarama.RecordBatch
+	rb     *sarama.RecordBatch
 }
 
 func newBatch(m *Message) *batch {
