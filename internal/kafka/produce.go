@@ -58,9 +58,10 @@ type ProduceHandler interface {
 	// offset it did not say).
 	Acked(msgs []*Message, offset int64)
 	// Refused reports m refused for good by its destination: a single
-	// record too large for the topic, or invalid (err is the
-	// sarama.KError). Nothing of it was written; the messages after it
-	// are not affected.
+	// record too large for the topic, or invalid (err is or wraps the
+	// sarama.KError). Nothing of it was written, unless err says it may
+	// have been (a resend refused after an earlier send of it went
+	// unanswered); the messages after it are not affected.
 	Refused(m *Message, err error)
 }
 

@@ -419,9 +419,13 @@ func (p *Producer) settle(ps *partState, b *batch, blk *sarama.ProduceResponseBl
 		ps.lastErr = fmt.Errorf("kafka: produce to %s/%d on cluster %s: %w", ps.topic, ps.partition, p.name, err)
 		switch cls {
 		case classSplit:
-			b.maybe = false
 			ps.retryAt = time.Time{}
-			reps = p.splitHead(ps, b, err, reps)
+			if b.unsure {
+				reps = p.refuseUnsure(ps, b, err, reps)
+			} else {
+				b.maybe = false
+				reps = p.splitHead(ps, b, err, reps)
+			}
 		case classSeqLost:
 			// The broker has not got this batch's sequence: not written,
 			// whatever an earlier answer left open.
@@ -482,6 +486,35 @@ func (p *Producer) splitHead(ps *partState, b *batch, err error, reps []report) 
 	p.log.Warn("destination refused a record for good", zap.String("topic", ps.topic), zap.Int32("partition", ps.partition),
 		zap.Int("size", len(b.msgs[0].Value)), zap.Error(err))
 	return append(reps, report{ps: ps, msg: b.msgs[0], err: err})
+}
+
+// refuseUnsure handles a head batch refused for good (too large,
+// invalid, not authorised: checks Kafka runs before its duplicate check)
+// after an earlier send's answer was lost: that send may be in the log.
+// Resending cannot tell (the refusal comes first) and the refusal may
+// well be permanent (max.message.bytes lowered), so its records are
+// reported refused with an error that says they may have been written:
+// the router chooses (dead letter, or block). Its sequences stay used:
+// lowering those behind it would have the next batch answered as a
+// duplicate of it, and lost. A bump (a new producer id, whose sequences
+// the broker has no cache of) comes before anything behind it is sent;
+// the drain resends the batches behind it that are themselves unsure.
+// Not split: halves match none of the broker's cached batches.
+func (p *Producer) refuseUnsure(ps *partState, b *batch, err error, reps []report) []report {
+	ps.inflight = ps.inflight[1:]
+	if p.bump == "" {
+		p.bump = fmt.Sprintf("%s on %s/%d after an unanswered send", err, ps.topic, ps.partition)
+	}
+	rerr := fmt.Errorf("kafka: %s/%d on cluster %s refused a resend of %d record(s) whose first send went unanswered: "+
+		"they may have been written once; the resend was refused: %w", ps.topic, ps.partition, p.name, len(b.msgs), err)
+	p.stats.refused.Add(int64(len(b.msgs)))
+	p.log.Warn("destination refused for good records that may have been written (an earlier send went unanswered)",
+		zap.String("topic", ps.topic), zap.Int32("partition", ps.partition), zap.Int("records", len(b.msgs)), zap.Error(err))
+	for _, m := range b.msgs {
+		ps.reported++
+		reps = append(reps, report{ps: ps, msg: m, err: rerr})
+	}
+	return reps
 }
 
 // endRound puts a failed round's batches back at the head of the queue,

@@ -2,6 +2,7 @@ package kafka_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -33,13 +34,14 @@ import (
 
 // recorder is the ProduceHandler of the tests.
 type recorder struct {
-	mu       sync.Mutex
-	next     map[int32]int // per partition: the number the next report must carry, at least
-	acked    int
-	refused  []string // values' prefixes
-	problems []string
-	left     int // Unfinished
-	kick     chan struct{}
+	mu          sync.Mutex
+	next        map[int32]int // per partition: the number the next report must carry, at least
+	acked       int
+	refused     []string // values' prefixes
+	lastRefusal error
+	problems    []string
+	left        int // Unfinished
+	kick        chan struct{}
 }
 
 func newRecorder() *recorder {
@@ -73,6 +75,7 @@ func (r *recorder) Refused(m *kafka.Message, err error) {
 	r.mu.Lock()
 	r.saw(m)
 	r.refused = append(r.refused, prefix(m.Value))
+	r.lastRefusal = err
 	r.mu.Unlock()
 	r.poke()
 }
@@ -921,6 +924,38 @@ func TestProduceBumpKeepsAnUnsureBatch(t *testing.T) {
 	produceAll(t, p, r, pl, 30*time.Second)
 	r.check(t)
 	verdict(t, k, pl)
+	if st := p.Stats(); st.Bumps != 1 {
+		t.Errorf("stats %+v, want 1 bump", st)
+	}
+}
+
+// TestProduceRefusedAfterAnUnansweredSend: a one-record batch written
+// but answered REQUEST_TIMED_OUT, whose resend is refused
+// MESSAGE_TOO_LARGE (a check Kafka runs before its duplicate check, as
+// after max.message.bytes was lowered), is reported refused with an error
+// saying it may have been written, and the record behind it is written
+// under a new producer id, not answered as a duplicate of the refused
+// one's sequence and lost.
+func TestProduceRefusedAfterAnUnansweredSend(t *testing.T) {
+	pl := plan{topic: "out", partitions: 1, count: 2, size: 100}
+	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{pl.topic: 1}})
+	k.Cluster().Fault(
+		kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: pl.topic, Partitions: []int32{0}, Err: kerr.RequestTimedOut},
+		kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: pl.topic, Partitions: []int32{0}, Err: kerr.MessageTooLarge},
+	)
+	cfg := testConfig()
+	cfg.BatchRecords = 1
+	r := newRecorder()
+	p := newProducer(t, k, cfg, r)
+	produceAll(t, p, r, pl, 30*time.Second)
+	r.check(t, "0/0")
+	r.mu.Lock()
+	err := r.lastRefusal
+	r.mu.Unlock()
+	if !errors.Is(err, sarama.ErrMessageSizeTooLarge) || !strings.Contains(err.Error(), "may have been written") {
+		t.Errorf("refusal %v, want MESSAGE_TOO_LARGE saying the record may have been written", err)
+	}
+	verdict(t, k, pl) // the refused record is in the log (kfake applied the first send), once
 	if st := p.Stats(); st.Bumps != 1 {
 		t.Errorf("stats %+v, want 1 bump", st)
 	}
