@@ -988,7 +988,9 @@ func TestBytesInFlightAreBounded(t *testing.T) {
 	})
 	cfg := consumeConfig(e, k, "agent-1")
 	cfg.Source.MaxInFlightMiB = 1
-	a := startFleetAgent(t, cfg, agent.Options{Handler: h})
+	// The budget per record is sarama's path; the direct path charges it
+	// per response: TestDirectBytesInFlightAreBounded.
+	a := startFleetAgent(t, cfg, agent.Options{Handler: h, Fetch: agent.FetchSarama})
 	waitBalanced(t, 4, a)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...), kgo.DefaultProduceTopic("orders"))
 	if err != nil {
