@@ -470,15 +470,25 @@ func (p *Producer) resolve() {
 	defer close(p.resolved)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
-	failures := 0
+	failures, bumpFailures := 0, 0
 	for {
-		if p.bumpReady() {
-			p.bumpProducerID()
-		}
 		wait := time.Duration(0)
+		if p.bumpReady() {
+			// A failed InitProducerID is tried again after a backoff (every
+			// partition waits for the bump meanwhile: a bump given up
+			// would hold them for good).
+			if err := p.bumpProducerID(); err != nil {
+				bumpFailures++
+				wait = p.backoff(bumpFailures)
+			} else {
+				bumpFailures = 0
+			}
+		}
 		if !p.assignLeaders() {
 			failures++
-			wait = p.backoff(failures)
+			if w := p.backoff(failures); wait == 0 || w < wait {
+				wait = w
+			}
 		} else {
 			failures = 0
 		}
@@ -569,22 +579,27 @@ func (p *Producer) bumpReady() bool {
 }
 
 // bumpProducerID takes a new producer id and renumbers every partition's
-// unacknowledged batches from 0, in order (drain-and-bump, §3).
-func (p *Producer) bumpProducerID() {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		select {
-		case <-p.quit:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	pid, epoch, err := p.initProducerID(ctx)
-	if err != nil {
-		return // closing
-	}
+// unacknowledged batches from 0, in order (drain-and-bump, §3). It asks
+// once: on failure every waiting partition's Stall.Err says why, and the
+// resolver asks again after a backoff.
+func (p *Producer) bumpProducerID() error {
+	pid, epoch, err := p.initProducerIDOnce()
 	p.mu.Lock()
+	if p.closing {
+		p.mu.Unlock()
+		return nil
+	}
+	if err != nil {
+		err = fmt.Errorf("kafka: InitProducerID on cluster %s for a new producer id (%s), every partition waits for it: %w", p.name, p.bump, err)
+		for _, ps := range p.parts {
+			if ps.pending > 0 {
+				ps.lastErr = err
+			}
+		}
+		p.mu.Unlock()
+		p.log.Warn("producer id bump failed; trying again", zap.Error(err))
+		return err
+	}
 	why := p.bump
 	oldPid, oldEpoch := p.pid, p.epoch
 	p.pid, p.epoch, p.bump = pid, epoch, ""
@@ -592,7 +607,8 @@ func (p *Producer) bumpProducerID() {
 		seq := int32(0)
 		for _, b := range ps.queue {
 			if b.seq >= 0 {
-				b.seq = seq
+				// Not written under the old id (bumpReady): a fresh batch.
+				b.seq, b.maybe, b.unsure = seq, false, false
 				seq = addSeq(seq, int32(len(b.msgs)))
 			}
 		}
@@ -607,20 +623,17 @@ func (p *Producer) bumpProducerID() {
 	for _, s := range sinks {
 		s.wake()
 	}
+	return nil
 }
 
 // initProducerID asks any broker for a producer id, retrying until ctx
 // ends.
 func (p *Producer) initProducerID(ctx context.Context) (int64, int16, error) {
-	req := &sarama.InitProducerIDRequest{Version: InitProducerIDVersion(p.sc.Version), ProducerID: -1, ProducerEpoch: -1}
 	var last error
 	for n := 1; ; n++ {
-		resp, err := p.sendInitProducerID(req)
-		if err == nil && !errors.Is(resp.Err, sarama.ErrNoError) {
-			err = resp.Err
-		}
+		pid, epoch, err := p.initProducerIDOnce()
 		if err == nil {
-			return resp.ProducerID, resp.ProducerEpoch, nil
+			return pid, epoch, nil
 		}
 		if errors.Is(err, sarama.ErrClusterAuthorizationFailed) {
 			return 0, 0, fmt.Errorf("kafka: InitProducerID on cluster %s: the idempotent producer needs IdempotentWrite on the cluster: %w", p.name, err)
@@ -631,6 +644,19 @@ func (p *Producer) initProducerID(ctx context.Context) (int64, int16, error) {
 			return 0, 0, fmt.Errorf("kafka: InitProducerID on cluster %s: %w (last error: %v)", p.name, err, last)
 		}
 	}
+}
+
+// initProducerIDOnce asks the least loaded broker for a producer id.
+func (p *Producer) initProducerIDOnce() (int64, int16, error) {
+	req := &sarama.InitProducerIDRequest{Version: InitProducerIDVersion(p.sc.Version), ProducerID: -1, ProducerEpoch: -1}
+	resp, err := p.sendInitProducerID(req)
+	if err == nil && !errors.Is(resp.Err, sarama.ErrNoError) {
+		err = resp.Err
+	}
+	if err != nil {
+		return 0, 0, err
+	}
+	return resp.ProducerID, resp.ProducerEpoch, nil
 }
 
 func (p *Producer) sendInitProducerID(req *sarama.InitProducerIDRequest) (*sarama.InitProducerIDResponse, error) {

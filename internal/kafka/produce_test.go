@@ -960,3 +960,35 @@ func TestProduceRefusedAfterAnUnansweredSend(t *testing.T) {
 		t.Errorf("stats %+v, want 1 bump", st)
 	}
 }
+
+// TestProduceBumpRetriesInitProducerID: the InitProducerID of a bump
+// fails (CLUSTER_AUTHORIZATION_FAILED, until the test removes the fault):
+// Stalled names the error, and once InitProducerID answers again the
+// bump is made and every record written once.
+func TestProduceBumpRetriesInitProducerID(t *testing.T) {
+	pl := plan{topic: "out", partitions: 1, count: 2, size: 100}
+	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{pl.topic: 1}})
+	r := newRecorder()
+	p := newProducer(t, k, testConfig(), r)
+	init := k.Cluster().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.InitProducerID}, TopLevel: true, Err: kerr.ClusterAuthorizationFailed, Count: -1})
+	k.Cluster().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: pl.topic, Partitions: []int32{0}, Err: kerr.OutOfOrderSequenceNumber})
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	feed(ctx, t, p, r, pl.messages(), pl.window)
+	wait.For(t, 10*time.Second, "the failed bump seen by Stalled", func() error {
+		st, _ := p.Stalled(pl.topic, 0)
+		if !errors.Is(st.Err, sarama.ErrClusterAuthorizationFailed) || init.Hits() < 2 {
+			return fmt.Errorf("stall %+v after %d InitProducerID refused", st, init.Hits())
+		}
+		return nil
+	})
+	init.Remove()
+	if err := p.Flush(ctx); err != nil {
+		t.Fatalf("Flush: %v (%d of %d reported, stats %+v)", err, r.settled(), pl.count, p.Stats())
+	}
+	r.check(t)
+	verdict(t, k, pl)
+	if st := p.Stats(); st.Bumps != 1 {
+		t.Errorf("stats %+v, want 1 bump", st)
+	}
+}
