@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/record"
 )
 
 // TestClusterRedefinedDuringAnOutageKeepsSourceOrder: the definition of
@@ -80,4 +81,28 @@ func TestRepeatedEpochBumpsTellReadiness(t *testing.T) {
 		t.Errorf("kswitch_routing_epoch_bumps_total = %v, want 2", got)
 	}
 	t.Logf("late %d, counted %v; DeliveryProblem: %s", late, counted, r.DeliveryProblem(time.Minute))
+}
+
+// TestHeadersReachTheChannel: a record's headers reach its channel as
+// they were consumed, in order, on either path (the direct one hands the
+// producer the record's own headers, not a copy).
+func TestHeadersReachTheChannel(t *testing.T) {
+	w := newWorld(t, map[string][]string{"C": {"c"}}, "A", "C")
+	w.cfg.Routing = Config{
+		Rules:    []Rule{{Name: "all", Channels: []string{"c"}}},
+		Channels: map[string]Channel{"c": {Cluster: "C", Topic: "c"}},
+	}
+	w.start(nil)
+	rec := testRecord("orders", 0, 0, "")
+	rec.Key = []byte("k")
+	rec.Headers = []record.Header{{Key: []byte("trace"), Value: []byte("t-1")}, {Key: []byte("empty")}, {Key: []byte("trace"), Value: []byte("t-2")}}
+	w.handle(rec, 10*time.Second)
+	got := w.read("C", "c", 1)[0]
+	var hs []string
+	for _, h := range got.Headers {
+		hs = append(hs, h.Key+"="+string(h.Value))
+	}
+	if s := strings.Join(hs, ","); s != "trace=t-1,empty=,trace=t-2" || string(got.Key) != "k" || string(got.Value) != "orders/0@0" {
+		t.Errorf("channel c got key %q value %q headers %s", got.Key, got.Value, s)
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/IBM/sarama"
 	"github.com/prometheus/client_golang/prometheus"
@@ -446,6 +447,11 @@ func deadHeaders(rec *record.Record, rule string, err error) []sarama.RecordHead
 	}
 }
 
+// This conversion does not compile unless record.Header and
+// sarama.RecordHeader have the same fields, in the same order, of the
+// same types, as newMsg's cast of a []record.Header needs.
+var _ = sarama.RecordHeader(record.Header{})
+
 // newMsg builds the produce of rec to ch.
 func (r *Router) newMsg(rec *record.Record, ch *channel, rule string, key []byte, extra []sarama.RecordHeader) *outMsg {
 	ds := ch.ds
@@ -468,7 +474,14 @@ func (r *Router) newMsg(rec *record.Record, ch *channel, rule string, key []byte
 	if rec.Value != nil {
 		m.Value = &all.value
 	}
-	if n := len(rec.Headers) + len(extra); n > 0 {
+	switch n := len(rec.Headers) + len(extra); {
+	case n == 0:
+	case extra == nil && r.opts.Produce == ProduceDirect:
+		// The direct producer only reads them: the record's own, not a
+		// copy (record.Header has sarama.RecordHeader's layout: the
+		// conversion above newMsg compiles only so).
+		m.Headers = unsafe.Slice((*sarama.RecordHeader)(unsafe.Pointer(unsafe.SliceData(rec.Headers))), len(rec.Headers))
+	default:
 		m.Headers = make([]sarama.RecordHeader, 0, n)
 		for _, h := range rec.Headers {
 			m.Headers = append(m.Headers, sarama.RecordHeader{Key: h.Key, Value: h.Value})
