@@ -221,22 +221,25 @@ type Producer struct {
 	ctx      context.Context // ends with quit: interrupts the sinks' dials
 	cancel   context.CancelFunc
 	kick     chan struct{} // wakes the resolver
-	resolved chan struct{} // closed when the resolver returned
+	resolved chan struct{} // closed when the resolver returned (and closed the client if it had to)
 
-	mu        sync.Mutex
-	pid       int64
-	epoch     int16
-	bump      string // why a bump is wanted; "" when none is
-	parts     map[topicPartition]*partState
-	sinks     map[int32]*sink // by broker id: the sink of its current address
-	allSinks  []*sink         // every sink started, for Close
-	pending   int             // messages given and not reported
-	drained   chan struct{}   // closed when pending drops to 0
-	requests  int             // requests in flight, all sinks
-	quiet     chan struct{}   // closed when requests drops to 0 while closing
-	closing   bool
-	closeOnce sync.Once
-	closeErr  error
+	mu       sync.Mutex
+	pid      int64
+	epoch    int16
+	bump     string // why a bump is wanted; "" when none is
+	parts    map[topicPartition]*partState
+	sinks    map[int32]*sink // by broker id: the sink of its current address
+	allSinks []*sink         // every sink started, for Close
+	pending  int             // messages given and not reported
+	drained  chan struct{}   // closed when pending drops to 0
+	requests int             // requests in flight, all sinks
+	quiet    chan struct{}   // closed when requests drops to 0 while closing
+	closing  bool
+	// resolverGone: the resolver has returned. clientLeft: Close
+	// returned before it did, so the resolver closes the client.
+	resolverGone, clientLeft bool
+	closeOnce                sync.Once
+	closeErr                 error
 
 	stats struct {
 		bumps, duplicates, splits, refused, retries, reconnected atomic.Int64
@@ -424,8 +427,23 @@ func (p *Producer) close(ctx context.Context) error {
 	for _, s := range sinks {
 		<-s.done
 	}
-	<-p.resolved
-	_ = p.client.Close()
+	// The resolver may be in a metadata refresh or InitProducerID on a
+	// hung cluster: each call is bounded by the client's timeouts (5 s
+	// reads), not by ctx, and it returns at its next check of quit. Close
+	// waits for it only until ctx ends; then whichever of the two is last
+	// closes the client.
+	select {
+	case <-p.resolved:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	p.mu.Lock()
+	closeClient := p.resolverGone
+	p.clientLeft = !p.resolverGone
+	p.mu.Unlock()
+	if closeClient {
+		_ = p.client.Close()
+	}
 	p.mu.Lock()
 	var left []*Message
 	for _, ps := range p.parts {
@@ -445,6 +463,12 @@ func (p *Producer) close(ctx context.Context) error {
 	}
 	p.log.Info("producer closed", zap.Int("unfinished", len(left)))
 	return err
+}
+
+func (p *Producer) isClosing() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.closing
 }
 
 func (p *Producer) kickResolver() {
@@ -468,6 +492,15 @@ func (p *Producer) backoff(n int) time.Duration {
 // wanted and nothing is in flight.
 func (p *Producer) resolve() {
 	defer close(p.resolved)
+	defer func() {
+		p.mu.Lock()
+		p.resolverGone = true
+		closeClient := p.clientLeft
+		p.mu.Unlock()
+		if closeClient {
+			_ = p.client.Close()
+		}
+	}()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	failures, bumpFailures := 0, 0
@@ -529,16 +562,25 @@ func (p *Producer) assignLeaders() bool {
 		return true
 	}
 	ok := true
-	if len(topics) > 0 {
+	if len(topics) > 0 && !p.isClosing() {
 		if err := p.client.RefreshMetadata(slices.Collect(maps.Keys(topics))...); err != nil {
 			p.log.Debug("metadata refresh failed", zap.Error(err))
 		}
 	}
 	for _, ps := range todo {
+		select {
+		case <-p.quit: // each lookup may take the client's timeouts on a hung cluster
+			return true
+		default:
+		}
 		b, err := p.client.Leader(ps.topic, ps.partition)
 		if err != nil {
 			ok = false
 			p.mu.Lock()
+			if p.closing {
+				p.mu.Unlock()
+				return true
+			}
 			ps.lastErr = fmt.Errorf("kafka: leader of %s/%d on cluster %s: %w", ps.topic, ps.partition, p.name, err)
 			ps.refresh = true
 			p.mu.Unlock()

@@ -992,3 +992,53 @@ func TestProduceBumpRetriesInitProducerID(t *testing.T) {
 		t.Errorf("stats %+v, want 1 bump", st)
 	}
 }
+
+// TestProduceCloseWhileLookingLeadersUp: the resolver looks up the
+// leaders of a missing topic's partitions on a hung cluster, one metadata
+// refresh each (up to the client's 5 s read timeout apiece): Close with a
+// 500 ms deadline returns at it with DeadlineExceeded, and the resolver
+// returns by itself after its current call.
+func TestProduceCloseWhileLookingLeadersUp(t *testing.T) {
+	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{"out": 1}})
+	r := newRecorder()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	p, err := kafka.NewProducer(ctx, k.Name(), cluster(k), testConfig(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.Hang()
+	defer k.Recover()
+	for i := range int32(4) {
+		if err := p.Produce(&kafka.Message{Topic: "missing", Partition: i, Value: []byte("x"), Ref: ref{i, 0}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wait.For(t, 10*time.Second, "the partitions seen waiting", func() error {
+		if _, ok := p.Stalled("missing", 100*time.Millisecond); !ok {
+			return errors.New("not stalled")
+		}
+		return nil
+	})
+	cctx, ccancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	defer ccancel()
+	start := time.Now()
+	if err := p.Close(cctx); err != context.DeadlineExceeded {
+		t.Errorf("Close: %v, want %v", err, context.DeadlineExceeded)
+	}
+	// The deadline, then closing sockets: well under the 5 s one
+	// metadata call may wait on the hung broker.
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("Close took %s with a 500 ms deadline", d)
+	}
+	r.mu.Lock()
+	if r.left != 4 {
+		t.Errorf("%d messages unfinished, want 4", r.left)
+	}
+	r.mu.Unlock()
+	select {
+	case <-kafka.ProducerDone(p): // one refresh (5 s read timeout, 3 s dial) at most after Close
+	case <-time.After(30 * time.Second):
+		t.Fatal("the resolver did not return within 30 s of Close")
+	}
+}
