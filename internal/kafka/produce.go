@@ -235,6 +235,9 @@ type Producer struct {
 	requests int             // requests in flight, all sinks
 	quiet    chan struct{}   // closed when requests drops to 0 while closing
 	closing  bool
+	// maxPartInflight is the most batches one partition had in flight
+	// (for tests).
+	maxPartInflight int
 	// resolverGone: the resolver has returned. clientLeft: Close
 	// returned before it did, so the resolver closes the client.
 	resolverGone, clientLeft bool

@@ -32,13 +32,19 @@ type sink struct {
 	done    chan struct{} // closed when run returned
 
 	// owned by run
-	conn        *Conn
-	inflight    int // requests sent whose answer run has not read
-	dialFails   int
-	dialAfter   time.Time
-	cursor      int
-	everOpened  bool
-	lastDialErr error
+	conn *Conn
+	// ver is the Produce version agreed with the broker; perPartition
+	// the batches one partition may have in flight on it: 1 below v4
+	// (Kafka 0.11 recognises a resend of the last batch only, not of the
+	// last 5), as franz-go limits it.
+	ver          int16
+	perPartition int
+	inflight     int // requests sent whose answer run has not read
+	dialFails    int
+	dialAfter    time.Time
+	cursor       int
+	everOpened   bool
+	lastDialErr  error
 }
 
 // sentBatch is one batch of a request.
@@ -68,7 +74,8 @@ type report struct {
 
 func newSink(p *Producer, id int32, addr string) *sink {
 	s := &sink{p: p, id: id, addr: addr, kick: make(chan struct{}, 1),
-		answers: make(chan answer, p.cfg.MaxInFlight), done: make(chan struct{})}
+		answers: make(chan answer, p.cfg.MaxInFlight), done: make(chan struct{}),
+		ver: p.ver, perPartition: maxPartitionInFlight}
 	p.allSinks = append(p.allSinks, s)
 	go s.run()
 	return s
@@ -148,7 +155,7 @@ func (s *sink) send() time.Duration {
 		// Encoded outside the lock: a batch in flight is the sink's
 		// alone (a bump waits until none is; a split or a refusal
 		// renumbers it on this goroutine).
-		req := &sarama.ProduceRequest{Version: s.p.ver, RequiredAcks: s.p.cfg.Acks, Timeout: int32(s.p.cfg.Timeout / time.Millisecond)}
+		req := &sarama.ProduceRequest{Version: s.ver, RequiredAcks: s.p.cfg.Acks, Timeout: int32(s.p.cfg.Timeout / time.Millisecond)}
 		for _, sb := range sent {
 			req.AddBatch(sb.ps.topic, sb.ps.partition, sb.b.recordBatch(pid, epoch))
 		}
@@ -175,7 +182,7 @@ func (s *sink) send() time.Duration {
 func (s *sink) ready(now time.Time) (bool, time.Duration) {
 	var wait time.Duration
 	for _, ps := range s.parts {
-		ok, w := s.p.sendable(ps, now)
+		ok, w := s.p.sendable(ps, s.perPartition, now)
 		if ok {
 			return true, 0
 		}
@@ -196,7 +203,7 @@ func (s *sink) build(now time.Time) ([]sentBatch, time.Duration) {
 	size, n := 0, len(s.parts)
 	for i := range n {
 		ps := s.parts[(s.cursor+i)%n]
-		ok, w := p.sendable(ps, now)
+		ok, w := p.sendable(ps, s.perPartition, now)
 		if !ok {
 			if w > 0 && (wait == 0 || w < wait) {
 				wait = w
@@ -214,6 +221,7 @@ func (s *sink) build(now time.Time) ([]sentBatch, time.Duration) {
 		}
 		b.maybe = true
 		ps.inflight = append(ps.inflight, b)
+		p.maxPartInflight = max(p.maxPartInflight, len(ps.inflight))
 		ps.unanswered++
 		size += b.size
 		sent = append(sent, sentBatch{ps, b})
@@ -230,12 +238,17 @@ func (s *sink) build(now time.Time) ([]sentBatch, time.Duration) {
 // partitions looked up again.
 func (s *sink) dial() bool {
 	c, err := DialConn(s.p.ctx, s.p.sc, s.addr)
+	ver := s.p.ver
 	if err == nil {
-		if _, err = c.Negotiate(APIKeyProduce, s.p.ver, 3); err != nil {
+		if ver, err = c.Negotiate(APIKeyProduce, s.p.ver, 3); err != nil {
 			c.Close()
 		}
 	}
 	if err == nil {
+		s.ver, s.perPartition = ver, maxPartitionInFlight
+		if ver < 4 {
+			s.perPartition = 1
+		}
 		if s.everOpened {
 			s.p.stats.reconnected.Add(1)
 		}
@@ -540,13 +553,14 @@ func (p *Producer) detach(ps *partState) {
 	p.kickResolver()
 }
 
-// sendable reports whether ps may send its next batch now, or how long
-// until its backoff ends. The caller holds p.mu.
-func (p *Producer) sendable(ps *partState, now time.Time) (bool, time.Duration) {
+// sendable reports whether ps may send its next batch now (with at most
+// perPartition of its batches in flight), or how long until its backoff
+// ends. The caller holds p.mu.
+func (p *Producer) sendable(ps *partState, perPartition int, now time.Time) (bool, time.Duration) {
 	b := ps.next()
 	switch {
 	case b == nil, ps.failed, p.closing,
-		len(ps.inflight) >= maxPartitionInFlight,
+		len(ps.inflight) >= perPartition,
 		p.pid < 0 && len(ps.inflight) > 0, // no sequences: one batch at a time keeps the order
 		ps.gate && len(ps.inflight) > 0:
 		return false, 0

@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/kversion"
 
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/devstack"
@@ -1040,5 +1041,63 @@ func TestProduceCloseWhileLookingLeadersUp(t *testing.T) {
 	case <-kafka.ProducerDone(p): // one refresh (5 s read timeout, 3 s dial) at most after Close
 	case <-time.After(30 * time.Second):
 		t.Fatal("the resolver did not return within 30 s of Close")
+	}
+}
+
+// TestProduceOldBrokerOneBatchInFlight: a broker whose Produce stops at
+// v3 (Kafka 0.11, which recognises a resend of a producer's last batch
+// only, not of its last 5) gets one batch of a partition in flight at a
+// time, and every record is written once, in order.
+func TestProduceOldBrokerOneBatchInFlight(t *testing.T) {
+	pl := plan{topic: "out", partitions: 2, count: 3000, size: 100}
+	vs := kversion.Stable()
+	vs.SetMaxKeyVersion(int16(kmsg.Produce), 3)
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.MaxVersions(vs), kfake.SeedTopics(pl.partitions, pl.topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	cfg := testConfig()
+	cfg.BatchRecords = 10
+	r := newRecorder()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	p, err := kafka.NewProducer(ctx, "old", config.Cluster{Brokers: kc.ListenAddrs(), Version: config.DefaultKafkaVersion}, cfg, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := p.Close(context.Background()); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	}()
+	feed(ctx, t, p, r, pl.messages(), pl.window)
+	if err := p.Flush(ctx); err != nil {
+		t.Fatalf("Flush: %v (%d of %d reported)", err, r.settled(), pl.count)
+	}
+	r.check(t)
+	if n := kafka.MaxPartitionInFlight(p); n != 1 {
+		t.Errorf("up to %d batches of a partition in flight on Produce v3, want 1", n)
+	}
+	// Read back: each partition holds its records once, in order.
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kc.ListenAddrs()...), kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{
+		pl.topic: {0: kgo.NewOffset().AtStart(), 1: kgo.NewOffset().AtStart()}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	next := map[int32]int{}
+	for got := 0; got < pl.count; {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("read back %d of %d records: %v", got, pl.count, err)
+		}
+		fs.EachRecord(func(rec *kgo.Record) {
+			if want := fmt.Sprintf("%d/%d", rec.Partition, next[rec.Partition]); prefix(rec.Value) != want {
+				t.Fatalf("partition %d: read %s, want %s", rec.Partition, prefix(rec.Value), want)
+			}
+			next[rec.Partition]++
+			got++
+		})
 	}
 }
