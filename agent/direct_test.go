@@ -353,7 +353,7 @@ func TestDirectBytesInFlightAreBounded(t *testing.T) {
 // starts at the oldest offset): records/s from the first record handled
 // to the last, the median of the rounds of each path. (Uncompressed: with
 // kgo's default compression sarama's path stalled on kfake after 17 530 of
-// the records, not looked into.)
+// 200 000 records in one run, not looked into.)
 func BenchmarkConsumePaths(b *testing.B) {
 	const records, rounds = 1_000_000, 3
 	e := testenv.StartEtcdT(b)
