@@ -659,13 +659,20 @@ func (p *Producer) bumpProducerID() error {
 		}
 		ps.nextSeq, ps.gate = seq, true
 	}
-	sinks := slices.Collect(maps.Values(p.sinks))
+	// Every partition's sink: a partition may still be on the sink of a
+	// broker's former address, which p.sinks no longer names.
+	sinks := map[*sink]bool{}
+	for _, ps := range p.parts {
+		if ps.sink != nil {
+			sinks[ps.sink] = true
+		}
+	}
 	p.mu.Unlock()
 	p.stats.bumps.Add(1)
 	p.log.Warn("producer id bumped: a partition's sequence was lost; its unacknowledged batches are renumbered from 0, nothing acknowledged is sent again",
 		zap.String("reason", why), zap.Int64("old_producer_id", oldPid), zap.Int16("old_epoch", oldEpoch),
 		zap.Int64("producer_id", pid), zap.Int16("epoch", epoch))
-	for _, s := range sinks {
+	for s := range sinks {
 		s.wake()
 	}
 	return nil

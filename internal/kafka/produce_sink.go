@@ -379,13 +379,14 @@ func classify(err error) errClass {
 		sarama.ErrInvalidProducerEpoch, sarama.ErrProducerFenced:
 		return classSeqLost
 	case sarama.ErrMessageSizeTooLarge, sarama.ErrMessageSetSizeTooLarge, sarama.ErrInvalidRecord,
-		sarama.ErrInvalidTimestamp, sarama.ErrInvalidMessage, sarama.ErrTopicAuthorizationFailed,
+		sarama.ErrInvalidTimestamp, sarama.ErrTopicAuthorizationFailed,
 		sarama.ErrPolicyViolation, sarama.ErrUnsupportedForMessageFormat, sarama.ErrInvalidTopic:
 		return classSplit
 	case sarama.ErrNotLeaderForPartition, sarama.ErrLeaderNotAvailable, sarama.ErrUnknownTopicOrPartition,
 		sarama.ErrKafkaStorageError, sarama.ErrFencedLeaderEpoch, sarama.ErrUnknownLeaderEpoch, sarama.ErrReplicaNotAvailable:
 		return classLeader
-	case sarama.ErrNotEnoughReplicas, sarama.ErrConcurrentTransactions:
+	case sarama.ErrNotEnoughReplicas, sarama.ErrConcurrentTransactions,
+		sarama.ErrInvalidMessage: // CORRUPT_MESSAGE: a CRC mismatch on the way, not the record's fault (franz-go retries it)
 		return classRetry
 	default: // REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS_AFTER_APPEND, NETWORK_EXCEPTION, unknown
 		return classAmbiguous

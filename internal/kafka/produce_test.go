@@ -1101,3 +1101,18 @@ func TestProduceOldBrokerOneBatchInFlight(t *testing.T) {
 		})
 	}
 }
+
+// TestProduceCorruptMessageRetried: CORRUPT_MESSAGE (a CRC mismatch on
+// the way) is sent again, not refused: every record written once.
+func TestProduceCorruptMessageRetried(t *testing.T) {
+	pl := plan{topic: "out", partitions: 1, count: 2, size: 100}
+	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{pl.topic: 1}})
+	k.Cluster().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: pl.topic, Partitions: []int32{0}, Err: kerr.CorruptMessage})
+	cfg := testConfig()
+	cfg.BatchRecords = 1
+	r := newRecorder()
+	p := newProducer(t, k, cfg, r)
+	produceAll(t, p, r, pl, 30*time.Second)
+	r.check(t)
+	verdict(t, k, pl)
+}
