@@ -516,7 +516,7 @@ func (p *Producer) splitHead(ps *partState, b *batch, err error, reps []report) 
 // Not split: halves match none of the broker's cached batches.
 func (p *Producer) refuseUnsure(ps *partState, b *batch, err error, reps []report) []report {
 	ps.inflight = ps.inflight[1:]
-	if p.bump == "" {
+	if p.bump == "" && p.pid >= 0 { // acks 0 or 1: no producer id, no sequences to collide
 		p.bump = fmt.Sprintf("%s on %s/%d after an unanswered send", err, ps.topic, ps.partition)
 	}
 	rerr := fmt.Errorf("kafka: %s/%d on cluster %s refused a resend of %d record(s) whose first send went unanswered: "+
