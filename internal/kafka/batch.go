@@ -32,9 +32,10 @@ type batch struct {
 	// unsure is set by an answer that leaves the outcome open (a lost
 	// connection, REQUEST_TIMED_OUT, ...) and is sticky: a later send's
 	// refusal (NOT_LEADER, MESSAGE_TOO_LARGE, ...) says nothing about the
-	// earlier one, which may be in the log. Only OUT_OF_ORDER_SEQUENCE /
-	// UNKNOWN_PRODUCER_ID answered to this batch at the partition's head
-	// clear it: the broker has not got its sequence.
+	// earlier one, which may be in the log. Only a lost sequence answered
+	// to this batch at the partition's head clears it (settle):
+	// OUT_OF_ORDER_SEQUENCE / UNKNOWN_PRODUCER_ID say the broker has not
+	// got its sequence; after an epoch refusal it is renumbered anyway.
 	unsure bool
 	rb     *sarama.RecordBatch
 }

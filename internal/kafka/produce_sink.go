@@ -441,8 +441,17 @@ func (p *Producer) settle(ps *partState, b *batch, blk *sarama.ProduceResponseBl
 				reps = p.splitHead(ps, b, err, reps)
 			}
 		case classSeqLost:
-			// The broker has not got this batch's sequence: not written,
-			// whatever an earlier answer left open.
+			// OUT_OF_ORDER_SEQUENCE / UNKNOWN_PRODUCER_ID to the head: the
+			// broker has not got its sequence (a written head would be
+			// answered as a duplicate: its last 5 batches are cached), so
+			// not written, whatever an earlier answer left open. An epoch
+			// refusal says nothing of an earlier send, but nothing can be
+			// sent under this id any more: renumbered, it may be written
+			// twice (a non-transactional id is never fenced by another).
+			if b.unsure && !errors.Is(err, sarama.ErrOutOfOrderSequenceNumber) && !errors.Is(err, sarama.ErrUnknownProducerID) {
+				p.log.Warn("a batch whose earlier send went unanswered is renumbered after an epoch refusal: it may be written twice",
+					zap.String("topic", ps.topic), zap.Int32("partition", ps.partition), zap.Error(err))
+			}
 			b.maybe, b.unsure = false, false
 			if p.bump == "" {
 				p.bump = fmt.Sprintf("%s on %s/%d", err, ps.topic, ps.partition)
