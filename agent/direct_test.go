@@ -100,6 +100,7 @@ func waitHandled(t *testing.T, l *partitionLog, timeout time.Duration, want map[
 // TestDirectHungBroker (F5 at the agent's level): one of the source
 // cluster's three brokers stops answering fetches. On the direct path the
 // agent goes on delivering the partitions the other brokers lead; the
+// fetch that failed is counted in kswitch_consume_errors_total; the
 // partitions the hung broker leads are released on a rebalance, and on
 // Stop, without waiting for their fetch in flight (a wait would last at
 // least Net.ReadTimeout, 5 s); once the broker answers again, every record
@@ -174,6 +175,14 @@ func TestDirectHungBroker(t *testing.T) {
 	// The other brokers' partitions are delivered while the hung one's
 	// wait.
 	waitHandled(t, &l, 20*time.Second, want, others...)
+	// The hung fetch fails after Net.ReadTimeout (5 s), and the agent
+	// counts it within a commit tick.
+	wait.For(t, 15*time.Second, "the hung fetch counted", func() error {
+		if v, _ := metricValue(a1, "kswitch_consume_errors_total", nil); v < 1 {
+			return fmt.Errorf("kswitch_consume_errors_total %v", v)
+		}
+		return nil
+	})
 
 	// A rebalance: agent-1 releases some partitions, then Stop all of its
 	// others. Each release is timed from what caused it: the assignment

@@ -40,6 +40,9 @@ type kafkaConn struct {
 	consumer sarama.Consumer
 	fetcher  *kafka.Fetcher
 	mirror   *offsets.KafkaMirror
+	// fetchErrors are the fetcher's errors already counted in
+	// kswitch_consume_errors_total; owned by the worker's run.
+	fetchErrors int64
 }
 
 // dialKafka connects to cluster name; fetch, when not nil, makes its
@@ -403,6 +406,7 @@ func (w *worker) follow(ctx context.Context, tick <-chan time.Time, sig <-chan s
 			w.restartEnded(ctx, now)
 			w.checkStuck(ctx, now)
 			w.observeLag()
+			w.countFetchErrors()
 			w.startPending(ctx)
 		case wr, ok := <-wch:
 			if !ok {
@@ -1393,6 +1397,21 @@ func (w *worker) publishDeadLetters(ctx context.Context, counts func() map[strin
 			return
 		case <-tick.C:
 		}
+	}
+}
+
+// countFetchErrors adds to kswitch_consume_errors_total the errors the
+// Fetchers met since the last call (failed requests, partition errors
+// other than leader moves): on the direct path they are the Fetcher's to
+// retry, and no partition loop sees them.
+func (w *worker) countFetchErrors() {
+	for _, k := range w.conns {
+		if k.fetcher == nil {
+			continue
+		}
+		n := k.fetcher.Stats().Errors
+		w.metrics.consumeErrors.Add(float64(n - k.fetchErrors))
+		k.fetchErrors = n
 	}
 }
 
