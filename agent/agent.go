@@ -129,6 +129,9 @@ type hooks struct {
 	// fails that start as a failed ListOffsets would, so the partition
 	// stays dead and its start is tried again at the next commit tick.
 	RestartFails func(cluster string, tp coordinator.TopicPartition) error
+	// AckFails, when set, is asked before each write of an
+	// acknowledgement: an error fails that write as etcd would.
+	AckFails func(gen int64) error
 	// EtcdProbed, when set, is called by the etcd probe after each read
 	// of the agent's registration returns (found: the read saw it) and
 	// before it is judged: a test delays that judgement past a
@@ -875,6 +878,7 @@ func (a *Agent) newWorker(s *concurrency.Session) *worker {
 		owned:          &a.owned,
 		dialer:         a.opts.hooks.KafkaDialer,
 		restartFails:   a.opts.hooks.RestartFails,
+		ackFails:       a.opts.hooks.AckFails,
 		naming:         coordinator.NewNaming(cfg),
 		signals:        a.signals,
 		signalsApplied: &a.signalsApplied,

@@ -202,6 +202,13 @@ type worker struct {
 	dialer func(cluster string) kafka.Dialer
 	// restartFails is hooks.RestartFails.
 	restartFails func(cluster string, tp coordinator.TopicPartition) error
+	// ackFails is hooks.AckFails.
+	ackFails func(gen int64) error
+	// ackDue is the generation whose acknowledgement failed (0: none): it
+	// is written again on every commit tick until it lands or a later
+	// one replaces it. The leader plans without an agent that does not
+	// acknowledge for long (coordinator's silence).
+	ackDue int64
 	// mirrorq hands committed positions to the goroutine that mirrors
 	// them to the Kafka groups, so a slow or dead cluster never delays a
 	// commit, a release or an acknowledgement. It holds the latest
@@ -402,6 +409,9 @@ func (w *worker) follow(ctx context.Context, tick <-chan time.Time, sig <-chan s
 		case now := <-tick:
 			if err := w.commitDue(ctx, now); errors.Is(err, errLeaseLost) {
 				return err
+			}
+			if w.ackDue > 0 {
+				w.ack(ctx, w.ackDue)
 			}
 			w.restartEnded(ctx, now)
 			w.checkStuck(ctx, now)
@@ -1357,13 +1367,29 @@ func (w *worker) applySignals(ctx context.Context) {
 	}()
 }
 
-// ack tells the leader this agent has applied gen.
+// ack tells the leader this agent has applied gen. A failed write is
+// tried again on the next commit ticks (ackDue).
 func (w *worker) ack(ctx context.Context, gen int64) {
-	actx, cancel := context.WithTimeout(ctx, w.cfg.Etcd.RequestTimeout)
-	defer cancel()
-	if _, err := w.etcd.Put(actx, w.keys.Ack(w.id), strconv.FormatInt(gen, 10), clientv3.WithLease(w.lease)); err != nil {
-		w.log.Warn("cannot acknowledge generation; the leader waits", zap.Int64("generation", gen), zap.Error(err))
+	var err error
+	if w.ackFails != nil {
+		err = w.ackFails(gen)
 	}
+	if err == nil {
+		actx, cancel := context.WithTimeout(ctx, w.cfg.Etcd.RequestTimeout)
+		_, err = w.etcd.Put(actx, w.keys.Ack(w.id), strconv.FormatInt(gen, 10), clientv3.WithLease(w.lease))
+		cancel()
+	}
+	if err != nil {
+		if w.ackDue != gen {
+			w.log.Warn("cannot acknowledge generation; trying again at the next commit tick", zap.Int64("generation", gen), zap.Error(err))
+		}
+		w.ackDue = gen
+		return
+	}
+	if w.ackDue != 0 {
+		w.log.Info("acknowledged generation", zap.Int64("generation", gen))
+	}
+	w.ackDue = 0
 }
 
 // deadLetterInterval is how often the worker publishes its handler's
