@@ -186,10 +186,12 @@ func TestARegistrationWithoutALeaseIsNoMember(t *testing.T) {
 // TestGhostRegistrationsLoseTheirPartitions: registrations put by a
 // stranger on leases that live (one on a lease of its own, one on
 // agent-1's session lease) are given partitions at the next rebalance,
-// since a registration is all etcd shows of an agent. They never
-// acknowledge a generation, so after silentAfter (30 s) the leader plans
-// without them: their partitions go to the real agents, its status names
-// them silent, and every record is handled. (Before, one ghost took 3 of
+// since a registration is all etcd shows of an agent, and so is agent-4,
+// whose acknowledgements etcd refuses. None acknowledges a generation, so
+// after silentAfter (30 s) the leader plans without them: their
+// partitions go to the other agents, the leader's /status and kswitch
+// status name them silent, agent-4's /readyz says the leader plans
+// without it, and every record is handled. (Before, one ghost took 3 of
 // 12 partitions, which nobody consumed, for good.)
 func TestGhostRegistrationsLoseTheirPartitions(t *testing.T) {
 	d := startDC(t)
@@ -209,7 +211,14 @@ func TestGhostRegistrationsLoseTheirPartitions(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ghosts := func(a coordinator.Assignment) int { return len(a.Owned["ghost-1"]) + len(a.Owned["ghost-2"]) }
+	// And a real agent whose acknowledgements etcd refuses: it is silent
+	// too, and its /readyz says why.
+	mute := startFleetAgent(t, d.config("agent-4"), agent.WithHooks(agent.Options{Handler: l.handler("agent-4")}, agent.Hooks{
+		AckFails: func(int64) error { return errors.New("etcd refused the write (test)") },
+	}))
+	ghosts := func(a coordinator.Assignment) int {
+		return len(a.Owned["ghost-1"]) + len(a.Owned["ghost-2"]) + len(a.Owned["agent-4"])
+	}
 	wait.For(t, 10*time.Second, "the ghosts given partitions", func() error {
 		if a, err := readAssignment(cli); err != nil || ghosts(a) == 0 {
 			return fmt.Errorf("generation %d owned %v (%v)", a.Generation, a.Owned, err)
@@ -230,10 +239,23 @@ func TestGhostRegistrationsLoseTheirPartitions(t *testing.T) {
 	t.Logf("the ghosts' partitions moved to the agents %v after they were given them", time.Since(began).Round(time.Millisecond))
 	waitBalanced(t, failoverPartitions, agents...)
 	st := leaderOf(t, agents...).Status().Coordinator
-	if st == nil || st.Silent["ghost-1"] == "" || st.Silent["ghost-2"] == "" {
-		t.Errorf("the leader's status does not name both ghosts silent: %+v", st)
+	if st == nil || st.Silent["ghost-1"] == "" || st.Silent["ghost-2"] == "" || st.Silent["agent-4"] == "" {
+		t.Errorf("the leader's status does not name the ghosts and agent-4 silent: %+v", st)
 	} else {
 		t.Logf("leader status: %v", st.Silent)
+	}
+	wait.For(t, 10*time.Second, "agent-4 unready, saying why", func() error {
+		code, reason, err := readyz(mute)
+		if err != nil || code != 503 || !strings.Contains(reason, "plans without this agent") {
+			return fmt.Errorf("/readyz %d %q %v", code, reason, err)
+		}
+		return nil
+	})
+	status := kswitch(t, "status", "--ask=false", "--etcd", strings.Join(d.etcd.Endpoints(), ","), "--fleet", "orders")
+	for _, id := range []string{"ghost-1", "ghost-2", "agent-4"} {
+		if !strings.Contains(status, "silent:  "+id+" registered, but has not acknowledged") {
+			t.Errorf("kswitch status does not name %s silent:\n%s", id, status)
+		}
 	}
 	p.halt()
 	waitAllHandled(t, l, p.written(), 20*time.Second)

@@ -1131,7 +1131,15 @@ func (w *worker) checkIdle(ctx context.Context, now time.Time) string {
 		return ""
 	}
 	st, err := coordinator.ParseStalled(resp.Kvs[0].Value)
-	if err != nil || len(st.Partitions) == 0 {
+	if err != nil {
+		w.idleReason = ""
+		return ""
+	}
+	if why := st.Silent[w.id]; why != "" {
+		w.idleReason = fmt.Sprintf("the leader (%s) plans without this agent: %s", st.Leader, why)
+		return w.idleReason
+	}
+	if len(st.Partitions) == 0 {
 		w.idleReason = ""
 		return ""
 	}

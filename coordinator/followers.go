@@ -128,10 +128,10 @@ func (a *acks) snapshot() map[string]int64 {
 }
 
 // upTo is snapshot without the acks above gen, the generation the
-// leader published last: an agent acknowledges only what was published,
-// so an ack above it is left from an earlier run of generations (before
-// a term started them again) or was written by someone else; neither
-// says the agent applied gen.
+// leader published last: an agent acknowledges only what it applied, so
+// an ack above gen was written by someone else, or is of a value someone
+// else wrote (which the leader repairs); neither says the agent applied
+// gen.
 func (a *acks) upTo(gen int64) map[string]int64 {
 	out := a.snapshot()
 	for id, g := range out {

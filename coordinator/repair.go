@@ -191,6 +191,9 @@ type Stalled struct {
 	Leader     string             `json:"leader"`
 	Noted      time.Time          `json:"noted"`
 	Partitions []StalledPartition `json:"partitions"`
+	// Silent are the registered agents the leader plans without because
+	// they do not acknowledge, with why (coordinator's silence).
+	Silent map[string]string `json:"silent,omitempty"`
 }
 
 // StalledPartition is a partition without a consumer since Since. Cluster
@@ -249,24 +252,27 @@ func (s *stalled) over(now time.Time, fleet string) []StalledPartition {
 // publishStalled writes state/stalled when the set of partitions without a
 // consumer for longer than StalledAfter changed since the term last wrote
 // it (deleting it when empty). A failed write is tried again next turn.
-func (l *Leader) publishStalled(ctx context.Context, t *term, s *stalled, now time.Time, log *zap.Logger) {
+func (l *Leader) publishStalled(ctx context.Context, t *term, s *stalled, silent map[string]string, now time.Time, log *zap.Logger) {
 	over := s.over(now, t.active.Cluster)
 	names := make([]string, len(over))
 	for i, p := range over {
 		names[i] = p.name()
 	}
-	set := strings.Join(names, ",")
+	quiet := slices.Sorted(maps.Keys(silent))
+	set := strings.Join(names, ",") + ";" + strings.Join(quiet, ",")
 	if t.stalled != nil && *t.stalled == set {
 		return
 	}
 	op := clientv3.OpDelete(l.keys.Stalled())
-	if len(over) > 0 {
-		val, err := json.Marshal(Stalled{Leader: t.ID, Noted: now.UTC(), Partitions: over})
+	if len(over) > 0 || len(silent) > 0 {
+		val, err := json.Marshal(Stalled{Leader: t.ID, Noted: now.UTC(), Partitions: over, Silent: silent})
 		if err != nil {
 			return
 		}
 		op = clientv3.OpPut(l.keys.Stalled(), string(val))
-		log.Warn("partitions have no consumer", zap.Strings("partitions", names), zap.Duration("over", StalledAfter))
+		if len(over) > 0 {
+			log.Warn("partitions have no consumer", zap.Strings("partitions", names), zap.Duration("over", StalledAfter))
+		}
 	}
 	wctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
 	defer cancel()

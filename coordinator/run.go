@@ -432,7 +432,7 @@ func (r *leaderRun) keepAssignment(ctx context.Context, now time.Time, live []st
 	r.status.Store(&LeaderStatus{Active: t.active, Verdict: why, Pin: r.pn.get(), TopicPins: r.tp.get(), Stages: r.stages, Breaker: r.br.openUntil,
 		CutOff: cut[t.active.Cluster], CutOffOn: cut, Unassigned: r.unowned.note(now, parts, t.current, cannot),
 		Silent: r.quiet.reasons()})
-	r.publishStalled(ctx, t, r.unowned, now, r.log)
+	r.publishStalled(ctx, t, r.unowned, r.quiet.reasons(), now, r.log)
 	if !listed {
 		return false, nil
 	}

@@ -254,8 +254,13 @@ func printFleet(w io.Writer, v agent.FleetView, now time.Time) {
 				step.Phase, step.Reason, step.Leader)
 		}
 	}
-	if st := v.Stalled; st != nil {
+	if st := v.Stalled; st != nil && len(st.Partitions) > 0 {
 		fmt.Fprintf(w, "stalled: %d partitions have no consumer (noted by %s): %s\n", len(st.Partitions), st.Leader, st.String(now))
+	}
+	if st := v.Stalled; st != nil {
+		for _, id := range slices.Sorted(maps.Keys(st.Silent)) {
+			fmt.Fprintf(w, "silent:  %s %s (noted by %s)\n", id, st.Silent[id], st.Leader)
+		}
 	}
 	fmt.Fprintf(w, "config:  %s\nagents:  %d\n\n", config, len(v.Agents))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
