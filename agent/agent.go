@@ -134,9 +134,11 @@ type hooks struct {
 	AckFails func(gen int64) error
 	// EtcdProbed, when set, is called by the etcd probe after each read
 	// of the agent's registration returns (found: the read saw it) and
-	// before it is judged: a test delays that judgement past a
-	// registration.
-	EtcdProbed func(found bool)
+	// before it is judged; Registering before each registration is
+	// written. A test orders a read before a registration and its
+	// judgement after.
+	EtcdProbed  func(found bool)
+	Registering func()
 }
 
 // Agent is one member of a fleet. Its exported methods are safe for
@@ -696,6 +698,9 @@ func (a *Agent) runSession(ctx context.Context) error {
 			a.log.Debug("revoke session lease", zap.Error(err))
 		}
 	}()
+	if a.opts.hooks.Registering != nil {
+		a.opts.hooks.Registering()
+	}
 	regRev, err := a.register(ctx, s.Lease())
 	if err != nil {
 		return err

@@ -348,13 +348,26 @@ func TestAProbeReadBeforeRegistrationEvictsNothing(t *testing.T) {
 	defer c.Close()
 	key := "/kswitch/orders/agents/agent-1"
 	lease := make(chan int64, 1)
-	var calls atomic.Int32
+	var calls, registrations atomic.Int32
 	probed := make(chan struct{})
+	read := make(chan struct{}) // closed once the probe's first read returned
+	// The first registration waits for the probe's first read, so that
+	// read is served before the registration is written.
+	registering := func() {
+		if registrations.Add(1) == 1 {
+			select {
+			case <-read:
+			case <-time.After(10 * time.Second):
+				t.Error("the probe made no read in 10 s")
+			}
+		}
+	}
 	hook := func(found bool) {
 		n := calls.Add(1)
 		if n == 1 {
+			close(read)
 			if found {
-				t.Error("the probe's first read already saw the registration: the race is not reproduced")
+				t.Error("the probe's first read saw a registration written after it")
 			}
 			// Judge this read only once the registration is written.
 			deadline := time.Now().Add(10 * time.Second)
@@ -374,7 +387,7 @@ func TestAProbeReadBeforeRegistrationEvictsNothing(t *testing.T) {
 			close(probed)
 		}
 	}
-	startFleetAgent(t, testConfig(e, "agent-1"), agent.WithHooks(agent.Options{}, agent.Hooks{EtcdProbed: hook}))
+	startFleetAgent(t, testConfig(e, "agent-1"), agent.WithHooks(agent.Options{}, agent.Hooks{EtcdProbed: hook, Registering: registering}))
 	first, ok := <-lease
 	if !ok {
 		t.Fatal("agent-1 never registered")
