@@ -95,8 +95,15 @@ type Agent struct {
 	// encrypts what this agent sends; every one is tried on what it
 	// receives, so keys rotate without a split: add the new key second on
 	// every agent, then make it first everywhere, then remove the old one.
-	// Empty: gossip is not encrypted (see docs/SECURITY.md).
-	GossipKeyFile string `yaml:"gossip_key_file" help:"file of base64 gossip encryption keys, one per line, the first used to send (empty: no encryption)"`
+	// Empty: the fleet's key in etcd (GossipEncryption).
+	GossipKeyFile string `yaml:"gossip_key_file" help:"file of base64 gossip encryption keys, one per line, the first used to send (empty: the fleet's key kept in etcd)"`
+	// GossipEncryption is "auto" (the default): gossip is encrypted and
+	// authenticated with the keys of GossipKeyFile when it is set, else
+	// with the fleet's key kept in etcd (keys.Fleet.GossipKey), which the
+	// first agent creates; packets without the key are dropped. "off"
+	// sends and accepts plain gossip: anyone who reaches the gossip port
+	// can then forge views and deaths (docs/SECURITY.md, "Gossip").
+	GossipEncryption string `yaml:"gossip_encryption" help:"auto (encrypt gossip with gossip_key_file, else with the fleet's key kept in etcd) or off (plain gossip)"`
 	// HTTPTLS turns the HTTP listener into HTTPS, optionally requiring
 	// client certificates.
 	HTTPTLS ServerTLS `yaml:"http_tls"`
@@ -396,10 +403,11 @@ func Default() Config {
 	return Config{
 		Log: Log{Format: "json", Level: "info"},
 		Agent: Agent{
-			HTTP:           "127.0.0.1:8080",
-			Gossip:         "127.0.0.1:7946",
-			DeathDetection: "gossip",
-			MemoryLimitMiB: 96,
+			HTTP:             "127.0.0.1:8080",
+			Gossip:           "127.0.0.1:7946",
+			DeathDetection:   "gossip",
+			MemoryLimitMiB:   96,
+			GossipEncryption: "auto",
 		},
 		Etcd: Etcd{
 			SessionTTL:     5 * time.Second,

@@ -190,6 +190,18 @@ func (a Agent) GossipKeys() ([][]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("config: agent.gossip_key_file: %w", err)
 	}
+	keys, err := ParseGossipKeys(data, a.GossipKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("config: agent.gossip_key_file: %w", err)
+	}
+	return keys, nil
+}
+
+// ParseGossipKeys parses gossip keys as agent.gossip_key_file and the
+// fleet's key in etcd hold them: base64, one per line, blank lines and
+// lines starting with # ignored, each 16, 24 or 32 bytes. source names
+// where data came from in errors.
+func ParseGossipKeys(data []byte, source string) ([][]byte, error) {
 	var keys [][]byte
 	for i, line := range strings.Split(string(data), "\n") {
 		line = strings.TrimSpace(line)
@@ -198,15 +210,15 @@ func (a Agent) GossipKeys() ([][]byte, error) {
 		}
 		k, err := base64.StdEncoding.DecodeString(line)
 		if err != nil {
-			return nil, fmt.Errorf("config: agent.gossip_key_file: %s line %d is not base64: %v (make one with: head -c 32 /dev/urandom | base64)", a.GossipKeyFile, i+1, err)
+			return nil, fmt.Errorf("%s line %d is not base64: %v (make one with: head -c 32 /dev/urandom | base64)", source, i+1, err)
 		}
 		if n := len(k); n != 16 && n != 24 && n != 32 {
-			return nil, fmt.Errorf("config: agent.gossip_key_file: %s line %d is a %d-byte key; a gossip key is 16, 24 or 32 bytes (make one with: head -c 32 /dev/urandom | base64)", a.GossipKeyFile, i+1, n)
+			return nil, fmt.Errorf("%s line %d is a %d-byte key; a gossip key is 16, 24 or 32 bytes (make one with: head -c 32 /dev/urandom | base64)", source, i+1, n)
 		}
 		keys = append(keys, k)
 	}
 	if len(keys) == 0 {
-		return nil, fmt.Errorf("config: agent.gossip_key_file: %s holds no key", a.GossipKeyFile)
+		return nil, fmt.Errorf("%s holds no key", source)
 	}
 	return keys, nil
 }

@@ -61,6 +61,10 @@ func (c *Config) Validate() error {
 		p.hostPort("agent.gossip_advertise", c.Agent.GossipAdvertise)
 	}
 	p.oneOf("agent.death_detection", c.Agent.DeathDetection, "gossip", "lease")
+	p.oneOf("agent.gossip_encryption", c.Agent.GossipEncryption, "auto", "off")
+	if c.Agent.GossipEncryption == "off" && c.Agent.GossipKeyFile != "" {
+		p.add("agent.gossip_encryption", "off, but agent.gossip_key_file is set: remove one of them")
+	}
 	if m := c.Agent.MemoryLimitMiB; m != 0 && (m < c.Source.MaxInFlightMiB+64 || m > 1<<20) {
 		p.add("agent.memory_limit_mib", "%d leaves no room: the limit must be 0 (none) or between source.max_in_flight_mib + 64 = %d and 1048576 MiB (default 96)",
 			m, c.Source.MaxInFlightMiB+64)

@@ -14,9 +14,14 @@ import (
 // Root is the prefix shared by all fleets.
 const Root = "/kswitch/"
 
+// SecretsRoot is the prefix of the fleets' secrets: outside Root, so that
+// a role granted the reading of a fleet's prefix (an operator's), or of
+// Root, does not read them. Only the fleet's own role is granted its key.
+const SecretsRoot = "/kswitch-keys/"
+
 // Fleet builds the keys of one fleet. The zero value is not usable; call New.
 type Fleet struct {
-	prefix string
+	name, prefix string
 }
 
 // New returns the key builder for fleet. The name must be non-empty and
@@ -26,7 +31,7 @@ func New(fleet string) Fleet {
 	if err := ValidName(fleet); err != nil {
 		panic(fmt.Sprintf("keys: fleet %q: %v", fleet, err))
 	}
-	return Fleet{prefix: Root + fleet + "/"}
+	return Fleet{name: fleet, prefix: Root + fleet + "/"}
 }
 
 // ValidName reports whether s can be used as a fleet name, agent id, topic or
@@ -49,6 +54,12 @@ func ValidName(s string) error {
 
 // Prefix is /kswitch/<fleet>/.
 func (f Fleet) Prefix() string { return f.prefix }
+
+// GossipKey holds the fleet's gossip encryption keys (base64, one per
+// line, the first used to send), created by the first agent:
+// /kswitch-keys/<fleet>/gossip, outside Prefix, so that only a role
+// granted this key reads it.
+func (f Fleet) GossipKey() string { return SecretsRoot + f.name + "/gossip" }
 
 // Election is the prefix of the leader election.
 func (f Fleet) Election() string { return f.prefix + "election/" }

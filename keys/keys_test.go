@@ -27,6 +27,12 @@ func TestPrefixesDoNotCollide(t *testing.T) {
 	if got, want := k.Offset("A", "orders", 3), "/kswitch/orders/offsets/A/orders/3"; got != want {
 		t.Errorf("Offset = %q, want %q", got, want)
 	}
+	if g := k.GossipKey(); strings.HasPrefix(g, Root) || strings.HasPrefix(g, k.Prefix()) || g != "/kswitch-keys/orders/gossip" {
+		t.Errorf("GossipKey = %q: want /kswitch-keys/orders/gossip, outside what a read of %s or %s grants", g, Root, k.Prefix())
+	}
+	if strings.HasPrefix(New("orders2").GossipKey(), SecretsRoot+"orders/") {
+		t.Error("fleet orders2's gossip key is under fleet orders' secrets")
+	}
 	if a, b := k.HistoryEvent(9), k.HistoryEvent(10); a >= b {
 		t.Errorf("history keys do not sort by epoch: %q >= %q", a, b)
 	}
