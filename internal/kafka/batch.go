@@ -38,6 +38,9 @@ type batch struct {
 	// got its sequence; after an epoch refusal it is renumbered anyway.
 	unsure bool
 	rb     *sarama.RecordBatch
+	// gen is the transaction the batch belongs to, for a TxnStream's
+	// partition (TxnStream.gen); 0 otherwise.
+	gen uint64
 }
 
 func newBatch(m *Message) *batch {
@@ -118,8 +121,8 @@ func encodeBatch(msgs []*Message, codec sarama.CompressionCodec, level int) *sar
 // sequences of the batches behind b stay valid.
 func (b *batch) split() (*batch, *batch) {
 	h := len(b.msgs) / 2
-	first := &batch{msgs: b.msgs[:h:h], codec: b.codec, level: b.level, seq: b.seq}
-	second := &batch{msgs: b.msgs[h:], codec: b.codec, level: b.level, seq: b.seq}
+	first := &batch{msgs: b.msgs[:h:h], codec: b.codec, level: b.level, seq: b.seq, gen: b.gen}
+	second := &batch{msgs: b.msgs[h:], codec: b.codec, level: b.level, seq: b.seq, gen: b.gen}
 	if b.seq >= 0 {
 		second.seq = addSeq(b.seq, int32(h))
 	}

@@ -204,6 +204,10 @@ type partState struct {
 	since    time.Time // see Stall.Since; zero when nothing waits
 	lastErr  error
 	reported int // reports being made outside the lock: the partition does not move meanwhile
+	// txn is the transactional stream the partition's batches belong to
+	// (its producer id, sequences and transactional id); nil for the
+	// Producer's own. A stream's partitions are not in Producer.parts.
+	txn *TxnStream
 }
 
 // Producer produces to one cluster, idempotent with acks all. Its
@@ -235,6 +239,9 @@ type Producer struct {
 	requests int             // requests in flight, all sinks
 	quiet    chan struct{}   // closed when requests drops to 0 while closing
 	closing  bool
+	// streams are the open transactional streams: the resolver finds
+	// their partitions' leaders too.
+	streams map[*TxnStream]struct{}
 	// maxPartInflight is the most batches one partition had in flight
 	// (for tests).
 	maxPartInflight int
@@ -552,12 +559,20 @@ func (p *Producer) assignLeaders() bool {
 	p.mu.Lock()
 	var todo []*partState
 	topics := map[string]bool{}
-	for _, ps := range p.parts {
+	orphan := func(ps *partState) {
 		if ps.sink == nil && ps.reported == 0 {
 			todo = append(todo, ps)
 			if ps.refresh {
 				topics[ps.topic] = true
 			}
+		}
+	}
+	for _, ps := range p.parts {
+		orphan(ps)
+	}
+	for t := range p.streams {
+		for _, ps := range t.parts {
+			orphan(ps)
 		}
 	}
 	p.mu.Unlock()

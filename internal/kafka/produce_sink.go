@@ -143,21 +143,29 @@ func (s *sink) send() time.Duration {
 			}
 		}
 		s.p.mu.Lock()
-		sent, wait := s.build(time.Now())
+		sent, owner, wait := s.build(time.Now())
 		if len(sent) > 0 {
 			s.p.requests++
 		}
 		pid, epoch := s.p.pid, s.p.epoch
+		var txnID *string
+		if owner != nil {
+			pid, epoch, txnID = owner.pid, owner.epoch, &owner.cfg.ID
+		}
 		s.p.mu.Unlock()
 		if len(sent) == 0 {
 			return wait
 		}
 		// Encoded outside the lock: a batch in flight is the sink's
 		// alone (a bump waits until none is; a split or a refusal
-		// renumbers it on this goroutine).
-		req := &sarama.ProduceRequest{Version: s.ver, RequiredAcks: s.p.cfg.Acks, Timeout: int32(s.p.cfg.Timeout / time.Millisecond)}
+		// renumbers it on this goroutine; a stream's abort waits until
+		// none of its batches is in flight).
+		req := &sarama.ProduceRequest{Version: s.ver, RequiredAcks: s.p.cfg.Acks, Timeout: int32(s.p.cfg.Timeout / time.Millisecond),
+			TransactionalID: txnID}
 		for _, sb := range sent {
-			req.AddBatch(sb.ps.topic, sb.ps.partition, sb.b.recordBatch(pid, epoch))
+			rb := sb.b.recordBatch(pid, epoch)
+			rb.IsTransactional = owner != nil
+			req.AddBatch(sb.ps.topic, sb.ps.partition, rb)
 		}
 		s.inflight++
 		conn := s.conn
@@ -195,14 +203,20 @@ func (s *sink) ready(now time.Time) (bool, time.Duration) {
 
 // build takes the next batch of each partition that may send, up to
 // RequestBytes, starting after the partition that started the last
-// request, and puts them in flight. The caller holds p.mu.
-func (s *sink) build(now time.Time) ([]sentBatch, time.Duration) {
+// request, and puts them in flight. A request carries one transactional
+// id: the batches of the first partition's owner (a TxnStream, or nil
+// for the Producer's own), which it returns. The caller holds p.mu.
+func (s *sink) build(now time.Time) ([]sentBatch, *TxnStream, time.Duration) {
 	p := s.p
 	var sent []sentBatch
+	var owner *TxnStream
 	var wait time.Duration
 	size, n := 0, len(s.parts)
 	for i := range n {
 		ps := s.parts[(s.cursor+i)%n]
+		if len(sent) > 0 && ps.txn != owner {
+			continue // in a request of its own, next
+		}
 		ok, w := p.sendable(ps, s.perPartition, now)
 		if !ok {
 			if w > 0 && (wait == 0 || w < wait) {
@@ -215,7 +229,8 @@ func (s *sink) build(now time.Time) ([]sentBatch, time.Duration) {
 			break
 		}
 		ps.take()
-		if b.seq < 0 && p.pid >= 0 {
+		owner = ps.txn
+		if b.seq < 0 && (p.pid >= 0 || ps.txn != nil) {
 			b.seq = ps.nextSeq
 			ps.nextSeq = addSeq(ps.nextSeq, int32(len(b.msgs)))
 		}
@@ -229,7 +244,7 @@ func (s *sink) build(now time.Time) ([]sentBatch, time.Duration) {
 	if n > 0 {
 		s.cursor = (s.cursor + 1) % n
 	}
-	return sent, wait
+	return sent, owner, wait
 }
 
 // dial opens the sink's connection (Close interrupts it) and checks the
@@ -311,6 +326,9 @@ func (s *sink) handle(a answer) {
 			}
 		}
 		reps = p.settle(sb.ps, sb.b, blk, err, now, reps)
+		if t := sb.ps.txn; t != nil {
+			t.wake() // its commit or abort waits for its batches' answers
+		}
 	}
 	bumping := p.bump != ""
 	p.mu.Unlock()
@@ -321,9 +339,11 @@ func (s *sink) handle(a answer) {
 		return
 	}
 	for _, r := range reps {
-		if r.msg != nil {
+		switch {
+		case r.ps.txn != nil: // the stream's, reported at its commit
+		case r.msg != nil:
 			p.h.Refused(r.msg, r.err)
-		} else {
+		default:
 			p.h.Acked(r.msgs, r.offset)
 		}
 	}
@@ -335,7 +355,11 @@ func (s *sink) handle(a answer) {
 		}
 		r.ps.reported--
 		r.ps.pending -= n
-		p.pending -= n
+		if t := r.ps.txn; t != nil {
+			t.reported(r.msgs, r.msg, r.err)
+		} else {
+			p.pending -= n
+		}
 	}
 	if p.pending == 0 && p.drained != nil {
 		close(p.drained)
@@ -428,6 +452,13 @@ func (p *Producer) settle(ps *partState, b *batch, blk *sarama.ProduceResponseBl
 		reps = append(reps, report{ps: ps, msgs: b.msgs, offset: off})
 		ps.reported++
 		ps.gate, ps.retries, ps.lastErr, ps.since = false, 0, nil, now
+	case ps.txn != nil && ps.txn.ends(err):
+		// Fenced, or the transaction must be aborted (§4: no
+		// drain-and-bump inside a transaction): nothing of the stream
+		// is sent until its abort rebuilds its batches.
+		ps.failed = true
+		ps.lastErr = fmt.Errorf("kafka: produce to %s/%d on cluster %s in transaction %s: %w", ps.topic, ps.partition, p.name, ps.txn.cfg.ID, err)
+		b.maybe, b.unsure = false, false
 	default:
 		ps.failed = true
 		ps.lastErr = fmt.Errorf("kafka: produce to %s/%d on cluster %s: %w", ps.topic, ps.partition, p.name, err)
@@ -525,7 +556,7 @@ func (p *Producer) splitHead(ps *partState, b *batch, err error, reps []report) 
 // Not split: halves match none of the broker's cached batches.
 func (p *Producer) refuseUnsure(ps *partState, b *batch, err error, reps []report) []report {
 	ps.inflight = ps.inflight[1:]
-	if p.bump == "" && p.pid >= 0 { // acks 0 or 1: no producer id, no sequences to collide
+	if p.bump == "" && p.pid >= 0 && ps.txn == nil { // acks 0 or 1: no producer id, no sequences to collide; a stream aborts instead
 		p.bump = fmt.Sprintf("%s on %s/%d after an unanswered send", err, ps.topic, ps.partition)
 	}
 	rerr := fmt.Errorf("kafka: %s/%d on cluster %s refused a resend of %d record(s) whose first send went unanswered: "+
@@ -571,10 +602,11 @@ func (p *Producer) sendable(ps *partState, perPartition int, now time.Time) (boo
 	switch {
 	case b == nil, ps.failed, p.closing,
 		len(ps.inflight) >= perPartition,
-		p.pid < 0 && len(ps.inflight) > 0, // no sequences: one batch at a time keeps the order
-		ps.gate && len(ps.inflight) > 0:
+		p.pid < 0 && ps.txn == nil && len(ps.inflight) > 0, // no sequences: one batch at a time keeps the order
+		ps.gate && len(ps.inflight) > 0,
+		ps.txn != nil && !ps.txn.mayStart(ps, b):
 		return false, 0
-	case p.bump != "" && !(b.maybe && len(ps.inflight) == 0):
+	case p.bump != "" && ps.txn == nil && !(b.maybe && len(ps.inflight) == 0):
 		// Draining for a bump: only a batch that may have been written
 		// is sent again, under its old sequence, until it is settled.
 		return false, 0

@@ -101,3 +101,48 @@ func InitProducerIDVersion(v sarama.KafkaVersion) int16 {
 		return 0
 	}
 }
+
+// The transaction requests' versions (docs/RELAY.md §4, §5): what sarama's
+// transaction manager sends to a cluster of Kafka version v, our ceiling;
+// each broker's ApiVersions lowers it (sarama's Broker clamps a request to
+// the broker's maximum). Transactions need Kafka 0.11 (version 0 of each).
+
+// AddPartitionsToTxnVersion: 2 adds PRODUCER_FENCED, 3 is flexible. Not 4
+// (KIP-890 batches of transactional ids, for brokers only).
+func AddPartitionsToTxnVersion(v sarama.KafkaVersion) int16 {
+	return txnRequestVersion(v)
+}
+
+// EndTxnVersion: 2 adds PRODUCER_FENCED, 3 is flexible. Not 5 (KIP-890
+// part 2: the epoch bumped by every EndTxn), which sarama does not speak.
+func EndTxnVersion(v sarama.KafkaVersion) int16 {
+	return txnRequestVersion(v)
+}
+
+func txnRequestVersion(v sarama.KafkaVersion) int16 {
+	switch {
+	case v.IsAtLeast(sarama.V2_8_0_0):
+		return 3
+	case v.IsAtLeast(sarama.V2_7_0_0):
+		return 2
+	case v.IsAtLeast(sarama.V2_0_0_0):
+		return 1
+	default:
+		return 0
+	}
+}
+
+// FindCoordinatorVersion: 1 adds the key type (a transaction coordinator,
+// not only a group's), 3 is flexible. Not 4 (KIP-699 batches of keys).
+func FindCoordinatorVersion(v sarama.KafkaVersion) int16 {
+	switch {
+	case v.IsAtLeast(sarama.V2_4_0_0):
+		return 3
+	case v.IsAtLeast(sarama.V2_0_0_0):
+		return 2
+	case v.IsAtLeast(sarama.V0_11_0_0):
+		return 1
+	default:
+		return 0
+	}
+}

@@ -1,0 +1,387 @@
+package kafka_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kswitch/kswitch/devstack"
+	"github.com/kswitch/kswitch/internal/kafka"
+	"github.com/kswitch/kswitch/internal/testenv"
+	"github.com/kswitch/kswitch/internal/wait"
+)
+
+// The transactional stream's tests (docs/RELAY.md §4, F10, F11 at package
+// level). Each ends with the verdict read back by a read_committed franz-go
+// reader: every committed record exactly once and in order per partition,
+// nothing of an aborted transaction.
+
+func openTxn(t *testing.T, p *kafka.Producer, id string) *kafka.TxnStream {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
+	defer cancel()
+	s, err := p.OpenTxn(ctx, kafka.DefaultTxnConfig(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := s.Close(ctx); err != nil {
+			t.Errorf("Close of stream %s: %v", id, err)
+		}
+	})
+	return s
+}
+
+// records returns records from..to-1 of a stream spread over partitions
+// (record i to partition i % partitions), numbered per partition.
+func records(topic string, partitions int32, from, to int) []*kafka.Message {
+	var msgs []*kafka.Message
+	for i := from; i < to; i++ {
+		p := int32(i) % partitions
+		n := i / int(partitions)
+		msgs = append(msgs, &kafka.Message{Topic: topic, Partition: p, Key: fmt.Appendf(nil, "%d", i), Value: value(p, n, 60), Ref: ref{p, n}})
+	}
+	return msgs
+}
+
+func produceTxn(t *testing.T, s *kafka.TxnStream, msgs []*kafka.Message) {
+	t.Helper()
+	for _, m := range msgs {
+		if err := s.Produce(m); err != nil {
+			t.Fatalf("Produce %s: %v", prefix(m.Value), err)
+		}
+	}
+}
+
+func commit(t *testing.T, s *kafka.TxnStream, last *kafka.Message) []*kafka.Message {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	msgs, err := s.Commit(ctx, last)
+	if err != nil {
+		t.Fatalf("Commit: %v (stats %+v)", err, s.Stats())
+	}
+	return msgs
+}
+
+// prefixes lists the values' prefixes per partition, in order.
+func prefixes(msgs []*kafka.Message) map[int32][]string {
+	out := map[int32][]string{}
+	for _, m := range msgs {
+		out[m.Partition] = append(out[m.Partition], prefix(m.Value))
+	}
+	return out
+}
+
+// committedVerdict writes an end marker (not transactional) to each
+// partition of topic, then reads the topic read_committed from its start
+// up to the markers, and checks each partition holds exactly want's
+// records in order: the markers come after every transaction that ended
+// before them, so nothing committed can be missed.
+func committedVerdict(t *testing.T, k *devstack.Kafka, topic string, partitions int32, want map[int32][]string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	w, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p := range partitions {
+		if err := w.ProduceSync(ctx, &kgo.Record{Topic: topic, Partition: p, Value: []byte("end")}).FirstErr(); err != nil {
+			w.Close()
+			t.Fatalf("end marker to %s/%d: %v", topic, p, err)
+		}
+	}
+	w.Close()
+	offsets := map[int32]kgo.Offset{}
+	for p := range partitions {
+		offsets[p] = kgo.NewOffset().AtStart()
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: offsets}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	got := map[int32][]string{}
+	ended := map[int32]bool{}
+	for len(ended) < int(partitions) {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("read back %s: %v (ended %v)", topic, err, ended)
+		}
+		fs.EachError(func(topic string, p int32, err error) { t.Logf("read back %s/%d: %v", topic, p, err) })
+		fs.EachRecord(func(rec *kgo.Record) {
+			if string(rec.Value) == "end" {
+				ended[rec.Partition] = true
+				return
+			}
+			if ended[rec.Partition] {
+				t.Errorf("%s/%d@%d: %s after the end marker", topic, rec.Partition, rec.Offset, rec.Value)
+			}
+			got[rec.Partition] = append(got[rec.Partition], prefix(rec.Value))
+		})
+	}
+	n := 0
+	for p := range partitions {
+		if g, w := got[p], want[p]; !slices.Equal(g, w) {
+			t.Errorf("%s/%d holds %d committed records, want %d: %s", topic, p, len(g), len(w), firstDiff(g, w))
+		}
+		n += len(got[p])
+	}
+	t.Logf("read back %d committed records of %s", n, topic)
+}
+
+// writtenAtLeast waits until topic's partitions hold n records in all,
+// committed or not (the high watermarks): the batches were written.
+func writtenAtLeast(t *testing.T, k *devstack.Kafka, topic string, partitions int32, n int64) {
+	t.Helper()
+	wait.For(t, 30*time.Second, fmt.Sprintf("%d records written to %s", n, topic), func() error {
+		var sum int64
+		for _, end := range endOffsets(t.Context(), t, k, topic, partitions) {
+			sum += end
+		}
+		if sum < n {
+			return fmt.Errorf("%d written", sum)
+		}
+		return nil
+	})
+}
+
+// TestTxnCommits: 6 000 records over 6 partitions given by one goroutine
+// while another commits every 5 ms, a position record in a topic of its
+// own in each transaction: each Commit returns its records in order, the
+// records given during a commit are in the next, and read_committed sees
+// every record once in order.
+func TestTxnCommits(t *testing.T) {
+	const topic, positions, parts, count = "out", "positions", 6, 6000
+	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Brokers: 3, Topics: map[string]int32{topic: parts, positions: 1}})
+	p := newProducer(t, k, testConfig(), newRecorder())
+	s := openTxn(t, p, "kswitch/test/C/in/A/0")
+	msgs := records(topic, parts, 0, count)
+	var committed atomic.Int64
+	progress := make(chan struct{}, 1)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i, m := range msgs {
+			for int64(i)-committed.Load() >= 500 {
+				select {
+				case <-progress:
+				case <-ctx.Done():
+					return
+				}
+			}
+			if err := s.Produce(m); err != nil {
+				t.Errorf("Produce: %v", err)
+				return
+			}
+		}
+	})
+	var got []*kafka.Message
+	var pos []string
+	txns := 0
+	tick := time.NewTicker(5 * time.Millisecond) // the transaction interval
+	defer tick.Stop()
+	for committed.Load() < count && ctx.Err() == nil {
+		pm := &kafka.Message{Topic: positions, Value: fmt.Appendf(nil, "0/%d", len(pos))}
+		c := commit(t, s, pm)
+		if len(c) == 0 || c[len(c)-1] != pm {
+			t.Fatalf("transaction %d: %d records, the position record not last", txns, len(c))
+		}
+		pos = append(pos, prefix(pm.Value))
+		got = append(got, c[:len(c)-1]...)
+		committed.Store(int64(len(got)))
+		select {
+		case progress <- struct{}{}:
+		default:
+		}
+		txns++
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+		}
+	}
+	wg.Wait()
+	if len(got) != count {
+		t.Fatalf("%d records committed, want %d", len(got), count)
+	}
+	for i, m := range got {
+		if m != msgs[i] {
+			t.Fatalf("committed record %d is %s, want %s: out of the order given", i, prefix(m.Value), prefix(msgs[i].Value))
+		}
+	}
+	if st := s.Stats(); st.Aborts != 0 || st.Commits != int64(txns) {
+		t.Errorf("stats %+v, want %d commits and no abort", st, txns)
+	}
+	t.Logf("%d transactions, stats %+v", txns, s.Stats())
+	committedVerdict(t, k, topic, parts, prefixes(msgs))
+	committedVerdict(t, k, positions, 1, map[int32][]string{0: pos})
+}
+
+// TestTxnAbortThenCommit: a transaction's records are written, then
+// aborted (Abort returns them); the same records given again are
+// committed: each once, nothing of the aborted transaction visible.
+func TestTxnAbortThenCommit(t *testing.T) {
+	const topic, parts = "out", 6
+	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{topic: parts}})
+	p := newProducer(t, k, testConfig(), newRecorder())
+	s := openTxn(t, p, "kswitch/test/C/in/A/1")
+	first := records(topic, parts, 0, 600)
+	produceTxn(t, s, first)
+	writtenAtLeast(t, k, topic, parts, 600)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	dropped, err := s.Abort(ctx)
+	if err != nil {
+		t.Fatalf("Abort: %v", err)
+	}
+	if len(dropped) != len(first) {
+		t.Fatalf("Abort returned %d records, want %d", len(dropped), len(first))
+	}
+	again := records(topic, parts, 0, 600)
+	produceTxn(t, s, again)
+	if c := commit(t, s, nil); len(c) != len(again) {
+		t.Fatalf("committed %d records, want %d", len(c), len(again))
+	}
+	if st := s.Stats(); st.Aborts != 1 || st.Bumps != 1 || st.Commits != 1 {
+		t.Errorf("stats %+v, want 1 abort, 1 bump, 1 commit", st)
+	}
+	committedVerdict(t, k, topic, parts, prefixes(again))
+}
+
+// TestTxnProduceRefusedAborts: a produce inside the transaction is
+// answered OUT_OF_ORDER_SEQUENCE_NUMBER (abortable, §4: no drain-and-bump
+// inside a transaction): Commit aborts, bumps the epoch and returns
+// ErrTxnAborted; the next Commit commits the same records, each once.
+func TestTxnProduceRefusedAborts(t *testing.T) {
+	const topic, parts = "out", 6
+	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{topic: parts}})
+	p := newProducer(t, k, testConfig(), newRecorder())
+	s := openTxn(t, p, "kswitch/test/C/in/A/2")
+	before := records(topic, parts, 0, 600)
+	produceTxn(t, s, before)
+	commit(t, s, nil)
+	h := k.Cluster().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Partitions: []int32{2}, Err: kerr.OutOfOrderSequenceNumber})
+	msgs := records(topic, parts, 600, 1200)
+	produceTxn(t, s, msgs)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	_, err := s.Commit(ctx, nil)
+	var aerr *kafka.TxnAbortedError
+	if !errors.As(err, &aerr) || !errors.Is(err, kafka.ErrTxnAborted) {
+		t.Fatalf("Commit: %v, want ErrTxnAborted for OUT_OF_ORDER_SEQUENCE_NUMBER", err)
+	}
+	if h.Hits() != 1 || len(aerr.Refused) != 0 {
+		t.Errorf("fault hits %d, refused %d: want 1, 0", h.Hits(), len(aerr.Refused))
+	}
+	if c := commit(t, s, nil); len(c) != len(msgs) {
+		t.Fatalf("committed %d records after the abort, want %d", len(c), len(msgs))
+	}
+	if st := s.Stats(); st.Aborts != 1 || st.Bumps != 1 || st.Commits != 2 {
+		t.Errorf("stats %+v, want 1 abort, 1 bump, 2 commits", st)
+	}
+	committedVerdict(t, k, topic, parts, prefixes(append(before, msgs...)))
+}
+
+// TestTxnFenced (F11 at package level): a second OpenTxn of the id fences
+// the first stream: its commit reports ErrTxnFenced, it refuses records
+// from then on, and its open transaction's records (written) are never
+// visible; the second stream's commit is.
+func TestTxnFenced(t *testing.T) {
+	const topic, parts, id = "out", 6, "kswitch/test/C/in/A/3"
+	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Brokers: 3, Topics: map[string]int32{topic: parts}})
+	p := newProducer(t, k, testConfig(), newRecorder())
+	old := openTxn(t, p, id)
+	txn1 := records(topic, parts, 0, 300)
+	produceTxn(t, old, txn1)
+	commit(t, old, nil)
+	produceTxn(t, old, records(topic, parts, 300, 600))
+	writtenAtLeast(t, k, topic, parts, 600)
+	owner := openTxn(t, p, id)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if _, err := old.Commit(ctx, nil); !errors.Is(err, kafka.ErrTxnFenced) {
+		t.Fatalf("the fenced stream's Commit: %v, want ErrTxnFenced", err)
+	}
+	if err := old.Produce(records(topic, parts, 600, 601)[0]); !errors.Is(err, kafka.ErrTxnFenced) {
+		t.Fatalf("the fenced stream's Produce: %v, want ErrTxnFenced", err)
+	}
+	txn3 := records(topic, parts, 300, 900) // the new owner sends the open transaction's records again
+	produceTxn(t, owner, txn3)
+	commit(t, owner, nil)
+	committedVerdict(t, k, topic, parts, prefixes(append(txn1, txn3...)))
+}
+
+// TestTxnCoordinatorMoved (F10): AddPartitionsToTxn and EndTxn answered
+// NOT_COORDINATOR once each, and the coordinators rehashed between
+// transactions on 3 brokers: every transaction commits (the stream finds
+// the coordinator again and resends), every record once.
+func TestTxnCoordinatorMoved(t *testing.T) {
+	const topic, parts = "out", 6
+	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Brokers: 3, Topics: map[string]int32{topic: parts}})
+	p := newProducer(t, k, testConfig(), newRecorder())
+	s := openTxn(t, p, "kswitch/test/C/in/A/4")
+	c := k.Cluster()
+	add := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.AddPartitionsToTxn}, Topic: topic, Err: kerr.NotCoordinator})
+	end := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.EndTxn}, TopLevel: true, Err: kerr.NotCoordinator})
+	var all []*kafka.Message
+	for i := range 10 {
+		msgs := records(topic, parts, i*120, (i+1)*120)
+		produceTxn(t, s, msgs)
+		if got := commit(t, s, nil); len(got) != len(msgs) {
+			t.Fatalf("transaction %d: %d committed, want %d", i, len(got), len(msgs))
+		}
+		all = append(all, msgs...)
+		c.RehashCoordinators()
+	}
+	if add.Hits() != 1 || end.Hits() != 1 {
+		t.Errorf("NOT_COORDINATOR answered %d times to AddPartitionsToTxn, %d to EndTxn; want 1 and 1", add.Hits(), end.Hits())
+	}
+	if st := s.Stats(); st.Commits != 10 || st.Aborts != 0 {
+		t.Errorf("stats %+v, want 10 commits, no abort", st)
+	}
+	committedVerdict(t, k, topic, parts, prefixes(all))
+}
+
+// TestTxnBrokenCommit: the connection is lost with EndTxn commit
+// unanswered: Commit reports ErrTxnBroken (the outcome is unknown); the
+// id opened again aborts what was not committed, and the records sent
+// again in it are committed once.
+func TestTxnBrokenCommit(t *testing.T) {
+	const topic, parts, id = "out", 6, "kswitch/test/C/in/A/5"
+	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{topic: parts}})
+	p := newProducer(t, k, testConfig(), newRecorder())
+	s := openTxn(t, p, id)
+	msgs := records(topic, parts, 0, 600)
+	produceTxn(t, s, msgs)
+	k.Cluster().ControlKey(int16(kmsg.EndTxn), func(kmsg.Request) (kmsg.Response, error, bool) {
+		return nil, errors.New("connection cut by the test"), true
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if _, err := s.Commit(ctx, nil); !errors.Is(err, kafka.ErrTxnBroken) {
+		t.Fatalf("Commit with EndTxn unanswered: %v, want ErrTxnBroken", err)
+	}
+	if err := s.Produce(msgs[0]); !errors.Is(err, kafka.ErrTxnBroken) {
+		t.Fatalf("Produce on a broken stream: %v, want ErrTxnBroken", err)
+	}
+	again := openTxn(t, p, id)
+	resend := records(topic, parts, 0, 600)
+	produceTxn(t, again, resend)
+	commit(t, again, nil)
+	committedVerdict(t, k, topic, parts, prefixes(resend))
+}
