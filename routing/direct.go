@@ -39,7 +39,12 @@ var errRetired = errors.New("routing: the cluster's definition changed; sending 
 // send hands om to its producer: om.msg to sarama's, or om.km to the
 // direct one. On the direct path a produce that cannot be placed (no
 // partition count for its topic, or a manual partition the topic lacks)
-// is failed as the sarama path would fail it, and send returns nil.
+// is failed as the sarama path would fail it, and send returns nil. The
+// count comes from the producer's cache and never waits on the network:
+// a topic the producer has not seen is looked up in the background
+// (kafka.ErrPartitionsUnknown) while its first records are held and its
+// destination is failing; the recovery rounds send them once the count
+// is known (recovery.go).
 func (r *Router) send(ctx context.Context, om *outMsg) error {
 	pr := om.pr
 	if pr.kp == nil {
@@ -201,37 +206,44 @@ func (ds *destState) stallError() error {
 	return nil
 }
 
-// bumpRepeat is how soon after a new producer id another one tells of a
-// broker that keeps losing producer state (RELAY.md §3), and
-// bumpProblemFor how long readiness then reports it.
+// bumpRepeat is the least time between two new producer ids of a direct
+// producer (kafka.ProducerConfig.BumpInterval, its default: the pool's):
+// a bump wanted sooner waits for it, and tells of a broker that keeps
+// losing producer state (RELAY.md §3). bumpProblemFor is how long
+// readiness then reports it.
 const (
 	bumpRepeat     = 5 * time.Second
 	bumpProblemFor = time.Minute
 )
 
 // sampleProducers exports the direct producers' counters (epoch bumps,
-// duplicate sequences) and notes a new producer id taken within
-// bumpRepeat of the one before. It runs on the loop every second.
+// duplicate sequences) and notes a new producer id wanted within
+// bumpRepeat of the one before (kafka.ProducerStats.BumpsDelayed). It
+// runs on the loop every second.
 func (r *Router) sampleProducers(now time.Time) {
 	for _, pr := range r.pool.directs() {
 		st := pr.kp.Stats()
 		if d := st.Duplicates - pr.seen.Duplicates; d > 0 {
 			r.m.duplicates.WithLabelValues(pr.key.cluster).Add(float64(d))
 		}
+		if st.BumpsDelayed > pr.seen.BumpsDelayed {
+			pr.bumpRepeated.Store(now.UnixNano())
+			since := time.Duration(-1)
+			if !pr.bumpAt.IsZero() {
+				since = now.Sub(pr.bumpAt).Round(time.Second)
+			}
+			r.log.Warn("the destination lost the producer's sequence numbers again within 5 s: a broker keeps losing producer state; the next producer id waits for the 5 s, and the producer's records with it",
+				zap.Stringer("producer", pr.key), zap.Int64("bumps", st.Bumps), zap.Duration("since_last_bump", since))
+		}
 		if d := st.Bumps - pr.seen.Bumps; d > 0 {
 			r.m.bumps.WithLabelValues(pr.key.cluster).Add(float64(d))
-			if d > 1 || !pr.bumpAt.IsZero() && now.Sub(pr.bumpAt) <= bumpRepeat {
-				pr.bumpRepeated.Store(now.UnixNano())
-				r.log.Warn("the destination lost the producer's sequence numbers again within 5 s: a broker keeps losing producer state",
-					zap.Stringer("producer", pr.key), zap.Int64("bumps", st.Bumps))
-			}
 			pr.bumpAt = now
 		}
 		pr.seen = st
 	}
 }
 
-// bumpProblems returns, for readiness, the producers that took a new
+// bumpProblems returns, for readiness, the producers that wanted a new
 // producer id within bumpRepeat of the one before, less than
 // bumpProblemFor ago.
 func (r *Router) bumpProblems(now time.Time) []string {
@@ -241,7 +253,7 @@ func (r *Router) bumpProblems(now time.Time) []string {
 		if at == 0 || now.Sub(time.Unix(0, at)) > bumpProblemFor {
 			continue
 		}
-		out = append(out, fmt.Sprintf("the producer for cluster %s lost its sequence numbers twice within %s (%d new producer ids in all, the last repeat %s ago): a broker of the cluster keeps losing producer state (records still flow, in order)",
+		out = append(out, fmt.Sprintf("the producer for cluster %s lost its sequence numbers twice within %s (%d new producer ids in all, the last repeat %s ago): a broker of the cluster keeps losing producer state (records still flow, in order, pausing up to %[2]s for each new producer id)",
 			pr.key, bumpRepeat, pr.kp.Stats().Bumps, now.Sub(time.Unix(0, at)).Round(time.Second)))
 	}
 	return out

@@ -1,9 +1,18 @@
 package kafka
 
-// ProducerDone is closed once p's resolver goroutine has returned, after
-// Close: Close returns at its deadline while the resolver may still be in
-// a metadata call bounded by the client's timeouts.
-func ProducerDone(p *Producer) <-chan struct{} { return p.resolved }
+// ProducerDone is closed once p's resolver and count refresher
+// goroutines have returned, after Close: Close returns at its deadline
+// while they may still be in a metadata call bounded by the client's
+// timeouts.
+func ProducerDone(p *Producer) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		<-p.resolved
+		<-p.topics.done
+		close(done)
+	}()
+	return done
+}
 
 // MaxPartitionInFlight is the most batches one partition of p has had in
 // flight at once.

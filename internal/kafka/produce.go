@@ -104,6 +104,16 @@ type ProducerConfig struct {
 	// batches after an error, doubled up to RetryBackoffMax. Defaults
 	// 100 ms and 1 s.
 	RetryBackoff, RetryBackoffMax time.Duration
+	// BumpInterval is the least time between two new producer ids taken
+	// after a lost sequence (drain-and-bump): a bump wanted sooner waits
+	// for it, every partition with it, and counts in
+	// ProducerStats.BumpsDelayed (a broker that keeps losing producer
+	// state). Default 5 s.
+	BumpInterval time.Duration
+	// PartitionsRefresh is how often the partition counts Partitions
+	// gives are read again from the cluster, off the record path (a
+	// topic's new partitions are used within it). Default 1 min.
+	PartitionsRefresh time.Duration
 	// Dialer, when set, opens every connection (tests cut links with it).
 	Dialer Dialer
 	// Logger; default zap.NewNop().
@@ -122,6 +132,9 @@ func DefaultProducerConfig() ProducerConfig {
 		RetryBackoff:    100 * time.Millisecond,
 		RetryBackoffMax: time.Second,
 		Logger:          zap.NewNop(),
+
+		BumpInterval:      5 * time.Second,
+		PartitionsRefresh: time.Minute,
 	}
 }
 
@@ -139,6 +152,10 @@ func (c ProducerConfig) Validate() error {
 			c.BatchBytes, c.BatchRecords, c.RequestBytes)
 	case c.RetryBackoff <= 0 || c.RetryBackoffMax < c.RetryBackoff:
 		return fmt.Errorf("kafka: producer: RetryBackoff %s, RetryBackoffMax %s: want 0 < RetryBackoff <= RetryBackoffMax", c.RetryBackoff, c.RetryBackoffMax)
+	case c.BumpInterval < 0:
+		return fmt.Errorf("kafka: producer: BumpInterval %s is negative", c.BumpInterval)
+	case c.PartitionsRefresh < 10*time.Millisecond:
+		return fmt.Errorf("kafka: producer: PartitionsRefresh %s is under 10 ms", c.PartitionsRefresh)
 	case c.Logger == nil:
 		return errors.New("kafka: producer: Logger is nil")
 	}
@@ -156,6 +173,11 @@ type ProducerStats struct {
 	Refused     int64 // messages refused for good
 	Retries     int64 // rounds of a partition's batches sent again
 	Reconnected int64 // broker connections opened after the first
+
+	// BumpsDelayed counts bumps wanted within BumpInterval of the one
+	// before, which waited for it: a broker that keeps losing producer
+	// state.
+	BumpsDelayed int64
 }
 
 // Stall is what Stalled reports about a topic whose records wait.
@@ -227,6 +249,8 @@ type Producer struct {
 	kick     chan struct{} // wakes the resolver
 	resolved chan struct{} // closed when the resolver returned (and closed the client if it had to)
 
+	topics topicCounts // Partitions' cache, its refresher's
+
 	mu       sync.Mutex
 	pid      int64
 	epoch    int16
@@ -245,14 +269,19 @@ type Producer struct {
 	// maxPartInflight is the most batches one partition had in flight
 	// (for tests).
 	maxPartInflight int
-	// resolverGone: the resolver has returned. clientLeft: Close
-	// returned before it did, so the resolver closes the client.
-	resolverGone, clientLeft bool
-	closeOnce                sync.Once
-	closeErr                 error
+	// clientUsers counts the resolver, the count refresher and Close
+	// while each may still use the client: the last to stop closes it.
+	clientUsers int
+	closeOnce   sync.Once
+	closeErr    error
+	// bumpedAt is when the last bump took its producer id (zero: none
+	// yet); bumpDelayed: the wanted bump waits for BumpInterval and was
+	// counted so.
+	bumpedAt    time.Time
+	bumpDelayed bool
 
 	stats struct {
-		bumps, duplicates, splits, refused, retries, reconnected atomic.Int64
+		bumps, bumpsDelayed, duplicates, splits, refused, retries, reconnected atomic.Int64
 	}
 }
 
@@ -292,7 +321,9 @@ func NewProducer(ctx context.Context, name string, c config.Cluster, cfg Produce
 		client: client, sc: sc, ver: ver,
 		quit: make(chan struct{}), kick: make(chan struct{}, 1), resolved: make(chan struct{}),
 		parts: map[topicPartition]*partState{}, sinks: map[int32]*sink{},
+		clientUsers: 3,
 	}
+	p.topics.init(client)
 	pid, epoch := int64(-1), int16(-1)
 	if cfg.Acks == sarama.WaitForAll {
 		if pid, epoch, err = p.initProducerID(ctx); err != nil {
@@ -303,6 +334,7 @@ func NewProducer(ctx context.Context, name string, c config.Cluster, cfg Produce
 	}
 	p.pid, p.epoch = pid, epoch
 	go p.resolve()
+	go p.refreshCounts()
 	p.log.Info("producer opened", zap.Int16("acks", int16(cfg.Acks)), zap.Int64("producer_id", pid), zap.Int16("epoch", epoch))
 	return p, nil
 }
@@ -386,20 +418,10 @@ func (p *Producer) Stalled(topic string, after time.Duration) (Stall, bool) {
 	return st, !st.Since.IsZero() && time.Since(st.Since) > after
 }
 
-// Partitions returns topic's partition count from the producer's
-// metadata (for HashPartition).
-func (p *Producer) Partitions(topic string) (int32, error) {
-	ps, err := p.client.Partitions(topic)
-	if err != nil {
-		return 0, fmt.Errorf("kafka: partitions of topic %s on cluster %s: %w", topic, p.name, err)
-	}
-	return int32(len(ps)), nil
-}
-
 // Stats returns the producer's counters.
 func (p *Producer) Stats() ProducerStats {
 	return ProducerStats{
-		Bumps: p.stats.bumps.Load(), Duplicates: p.stats.duplicates.Load(), Splits: p.stats.splits.Load(),
+		Bumps: p.stats.bumps.Load(), BumpsDelayed: p.stats.bumpsDelayed.Load(), Duplicates: p.stats.duplicates.Load(), Splits: p.stats.splits.Load(),
 		Refused: p.stats.refused.Load(), Retries: p.stats.retries.Load(), Reconnected: p.stats.reconnected.Load(),
 	}
 }
@@ -437,23 +459,19 @@ func (p *Producer) close(ctx context.Context) error {
 	for _, s := range sinks {
 		<-s.done
 	}
-	// The resolver may be in a metadata refresh or InitProducerID on a
-	// hung cluster: each call is bounded by the client's timeouts (5 s
-	// reads), not by ctx, and it returns at its next check of quit. Close
-	// waits for it only until ctx ends; then whichever of the two is last
-	// closes the client.
-	select {
-	case <-p.resolved:
-	case <-ctx.Done():
-		err = ctx.Err()
+	// The resolver and the count refresher may be in a metadata refresh
+	// or InitProducerID on a hung cluster: each call is bounded by the
+	// client's timeouts (5 s reads), not by ctx, and each returns at its
+	// next check of quit. Close waits for them only until ctx ends; then
+	// whichever of the three is last closes the client.
+	for _, done := range []chan struct{}{p.resolved, p.topics.done} {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
 	}
-	p.mu.Lock()
-	closeClient := p.resolverGone
-	p.clientLeft = !p.resolverGone
-	p.mu.Unlock()
-	if closeClient {
-		_ = p.client.Close()
-	}
+	p.releaseClient()
 	p.mu.Lock()
 	var left []*Message
 	for _, ps := range p.parts {
@@ -473,6 +491,18 @@ func (p *Producer) close(ctx context.Context) error {
 	}
 	p.log.Info("producer closed", zap.Int("unfinished", len(left)))
 	return err
+}
+
+// releaseClient is called once by each user of the client (clientUsers)
+// when it no longer uses it; the last closes it.
+func (p *Producer) releaseClient() {
+	p.mu.Lock()
+	p.clientUsers--
+	last := p.clientUsers == 0
+	p.mu.Unlock()
+	if last {
+		_ = p.client.Close()
+	}
 }
 
 func (p *Producer) isClosing() bool {
@@ -502,21 +532,17 @@ func (p *Producer) backoff(n int) time.Duration {
 // wanted and nothing is in flight.
 func (p *Producer) resolve() {
 	defer close(p.resolved)
-	defer func() {
-		p.mu.Lock()
-		p.resolverGone = true
-		closeClient := p.clientLeft
-		p.mu.Unlock()
-		if closeClient {
-			_ = p.client.Close()
-		}
-	}()
+	defer p.releaseClient()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	failures, bumpFailures := 0, 0
 	for {
 		wait := time.Duration(0)
-		if p.bumpReady() {
+		ready, hold := p.bumpReady(time.Now())
+		if hold > 0 {
+			wait = hold // the bump's BumpInterval ends
+		}
+		if ready {
 			// A failed InitProducerID is tried again after a backoff (every
 			// partition waits for the bump meanwhile: a bump given up
 			// would hold them for good).
@@ -623,19 +649,41 @@ func (p *Producer) assignLeaders() bool {
 }
 
 // bumpReady reports whether a bump is wanted and may run: nothing is in
-// flight and no partition's next batch may have been written.
-func (p *Producer) bumpReady() bool {
+// flight, no partition's next batch may have been written, and
+// BumpInterval has passed since the last bump. Otherwise hold is how long
+// the interval still holds a drained bump back (0 when it does not).
+func (p *Producer) bumpReady(now time.Time) (ready bool, hold time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.bump == "" || p.closing {
-		return false
+		return false, 0
 	}
 	for _, ps := range p.parts {
 		if len(ps.inflight) > 0 || len(ps.queue) > 0 && ps.queue[0].maybe {
-			return false
+			return false, 0
 		}
 	}
-	return true
+	if p.bumpedAt.IsZero() {
+		return true, 0
+	}
+	at := p.bumpedAt.Add(p.cfg.BumpInterval)
+	if !now.Before(at) {
+		return true, 0
+	}
+	if !p.bumpDelayed {
+		p.bumpDelayed = true
+		p.stats.bumpsDelayed.Add(1)
+		err := fmt.Errorf("kafka: producer for cluster %s: the sequence was lost again (%s) %s after the last new producer id; the next is taken at %s (one per %s): a broker keeps losing producer state",
+			p.name, p.bump, now.Sub(p.bumpedAt).Round(time.Millisecond), at.Format(time.RFC3339Nano), p.cfg.BumpInterval)
+		for _, ps := range p.parts {
+			if ps.pending > 0 {
+				ps.lastErr = err
+			}
+		}
+		p.log.Warn("producer id bump delayed: the sequence was lost again within the bump interval",
+			zap.String("reason", p.bump), zap.Duration("since_last", now.Sub(p.bumpedAt)), zap.Duration("interval", p.cfg.BumpInterval))
+	}
+	return false, at.Sub(now)
 }
 
 // bumpProducerID takes a new producer id and renumbers every partition's
@@ -663,6 +711,7 @@ func (p *Producer) bumpProducerID() error {
 	why := p.bump
 	oldPid, oldEpoch := p.pid, p.epoch
 	p.pid, p.epoch, p.bump = pid, epoch, ""
+	p.bumpedAt, p.bumpDelayed = time.Now(), false
 	for _, ps := range p.parts {
 		seq := int32(0)
 		for _, b := range ps.queue {
