@@ -422,6 +422,17 @@ func (t *TxnStream) reported(msgs []*Message, refused *Message, err error) {
 	t.wake()
 }
 
+// errGaveUp: a coordinator request kept failing with retriable errors
+// for RetryTimeout.
+var errGaveUp = errors.New("the transaction coordinator kept failing")
+
+// final reports whether err, from a coordinator request, ends the stream
+// (fenced, or broken: an unknown outcome, or a coordinator gone for
+// RetryTimeout), rather than only its open transaction.
+func final(err error) bool {
+	return fencedErr(err) || errors.Is(err, ErrTxnBroken) || errors.Is(err, errGaveUp) || errors.Is(err, context.Canceled)
+}
+
 // fencedErr reports whether err says the transactional id is another
 // producer's now, or not ours to use.
 func fencedErr(err error) bool {
@@ -533,7 +544,7 @@ func (t *TxnStream) step() bool {
 	if begun {
 		if err := t.endTxn(true); err != nil {
 			p.mu.Lock()
-			if !fencedErr(err) && !errors.Is(err, ErrTxnBroken) && !errors.Is(err, context.Canceled) {
+			if !final(err) {
 				// Refused, not lost: the transaction can be aborted.
 				t.abortable = err
 			} else {
@@ -580,7 +591,7 @@ func (t *TxnStream) addPartitions(todo []*partState) {
 		return
 	}
 	if err != nil {
-		if fencedErr(err) || errors.Is(err, ErrTxnBroken) || errors.Is(err, context.Canceled) {
+		if final(err) {
 			t.fail(err)
 		} else if t.abortable == nil {
 			t.abortable = fmt.Errorf("kafka: AddPartitionsToTxn for %s on cluster %s: %w", t.cfg.ID, p.name, err)
@@ -757,9 +768,9 @@ func (t *TxnStream) initProducerID(ctx context.Context, pid int64, epoch int16) 
 // call sends a request to the coordinator with send until it is
 // answered without a retriable error: the coordinator moved or not
 // found (found again), loading or still ending a transaction, a
-// connection lost (unless lost is ambiguous: then ErrTxnBroken at once).
-// It tries for RetryTimeout, with the Producer's backoff, then returns
-// ErrTxnBroken with the last error. It runs on one goroutine at a time
+// connection lost (unless ambiguous: then ErrTxnBroken at once). It
+// tries for RetryTimeout, with the Producer's backoff, then returns
+// errGaveUp with the last error. It runs on one goroutine at a time
 // (OpenTxn's, then run).
 func (t *TxnStream) call(ctx context.Context, what string, ambiguous bool, send func(*sarama.Broker) (sarama.KError, error)) error {
 	deadline := time.Now().Add(t.cfg.RetryTimeout)
@@ -795,7 +806,7 @@ func (t *TxnStream) call(ctx context.Context, what string, ambiguous bool, send 
 			d = min(d, 20*time.Millisecond) // the coordinator is writing the last transaction's markers: short
 		}
 		if time.Now().Add(d).After(deadline) {
-			return fmt.Errorf("kafka: %s for %s on cluster %s: %w: retried for %s: %w", what, t.cfg.ID, t.p.name, ErrTxnBroken, t.cfg.RetryTimeout, err)
+			return fmt.Errorf("kafka: %s for %s on cluster %s: %w for %s: %w", what, t.cfg.ID, t.p.name, errGaveUp, t.cfg.RetryTimeout, err)
 		}
 		if serr := sleepCtx(ctx, d); serr != nil {
 			return serr

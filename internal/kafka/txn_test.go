@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -384,4 +385,73 @@ func TestTxnBrokenCommit(t *testing.T) {
 	produceTxn(t, again, resend)
 	commit(t, again, nil)
 	committedVerdict(t, k, topic, parts, prefixes(resend))
+}
+
+// TestTxnRecordRefusedForGood: a record larger than the topic takes (64
+// KiB max.message.bytes, one record of 100 KiB among 1 KiB ones): its
+// batch is split down to it, it is refused, and the transaction is
+// aborted; Commit's TxnAbortedError names it, and the next Commit
+// commits every other record once, in order.
+func TestTxnRecordRefusedForGood(t *testing.T) {
+	const topic, parts = "small", 3
+	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{})
+	createTopic(t, k, topic, parts, map[string]string{"max.message.bytes": "65536"})
+	p := newProducer(t, k, testConfig(), newRecorder())
+	s := openTxn(t, p, "kswitch/test/C/in/A/6")
+	msgs := records(topic, parts, 0, 300)
+	for _, m := range msgs {
+		m.Value = value(m.Partition, m.Ref.(ref).n, 1024)
+	}
+	big := msgs[151] // partition 1, record 50
+	big.Value = value(big.Partition, big.Ref.(ref).n, 100<<10)
+	produceTxn(t, s, msgs)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	_, err := s.Commit(ctx, nil)
+	var aerr *kafka.TxnAbortedError
+	if !errors.As(err, &aerr) || len(aerr.Refused) != 1 || aerr.Refused[0] != big {
+		t.Fatalf("Commit: %v, want ErrTxnAborted with %s refused", err, prefix(big.Value))
+	}
+	rest := slices.DeleteFunc(slices.Clone(msgs), func(m *kafka.Message) bool { return m == big })
+	if c := commit(t, s, nil); !slices.Equal(c, rest) {
+		t.Fatalf("committed %d records, want the %d others in the order given", len(c), len(rest))
+	}
+	committedVerdict(t, k, topic, parts, prefixes(rest))
+}
+
+// TestTxnOpenRetries: OpenTxn finds the coordinator again and retries
+// InitProducerID while it is answered COORDINATOR_NOT_AVAILABLE,
+// CONCURRENT_TRANSACTIONS, COORDINATOR_LOAD_IN_PROGRESS; answered so for
+// longer than RetryTimeout it fails, saying why.
+func TestTxnOpenRetries(t *testing.T) {
+	const topic, parts = "out", 3
+	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{topic: parts}})
+	p := newProducer(t, k, testConfig(), newRecorder())
+	c := k.Cluster()
+	find := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.FindCoordinator}, TopLevel: true, Err: kerr.CoordinatorNotAvailable})
+	initID := c.Fault(
+		kfake.Fault{Keys: []kmsg.Key{kmsg.InitProducerID}, TopLevel: true, Err: kerr.ConcurrentTransactions, Count: 2},
+		kfake.Fault{Keys: []kmsg.Key{kmsg.InitProducerID}, TopLevel: true, Err: kerr.CoordinatorLoadInProgress})
+	s := openTxn(t, p, "kswitch/test/C/in/A/7")
+	if find.Hits() != 1 || initID.Hits() != 3 {
+		t.Errorf("faults hit: FindCoordinator %d, InitProducerID %d; want 1 and 3", find.Hits(), initID.Hits())
+	}
+	msgs := records(topic, parts, 0, 60)
+	produceTxn(t, s, msgs)
+	commit(t, s, nil)
+	committedVerdict(t, k, topic, parts, prefixes(msgs))
+
+	forever := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.InitProducerID}, TopLevel: true, Err: kerr.ConcurrentTransactions, Count: -1})
+	defer forever.Remove()
+	cfg := kafka.DefaultTxnConfig("kswitch/test/C/in/A/8")
+	cfg.RetryTimeout = 300 * time.Millisecond
+	start := time.Now()
+	_, err := p.OpenTxn(t.Context(), cfg)
+	if !errors.Is(err, sarama.ErrConcurrentTransactions) {
+		t.Fatalf("OpenTxn answered CONCURRENT_TRANSACTIONS for good: %v, want an error wrapping it", err)
+	}
+	t.Logf("OpenTxn: %v", err)
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("OpenTxn gave up after %s, RetryTimeout %s", took, cfg.RetryTimeout)
+	}
 }
