@@ -184,6 +184,15 @@ type Agent struct {
 	// stop, partitions are committed and the lease released by then.
 	sessionDone chan struct{}
 
+	// gossipKeyed is closed once gossip has its keys (at once from a key
+	// file or without encryption; from etcd by gossipKeyLoop); the agent
+	// joins gossip only then. gossipKeyErr is why the fleet's key could
+	// not be read, "" or nil when it could.
+	gossipKeyed  chan struct{}
+	gossipKeyErr atomic.Pointer[string]
+	// viewRefusals are the gossip views the leader's last turn refused.
+	viewRefusals viewRefusals
+
 	// Readiness inputs, written by their loops.
 	etcdErr    atomic.Pointer[string] // last etcd probe error; nil or "" = reachable
 	session    atomic.Pointer[sessionState]
@@ -293,13 +302,13 @@ func (a *Agent) Start(ctx context.Context) error {
 		default:
 		}
 	})
-	keys, err := a.cfg.Agent.GossipKeys()
+	keys, placeholder, err := a.startingGossipKeys()
 	if err != nil {
 		a.closeOwnClient(client)
 		ln.Close()
 		return fmt.Errorf("agent: %w", err)
 	}
-	ml, err := newMemberlist(gossipOptions{id: a.id, bind: a.cfg.Agent.Gossip, advertise: a.cfg.Agent.GossipAdvertise,
+	ml, keyring, err := newMemberlist(gossipOptions{id: a.id, bind: a.cfg.Agent.Gossip, advertise: a.cfg.Agent.GossipAdvertise,
 		label: "kswitch/" + a.cfg.Fleet, keys: keys}, a.mlog, a.gossip, &healthMeta{views: a.prober.view})
 	if err != nil {
 		a.closeOwnClient(client)
@@ -346,6 +355,9 @@ func (a *Agent) Start(ctx context.Context) error {
 	})
 	a.goRun(func() { _ = a.observer.Run(runCtx) })
 	a.goRun(func() { a.registry.run(runCtx) })
+	if placeholder != nil {
+		a.goRun(func() { a.gossipKeyLoop(runCtx, keyring, placeholder) })
+	}
 	a.goRun(func() { a.gossipJoinLoop(runCtx, 5*time.Second) })
 	a.goRun(func() { a.probeEtcdLoop(runCtx) })
 	a.goRun(func() { a.leaderChangeLoop(runCtx) })
@@ -357,6 +369,29 @@ func (a *Agent) Start(ctx context.Context) error {
 	a.log.Info("agent started", zap.String("http", a.HTTPAddr()), zap.String("gossip", a.GossipAddr()),
 		zap.Strings("etcd", a.cfg.Etcd.Endpoints), zap.String("version", version.Version))
 	return nil
+}
+
+// startingGossipKeys returns the keys gossip starts with: the key file's;
+// none with agent.gossip_encryption off; else placeholder alone, a key
+// nobody else has, until gossipKeyLoop puts the fleet's key from etcd in
+// its place. It makes a.gossipKeyed, closed unless the fleet's key is
+// still to be read.
+func (a *Agent) startingGossipKeys() (keys [][]byte, placeholder []byte, err error) {
+	a.gossipKeyed = make(chan struct{})
+	switch keys, err = a.cfg.Agent.GossipKeys(); {
+	case err != nil:
+		return nil, nil, err
+	case keys != nil:
+	case a.cfg.Agent.GossipEncryption == "off":
+		a.log.Warn("gossip is not encrypted (agent.gossip_encryption: off): whoever reaches the gossip port can forge views and deaths")
+	default:
+		if placeholder, err = newGossipKey(); err != nil {
+			return nil, nil, err
+		}
+		return [][]byte{placeholder}, placeholder, nil
+	}
+	close(a.gossipKeyed)
+	return keys, nil, nil
 }
 
 func (a *Agent) goRun(f func()) {
@@ -480,6 +515,9 @@ func (a *Agent) Ready() (bool, string) {
 	}
 	if !s.registered {
 		return false, s.reason
+	}
+	if e := a.gossipKeyErr.Load(); e != nil && *e != "" {
+		return false, *e
 	}
 	if r := a.stuck.Load(); r != nil && *r != "" {
 		return false, *r
@@ -844,7 +882,7 @@ func (f fleetView) Lease(id string) (clientv3.LeaseID, bool)    { return f.a.reg
 func (f fleetView) Dead() <-chan string                         { return f.a.gossip.dead }
 func (f fleetView) GossipAlive(id string) bool                  { return f.a.gossip.alive(id) }
 func (f fleetView) Answers(ctx context.Context, id string) bool { return f.a.answers(ctx, id) }
-func (f fleetView) Views() coordinator.AgentViews               { return f.a.gossip.views() }
+func (f fleetView) Views() coordinator.AgentViews               { return f.a.memberViews(time.Now()) }
 
 // Subscribe tells of changes of the registrations and of the gossip views.
 func (f fleetView) Subscribe(ctx context.Context) <-chan struct{} {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/internal/notify"
+	"github.com/kswitch/kswitch/internal/refused"
 )
 
 // GossipMember is one member of the gossip cluster as this agent sees it.
@@ -96,15 +97,98 @@ func (d *gossipState) alive(id string) bool {
 // views returns the members' views of the clusters; members whose
 // metadata does not parse are left out.
 func (d *gossipState) views() coordinator.AgentViews {
+	v, _ := d.viewsFrom()
+	return v
+}
+
+// viewsFrom is views with the address each member gossips from.
+func (d *gossipState) viewsFrom() (coordinator.AgentViews, map[string]string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	out := coordinator.AgentViews{}
+	out, addrs := coordinator.AgentViews{}, map[string]string{}
 	for name, meta := range d.metas {
 		if v, err := parseViews(meta); err == nil {
-			out[name] = v
+			out[name], addrs[name] = v, d.addrs[name]
 		}
 	}
+	return out, addrs
+}
+
+// skewAllowance is how far an agent's clock may be ahead of the leader's
+// before a claimed failure longer than the agent has run is counted as
+// refused (it is cut to that length either way).
+const skewAllowance = 5 * time.Second
+
+// memberViews returns the views the leader may count: those of gossip
+// members that are agents registered in etcd and gossip from the address
+// they registered (a stranger's node, or one using a member's name from
+// elsewhere, says nothing), each failure claimed no longer than the agent
+// has run (fail_ms counts from the agent's start at most: Registration.Started).
+// What it refuses or cuts is logged and counted as refused (kind
+// "gossip") once per distinct value. Called by the leader's loop.
+func (a *Agent) memberViews(now time.Time) coordinator.AgentViews {
+	regs := map[string]Registration{}
+	for _, r := range a.registry.list() {
+		regs[r.ID] = r
+	}
+	views, addrs := a.gossip.viewsFrom()
+	out := coordinator.AgentViews{}
+	refusals := map[string]string{}
+	for name, v := range views {
+		r, ok := regs[name]
+		if !ok {
+			continue // not a member, or not yet: the leader counts only members anyway
+		}
+		if r.Gossip != addrs[name] {
+			refusals[name+"@"+addrs[name]] = fmt.Sprintf("gossips from %s, but its registration says %s: its views are not counted", addrs[name], r.Gossip)
+			continue
+		}
+		ran := now.Sub(r.Started)
+		bounded := make(map[string]coordinator.ClusterView, len(v))
+		for c, cv := range v {
+			claimed := time.Duration(cv.FailingMs) * time.Millisecond
+			switch {
+			case cv.FailingMs < 0:
+				refusals[fmt.Sprintf("%s/%s/%d", name, c, cv.FailingMs)] = fmt.Sprintf("claims cluster %s failing for %d ms, a negative time: counted as 0", c, cv.FailingMs)
+				cv.FailingMs = 0
+			case !cv.Reachable && claimed > max(0, ran):
+				if claimed > ran+skewAllowance {
+					refusals[fmt.Sprintf("%s/%s/%d", name, c, cv.FailingMs)] = fmt.Sprintf("claims cluster %s unreachable for %s, but started %s ago (its registration): counted from its start",
+						c, claimed, ran.Round(time.Millisecond))
+				}
+				cv.FailingMs = max(0, ran.Milliseconds())
+			}
+			bounded[c] = cv
+		}
+		out[name] = bounded
+	}
+	a.viewRefusals.note(refusals, a.log, func() { a.metrics.badValues.WithLabelValues(refused.Gossip).Inc() })
 	return out
+}
+
+// viewRefusals remembers the refusals memberViews last reported, so that
+// a value refused at every leader turn is logged and counted once.
+type viewRefusals struct {
+	mu   sync.Mutex
+	last map[string]string
+}
+
+// note logs and counts the refusals (by the member, and what it sent,
+// in the key, "member@addr" or "member/cluster/fail_ms"; why as value)
+// that were not refused at the last call.
+func (r *viewRefusals) note(now map[string]string, log *zap.Logger, count func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for k, why := range now {
+		if _, was := r.last[k]; was {
+			continue
+		}
+		member, _, _ := strings.Cut(k, "/")
+		member, _, _ = strings.Cut(member, "@")
+		log.Warn("gossip view refused", zap.String("member", member), zap.String("why", why))
+		count()
+	}
+	r.last = now
 }
 
 // parseViews decodes a member's gossip metadata: its view of each cluster
@@ -192,13 +276,16 @@ type gossipOptions struct {
 	// merge with this one.
 	label string
 	// keys encrypt gossip when set: the first is used to send, every one
-	// to receive; unencrypted packets are refused.
+	// to receive; unencrypted packets are refused. None: plain gossip
+	// (agent.gossip_encryption off).
 	keys [][]byte
 }
 
-// newMemberlist creates this agent's gossip node. bind and advertise are
-// host:port; port 0 binds a free port (the same for TCP and UDP).
-func newMemberlist(o gossipOptions, mlog *memberlistLog, events memberlist.EventDelegate, meta memberlist.Delegate) (*memberlist.Memberlist, error) {
+// newMemberlist creates this agent's gossip node, and returns its keyring
+// (nil without keys), in which keys can change while it runs. bind and
+// advertise are host:port; port 0 binds a free port (the same for TCP and
+// UDP).
+func newMemberlist(o gossipOptions, mlog *memberlistLog, events memberlist.EventDelegate, meta memberlist.Delegate) (*memberlist.Memberlist, *memberlist.Keyring, error) {
 	id, bind, advertise := o.id, o.bind, o.advertise
 	c := memberlist.DefaultLANConfig()
 	c.Name = id
@@ -208,20 +295,20 @@ func newMemberlist(o gossipOptions, mlog *memberlistLog, events memberlist.Event
 	if len(o.keys) > 0 {
 		kr, err := memberlist.NewKeyring(o.keys[1:], o.keys[0])
 		if err != nil {
-			return nil, fmt.Errorf("agent: gossip keys: %w", err)
+			return nil, nil, fmt.Errorf("agent: gossip keys: %w", err)
 		}
 		c.Keyring = kr
 		c.GossipVerifyIncoming, c.GossipVerifyOutgoing = true, true
 	}
 	host, port, err := splitHostPort(bind)
 	if err != nil {
-		return nil, fmt.Errorf("agent: gossip address %q: %w", bind, err)
+		return nil, nil, fmt.Errorf("agent: gossip address %q: %w", bind, err)
 	}
 	c.BindAddr, c.BindPort = host, port
 	c.AdvertisePort = port
 	if advertise != "" {
 		if c.AdvertiseAddr, c.AdvertisePort, err = splitHostPort(advertise); err != nil {
-			return nil, fmt.Errorf("agent: gossip advertise address %q: %w", advertise, err)
+			return nil, nil, fmt.Errorf("agent: gossip advertise address %q: %w", advertise, err)
 		}
 	}
 	// Joins and push/pull go to agents on the same LAN; a dead seed must not
@@ -237,9 +324,9 @@ func newMemberlist(o gossipOptions, mlog *memberlistLog, events memberlist.Event
 	c.Logger = log.New(mlog, "", 0)
 	ml, err := memberlist.Create(c)
 	if err != nil {
-		return nil, fmt.Errorf("agent: start gossip on %s: %w", bind, err)
+		return nil, nil, fmt.Errorf("agent: start gossip on %s: %w", bind, err)
 	}
-	return ml, nil
+	return ml, c.Keyring, nil
 }
 
 func splitHostPort(hp string) (string, int, error) {
@@ -259,6 +346,12 @@ func splitHostPort(hp string) (string, int, error) {
 // runs on every registry change and every interval (to heal a partition
 // that memberlist alone would not), until ctx ends.
 func (a *Agent) gossipJoinLoop(ctx context.Context, interval time.Duration) {
+	// Without the fleet's key no member would hear this agent.
+	select {
+	case <-ctx.Done():
+		return
+	case <-a.gossipKeyed:
+	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	changes := a.registry.Subscribe(ctx)

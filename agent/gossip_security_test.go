@@ -67,17 +67,20 @@ func leaseOf(t *testing.T, e *devstack.Etcd, id string) int64 {
 }
 
 // TestAForgedGossipDeathEvictsNobody: a stranger sends the leader's
-// gossip port "dead" messages naming a live agent, twenty times. Gossip
-// believes them for a moment, but the leader acts on a death only when
-// the agent's HTTP endpoint does not answer: this one does, so its lease
-// and its partitions stay.
+// gossip port "dead" messages naming a live agent, twenty times. With
+// plain gossip (agent.gossip_encryption off: by default the packets would
+// not even be decrypted) gossip believes them for a moment, but the
+// leader acts on a death only when the agent's HTTP endpoint does not
+// answer: this one does, so its lease and its partitions stay.
 func TestAForgedGossipDeathEvictsNobody(t *testing.T) {
 	e := testenv.StartEtcdT(t)
 	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 4}})
 	l := newLedger()
 	var agents []*agent.Agent
 	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
-		agents = append(agents, startConsumer(t, consumeConfig(e, k, id), l.handler(id)))
+		cfg := consumeConfig(e, k, id)
+		cfg.Agent.GossipEncryption = "off"
+		agents = append(agents, startConsumer(t, cfg, l.handler(id)))
 	}
 	waitBalanced(t, 4, agents...)
 	leader := leaderOf(t, agents...)
@@ -117,7 +120,8 @@ func TestAForgedGossipDeathEvictsNobody(t *testing.T) {
 
 // TestEncryptedGossipRefusesStrangers: agents that share a gossip key form
 // one gossip cluster; a node without the key cannot join it, nor can one
-// with another key; a key file that is not a key is refused at start.
+// with another key; a key file that is not a key is refused at start. The
+// key file wins over the fleet's key: none is made in etcd.
 func TestEncryptedGossipRefusesStrangers(t *testing.T) {
 	e := testenv.StartEtcdT(t)
 	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 4}})
@@ -147,6 +151,10 @@ func TestEncryptedGossipRefusesStrangers(t *testing.T) {
 		}
 		return nil
 	})
+
+	if resp, err := testenv.EtcdClientT(t, e).Get(context.Background(), fleetKeys.GossipKey()); err != nil || len(resp.Kvs) != 0 {
+		t.Errorf("agents with a key file made the fleet's key in etcd (%v): %v", err, resp.Kvs)
+	}
 
 	join := func(name string, keys [][]byte) error {
 		c := memberlist.DefaultLANConfig()

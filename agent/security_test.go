@@ -39,13 +39,17 @@ import (
 // The secure world's users and secrets. The passwords are distinctive so
 // that finding one in a log, /status or /metrics cannot be a coincidence.
 const (
-	fleetUser     = "kswitch-orders"
-	fleetPass     = "etcd-pw-Xq7fleet"
-	wrongPass     = "etcd-pw-Wr0ngone"
-	strangerUser  = "kswitch-other"
-	strangerPass  = "etcd-pw-Str4nger"
-	operatorUser  = "orders-operator"
-	operatorPass  = "etcd-pw-0perator"
+	fleetUser    = "kswitch-orders"
+	fleetPass    = "etcd-pw-Xq7fleet"
+	wrongPass    = "etcd-pw-Wr0ngone"
+	strangerUser = "kswitch-other"
+	strangerPass = "etcd-pw-Str4nger"
+	operatorUser = "orders-operator"
+	operatorPass = "etcd-pw-0perator"
+	// noKeyUser has the fleet's role as it was before the fleet's
+	// gossip key: the prefix only.
+	noKeyUser     = "kswitch-orders-nokey"
+	noKeyPass     = "etcd-pw-N0keyrol"
 	kafkaUser     = "kswitch"
 	kafkaPass     = "kafka-pw-Scr4mA1"
 	kafkaWrong    = "kafka-pw-Wr0ngB2"
@@ -53,7 +57,7 @@ const (
 	secureRecords = 200
 )
 
-var allSecrets = []string{fleetPass, wrongPass, strangerPass, operatorPass, kafkaPass, kafkaWrong}
+var allSecrets = []string{fleetPass, wrongPass, strangerPass, operatorPass, noKeyPass, kafkaPass, kafkaWrong}
 
 // secureWorld is an etcd with TLS, client certificates and auth, holding
 // the fleet's user (a role limited to /kswitch/orders/, as
@@ -96,8 +100,9 @@ func startSecureWorld(t *testing.T) *secureWorld {
 		name, pass string
 		perms      []devstack.EtcdPermission
 	}{
-		{fleetUser, fleetPass, []devstack.EtcdPermission{{Key: prefix, Prefix: true, Type: rw}}},
+		{fleetUser, fleetPass, []devstack.EtcdPermission{{Key: prefix, Prefix: true, Type: rw}, {Key: keys.New("orders").GossipKey(), Type: rw}}},
 		{strangerUser, strangerPass, []devstack.EtcdPermission{{Key: keys.New("other").Prefix(), Prefix: true, Type: rw}}},
+		{noKeyUser, noKeyPass, []devstack.EtcdPermission{{Key: prefix, Prefix: true, Type: rw}}},
 		{operatorUser, operatorPass, []devstack.EtcdPermission{
 			{Key: prefix, Prefix: true, Type: read},
 			{Key: prefix + "signals/", Prefix: true, Type: rw},
@@ -285,6 +290,14 @@ func TestSecureFleet(t *testing.T) {
 		return nil
 	})
 	waitBalanced(t, securePartsN, agents...)
+	wait.For(t, 20*time.Second, "the agents gossiping with the fleet's key from etcd", func() error {
+		for _, a := range agents {
+			if n := len(a.Status().Gossip); n != len(agents) {
+				return fmt.Errorf("%s sees %d gossip members", a.ID(), n)
+			}
+		}
+		return nil
+	})
 	wait.For(t, 20*time.Second, "every record consumed and routed", func() error {
 		n, err := w.delivered(cfg.Clusters["A"])
 		if err == nil && n != secureRecords {
@@ -325,7 +338,8 @@ func getPlain(a *agent.Agent) (int, []byte, error) {
 
 // TestSecureFleetRefusals: an agent whose etcd password is wrong, or whose
 // role does not cover the fleet's prefix, stays unready (503) with a
-// reason naming the cause; an agent whose Kafka password is wrong reports
+// reason naming the cause; so does one whose role does not cover the
+// fleet's gossip key, saying which grant it needs; an agent whose Kafka password is wrong reports
 // the cluster unreachable with the authentication failure as the probe's
 // error (in /status), not a timeout. No password shows anywhere.
 func TestSecureFleetRefusals(t *testing.T) {
@@ -333,6 +347,7 @@ func TestSecureFleetRefusals(t *testing.T) {
 	wrongEtcd := w.start(t, w.config(t, "wrong-etcd", fleetUser, wrongPass, kafkaPass), nil)
 	stranger := w.start(t, w.config(t, "stranger", strangerUser, strangerPass, kafkaPass), nil)
 	wrongKafka := w.start(t, w.config(t, "wrong-kafka", fleetUser, fleetPass, kafkaWrong), nil)
+	noKey := w.start(t, w.config(t, "no-key", noKeyUser, noKeyPass, kafkaPass), nil)
 
 	for _, tc := range []struct {
 		a    *agent.Agent
@@ -379,7 +394,17 @@ func TestSecureFleetRefusals(t *testing.T) {
 		}
 		return nil
 	})
-	for _, a := range []*agent.Agent{wrongEtcd, stranger, wrongKafka} {
+	wait.For(t, 30*time.Second, "no-key unready, naming the grant it needs", func() error {
+		code, reason, err := w.readyz(noKey)
+		if err == nil && (code != http.StatusServiceUnavailable || !strings.Contains(reason, "grant the fleet's etcd role readwrite on /kswitch-keys/orders/gossip")) {
+			err = fmt.Errorf("/readyz %d %q", code, reason)
+		}
+		return err
+	})
+	if n := len(noKey.Status().Gossip); n != 1 {
+		t.Errorf("no-key, without the fleet's key, sees %d gossip members", n)
+	}
+	for _, a := range []*agent.Agent{wrongEtcd, stranger, wrongKafka, noKey} {
 		for _, path := range []string{"/status", "/metrics", "/readyz"} {
 			_, body, err := w.get(a, path)
 			if err != nil {
@@ -394,7 +419,7 @@ func TestSecureFleetRefusals(t *testing.T) {
 // TestOperatorRole: the operator role of docs/SECURITY.md may pause and
 // pin (signals/, control/) and read the fleet's state, and nothing else:
 // it cannot write the leader's state, registrations, offsets or routes,
-// nor another fleet's signals.
+// nor another fleet's signals, nor read the fleet's gossip key.
 func TestOperatorRole(t *testing.T) {
 	w := startSecureWorld(t)
 	e := config.Default().Etcd
@@ -417,6 +442,9 @@ func TestOperatorRole(t *testing.T) {
 	}
 	if _, err := cli.Get(ctx, k.Prefix(), clientv3.WithPrefix()); err != nil {
 		t.Errorf("operator read: %v", err)
+	}
+	if _, err := cli.Get(ctx, k.GossipKey()); !errors.Is(err, rpctypes.ErrPermissionDenied) {
+		t.Errorf("operator read of %s: %v, want permission denied", k.GossipKey(), err)
 	}
 	for _, key := range []string{k.Active(), k.Assignment(), k.Agent("x"), k.Offset("A", "orders", 0), k.Routes(), keys.New("other").FleetSignal()} {
 		if _, err := cli.Put(ctx, key, "x"); !errors.Is(err, rpctypes.ErrPermissionDenied) {
