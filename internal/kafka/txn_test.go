@@ -549,3 +549,53 @@ func BenchmarkTxn(b *testing.B) {
 	b.ReportMetric(idem.Seconds()/txn.Seconds(), "x_idempotent")
 	b.ReportMetric(sar.Seconds()/txn.Seconds(), "x_sarama_txn")
 }
+
+// TestTxnRecordsGivenDuringACommitAreInTheNext: records given while a
+// commit waits for EndTxn (held by the cluster) are not in that
+// transaction: Commit returns only the first records, Abort of the next
+// transaction returns the others, and only the first are visible.
+func TestTxnRecordsGivenDuringACommitAreInTheNext(t *testing.T) {
+	const topic, parts = "out", 6
+	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{topic: parts}})
+	p := newProducer(t, k, testConfig(), newRecorder())
+	s := openTxn(t, p, "kswitch/test/C/in/A/9")
+	first := records(topic, parts, 0, 600)
+	produceTxn(t, s, first)
+	c := k.Cluster()
+	held, release := make(chan struct{}), make(chan struct{})
+	c.ControlKey(int16(kmsg.EndTxn), func(kmsg.Request) (kmsg.Response, error, bool) {
+		close(held)
+		c.SleepControl(func() { <-release })
+		c.DropControl()        // for this EndTxn only
+		return nil, nil, false // then answered as usual
+	})
+	type result struct {
+		msgs []*kafka.Message
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		msgs, err := s.Commit(t.Context(), nil)
+		done <- result{msgs, err}
+	}()
+	select {
+	case <-held:
+	case <-time.After(30 * time.Second):
+		close(release)
+		t.Fatal("no EndTxn within 30 s")
+	}
+	second := records(topic, parts, 600, 1200)
+	produceTxn(t, s, second)
+	close(release)
+	r := <-done
+	if r.err != nil || !slices.Equal(r.msgs, first) {
+		t.Fatalf("Commit: %d records, %v; want the %d given before it", len(r.msgs), r.err, len(first))
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	dropped, err := s.Abort(ctx)
+	if err != nil || !slices.Equal(dropped, second) {
+		t.Fatalf("Abort: %d records, %v; want the %d given during the commit", len(dropped), err, len(second))
+	}
+	committedVerdict(t, k, topic, parts, prefixes(first))
+}
