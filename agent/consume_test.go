@@ -31,8 +31,8 @@ type ledger struct {
 	mu         sync.Mutex
 	seen       map[string]int                        // record id -> times handled
 	first      map[string]string                     // record id -> agent that handled it first
-	lastGen    map[coordinator.TopicPartition]holder // partition -> newest generation delivered, and by whom
-	genHolder  map[string]string                     // "topic/partition@generation" -> agent
+	lastGen    map[coordinator.TopicPartition]holder // partition -> newest (token, generation) delivered, and by whom
+	genHolder  map[string]string                     // "topic/partition@token.generation" -> agent
 	lastOffset map[string]int64                      // "agent/session topic/partition@generation" -> last offset
 	gen        map[string]int64                      // record id -> generation it was first handled under
 	firstAt    map[string]time.Time                  // record id -> when it was first handled
@@ -60,8 +60,15 @@ func (d delivery) String() string {
 }
 
 type holder struct {
-	agent string
-	gen   int64
+	agent      string
+	token, gen int64
+}
+
+// before reports whether h's generation comes before (token, gen):
+// generations are ordered within a term's token, and a later token's
+// come after whatever their numbers.
+func (h holder) before(token, gen int64) bool {
+	return h.token < token || h.token == token && h.gen < gen
 }
 
 func newLedger() *ledger {
@@ -107,14 +114,13 @@ func (l *ledger) record(id string, r *record.Record) {
 	// under a later generation than the one before: a delivery under an
 	// older generation than one already seen means a former owner still
 	// delivers after the partition moved on.
-	if last, ok := l.lastGen[tp]; ok && r.Generation < last.gen {
-		l.violations = append(l.violations, fmt.Sprintf("%s delivered %s under generation %d after %s did under %d",
-			id, tp, r.Generation, last.agent, last.gen))
+	if last, ok := l.lastGen[tp]; !ok || last.before(r.Token, r.Generation) || last.token == r.Token && last.gen == r.Generation {
+		l.lastGen[tp] = holder{agent: id, token: r.Token, gen: r.Generation}
+	} else {
+		l.violations = append(l.violations, fmt.Sprintf("%s delivered %s under generation %d (token %d) after %s did under %d (token %d)",
+			id, tp, r.Generation, r.Token, last.agent, last.gen, last.token))
 	}
-	if last, ok := l.lastGen[tp]; !ok || r.Generation >= last.gen {
-		l.lastGen[tp] = holder{agent: id, gen: r.Generation}
-	}
-	gk := fmt.Sprintf("%s@%d", tp, r.Generation)
+	gk := fmt.Sprintf("%s@%d.%d", tp, r.Token, r.Generation)
 	if h, ok := l.genHolder[gk]; ok && h != id {
 		l.violations = append(l.violations, fmt.Sprintf("%s and %s both hold %s", h, id, gk))
 	}

@@ -442,6 +442,93 @@ func TestForgedAcksMoveNoGeneration(t *testing.T) {
 	l.check(t)
 }
 
+// TestAGenerationAtTheBoundStartsANewEpoch: someone puts a well-formed
+// state/assignment of generation 2^53, the bound agents accept, under the
+// current term's token. Agents apply it; the leader's repair would need
+// 2^53 + 1, which every agent refuses (before: commits fenced, delivery
+// held for good). Instead that term ends, and the next starts its
+// generations again at 1, which agents take because its token is newer:
+// a join is balanced, and every record is delivered.
+func TestAGenerationAtTheBoundStartsANewEpoch(t *testing.T) {
+	d := startDC(t)
+	cli := testenv.EtcdClientT(t, d.etcd)
+	l, agents, p := flowingFleet(t, d)
+	before, err := readAssignment(cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := before
+	forged.Generation = 1 << 53
+	val, err := json.Marshal(forged)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(t.Context(), fleetKeys.Assignment(), string(val)); err != nil {
+		t.Fatal(err)
+	}
+	// A join needs a new generation: the bound's or a new term's.
+	agents = append(agents, startConsumer(t, d.config("agent-4"), l.handler("agent-4")))
+	waitBalanced(t, failoverPartitions, agents...)
+	now, err := readAssignment(cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if now.Token <= before.Token || now.Generation > 100 {
+		t.Errorf("after the join: token %d generation %d; before the forged value: token %d generation %d",
+			now.Token, now.Generation, before.Token, before.Generation)
+	}
+	p.halt()
+	waitAllHandled(t, l, p.written(), 20*time.Second)
+	l.check(t)
+	t.Logf("forged generation 2^53 under token %d; the fleet went on under token %d at generation %d", before.Token, now.Token, now.Generation)
+}
+
+// TestAnAssignmentOfATermNobodyHoldsIsNotApplied: someone puts a
+// state/assignment under a fencing token no leader holds (a later one than
+// the current term's), giving every partition to agent-3. Agents do not
+// apply it (no leader key of the fleet's election has that token) and
+// the leader's repair replaces it: nothing is consumed under it.
+func TestAnAssignmentOfATermNobodyHoldsIsNotApplied(t *testing.T) {
+	d := startDC(t)
+	cli := testenv.EtcdClientT(t, d.etcd)
+	l, agents, p := flowingFleet(t, d)
+	before, err := readAssignment(cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := before
+	forged.Token, forged.Generation = before.Token+1000, before.Generation+1000
+	forged.Owned, forged.Revoking = map[string][]coordinator.TopicPartition{}, nil
+	for _, tps := range before.Owned {
+		forged.Owned["agent-3"] = append(forged.Owned["agent-3"], tps...)
+	}
+	slices.SortFunc(forged.Owned["agent-3"], coordinator.TopicPartition.Compare)
+	val, err := json.Marshal(forged)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := coordinator.ParseAssignment(val); err != nil {
+		t.Fatalf("the forged value must be well formed: %v", err)
+	}
+	if _, err := cli.Put(t.Context(), fleetKeys.Assignment(), string(val)); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, 20*time.Second, "the leader's repair", func() error {
+		a, err := readAssignment(cli)
+		if err != nil || a.Token != before.Token || a.Generation <= forged.Generation {
+			return fmt.Errorf("state/assignment token %d generation %d (%v)", a.Token, a.Generation, err)
+		}
+		return nil
+	})
+	waitBalanced(t, failoverPartitions, agents...)
+	p.halt()
+	waitAllHandled(t, l, p.written(), 20*time.Second)
+	l.check(t)
+	if n := l.handledUnder(forged.Generation); n > 0 {
+		t.Errorf("%d records were consumed under the forged generation %d", n, forged.Generation)
+	}
+}
+
 func readAssignment(cli *clientv3.Client) (coordinator.Assignment, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()

@@ -23,6 +23,7 @@ type partitionRun struct {
 	tp         coordinator.TopicPartition
 	cluster    string
 	generation int64
+	token      int64 // the fencing token of generation's term
 	logical    string // the topic's logical name
 	origin     string // the cluster whose producers write the topic
 	// topicID is the id of the topic as it was when the partition
@@ -161,13 +162,14 @@ const (
 // from KSWITCH_RELAY_PATH (export_test.go).
 var defaultFetch = FetchSarama
 
-// startPartition starts consuming tp, of topic id topicID, at start (an
+// startPartition starts consuming tp under generation gen of the term
+// whose fencing token is token, of topic id topicID, at start (an
 // offset >= 0, resolved by the caller) and returns the running partition.
 // A start out of the partition's range is moved (outOfRange): at once by
 // sarama's Consumer; on the direct path when the partition's previous run
 // ended out of range (ended), as the Fetcher finds it out only when it
 // fetches.
-func (w *worker) startPartition(ctx context.Context, k *kafkaConn, gen int64, tp coordinator.TopicPartition, start int64, paused bool, topicID string, ended error) (*partitionRun, error) {
+func (w *worker) startPartition(ctx context.Context, k *kafkaConn, token, gen int64, tp coordinator.TopicPartition, start int64, paused bool, topicID string, ended error) (*partitionRun, error) {
 	var pc sarama.PartitionConsumer
 	var fp *kafka.FetchPartition
 	var err error
@@ -196,7 +198,7 @@ func (w *worker) startPartition(ctx context.Context, k *kafkaConn, gen int64, tp
 	if fp != nil {
 		budget = nil // the Fetcher charges it, per response
 	}
-	r := &partitionRun{tp: tp, cluster: k.name, logical: s.Logical, origin: s.Origin, topicID: topicID, generation: gen, pc: pc, fp: fp,
+	r := &partitionRun{tp: tp, cluster: k.name, logical: s.Logical, origin: s.Origin, topicID: topicID, generation: gen, token: token, pc: pc, fp: fp,
 		t: newTracker(start, maxInFlight, budget), cancel: cancel, done: make(chan struct{}), gate: newGate(paused)}
 	if paused {
 		// Stop fetching too, so a long pause holds no records in memory.
@@ -399,7 +401,7 @@ func (w *worker) deliverChunk(ctx context.Context, log *zap.Logger, r *partition
 		d.chunk = ref
 		d.rec = record.Record{
 			Cluster: r.cluster, Topic: r.tp.Topic, SourceTopic: r.logical, Origin: r.origin, TopicID: r.topicID, Partition: r.tp.Partition, Offset: m.Offset,
-			Key: m.Key, Value: m.Value, Timestamp: m.Timestamp, Generation: r.generation, Session: int64(w.lease),
+			Key: m.Key, Value: m.Value, Timestamp: m.Timestamp, Generation: r.generation, Session: int64(w.lease), Token: r.token,
 		}
 		if len(m.Headers) > 0 {
 			from := len(hs)
@@ -425,7 +427,7 @@ const burst = 256
 func saramaDelivery(r *partitionRun, msg *sarama.ConsumerMessage) *delivery {
 	d := &delivery{rec: record.Record{
 		Cluster: r.cluster, Topic: msg.Topic, SourceTopic: r.logical, Origin: r.origin, TopicID: r.topicID, Partition: msg.Partition, Offset: msg.Offset,
-		Key: msg.Key, Value: msg.Value, Timestamp: msg.Timestamp, Generation: r.generation,
+		Key: msg.Key, Value: msg.Value, Timestamp: msg.Timestamp, Generation: r.generation, Token: r.token,
 	}}
 	if len(msg.Headers) > 0 {
 		d.rec.Headers = make([]record.Header, 0, len(msg.Headers))

@@ -204,6 +204,9 @@ type worker struct {
 	restartFails func(cluster string, tp coordinator.TopicPartition) error
 	// ackFails is hooks.AckFails.
 	ackFails func(gen int64) error
+	// pendingAsg is a state/assignment value of a term this agent has
+	// not seen elected yet (applyValue); owned by the loop.
+	pendingAsg *pendingValue
 	// ackDue is the generation whose acknowledgement failed (0: none): it
 	// is written again on every commit tick until it lands or a later
 	// one replaces it. The leader plans without an agent that does not
@@ -413,6 +416,7 @@ func (w *worker) follow(ctx context.Context, tick <-chan time.Time, sig <-chan s
 			if w.ackDue > 0 {
 				w.ack(ctx, w.ackDue)
 			}
+			w.applyPending(ctx, now)
 			w.restartEnded(ctx, now)
 			w.checkStuck(ctx, now)
 			w.observeLag()
@@ -475,12 +479,19 @@ func (w *worker) applyNewest(ctx context.Context, evs []*clientv3.Event) {
 
 // applyValue applies a state/assignment value at revision rev. A value
 // that changed while this worker watched (changed) must come from the
-// current leader's term or a later one: one that carries an older term's
-// fencing token was not written by the leader (an old value put back by
-// hand) and is ignored; the leader repairs the key within a loop turn. The
-// value read at start is taken whatever its term: a leader does not
-// republish an assignment it keeps. It reports whether it applied the
-// value.
+// current leader's term: one that carries an older term's fencing token
+// was not written by the leader (an old value put back by hand) and is
+// ignored; one that carries a later token than the leader this agent has
+// seen elected is applied if etcd holds that term's leader key (termHeld:
+// this agent's view of the election lags), else it waits (pending) until
+// the agent sees that leader, and is dropped if it never does (no term
+// holds it: written by someone else).
+// The leader repairs such values within a loop turn. Values of one term
+// are ordered by generation; a value of the leader's term supersedes one
+// of another term whatever their generations (a term may start its
+// generations again: coordinator's generationsSpent). The value read at
+// start is taken whatever its term: a leader does not republish an
+// assignment it keeps. It reports whether it applied the value.
 func (w *worker) applyValue(ctx context.Context, val []byte, rev int64, changed bool) bool {
 	a, err := coordinator.ParseAssignment(val)
 	if err != nil {
@@ -489,18 +500,77 @@ func (w *worker) applyValue(ctx context.Context, val []byte, rev int64, changed 
 		w.metrics.badValues.WithLabelValues("assignment").Inc()
 		return false
 	}
-	if tok, ok := w.leaderToken(); changed && ok && a.Token < tok {
-		w.log.Warn("ignoring a state/assignment from an older leader term; the leader will repair it",
-			zap.Int64("token", a.Token), zap.Int64("leader_token", tok), zap.Int64("generation", a.Generation))
-		w.metrics.badValues.WithLabelValues("assignment").Inc()
-		return false
+	if changed {
+		tok, ok := w.leaderToken()
+		switch {
+		case ok && a.Token < tok:
+			w.log.Warn("ignoring a state/assignment from an older leader term; the leader will repair it",
+				zap.Int64("token", a.Token), zap.Int64("leader_token", tok), zap.Int64("generation", a.Generation))
+			w.metrics.badValues.WithLabelValues("assignment").Inc()
+			return false
+		case (!ok || a.Token > tok) && w.termHeld(ctx, a.Token):
+			// The election's own watch lags this one: the term is
+			// there.
+		case !ok || a.Token > tok:
+			if p := w.pendingAsg; p == nil || rev > p.rev {
+				w.pendingAsg = &pendingValue{val: val, rev: rev, token: a.Token, since: time.Now()}
+			}
+			w.log.Debug("state/assignment from a term this agent has not seen elected yet; waiting for it",
+				zap.Int64("token", a.Token), zap.Int64("leader_token", tok), zap.Int64("generation", a.Generation))
+			return false
+		}
 	}
-	if a.Generation < w.applied.Generation {
+	if a.Token == w.applied.Token && a.Generation < w.applied.Generation {
 		w.log.Warn("ignoring an older assignment generation", zap.Int64("generation", a.Generation), zap.Int64("applied", w.applied.Generation))
 		return false
 	}
+	if p := w.pendingAsg; p != nil && p.rev <= rev {
+		w.pendingAsg = nil
+	}
 	w.apply(ctx, a, rev)
 	return true
+}
+
+// termHeld reports whether a leader key of the fleet's election has the
+// fencing token token: the value's term exists, and this agent's view of
+// the election has not caught up with it yet (the two are separate
+// watches). False when it cannot tell.
+func (w *worker) termHeld(ctx context.Context, token int64) bool {
+	rctx, cancel := context.WithTimeout(ctx, w.cfg.Etcd.RequestTimeout)
+	defer cancel()
+	resp, err := w.etcd.Get(rctx, w.keys.Election(), clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+		clientv3.WithMinCreateRev(token), clientv3.WithMaxCreateRev(token))
+	return err == nil && len(resp.Kvs) > 0
+}
+
+// pendingValue is a state/assignment value of a term the agent has not
+// seen elected when it arrived.
+type pendingValue struct {
+	val   []byte
+	rev   int64
+	token int64
+	since time.Time
+}
+
+// applyPending applies the pending value once the agent sees its term's
+// leader elected, drops it when a later term leads or it waited longer
+// than a session TTL (no leader holds that term: someone else wrote it).
+func (w *worker) applyPending(ctx context.Context, now time.Time) {
+	p := w.pendingAsg
+	if p == nil {
+		return
+	}
+	tok, ok := w.leaderToken()
+	switch {
+	case ok && p.token == tok:
+		w.pendingAsg = nil
+		w.applyValue(ctx, p.val, p.rev, true)
+	case ok && p.token < tok, now.Sub(p.since) > w.cfg.Etcd.SessionTTL:
+		w.pendingAsg = nil
+		w.log.Warn("ignoring a state/assignment of a term no leader holds; the leader will repair it",
+			zap.Int64("token", p.token), zap.Int64("leader_token", tok))
+		w.metrics.badValues.WithLabelValues("assignment").Inc()
+	}
 }
 
 // apply makes the running partitions match a: revoked partitions are
@@ -878,7 +948,7 @@ func (w *worker) startOn(ctx context.Context, cluster string, tps []coordinator.
 					return
 				}
 			}
-			r, err := w.startPartition(ctx, k, w.applied.Generation, tp, start, paused[tp], ids[tp.Topic], dead.cause)
+			r, err := w.startPartition(ctx, k, w.applied.Token, w.applied.Generation, tp, start, paused[tp], ids[tp.Topic], dead.cause)
 			results <- started{tp, r, err}
 		}()
 	}
@@ -1313,7 +1383,7 @@ func (w *worker) tellReleased(runs []*partitionRun) {
 	for _, r := range runs {
 		wg.Go(func() {
 			w.released(record.Owned{Cluster: r.cluster, Topic: r.tp.Topic, SourceTopic: r.logical, Origin: r.origin, Partition: r.tp.Partition,
-				Generation: r.generation, Session: int64(w.lease)})
+				Generation: r.generation, Session: int64(w.lease), Token: r.token})
 		})
 	}
 	wg.Wait()

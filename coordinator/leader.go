@@ -266,12 +266,43 @@ func (l *Leader) restoreBreaker(ctx context.Context, br *breaker) error {
 	return nil
 }
 
+// generationsSpent ends a term whose next generation would pass
+// maxGeneration. It matches election.ErrNotLeader: the term leads no
+// further, and the next term's first generation is 1, ordered above every
+// earlier one by the term's token.
+type generationsSpent struct{ next int64 }
+
+func (e generationsSpent) Error() string {
+	return fmt.Sprintf("coordinator: the next generation would be %d, past the bound 2^53 agents accept: ending this term so that the next starts at 1", e.next)
+}
+
+func (generationsSpent) Is(target error) bool { return target == election.ErrNotLeader }
+
 // publishTerm publishes a as the term's next generation.
 func (l *Leader) publishTerm(ctx context.Context, t *term, a Assignment) error {
-	// Above every generation an agent applied, which agents would
-	// otherwise ignore as older.
-	if m := maxAck(t.acks); a.Generation <= m {
+	// A term's first value goes above every generation an agent applied
+	// (agents keep the numbers running across terms). Later ones follow
+	// the term's own: an ack above them is from before the generations
+	// started again, or a stranger's (the repair goes above one an agent
+	// really applied).
+	first := t.current.Token != t.Rev
+	if m := maxAck(t.acks); first && a.Generation <= m {
 		a.Generation = m + 1
+	}
+	if a.Generation > maxGeneration {
+		// Agents refuse generations past the bound. Values near it
+		// were written by someone else (a leader adds one at a time).
+		// This term's first value starts a new run of generations at 1:
+		// agents order values by term first (a newer term's token is
+		// newer whatever its generation). A term that published already
+		// has agents on its own numbers: it ends, and the next starts
+		// again.
+		if !first {
+			return generationsSpent{next: a.Generation}
+		}
+		t.log.Warn("generations near the bound (written by someone else): this term starts them again at 1",
+			zap.Int64("would_be", a.Generation), zap.Int64("bound", maxGeneration))
+		a.Generation = 1
 	}
 	a.Leader, a.Token, a.Published = t.ID, t.Rev, time.Now().UTC()
 	rev, err := l.publish(ctx, t.Term, a, t.currentRev)

@@ -46,9 +46,14 @@ type Record struct {
 	// consumes this partition, and Session the etcd lease of the agent's
 	// session: an agent that lost its session and registered again may
 	// consume a partition again from its committed offset under the same
-	// generation, but never under the same session.
+	// generation, but never under the same session. Token is the fencing
+	// token of the leader term that published Generation: generations are
+	// ordered within a token, and a later token's come after an earlier
+	// token's whatever their numbers (a term may start them again at 1,
+	// when someone else wrote one near the bound agents accept).
 	Generation int64
 	Session    int64
+	Token      int64
 
 	acker Acker
 }
@@ -58,13 +63,13 @@ type Record struct {
 type Owned struct {
 	Cluster, Topic, SourceTopic, Origin string
 	Partition                           int32
-	Generation, Session                 int64
+	Generation, Session, Token          int64
 }
 
 // Owned returns the partition and owner r comes from.
 func (r *Record) Owned() Owned {
 	return Owned{Cluster: r.Cluster, Topic: r.Topic, SourceTopic: r.SourceTopic, Origin: r.Origin, Partition: r.Partition,
-		Generation: r.Generation, Session: r.Session}
+		Generation: r.Generation, Session: r.Session, Token: r.Token}
 }
 
 // Acker is told when a record is acknowledged: the runtime that delivered

@@ -420,7 +420,7 @@ func (r *Router) Release(p record.Owned) {
 	r.dropHeld(func(om *outMsg) bool {
 		rec := om.d.rec
 		return rec.Cluster == p.Cluster && rec.Topic == p.Topic && rec.Partition == p.Partition &&
-			rec.Generation == p.Generation && rec.Session == p.Session
+			rec.Generation == p.Generation && rec.Session == p.Session && rec.Token == p.Token
 	})
 	r.txns.release(p)
 }
@@ -510,7 +510,7 @@ func (r *Router) submit(ctx context.Context, rec *record.Record, msgs []*outMsg)
 	for i, m := range msgs {
 		var err error
 		if r.txns.exactlyOnce(m.ch.Cluster) {
-			m.tp, err = r.txns.acquire(ctx, txnKeyOf(m.ch.Cluster, rec), rec.Generation, rec.Session, r.opts.OpenWait)
+			m.tp, err = r.txns.acquire(ctx, txnKeyOf(m.ch.Cluster, rec), ownerOf(rec), r.opts.OpenWait)
 		} else {
 			m.pr, err = r.pool.acquireFor(ctx, m.ch, r.opts.OpenWait)
 		}

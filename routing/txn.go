@@ -147,8 +147,7 @@ func markDone(done map[string]int64, ids map[string]string, rec *record.Record) 
 // for one owner.
 type txnProducer struct {
 	key     txnKey
-	gen     int64
-	session int64
+	own     owner
 	set     *txnSet
 	p       sarama.AsyncProducer
 	// committed is the position of the last committed transaction (read
@@ -182,8 +181,12 @@ type txnProducer struct {
 // a record before it closes.
 const txnIdleTicks = 600
 
-// owner is a generation and session (record.Record).
-type owner struct{ gen, session int64 }
+// owner is a partition's owner as its records name it: the generation
+// and its term's token, and the agent's session (record.Record).
+type owner struct{ token, gen, session int64 }
+
+// ownerOf is the owner that consumed rec.
+func ownerOf(rec *record.Record) owner { return owner{rec.Token, rec.Generation, rec.Session} }
 
 // txnSet holds a router's transactional producers.
 type txnSet struct {
@@ -252,9 +255,9 @@ func sameConnection(a, b config.Cluster) bool {
 		a.TLS == b.TLS && a.SASL == b.SASL && a.Proxy == b.Proxy
 }
 
-// acquire returns the producer of k for the owner (gen, session), opening
+// acquire returns the producer of k for the owner own, opening
 // it in the background: it waits at most wait (or until ctx ends).
-func (s *txnSet) acquire(ctx context.Context, k txnKey, gen, session int64, wait time.Duration) (*txnProducer, error) {
+func (s *txnSet) acquire(ctx context.Context, k txnKey, own owner, wait time.Duration) (*txnProducer, error) {
 	timeout := time.NewTimer(wait)
 	defer timeout.Stop()
 	for {
@@ -263,12 +266,12 @@ func (s *txnSet) acquire(ctx context.Context, k txnKey, gen, session int64, wait
 			s.mu.Unlock()
 			return nil, errClosed
 		}
-		if s.fenced[k] == (owner{gen, session}) {
+		if s.fenced[k] == own {
 			s.mu.Unlock()
 			return nil, fmt.Errorf("the transactional producer of %s on %s was fenced: the partition has a new owner", k.positionKey(s.fleet), k.cluster)
 		}
 		tp := s.live[k]
-		if tp != nil && tp.gen == gen && tp.session == session {
+		if tp != nil && tp.own == own {
 			s.mu.Unlock() // before tp.mu: commit takes s.mu under tp.mu
 			tp.mu.Lock()
 			failed := tp.failed
@@ -283,7 +286,7 @@ func (s *txnSet) acquire(ctx context.Context, k txnKey, gen, session int64, wait
 			ch = make(chan struct{})
 			s.opening[k] = ch
 			old := tp
-			s.wg.Go(func() { s.open(k, gen, session, old, ch) })
+			s.wg.Go(func() { s.open(k, own, old, ch) })
 		}
 		s.mu.Unlock()
 		select {
@@ -313,13 +316,13 @@ var errReleased = errors.New("the partition was released by its owner")
 // progress.
 func (s *txnSet) release(p record.Owned) {
 	rec := &record.Record{Cluster: p.Cluster, Topic: p.Topic, SourceTopic: p.SourceTopic, Origin: p.Origin, Partition: p.Partition}
-	own := owner{p.Generation, p.Session}
+	own := owner{p.Token, p.Generation, p.Session}
 	s.mu.Lock()
 	var tps []*txnProducer
 	var opening []chan struct{}
 	for cluster := range *s.eo.Load() {
 		k := txnKeyOf(cluster, rec)
-		if tp := s.live[k]; tp != nil && (owner{tp.gen, tp.session}) == own {
+		if tp := s.live[k]; tp != nil && tp.own == own {
 			tps = append(tps, tp)
 			delete(s.live, k)
 		}
@@ -400,7 +403,7 @@ func (t *txnProducer) stopped() {
 // owner's (old, committing what it holds), and reads the position
 // committed last. On failure nothing is installed; the next acquire tries
 // again.
-func (s *txnSet) open(k txnKey, gen, session int64, old *txnProducer, done chan struct{}) {
+func (s *txnSet) open(k txnKey, own owner, old *txnProducer, done chan struct{}) {
 	defer func() {
 		s.mu.Lock()
 		delete(s.opening, k)
@@ -410,7 +413,7 @@ func (s *txnSet) open(k txnKey, gen, session int64, old *txnProducer, done chan 
 	if old != nil {
 		old.close()
 	}
-	tp, err := s.newProducer(k, gen, session)
+	tp, err := s.newProducer(k, own)
 	if err != nil {
 		s.r.log.Warn("cannot open a transactional producer; its records wait", zap.String("cluster", k.cluster),
 			zap.String("stream", k.positionKey(s.fleet)), zap.Error(err))
@@ -422,7 +425,7 @@ func (s *txnSet) open(k txnKey, gen, session int64, old *txnProducer, done chan 
 		return
 	}
 	s.mu.Lock()
-	if s.closed || s.fenced[k] == (owner{gen, session}) {
+	if s.closed || s.fenced[k] == own {
 		// Closed, or the owner released the partition meanwhile.
 		s.mu.Unlock()
 		tp.closeProducer() // never used: its loop was not started
@@ -434,12 +437,12 @@ func (s *txnSet) open(k txnKey, gen, session int64, old *txnProducer, done chan 
 	s.mu.Unlock()
 }
 
-func (s *txnSet) newProducer(k txnKey, gen, session int64) (*txnProducer, error) {
+func (s *txnSet) newProducer(k txnKey, own owner) (*txnProducer, error) {
 	p, committed, err := s.openSarama(k)
 	if err != nil {
 		return nil, err
 	}
-	return &txnProducer{key: k, gen: gen, session: session, set: s, p: p, committed: committed,
+	return &txnProducer{key: k, own: own, set: s, p: p, committed: committed,
 		stop: make(chan struct{}), done: make(chan struct{})}, nil
 }
 
@@ -929,7 +932,7 @@ func (t *txnProducer) commit() (closeIt bool) {
 	if fenced(err) {
 		m.WithLabelValues(t.key.cluster, "fenced").Inc()
 		t.set.mu.Lock()
-		t.set.fenced[t.key] = owner{t.gen, t.session}
+		t.set.fenced[t.key] = t.own
 		t.set.mu.Unlock()
 		t.set.r.log.Info("transactional producer fenced: the partition has a new owner", zap.String("cluster", t.key.cluster),
 			zap.String("stream", t.key.positionKey(t.set.fleet)))
