@@ -23,7 +23,7 @@ type partitionRun struct {
 	tp         coordinator.TopicPartition
 	cluster    string
 	generation int64
-	token      int64 // the fencing token of generation's term
+	token      int64  // the fencing token of generation's term
 	logical    string // the topic's logical name
 	origin     string // the cluster whose producers write the topic
 	// topicID is the id of the topic as it was when the partition

@@ -146,10 +146,10 @@ func markDone(done map[string]int64, ids map[string]string, rec *record.Record) 
 // txnProducer is the transactional producer of one stream on one cluster
 // for one owner.
 type txnProducer struct {
-	key     txnKey
-	own     owner
-	set     *txnSet
-	p       sarama.AsyncProducer
+	key txnKey
+	own owner
+	set *txnSet
+	p   sarama.AsyncProducer
 	// committed is the position of the last committed transaction (read
 	// at open, then ours); nil when there is none.
 	committed *TxnPosition
