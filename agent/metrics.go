@@ -23,6 +23,10 @@ type metrics struct {
 
 	records       prometheus.Counter
 	consumeErrors prometheus.Counter
+	// throttle is the time brokers asked this agent's requests to wait
+	// (their ThrottleTime), by cluster and API: the Fetchers' fetches on
+	// the direct path (countFetchStats).
+	throttle *prometheus.CounterVec
 	// restarts counts partition consumers started again (lifecycle.go).
 	restarts      *prometheus.CounterVec
 	handlerErrors prometheus.Counter
@@ -156,6 +160,11 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		Help: "Partitions started at another offset than their committed position, by cluster and reason: recreated (the topic was deleted and created again: at its start), beyond_end (the position is past the partition's end: at the log start), before_start (the position is before the log start: at source.initial_offset).",
 	}, []string{"cluster", "reason"})
 	reg.MustRegister(m.restarts)
+	m.throttle = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kswitch_kafka_throttle_seconds_total",
+		Help: "Time brokers throttled this agent's requests (their throttle time), by cluster and api (fetch: the direct fetch path's fetches).",
+	}, []string{"cluster", "api"})
+	reg.MustRegister(m.throttle)
 	reg.MustRegister(m.deliveryHeld, m.stuckPartitions, m.stalledPartitions, m.lag, m.commitBytes, m.commitShare, m.commitsWaiting)
 	reg.MustRegister(m.isLeader, m.leaderChanges, m.ready, m.agents, m.gossipMembers, m.etcdErrors, info,
 		m.records, m.consumeErrors, m.handlerErrors, m.commits, m.commitErrors, m.ownedPartitions, m.generation, m.gossipDropped, m.paused, m.signalApply, m.configVersion,

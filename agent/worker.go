@@ -40,9 +40,9 @@ type kafkaConn struct {
 	consumer sarama.Consumer
 	fetcher  *kafka.Fetcher
 	mirror   *offsets.KafkaMirror
-	// fetchErrors are the fetcher's errors already counted in
-	// kswitch_consume_errors_total; owned by the worker's run.
-	fetchErrors int64
+	// fetched are the fetcher's figures already exported
+	// (countFetchStats); owned by the worker's run.
+	fetched kafka.FetchStats
 }
 
 // dialKafka connects to cluster name; fetch, when not nil, makes its
@@ -420,7 +420,7 @@ func (w *worker) follow(ctx context.Context, tick <-chan time.Time, sig <-chan s
 			w.restartEnded(ctx, now)
 			w.checkStuck(ctx, now)
 			w.observeLag()
-			w.countFetchErrors()
+			w.countFetchStats()
 			w.startPending(ctx)
 		case wr, ok := <-wch:
 			if !ok {
@@ -1504,18 +1504,22 @@ func (w *worker) publishDeadLetters(ctx context.Context, counts func() map[strin
 	}
 }
 
-// countFetchErrors adds to kswitch_consume_errors_total the errors the
-// Fetchers met since the last call (failed requests, partition errors
-// other than leader moves): on the direct path they are the Fetcher's to
-// retry, and no partition loop sees them.
-func (w *worker) countFetchErrors() {
+// countFetchStats adds what the Fetchers counted since the last call:
+// their errors (failed requests, partition errors other than leader
+// moves: on the direct path they are the Fetcher's to retry, and no
+// partition loop sees them) to kswitch_consume_errors_total, and the time
+// brokers throttled their fetches to kswitch_kafka_throttle_seconds_total.
+func (w *worker) countFetchStats() {
 	for _, k := range w.conns {
 		if k.fetcher == nil {
 			continue
 		}
-		n := k.fetcher.Stats().Errors
-		w.metrics.consumeErrors.Add(float64(n - k.fetchErrors))
-		k.fetchErrors = n
+		st := k.fetcher.Stats()
+		w.metrics.consumeErrors.Add(float64(st.Errors - k.fetched.Errors))
+		if d := st.Throttled - k.fetched.Throttled; d > 0 {
+			w.metrics.throttle.WithLabelValues(k.name, "fetch").Add(d.Seconds())
+		}
+		k.fetched = st
 	}
 }
 
