@@ -115,7 +115,7 @@ func (a *Agent) gossipKeyLoop(ctx context.Context, kr *memberlist.Keyring, place
 			return
 		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, 2*time.Second)
+		backoff = min(2*backoff, time.Second)
 	}
 }
 
