@@ -70,6 +70,7 @@ type report struct {
 	offset int64
 	msg    *Message // refused
 	err    error
+	gen    uint64 // the batch's transaction (TxnStream's)
 }
 
 func newSink(p *Producer, id int32, addr string) *sink {
@@ -356,7 +357,7 @@ func (s *sink) handle(a answer) {
 		r.ps.reported--
 		r.ps.pending -= n
 		if t := r.ps.txn; t != nil {
-			t.reported(r.msgs, r.msg, r.err)
+			t.reported(r.gen, r.msgs, r.msg, r.err)
 		} else {
 			p.pending -= n
 		}
@@ -449,7 +450,7 @@ func (p *Producer) settle(ps *partState, b *batch, blk *sarama.ProduceResponseBl
 			off = -1
 			p.stats.duplicates.Add(1)
 		}
-		reps = append(reps, report{ps: ps, msgs: b.msgs, offset: off})
+		reps = append(reps, report{ps: ps, msgs: b.msgs, offset: off, gen: b.gen})
 		ps.reported++
 		ps.gate, ps.retries, ps.lastErr, ps.since = false, 0, nil, now
 	case ps.txn != nil && ps.txn.ends(err):
@@ -539,7 +540,7 @@ func (p *Producer) splitHead(ps *partState, b *batch, err error, reps []report) 
 	ps.reported++
 	p.log.Warn("destination refused a record for good", zap.String("topic", ps.topic), zap.Int32("partition", ps.partition),
 		zap.Int("size", len(b.msgs[0].Value)), zap.Error(err))
-	return append(reps, report{ps: ps, msg: b.msgs[0], err: err})
+	return append(reps, report{ps: ps, msg: b.msgs[0], err: err, gen: b.gen})
 }
 
 // refuseUnsure handles a head batch refused for good (too large,
@@ -566,7 +567,7 @@ func (p *Producer) refuseUnsure(ps *partState, b *batch, err error, reps []repor
 		zap.String("topic", ps.topic), zap.Int32("partition", ps.partition), zap.Int("records", len(b.msgs)), zap.Error(err))
 	for _, m := range b.msgs {
 		ps.reported++
-		reps = append(reps, report{ps: ps, msg: m, err: rerr})
+		reps = append(reps, report{ps: ps, msg: m, err: rerr, gen: b.gen})
 	}
 	return reps
 }

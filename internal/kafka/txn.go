@@ -405,9 +405,12 @@ func (t *TxnStream) ends(err error) bool {
 }
 
 // reported settles an acknowledged batch (msgs) or a message refused for
-// good (refused, err) of the stream. The caller holds p.mu.
-func (t *TxnStream) reported(msgs []*Message, refused *Message, err error) {
-	if t.err != nil {
+// good (refused, err) of the stream's transaction gen. The caller holds
+// p.mu.
+func (t *TxnStream) reported(gen uint64, msgs []*Message, refused *Message, err error) {
+	if t.err != nil || gen != t.gen {
+		// Only the open transaction's batches are sent (mayStart), and
+		// an abort waits for every answer before it starts another.
 		return
 	}
 	if refused != nil {
