@@ -25,6 +25,7 @@ const (
 	Channel      = "channel"      // channels/<name>
 	History      = "history"      // history/<epoch>
 	Gossip       = "gossip"       // another agent's gossip metadata
+	GossipKey    = "gossip_key"   // /kswitch-keys/<fleet>/gossip
 	Config       = "config"       // state/config (a version this agent cannot apply)
 	Ack          = "ack"          // acks/<id>
 )
