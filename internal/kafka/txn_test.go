@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strconv"
 	"sync"
@@ -598,4 +599,81 @@ func TestTxnRecordsGivenDuringACommitAreInTheNext(t *testing.T) {
 		t.Fatalf("Abort: %d records, %v; want the %d given during the commit", len(dropped), err, len(second))
 	}
 	committedVerdict(t, k, topic, parts, prefixes(first))
+}
+
+// deadBroker is the producer's Dialer in TestTxnCoordinatorRemoved: once
+// kill names a broker's address, its connections are closed and dials to
+// it refused, as for a broker that went down.
+type deadBroker struct {
+	mu    sync.Mutex
+	dead  string
+	conns map[string][]net.Conn
+}
+
+func (d *deadBroker) Dial(network, addr string) (net.Conn, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if addr == d.dead {
+		return nil, fmt.Errorf("dial %s: broker gone (test)", addr)
+	}
+	c, err := net.DialTimeout(network, addr, 5*time.Second)
+	if err == nil {
+		d.conns[addr] = append(d.conns[addr], c)
+	}
+	return c, err
+}
+
+func (d *deadBroker) kill(addr string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.dead = addr
+	for _, c := range d.conns[addr] {
+		_ = c.Close()
+	}
+}
+
+// TestTxnCoordinatorRemoved (F10, the coordinator's broker gone): on 3
+// brokers the id's coordinator is removed from the cluster between two
+// transactions (its partitions led by the others), and the producer's
+// connections to it are closed and refused from then on: the stream finds
+// the new coordinator and the leaders, and the next 5 transactions
+// commit, every record once.
+func TestTxnCoordinatorRemoved(t *testing.T) {
+	const topic, parts, id = "out", 6, "kswitch/test/C/in/A/10"
+	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Brokers: 3, Topics: map[string]int32{topic: parts}})
+	d := &deadBroker{conns: map[string][]net.Conn{}}
+	cfg := testConfig()
+	cfg.Dialer = d
+	p := newProducer(t, k, cfg, newRecorder())
+	s := openTxn(t, p, id)
+	all := records(topic, parts, 0, 120)
+	produceTxn(t, s, all)
+	commit(t, s, nil)
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := kmsg.NewPtrFindCoordinatorRequest()
+	req.CoordinatorKey, req.CoordinatorType = id, 1
+	resp, err := req.RequestWith(t.Context(), cl)
+	cl.Close()
+	if err != nil || resp.ErrorCode != 0 {
+		t.Fatalf("FindCoordinator: %v, code %d", err, resp.ErrorCode)
+	}
+	if err := k.Cluster().RemoveNode(resp.NodeID); err != nil {
+		t.Fatal(err)
+	}
+	d.kill(net.JoinHostPort(resp.Host, strconv.Itoa(int(resp.Port))))
+	t.Logf("removed broker %d (%s:%d), the coordinator", resp.NodeID, resp.Host, resp.Port)
+	for i := 1; i <= 5; i++ {
+		msgs := records(topic, parts, i*120, (i+1)*120)
+		produceTxn(t, s, msgs)
+		if got := commit(t, s, nil); len(got) != len(msgs) {
+			t.Fatalf("transaction %d: %d committed, want %d", i, len(got), len(msgs))
+		}
+		all = append(all, msgs...)
+	}
+	t.Logf("stats %+v", s.Stats())
+	committedVerdict(t, k, topic, parts, prefixes(all))
 }
