@@ -3,8 +3,11 @@ package agent_test
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
+	"log"
 	"net"
 	"strconv"
 	"sync"
@@ -279,4 +282,98 @@ func TestForgedViewsOfStrangersAreNotCounted(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestFleetGossipKeyRotatesWithoutARestart: the three steps of a rotation
+// written to the fleet's key in etcd are applied by the running agents at
+// once: with "old, new" a node sending with the new key (and knowing the
+// old) joins; with "new, old" the agents send with the new key; with
+// "new" alone a node knowing only the new key joins and one knowing only
+// the old is refused. The agents gossip together throughout, and a value
+// that is not keys changes nothing and is counted as refused.
+func TestFleetGossipKeyRotatesWithoutARestart(t *testing.T) {
+	e := testenv.StartEtcdT(t)
+	cli := testenv.EtcdClientT(t, e)
+	agents := []*agent.Agent{startAgent(t, e, "agent-1"), startAgent(t, e, "agent-2"), startAgent(t, e, "agent-3")}
+	members := func(what string) {
+		t.Helper()
+		wait.For(t, 20*time.Second, what, func() error {
+			for _, a := range agents {
+				if got := len(a.Status().Gossip); got != len(agents) {
+					return fmt.Errorf("%s sees %d gossip members", a.ID(), got)
+				}
+			}
+			return nil
+		})
+	}
+	members("three agents gossiping with the fleet's key")
+	resp, err := cli.Get(context.Background(), fleetKeys.GossipKey())
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("the fleet's gossip key: %v, %v", resp, err)
+	}
+	old, err := config.ParseGossipKeys(resp.Kvs[0].Value, "etcd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nu := bytes.Repeat([]byte{7}, 32)
+	put := func(keys ...[]byte) {
+		t.Helper()
+		var val string
+		for _, k := range keys {
+			val += base64.StdEncoding.EncodeToString(k) + "\n"
+		}
+		if _, err := cli.Put(context.Background(), fleetKeys.GossipKey(), val); err != nil {
+			t.Fatal(err)
+		}
+	}
+	joins := func(name string, keys ...[]byte) error {
+		c := memberlist.DefaultLANConfig()
+		c.Name, c.BindAddr, c.BindPort, c.Label = name, "127.0.0.1", 0, "kswitch/orders"
+		c.Logger = log.New(io.Discard, "", 0)
+		c.TCPTimeout = time.Second
+		kr, err := memberlist.NewKeyring(keys[1:], keys[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Keyring = kr
+		m, err := memberlist.Create(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			_ = m.Leave(time.Second)
+			_ = m.Shutdown()
+		}()
+		_, err = m.Join([]string{agents[1].GossipAddr()})
+		return err
+	}
+	mustJoin := func(what, name string, keys ...[]byte) {
+		t.Helper()
+		wait.For(t, 10*time.Second, what, func() error { return joins(name, keys...) })
+	}
+
+	put(old[0], nu)
+	mustJoin("a node sending with the new key joining (step 1: the agents accept it)", "step-1", nu, old[0])
+	put(nu, old[0])
+	mustJoin("a node knowing only the new key joining (step 2: the agents send with it)", "step-2", nu)
+	put(nu)
+	wait.For(t, 10*time.Second, "a node knowing only the old key refused (step 3)", func() error {
+		if err := joins("old-only", old[0]); err == nil {
+			return fmt.Errorf("joined")
+		}
+		return nil
+	})
+	mustJoin("a node knowing only the new key joining after step 3", "step-3", nu)
+	members("the agents gossiping together after the rotation")
+
+	put([]byte("not a key"))
+	wait.For(t, 10*time.Second, "the value that is not keys refused", func() error {
+		for _, a := range agents {
+			if v, _ := metricValue(a, "kswitch_refused_values_total", map[string]string{"kind": "gossip_key"}); v < 1 {
+				return fmt.Errorf("%s refused %v", a.ID(), v)
+			}
+		}
+		return nil
+	})
+	mustJoin("a node knowing only the new key joining after the refused value", "after", nu)
 }

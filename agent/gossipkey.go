@@ -1,19 +1,26 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/internal/etcdwatch"
+	"github.com/kswitch/kswitch/internal/refused"
 )
 
 // gossipKeySize is the size of the fleet key an agent creates: AES-256.
@@ -83,8 +90,10 @@ func parseFleetGossipKeys(key string, val []byte) ([][]byte, error) {
 // gossipKeyLoop reads (or creates) the fleet's gossip keys in etcd until
 // it has them or ctx ends, then puts them in the keyring in place of
 // placeholder, the key nobody else has that the agent's gossip started
-// with (so that it heard and said nothing until then), and closes
-// a.gossipKeyed. Until then a failure is readiness's reason.
+// with (so that it heard and said nothing until then), closes
+// a.gossipKeyed, and follows the key until ctx ends: a rotation written
+// there is applied at once (docs/SECURITY.md, "Gossip"). Until the keys
+// are in, a failure is readiness's reason.
 func (a *Agent) gossipKeyLoop(ctx context.Context, kr *memberlist.Keyring, placeholder []byte) {
 	key := a.keys.GossipKey()
 	backoff := 100 * time.Millisecond
@@ -93,14 +102,15 @@ func (a *Agent) gossipKeyLoop(ctx context.Context, kr *memberlist.Keyring, place
 		keys, created, err := fleetGossipKeys(rctx, a.client, key)
 		cancel()
 		if err == nil {
-			err = installGossipKeys(kr, keys, placeholder)
+			err = useGossipKeys(kr, keys)
 		}
 		if err == nil {
 			none := ""
 			a.gossipKeyErr.Store(&none)
 			close(a.gossipKeyed)
-			a.log.Info("gossip encrypted with the fleet's key from etcd", zap.String("key", key), zap.Bool("created", created), zap.Int("keys", len(keys)))
-			return
+			a.log.Info("gossip encrypted with the fleet's key from etcd", zap.String("key", key), zap.Bool("created", created),
+				zap.Strings("keys", keyIDs(keys)))
+			break
 		}
 		if ctx.Err() != nil {
 			return
@@ -117,11 +127,66 @@ func (a *Agent) gossipKeyLoop(ctx context.Context, kr *memberlist.Keyring, place
 		}
 		backoff = min(2*backoff, time.Second)
 	}
+	f := &gossipKeyFollower{a: a, kr: kr, key: key}
+	_ = etcdwatch.Follow(ctx, a.client, key, false, a.cfg.Etcd.RequestTimeout, f, func(err error) {
+		a.log.Debug("following the fleet's gossip key: watch broken, reading it again", zap.Error(err))
+	})
 }
 
-// installGossipKeys makes keys[0] the key gossip sends with, every key one
-// it accepts, and drops placeholder.
-func installGossipKeys(kr *memberlist.Keyring, keys [][]byte, placeholder []byte) error {
+// gossipKeyFollower applies the changes of the fleet's gossip key to the
+// keyring (etcdwatch.Follower: called from one goroutine).
+type gossipKeyFollower struct {
+	a   *Agent
+	kr  *memberlist.Keyring
+	key string
+}
+
+func (f *gossipKeyFollower) Reset(kvs []*mvccpb.KeyValue, _ int64) {
+	if len(kvs) == 0 {
+		f.apply(nil)
+		return
+	}
+	f.apply(kvs[0].Value)
+}
+
+func (f *gossipKeyFollower) Apply(events []*clientv3.Event) {
+	ev := events[len(events)-1]
+	if ev.Type == clientv3.EventTypeDelete {
+		f.apply(nil)
+		return
+	}
+	f.apply(ev.Kv.Value)
+}
+
+// apply makes val's keys the keyring's, unless val is absent (nil) or
+// not keys: then the keys in use stay (logged; a malformed value is
+// counted as refused).
+func (f *gossipKeyFollower) apply(val []byte) {
+	log := f.a.log.With(zap.String("key", f.key))
+	if val == nil {
+		log.Warn("the fleet's gossip key was deleted from etcd: gossip keeps its keys until the next agent to start creates another, which every agent then takes")
+		return
+	}
+	keys, err := parseFleetGossipKeys(f.key, val)
+	if err != nil {
+		log.Error("the fleet's gossip key in etcd is refused: gossip keeps its keys", zap.Error(err))
+		f.a.metrics.badValues.WithLabelValues(refused.GossipKey).Inc()
+		return
+	}
+	if slices.EqualFunc(keys, f.kr.GetKeys(), bytes.Equal) {
+		return
+	}
+	if err := useGossipKeys(f.kr, keys); err != nil {
+		log.Error("cannot use the fleet's new gossip keys", zap.Error(err))
+		return
+	}
+	log.Info("gossip keys changed in etcd: in use", zap.Strings("keys", keyIDs(keys)))
+}
+
+// useGossipKeys makes keys[0] the key gossip sends with, every key one it
+// accepts, and drops every other key (the placeholder gossip started
+// with, a key rotated out).
+func useGossipKeys(kr *memberlist.Keyring, keys [][]byte) error {
 	for _, k := range keys {
 		if err := kr.AddKey(k); err != nil {
 			return fmt.Errorf("agent: gossip keyring: %w", err)
@@ -130,8 +195,23 @@ func installGossipKeys(kr *memberlist.Keyring, keys [][]byte, placeholder []byte
 	if err := kr.UseKey(keys[0]); err != nil {
 		return fmt.Errorf("agent: gossip keyring: %w", err)
 	}
-	if err := kr.RemoveKey(placeholder); err != nil {
-		return fmt.Errorf("agent: gossip keyring: %w", err)
+	for _, k := range slices.Clone(kr.GetKeys()) {
+		if !slices.ContainsFunc(keys, func(want []byte) bool { return bytes.Equal(want, k) }) {
+			if err := kr.RemoveKey(k); err != nil {
+				return fmt.Errorf("agent: gossip keyring: %w", err)
+			}
+		}
 	}
 	return nil
+}
+
+// keyIDs names keys in logs without showing them: the first 4 bytes of
+// each one's SHA-256, in hex.
+func keyIDs(keys [][]byte) []string {
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		sum := sha256.Sum256(k)
+		out[i] = hex.EncodeToString(sum[:4])
+	}
+	return out
 }
