@@ -274,13 +274,14 @@ func (t *TxnStream) request(ctx context.Context, commit bool, last *Message) ([]
 		last.Timestamp = time.Now()
 	}
 	p := t.p
+	var lastSink *sink
 	p.mu.Lock()
 	if t.outcomeCh == nil {
 		if t.err == nil && last != nil {
 			t.cur = append(t.cur, last)
 			ps := t.part(topicPartition{last.Topic, last.Partition})
 			t.enqueue(ps, last, messageSize(last), t.gen)
-			last = nil
+			last, lastSink = nil, ps.sink
 		}
 		switch {
 		case t.err != nil:
@@ -296,6 +297,9 @@ func (t *TxnStream) request(ctx context.Context, commit bool, last *Message) ([]
 	}
 	ch := t.outcomeCh
 	p.mu.Unlock()
+	if lastSink != nil {
+		lastSink.wake() // its partition may be in the transaction already
+	}
 	if last != nil {
 		if err := t.Produce(last); err != nil {
 			return nil, err
@@ -451,6 +455,10 @@ func (t *TxnStream) fail(err error) {
 	}
 	switch {
 	case errors.Is(err, ErrTxnClosed), errors.Is(err, ErrTxnBroken):
+	case errors.Is(err, context.Canceled):
+		// The stream's context, ended by the Producer's Close (Close of
+		// the stream fails it first).
+		err = fmt.Errorf("%w: %w", ErrTxnClosed, ErrProducerClosed)
 	case fencedErr(err):
 		err = fmt.Errorf("kafka: transactional stream %s on cluster %s: %w: %w", t.cfg.ID, t.p.name, ErrTxnFenced, err)
 	default:
@@ -491,6 +499,12 @@ func (t *TxnStream) busy() bool {
 // Producer's Close.
 func (t *TxnStream) run() {
 	defer close(t.done)
+	defer func() {
+		// Closed, or the Producer was: a Commit or Abort waiting learns it.
+		t.p.mu.Lock()
+		t.fail(fmt.Errorf("%w: %w", ErrTxnClosed, ErrProducerClosed))
+		t.p.mu.Unlock()
+	}()
 	for {
 		again := t.step()
 		select {

@@ -677,3 +677,50 @@ func TestTxnCoordinatorRemoved(t *testing.T) {
 	t.Logf("stats %+v", s.Stats())
 	committedVerdict(t, k, topic, parts, prefixes(all))
 }
+
+// TestTxnCommitLastToAPartitionInTheTransaction: Commit's last message
+// goes to a partition already in the transaction, whose batches were all
+// acknowledged: it is sent (its sink woken) and committed last.
+func TestTxnCommitLastToAPartitionInTheTransaction(t *testing.T) {
+	const topic, parts = "out", 6
+	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{topic: parts}})
+	p := newProducer(t, k, testConfig(), newRecorder())
+	s := openTxn(t, p, "kswitch/test/C/in/A/11")
+	msgs := records(topic, parts, 0, 60)
+	produceTxn(t, s, msgs)
+	writtenAtLeast(t, k, topic, parts, 60)
+	last := records(topic, parts, 60, 61)[0] // partition 0, record 10
+	got := commit(t, s, last)
+	if want := append(slices.Clone(msgs), last); !slices.Equal(got, want) {
+		t.Fatalf("committed %d records, want %d with the last one last", len(got), len(want))
+	}
+	committedVerdict(t, k, topic, parts, prefixes(append(msgs, last)))
+}
+
+// TestTxnProducerClosedDuringACommit: a Commit waiting for records that
+// cannot be sent (their topic does not exist) returns ErrTxnClosed once
+// the Producer is closed, and the stream's goroutine is gone.
+func TestTxnProducerClosedDuringACommit(t *testing.T) {
+	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{"out": 1}})
+	p := newProducer(t, k, testConfig(), newRecorder())
+	s := openTxn(t, p, "kswitch/test/C/in/A/12")
+	produceTxn(t, s, records("missing", 1, 0, 10))
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Commit(t.Context(), nil)
+		done <- err
+	}()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := p.Close(ctx); err != nil {
+		t.Fatalf("Producer Close: %v", err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, kafka.ErrTxnClosed) || !errors.Is(err, kafka.ErrProducerClosed) {
+			t.Fatalf("Commit: %v, want ErrTxnClosed and ErrProducerClosed", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("Commit still waiting after the Producer's Close")
+	}
+}
