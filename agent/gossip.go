@@ -143,20 +143,20 @@ func (a *Agent) memberViews(now time.Time) coordinator.AgentViews {
 			refusals[name+"@"+addrs[name]] = fmt.Sprintf("gossips from %s, but its registration says %s: its views are not counted", addrs[name], r.Gossip)
 			continue
 		}
-		ran := now.Sub(r.Started)
+		// In milliseconds, as claimed: a claim as a Duration could overflow.
+		ran := max(0, now.Sub(r.Started).Milliseconds())
 		bounded := make(map[string]coordinator.ClusterView, len(v))
 		for c, cv := range v {
-			claimed := time.Duration(cv.FailingMs) * time.Millisecond
 			switch {
 			case cv.FailingMs < 0:
 				refusals[fmt.Sprintf("%s/%s/%d", name, c, cv.FailingMs)] = fmt.Sprintf("claims cluster %s failing for %d ms, a negative time: counted as 0", c, cv.FailingMs)
 				cv.FailingMs = 0
-			case !cv.Reachable && claimed > max(0, ran):
-				if claimed > ran+skewAllowance {
-					refusals[fmt.Sprintf("%s/%s/%d", name, c, cv.FailingMs)] = fmt.Sprintf("claims cluster %s unreachable for %s, but started %s ago (its registration): counted from its start",
-						c, claimed, ran.Round(time.Millisecond))
+			case !cv.Reachable && cv.FailingMs > ran:
+				if cv.FailingMs-ran > skewAllowance.Milliseconds() {
+					refusals[fmt.Sprintf("%s/%s/%d", name, c, cv.FailingMs)] = fmt.Sprintf("claims cluster %s unreachable for %d ms, but started %d ms ago (its registration): counted from its start",
+						c, cv.FailingMs, ran)
 				}
-				cv.FailingMs = max(0, ran.Milliseconds())
+				cv.FailingMs = ran
 			}
 			bounded[c] = cv
 		}
