@@ -576,9 +576,9 @@ func (t *TxnStream) step() bool {
 	t.cur, t.next = t.next, nil
 	t.gen++
 	t.added, t.begun, t.settled = map[*partState]bool{}, false, 0
+	t.stats.commits.Add(1) // before the caller learns of it
 	t.finish(committed, nil)
 	p.mu.Unlock()
-	t.stats.commits.Add(1)
 	t.log.Debug("transaction committed", zap.Int("records", len(committed)))
 	return true
 }
