@@ -635,6 +635,10 @@ func (p *Producer) assignLeaders() bool {
 			p.mu.Unlock()
 			return true
 		}
+		if ps.txn != nil && ps.txn.err != nil {
+			p.mu.Unlock()
+			continue // its stream ended meanwhile: nothing of it is sent again
+		}
 		s := p.sinks[b.ID()]
 		if s == nil || s.addr != b.Addr() {
 			s = newSink(p, b.ID(), b.Addr())
