@@ -86,7 +86,9 @@ func CloseOnTransportError(b *sarama.Broker, err error) {
 // InitProducerIDVersion returns the InitProducerID request version to send
 // to a cluster of Kafka version v: what sarama's client sends. The
 // idempotent producer asks for a new producer id at every bump (-1/-1 from
-// 3 on), so it needs no more than 0 (Kafka 0.11).
+// 3 on), so it needs no more than 0 (Kafka 0.11). A TxnStream's bump after
+// an abort sends its producer id and epoch (KIP-360), which 3 (Kafka 2.5)
+// carries; below, the broker bumps the id's epoch as at open.
 func InitProducerIDVersion(v sarama.KafkaVersion) int16 {
 	switch {
 	case v.IsAtLeast(sarama.V2_7_0_0):
