@@ -798,7 +798,10 @@ func (t *TxnStream) call(ctx context.Context, what string, ambiguous bool, send 
 			if kerr, err = send(b); err != nil {
 				CloseOnTransportError(b, err)
 				t.coord = nil
-				if ambiguous {
+				// ErrNotConnected: closed before the request was written
+				// (by another user of the client's connection), so not
+				// lost: sent again on a new one.
+				if ambiguous && !errors.Is(err, sarama.ErrNotConnected) {
 					return fmt.Errorf("kafka: %s for %s on cluster %s: %w: %w", what, t.cfg.ID, t.p.name, ErrTxnBroken, err)
 				}
 			} else if kerr != sarama.ErrNoError {
@@ -836,7 +839,13 @@ func (t *TxnStream) call(ctx context.Context, what string, ambiguous bool, send 
 // the client's connection to the broker it names.
 func (t *TxnStream) coordinator() (*sarama.Broker, error) {
 	if t.coord != nil {
-		return t.coord, nil
+		if ok, _ := t.coord.Connected(); ok {
+			return t.coord, nil
+		}
+		// Closed since: the connection is the client's, shared with every
+		// stream of the cluster and the metadata calls, and closed by
+		// whichever of them lost a request on it. Found and opened again.
+		t.coord = nil
 	}
 	c := t.p.client
 	b := c.LeastLoadedBroker()
@@ -865,6 +874,15 @@ func (t *TxnStream) coordinator() (*sarama.Broker, error) {
 		if cb, err = c.Broker(id); err != nil {
 			return nil, fmt.Errorf("coordinator broker %d (%s): %w", id, resp.Coordinator.Addr(), err)
 		}
+	}
+	// Open dials in the background: wait for it, so that a failed dial
+	// is this call's error (retried) and not a request's (an EndTxn
+	// commit's would be taken as lost).
+	if ok, err := cb.Connected(); !ok {
+		if err == nil {
+			err = sarama.ErrNotConnected
+		}
+		return nil, fmt.Errorf("coordinator broker %d (%s): %w", id, resp.Coordinator.Addr(), err)
 	}
 	t.coord = cb
 	return cb, nil
