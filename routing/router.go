@@ -510,7 +510,9 @@ func (r *Router) submit(ctx context.Context, rec *record.Record, msgs []*outMsg)
 	for i, m := range msgs {
 		var err error
 		if r.txns.exactlyOnce(m.ch.Cluster) {
-			m.tp, err = r.txns.acquire(ctx, txnKeyOf(m.ch.Cluster, rec), ownerOf(rec), r.opts.OpenWait)
+			if m.tp, err = r.txns.acquire(ctx, txnKeyOf(m.ch.Cluster, rec), ownerOf(rec), r.opts.OpenWait); err == nil {
+				err = m.tp.place(ctx, m, r.opts.OpenWait)
+			}
 		} else {
 			m.pr, err = r.pool.acquireFor(ctx, m.ch, r.opts.OpenWait)
 		}

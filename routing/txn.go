@@ -25,7 +25,10 @@ import (
 // Exactly-once delivery (config.Cluster.Delivery exactly_once).
 //
 // The records of one source partition bound for channels on one
-// exactly_once cluster go through one transactional producer, whose
+// exactly_once cluster go through one transactional producer (a
+// txnProducer over its txnWire: a kafka.TxnStream on the cluster's
+// transactional Producer on the direct path, txn_direct.go; a sarama
+// AsyncProducer of its own on sarama's), whose
 // transactional.id is derived from the fleet, the cluster and the
 // partition's stream (its logical topic, origin and number: the same for
 // every physical copy, so that an owner on B fences the last owner on A).
@@ -149,7 +152,7 @@ type txnProducer struct {
 	key txnKey
 	own owner
 	set *txnSet
-	p   sarama.AsyncProducer
+	w   txnWire // replaced, under mu, when it broke (reopen)
 	// committed is the position of the last committed transaction (read
 	// at open, then ours); nil when there is none.
 	committed *TxnPosition
@@ -159,9 +162,10 @@ type txnProducer struct {
 	pos    TxnPosition // after the last record in the open transaction
 	inTxn  bool
 	failed error // fenced: the partition has a new owner
-	// broken is set when the sarama producer failed otherwise (its
-	// cluster went away): the loop opens another, which aborts what was
-	// not committed, and sends the open transaction's records again.
+	// broken is set when the wire failed otherwise (its cluster went
+	// away, or a commit's outcome is unknown): the loop opens another,
+	// which aborts what was not committed, and sends the open
+	// transaction's records again.
 	broken error
 	align  *alignment
 	// committing is set while CommitTxn runs without mu; records handed
@@ -174,7 +178,7 @@ type txnProducer struct {
 	stop     chan struct{}
 	stopOnce sync.Once // closes stop
 	done     chan struct{}
-	shut     sync.Once // closes p
+	shut     sync.Once // closes w
 }
 
 // txnIdleTicks is how many transaction intervals a producer waits without
@@ -206,13 +210,18 @@ type txnSet struct {
 	fenced  map[txnKey]owner
 	clients map[string]sarama.Client // per cluster, for the positions topic
 	ready   map[string]bool          // positions topic exists
-	closed  bool
-	wg      sync.WaitGroup
+	// direct are the clusters' Producers that carry the streams on the
+	// direct path (txn_direct.go), one per cluster, opened under openMu.
+	direct map[string]*producer
+	openMu sync.Mutex
+	closed bool
+	wg     sync.WaitGroup
 }
 
 func newTxnSet(r *Router, fleet string, clusters map[string]config.Cluster) *txnSet {
 	s := &txnSet{r: r, fleet: fleet, clusters: clusters, live: map[txnKey]*txnProducer{},
-		opening: map[txnKey]chan struct{}{}, fenced: map[txnKey]owner{}, clients: map[string]sarama.Client{}, ready: map[string]bool{}}
+		opening: map[txnKey]chan struct{}{}, fenced: map[txnKey]owner{}, clients: map[string]sarama.Client{}, ready: map[string]bool{},
+		direct: map[string]*producer{}}
 	s.eo.Store(exactlyOnceClusters(clusters))
 	return s
 }
@@ -242,6 +251,14 @@ func (s *txnSet) setClusters(clusters map[string]config.Cluster) {
 			_ = c.Close()
 			delete(s.clients, name)
 			delete(s.ready, name)
+		}
+	}
+	for name, pr := range s.direct {
+		if !sameConnection(s.clusters[name], clusters[name]) {
+			// Its streams fail (ErrTxnClosed): they are broken, and
+			// opened again on a Producer with the new definition.
+			delete(s.direct, name)
+			s.wg.Go(func() { closeDirect(pr) })
 		}
 	}
 	s.clusters = clusters
@@ -438,18 +455,52 @@ func (s *txnSet) open(k txnKey, own owner, old *txnProducer, done chan struct{})
 }
 
 func (s *txnSet) newProducer(k txnKey, own owner) (*txnProducer, error) {
-	p, committed, err := s.openSarama(k)
+	w, committed, err := s.openWire(k)
 	if err != nil {
 		return nil, err
 	}
-	return &txnProducer{key: k, own: own, set: s, p: p, committed: committed,
+	return &txnProducer{key: k, own: own, set: s, w: w, committed: committed,
 		stop: make(chan struct{}), done: make(chan struct{})}, nil
 }
 
-// openSarama opens a sarama producer with k's transactional.id, which
-// fences the last one (Kafka aborts its open transaction, so the position
-// read next is final), and reads the stream's committed position.
-func (s *txnSet) openSarama(k txnKey) (sarama.AsyncProducer, *TxnPosition, error) {
+// txnWire is the transactional producer under a txnProducer: one
+// transactional.id, opened for one owner. It is a sarama AsyncProducer
+// with connections of its own (saramaTxn, Options.Produce ProduceSarama,
+// until step 8 of docs/RELAY.md §7 deletes it) or a kafka.TxnStream on
+// its cluster's direct Producer (directTxn, ProduceDirect). The
+// txnProducer's loop calls commit without the txnProducer's mu and never
+// while send runs (records given meanwhile are queued); send, place and
+// close may be called by any goroutine.
+type txnWire interface {
+	// place readies om to be sent, before any produce of its record is
+	// handed over (a record goes to all its channels or to none): the
+	// direct path chooses its partition here, waiting at most wait for
+	// the partition count of a topic its Producer has not seen.
+	place(ctx context.Context, om *outMsg, wait time.Duration) error
+	// send puts om in the open transaction, beginning one if needed;
+	// again is set when om was in an earlier transaction, aborted or
+	// left to a broken wire. Called with the txnProducer's mu held.
+	send(ctx context.Context, om *outMsg, again bool) error
+	// commit ends the open transaction, msgs, with the position record
+	// (key, value) as its last message. Its error is nil (committed),
+	// a *kafka.TxnAbortedError (aborted: its messages but refused are
+	// in a new transaction already, to commit next), fenced (see
+	// fenced) or else broken (the transaction's outcome is unknown:
+	// open the id again and read the position back).
+	commit(msgs []*outMsg, key, value []byte) (refused []*outMsg, err error)
+	// close stops the wire without committing; what it has open is
+	// aborted by the id's next opening or its transaction timeout.
+	close()
+}
+
+// positionWait bounds the reading of a stream's committed position when
+// its wire opens.
+const positionWait = 10 * time.Second
+
+// openWire opens a wire with k's transactional.id, which fences the last
+// one (Kafka aborts its open transaction, so the position read next is
+// final), and reads the stream's committed position.
+func (s *txnSet) openWire(k txnKey) (txnWire, *TxnPosition, error) {
 	s.mu.Lock()
 	cl, ok := s.clusters[k.cluster]
 	s.mu.Unlock()
@@ -460,9 +511,36 @@ func (s *txnSet) openSarama(k txnKey) (sarama.AsyncProducer, *TxnPosition, error
 	if err != nil {
 		return nil, nil, err
 	}
-	sc, err := ProducerConfig(cl, "none", "all")
+	var w txnWire
+	if s.r.opts.Produce == ProduceDirect {
+		w, err = s.openDirect(k, cl)
+	} else {
+		w, err = s.openSarama(k, cl)
+	}
 	if err != nil {
 		return nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), positionWait)
+	defer cancel()
+	committed, err := s.readPosition(ctx, client, k)
+	if err != nil {
+		w.close()
+		return nil, nil, err
+	}
+	return w, committed, nil
+}
+
+// saramaTxn is a sarama transactional AsyncProducer as a txnWire.
+type saramaTxn struct {
+	p     sarama.AsyncProducer
+	begun bool // BeginTxn was called for the open transaction; under the txnProducer's mu
+}
+
+// openSarama opens a sarama producer with k's transactional.id.
+func (s *txnSet) openSarama(k txnKey, cl config.Cluster) (*saramaTxn, error) {
+	sc, err := ProducerConfig(cl, "none", "all")
+	if err != nil {
+		return nil, err
 	}
 	sc.Producer.Transaction.ID = k.transactionalID(s.fleet)
 	sc.Producer.Return.Successes = false
@@ -477,22 +555,65 @@ func (s *txnSet) openSarama(k txnKey) (sarama.AsyncProducer, *TxnPosition, error
 	sc.Producer.Transaction.Retry.Backoff = 200 * time.Millisecond
 	p, err := sarama.NewAsyncProducer(cl.Brokers, sc)
 	if err != nil {
-		return nil, nil, fmt.Errorf("open transactional producer %s: %w", sc.Producer.Transaction.ID, err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), sc.Producer.Timeout)
-	defer cancel()
-	committed, err := s.readPosition(ctx, client, k)
-	if err != nil {
-		_ = p.Close()
-		return nil, nil, err
+		return nil, fmt.Errorf("open transactional producer %s: %w", sc.Producer.Transaction.ID, err)
 	}
 	s.wg.Go(func() {
 		for pe := range p.Errors() {
 			s.r.log.Debug("transactional produce failed", zap.String("cluster", k.cluster), zap.Error(pe.Err))
 		}
 	})
-	return p, committed, nil
+	return &saramaTxn{p: p}, nil
 }
+
+// place has nothing to do: sarama's partitioner places the message.
+func (w *saramaTxn) place(context.Context, *outMsg, time.Duration) error { return nil }
+
+func (w *saramaTxn) send(ctx context.Context, om *outMsg, again bool) error {
+	if !w.begun {
+		if err := w.p.BeginTxn(); err != nil {
+			return fmt.Errorf("begin transaction: %w", err)
+		}
+		w.begun = true
+	}
+	if again {
+		om.msg = resendable(om.msg)
+	}
+	select {
+	case w.p.Input() <- om.msg:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// commit commits with sarama's CommitTxn; an abortable failure is aborted
+// and msgs sent again in a new transaction.
+func (w *saramaTxn) commit(msgs []*outMsg, key, value []byte) ([]*outMsg, error) {
+	w.p.Input() <- &sarama.ProducerMessage{Topic: config.PositionsTopic, Key: sarama.ByteEncoder(key), Value: sarama.ByteEncoder(value)}
+	err := w.p.CommitTxn()
+	if err == nil {
+		w.begun = false
+		return nil, nil
+	}
+	if w.p.TxnStatus()&sarama.ProducerTxnFlagAbortableError == 0 || fenced(err) {
+		return nil, err
+	}
+	aerr := w.p.AbortTxn()
+	if aerr == nil {
+		if aerr = w.p.BeginTxn(); aerr == nil {
+			for _, om := range msgs {
+				om.msg = resendable(om.msg)
+				w.p.Input() <- om.msg
+			}
+			return nil, &kafka.TxnAbortedError{Err: err}
+		}
+	}
+	// The abort's error may say why (a new owner fenced this one).
+	return nil, errors.Join(err, aerr)
+}
+
+// close may wait for the retries of a producer whose cluster is failing.
+func (w *saramaTxn) close() { _ = w.p.Close() }
 
 // client returns the cluster's client for the positions topic, creating
 // the topic on first use.
@@ -646,13 +767,13 @@ func (t *txnProducer) admit(ctx context.Context, om *outMsg) error {
 			held := a.held
 			t.endAlign(0, "passed")
 			for _, h := range held {
-				if err := t.put(ctx, h); err != nil {
+				if err := t.put(ctx, h, false); err != nil {
 					return err
 				}
 			}
 		}
 	}
-	return t.put(ctx, om)
+	return t.put(ctx, om, false)
 }
 
 // alignment is a producer's search, on a copy of the stream other than
@@ -703,21 +824,17 @@ func (t *txnProducer) endAlign(skipped int, how string) {
 		zap.Int("skipped", skipped), zap.Duration("held", time.Since(a.since)))
 }
 
-// put adds om to the open transaction, beginning one if needed. Called
-// with mu held.
-func (t *txnProducer) put(ctx context.Context, om *outMsg) error {
-	if !t.inTxn {
-		if err := t.p.BeginTxn(); err != nil {
-			return t.fail(fmt.Errorf("begin transaction: %w", err))
+// put adds om to the open transaction, beginning one if needed; again as
+// txnWire.send's. Called with mu held.
+func (t *txnProducer) put(ctx context.Context, om *outMsg, again bool) error {
+	if err := t.w.send(ctx, om, again); err != nil {
+		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			return ctx.Err()
 		}
-		t.inTxn = true
+		return t.fail(fmt.Errorf("transactional producer of %s on %s: %w", t.key.positionKey(t.set.fleet), t.key.cluster, err))
 	}
+	t.inTxn = true
 	rec := om.d.rec
-	select {
-	case t.p.Input() <- om.msg:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 	t.msgs = append(t.msgs, om)
 	t.idle = 0
 	done, ids := t.pos.Done, t.pos.IDs
@@ -779,7 +896,21 @@ func (t *txnProducer) retire() {
 	t.closeProducer()
 }
 
-func (t *txnProducer) closeProducer() { t.shut.Do(func() { _ = t.p.Close() }) }
+func (t *txnProducer) closeProducer() {
+	t.mu.Lock()
+	w := t.w
+	t.mu.Unlock()
+	t.shut.Do(w.close)
+}
+
+// place readies om for its wire (txnWire.place) before any produce of its
+// record is handed over.
+func (t *txnProducer) place(ctx context.Context, om *outMsg, wait time.Duration) error {
+	t.mu.Lock()
+	w := t.w
+	t.mu.Unlock()
+	return w.place(ctx, om, wait)
+}
 
 // covers reports whether rec was produced by a committed transaction.
 func (t *txnProducer) covers(rec *record.Record) bool {
@@ -788,7 +919,7 @@ func (t *txnProducer) covers(rec *record.Record) bool {
 	return t.committed.covers(rec)
 }
 
-// reopen replaces a broken sarama producer (see broken) and reports
+// reopen replaces a broken wire (see broken) and reports
 // whether it tried. The new one aborts what the old one did not commit;
 // the records of the open transaction are then skipped if the position
 // read says that their transaction did commit (the commit's answer was
@@ -801,7 +932,7 @@ func (t *txnProducer) reopen() bool {
 	if broken == nil || failed != nil {
 		return false // failed: released or fenced, never opened again
 	}
-	p, committed, err := t.set.openSarama(t.key)
+	w, committed, err := t.set.openWire(t.key)
 	if err != nil {
 		t.set.r.log.Debug("transactional producer not opened again yet", zap.String("cluster", t.key.cluster), zap.Error(err))
 		return true
@@ -812,12 +943,12 @@ func (t *txnProducer) reopen() bool {
 		// Released while it opened: its opening fenced whoever opened
 		// the stream's producer meanwhile (release waited for it, at
 		// most releaseWait).
-		t.set.wg.Go(func() { _ = p.Close() })
+		t.set.wg.Go(w.close)
 		return true
 	}
-	old := t.p
-	t.set.wg.Go(func() { _ = old.Close() }) // a broken producer's Close may wait for its retries
-	t.p, t.committed, t.broken, t.inTxn = p, committed, nil, false
+	old := t.w
+	t.set.wg.Go(old.close) // a broken producer's Close may wait for its retries
+	t.w, t.committed, t.broken, t.inTxn = w, committed, nil, false
 	t.shut = sync.Once{}
 	msgs := t.msgs
 	t.msgs, t.pos.Done, t.pos.IDs = nil, nil, nil
@@ -828,8 +959,7 @@ func (t *txnProducer) reopen() bool {
 			skipped++
 			continue
 		}
-		om.msg = resendable(om.msg)
-		if err := t.put(context.Background(), om); err != nil {
+		if err := t.put(context.Background(), om, true); err != nil {
 			// Broken again: the rest wait for the next attempt.
 			t.msgs = append(t.msgs, msgs[i:]...)
 			break
@@ -863,7 +993,7 @@ func (t *txnProducer) commit() (closeIt bool) {
 		held := a.held
 		t.endAlign(0, "timed out")
 		for _, h := range held {
-			if err := t.put(context.Background(), h); err != nil {
+			if err := t.put(context.Background(), h, false); err != nil {
 				t.dropAll()
 				return true
 			}
@@ -883,11 +1013,10 @@ func (t *txnProducer) commit() (closeIt bool) {
 		t.dropAll()
 		return true
 	}
-	t.p.Input() <- &sarama.ProducerMessage{Topic: config.PositionsTopic, Key: sarama.StringEncoder(t.key.positionKey(t.set.fleet)),
-		Value: sarama.ByteEncoder(val)}
 	t.committing = true
+	w, msgs := t.w, t.msgs
 	t.mu.Unlock()
-	err = t.p.CommitTxn()
+	refused, err := w.commit(msgs, []byte(t.key.positionKey(t.set.fleet)), val)
 	t.mu.Lock()
 	t.committing = false
 	defer t.admitQueued()
@@ -905,23 +1034,12 @@ func (t *txnProducer) commit() (closeIt bool) {
 		}
 		return false
 	}
-	if t.p.TxnStatus()&sarama.ProducerTxnFlagAbortableError != 0 && !fenced(err) {
-		t.set.r.log.Warn("transaction failed; aborting it and sending its records again", zap.String("cluster", t.key.cluster),
-			zap.String("stream", t.key.positionKey(t.set.fleet)), zap.Int("records", len(t.msgs)), zap.Error(err))
+	if errors.Is(err, kafka.ErrTxnAborted) && !fenced(err) {
+		t.set.r.log.Warn("transaction aborted; its records are sent again in the next", zap.String("cluster", t.key.cluster),
+			zap.String("stream", t.key.positionKey(t.set.fleet)), zap.Int("records", len(t.msgs)), zap.Int("refused", len(refused)), zap.Error(err))
 		m.WithLabelValues(t.key.cluster, "aborted").Inc()
-		aerr := t.p.AbortTxn()
-		if aerr == nil {
-			if aerr = t.p.BeginTxn(); aerr == nil {
-				for i, om := range t.msgs {
-					om.msg = resendable(om.msg)
-					t.msgs[i] = om
-					t.p.Input() <- om.msg
-				}
-				return false
-			}
-		}
-		// The abort's error may say why (a new owner fenced this one).
-		err = errors.Join(err, aerr)
+		t.refusedInTxn(refused, err)
+		return false
 	}
 	if t.fail(fmt.Errorf("transaction on cluster %s failed: %w", t.key.cluster, err)); t.broken != nil {
 		m.WithLabelValues(t.key.cluster, "failed").Inc()
@@ -939,6 +1057,42 @@ func (t *txnProducer) commit() (closeIt bool) {
 	}
 	t.dropAll()
 	return true
+}
+
+// refusedInTxn takes out of the open transaction the records a
+// destination refused for good in the one just aborted (the direct path
+// names them; they are not in the new one). With a dead-letter channel
+// they go there, at least once, as at_least_once produces refused do;
+// without one, or for an error the router does not take for a refusal,
+// they are put in the transaction again: it is refused and aborted again,
+// and the stream's records wait until the routes change, as an
+// at_least_once partition blocks. Called with mu held.
+func (t *txnProducer) refusedInTxn(refused []*outMsg, err error) {
+	if len(refused) == 0 {
+		return
+	}
+	t.msgs = slices.DeleteFunc(t.msgs, func(om *outMsg) bool { return slices.Contains(refused, om) })
+	var ae *kafka.TxnAbortedError
+	cause := err
+	if errors.As(err, &ae) {
+		cause = ae.Err
+	}
+	if t.set.r.cur.Load().deadLetter != nil && permanent(cause) {
+		for _, om := range refused {
+			om.single = true // refused alone: the direct producer splits a batch refused as too large
+			t.set.r.failed(om, cause)
+		}
+		return
+	}
+	t.set.r.log.Error("a destination refused a record of a transaction for good and there is no dead-letter channel; the stream's transactions abort until the routes change",
+		zap.String("cluster", t.key.cluster), zap.String("stream", t.key.positionKey(t.set.fleet)), zap.Int("refused", len(refused)), zap.Error(cause))
+	for _, om := range refused {
+		if t.w.send(context.Background(), om, true) != nil {
+			t.set.r.settle(om) // the wire failed: consumed again from the committed position
+			continue
+		}
+		t.msgs = append(t.msgs, om)
+	}
 }
 
 // admitQueued puts the records queued during a commit in the next
@@ -1037,19 +1191,24 @@ func (s *txnSet) close() {
 	for _, tp := range live {
 		tp.close()
 	}
-	s.wg.Wait()
+	s.wg.Wait() // the openings too: a cluster's Producer opened from now on is closed at once
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	for name, c := range s.clients {
 		_ = c.Close()
 		delete(s.clients, name)
+	}
+	direct := s.direct
+	s.direct = map[string]*producer{}
+	s.mu.Unlock()
+	for _, pr := range direct {
+		closeDirect(pr)
 	}
 }
 
 // fenced reports whether err says that another producer with the same
 // transactional.id took over.
 func fenced(err error) bool {
-	return errors.Is(err, sarama.ErrProducerFenced) || errors.Is(err, sarama.ErrInvalidProducerEpoch) ||
+	return errors.Is(err, kafka.ErrTxnFenced) || errors.Is(err, sarama.ErrProducerFenced) || errors.Is(err, sarama.ErrInvalidProducerEpoch) ||
 		errors.Is(err, sarama.ErrTransactionCoordinatorFenced)
 }
 

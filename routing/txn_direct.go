@@ -1,0 +1,191 @@
+package routing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/internal/kafka"
+)
+
+// Exactly-once streams on the direct path (Options.Produce ProduceDirect,
+// docs/RELAY.md §4): each stream's wire is a kafka.TxnStream on its
+// cluster's transactional Producer. That Producer is the txnSet's, one
+// per cluster, not the pool's at_least_once one: the pool closes a
+// producer its channels no longer use (sweep, by its count of unsettled
+// produces, which a stream's records do not enter: a TxnStream reports
+// them to Commit, never to the Producer's handler), retires it when the
+// cluster is redefined, and keys it by acks, while a stream needs one
+// Producer with acks all that lives as long as the streams on it. The
+// cost is a second set of connections to a cluster that has channels of
+// both kinds; every stream of a cluster shares the one set (sarama's
+// path opened one per stream).
+
+// directTxn is a kafka.TxnStream as a txnWire.
+type directTxn struct {
+	s  *kafka.TxnStream
+	pr *producer // the cluster's transactional Producer, for partitions
+}
+
+// txnCommitWait bounds a direct stream's Commit: it waits for every batch
+// of the transaction, which the Producer sends again without end while a
+// destination is away. A commit not finished then is taken as broken: the
+// stream is opened again (which aborts the transaction unless its EndTxn
+// landed) and the position read back decides which records to send again.
+const txnCommitWait = 30 * time.Second
+
+// txnCloseWait bounds the Close of a stream or of a cluster's Producer.
+const txnCloseWait = 5 * time.Second
+
+// openDirect opens k's stream on the cluster's transactional Producer,
+// opening that first if needed.
+func (s *txnSet) openDirect(k txnKey, cl config.Cluster) (*directTxn, error) {
+	pr, err := s.directProducer(k.cluster, cl)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), directOpenTimeout)
+	defer cancel()
+	ts, err := pr.kp.OpenTxn(ctx, kafka.DefaultTxnConfig(k.transactionalID(s.fleet)))
+	if err != nil {
+		return nil, err
+	}
+	return &directTxn{s: ts, pr: pr}, nil
+}
+
+// directProducer returns the cluster's transactional Producer, opening it
+// if it is not open: one opening at a time (openMu), bounded by
+// directOpenTimeout.
+func (s *txnSet) directProducer(name string, cl config.Cluster) (*producer, error) {
+	s.openMu.Lock()
+	defer s.openMu.Unlock()
+	s.mu.Lock()
+	pr, closed := s.direct[name], s.closed
+	s.mu.Unlock()
+	switch {
+	case closed:
+		return nil, errClosed
+	case pr != nil:
+		return pr, nil
+	}
+	cfg := kafka.DefaultProducerConfig()
+	cfg.Logger = s.r.log
+	ctx, cancel := context.WithTimeout(context.Background(), directOpenTimeout)
+	kp, err := kafka.NewProducer(ctx, name, cl, cfg, txnHandler{})
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("routing: open the transactional producer for cluster %s: %w", name, err)
+	}
+	pr = &producer{key: producerKey{cluster: name, compression: "none", acks: "all"}, kp: kp}
+	s.mu.Lock()
+	keep := !s.closed && sameConnection(s.clusters[name], cl)
+	if keep {
+		s.direct[name] = pr
+	}
+	s.mu.Unlock()
+	if !keep {
+		// Closed, or redefined while it opened: the next opening uses
+		// the new definition. (Openings run in s.wg, which close waits
+		// for.)
+		closeDirect(pr)
+		return nil, fmt.Errorf("routing: the transactional producer for cluster %s opened as the router closed or the cluster was redefined", name)
+	}
+	return pr, nil
+}
+
+// closeDirect closes a cluster's transactional Producer: its streams that
+// are still open fail with kafka.ErrTxnClosed (broken: their txnProducers
+// open them again on the cluster's next Producer).
+func closeDirect(pr *producer) {
+	ctx, cancel := context.WithTimeout(context.Background(), txnCloseWait)
+	defer cancel()
+	_ = pr.kp.Close(ctx)
+}
+
+// txnHandler is the transactional Producer's ProduceHandler: every
+// message given to it goes through a TxnStream, which reports it to
+// Commit instead.
+type txnHandler struct{}
+
+func (txnHandler) Acked([]*kafka.Message, int64) {}
+func (txnHandler) Refused(*kafka.Message, error) {}
+
+// placePoll is how often place looks again for a topic's partition count
+// being looked up.
+const placePoll = 5 * time.Millisecond
+
+// place builds om's kafka.Message and chooses its partition as the
+// at_least_once direct path does (direct.go). A topic whose partition
+// count the Producer has not seen yet is looked up in the background
+// (kafka.ErrPartitionsUnknown): place waits for it at most wait.
+func (w *directTxn) place(ctx context.Context, om *outMsg, wait time.Duration) error {
+	m := om.msg
+	n, err := w.pr.kp.Partitions(m.Topic)
+	if errors.Is(err, kafka.ErrPartitionsUnknown) {
+		deadline := time.NewTimer(wait)
+		defer deadline.Stop()
+		poll := time.NewTicker(placePoll)
+		defer poll.Stop()
+		for errors.Is(err, kafka.ErrPartitionsUnknown) {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-deadline.C:
+				return fmt.Errorf("routing: the partitions of %s on cluster %s are not known after %s: %w", m.Topic, w.pr.key.cluster, wait, err)
+			case <-poll.C:
+			}
+			n, err = w.pr.kp.Partitions(m.Topic)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	ts := m.Timestamp
+	if ts.IsZero() {
+		ts = time.Now() // here, not in the stream: the message is read by a stream left broken when it is sent again
+	}
+	km := &om.km
+	*km = kafka.Message{Topic: m.Topic, Key: encoded(m.Key), Value: encoded(m.Value), Headers: m.Headers,
+		Timestamp: ts, Codec: codecOf(om.ch.Compression), Ref: om}
+	km.Partition, err = w.pr.partition(om, km.Key, n)
+	return err
+}
+
+// send gives the stream om's message, placed once: sent again, it goes to
+// the same partition, in the same order.
+func (w *directTxn) send(_ context.Context, om *outMsg, _ bool) error {
+	return w.s.Produce(&om.km)
+}
+
+// commit commits with the position record as the transaction's last
+// message, waiting at most txnCommitWait.
+func (w *directTxn) commit(_ []*outMsg, key, value []byte) ([]*outMsg, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), txnCommitWait)
+	defer cancel()
+	_, err := w.s.Commit(ctx, &kafka.Message{Topic: config.PositionsTopic, Key: key, Value: value})
+	if err == nil {
+		return nil, nil
+	}
+	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		return nil, fmt.Errorf("commit of %s not finished after %s (a destination away?): %w", w.s.ID(), txnCommitWait, kafka.ErrTxnBroken)
+	}
+	var ae *kafka.TxnAbortedError
+	if !errors.As(err, &ae) {
+		return nil, err
+	}
+	refused := make([]*outMsg, 0, len(ae.Refused))
+	for _, m := range ae.Refused {
+		if om, ok := m.Ref.(*outMsg); ok {
+			refused = append(refused, om)
+		}
+	}
+	return refused, err
+}
+
+func (w *directTxn) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), txnCloseWait)
+	defer cancel()
+	_ = w.s.Close(ctx)
+}
