@@ -16,6 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kswitch/kswitch/agent"
+	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
@@ -135,14 +136,19 @@ func TestDirectHungBroker(t *testing.T) {
 	}
 	t.Logf("broker %d leads %v", hungNode, hung)
 
+	// releases holds agent-1's releases from the rebalance on (nil
+	// before: the releases of the fleet's start are not measured).
 	var mu sync.Mutex
-	released := map[int32]time.Time{}
+	var releases map[int32][]release
 	var l partitionLog
 	opts := func(id string) agent.Options {
 		return agent.Options{Handler: l.handler(), Fetch: agent.FetchDirect, Released: func(o record.Owned) {
 			if id == "agent-1" {
+				at := time.Now()
 				mu.Lock()
-				released[o.Partition] = time.Now()
+				if releases != nil {
+					releases[o.Partition] = append(releases[o.Partition], release{Owned: o, at: at})
+				}
 				mu.Unlock()
 			}
 		}}
@@ -185,9 +191,13 @@ func TestDirectHungBroker(t *testing.T) {
 	})
 
 	// A rebalance: agent-1 releases some partitions, then Stop all of its
-	// others. Each release is timed from what caused it: the assignment
-	// that revoked it, or the Stop.
-	published := watchAssignments(t, e)
+	// others. Each release is timed from what caused it: the generation
+	// that revoked it, as published (its own time, read back from etcd's
+	// history once agent-1 stopped, so no watcher of the test's races the
+	// agent's own), or the Stop.
+	mu.Lock()
+	releases = map[int32][]release{}
+	mu.Unlock()
 	a2 := startFleetAgent(t, consumeConfig(e, k, "agent-2"), opts("agent-2"))
 	waitBalanced(t, parts, a1, a2)
 	stopAt := time.Now()
@@ -199,24 +209,33 @@ func TestDirectHungBroker(t *testing.T) {
 	if took := time.Since(stopAt); took > releaseBound {
 		t.Errorf("agent-1's Stop with broker %d hung took %v (bound %v)", hungNode, took, releaseBound)
 	}
+	history := assignmentHistory(t, e)
 	mu.Lock()
+	got := releases
+	releases = nil
+	mu.Unlock()
 	for _, p := range hung {
-		at, ok := released[p]
-		if !ok {
+		if len(got[p]) == 0 {
 			t.Errorf("agent-1 never released partition %d", p)
-			continue
 		}
-		cause := stopAt
-		if at.Before(stopAt) {
-			cause = published.before(at)
-		}
-		if took := at.Sub(cause); took > releaseBound {
-			t.Errorf("partition %d, led by the hung broker, released %v after it was revoked (bound %v)", p, took, releaseBound)
-		} else {
-			t.Logf("partition %d, led by the hung broker, released %v after it was revoked", p, took)
+		for _, r := range got[p] {
+			// Published is the leader's wall clock, this process's: a
+			// generation is published before any agent can apply it.
+			cause, why := stopAt, "agent-1's Stop"
+			if g, ok := revokingGeneration(history, "agent-1", r.Owned); ok && g.Published.Before(cause) {
+				cause, why = g.Published, fmt.Sprintf("generation %d revoked it", g.Generation)
+			}
+			switch took := r.at.Sub(cause); {
+			case took < 0:
+				t.Errorf("partition %d, led by the hung broker, run under generation %d, released %v before %s: nothing had asked agent-1 to give it up",
+					p, r.Generation, -took, why)
+			case took > releaseBound:
+				t.Errorf("partition %d, led by the hung broker, released %v after %s (bound %v)", p, took, why, releaseBound)
+			default:
+				t.Logf("partition %d, led by the hung broker, released %v after %s", p, took, why)
+			}
 		}
 	}
-	mu.Unlock()
 
 	hang.Store(false)
 	// The fetch in flight times out (Net.ReadTimeout 5 s), agent-2's
@@ -230,48 +249,61 @@ func TestDirectHungBroker(t *testing.T) {
 // fetch would take.
 const releaseBound = 3 * time.Second
 
-// assignmentLog is the times the assignment was written, as a watcher saw
-// them.
-type assignmentLog struct {
-	mu sync.Mutex
-	at []time.Time
+// release is a partition an agent gave up (Options.Released) and when.
+type release struct {
+	record.Owned
+	at time.Time
 }
 
-func watchAssignments(t *testing.T, e *devstack.Etcd) *assignmentLog {
+// assignmentHistory returns every value state/assignment has had up to
+// now, oldest first, read back from etcd's history (the test's etcd does
+// not compact): each generation with the time its leader published it,
+// whenever a watcher would have seen it.
+func assignmentHistory(t *testing.T, e *devstack.Etcd) []coordinator.Assignment {
+	t.Helper()
 	cli := testenv.EtcdClientT(t, e)
-	ctx, cancel := context.WithCancel(context.Background())
-	l := &assignmentLog{}
-	ch := cli.Watch(clientv3.WithRequireLeader(ctx), fleetKeys.Assignment())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for resp := range ch {
-			now := time.Now()
-			l.mu.Lock()
-			for range resp.Events {
-				l.at = append(l.at, now)
-			}
-			l.mu.Unlock()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	now, err := cli.Get(ctx, fleetKeys.Assignment())
+	if err != nil {
+		t.Fatalf("read %s: %v", fleetKeys.Assignment(), err)
+	}
+	if len(now.Kvs) == 0 {
+		t.Fatalf("no %s: no assignment is published", fleetKeys.Assignment())
+	}
+	last := now.Kvs[0].ModRevision
+	var out []coordinator.Assignment
+	for resp := range cli.Watch(clientv3.WithRequireLeader(ctx), fleetKeys.Assignment(), clientv3.WithRev(1)) {
+		if err := resp.Err(); err != nil {
+			t.Fatalf("read the history of %s: %v", fleetKeys.Assignment(), err)
 		}
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
-	return l
-}
-
-// before returns the last write seen before at (zero: none).
-func (l *assignmentLog) before(at time.Time) time.Time {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var last time.Time
-	for _, w := range l.at {
-		if w.Before(at) {
-			last = w
+		for _, ev := range resp.Events {
+			if ev.Type == clientv3.EventTypePut {
+				a, err := coordinator.ParseAssignment(ev.Kv.Value)
+				if err != nil {
+					t.Fatalf("%s at revision %d: %v", fleetKeys.Assignment(), ev.Kv.ModRevision, err)
+				}
+				out = append(out, a)
+			}
+			if ev.Kv.ModRevision >= last {
+				return out
+			}
 		}
 	}
-	return last
+	t.Fatalf("the history of %s up to revision %d not read in 10 s (%d values read): %v", fleetKeys.Assignment(), last, len(out), ctx.Err())
+	return nil
+}
+
+// revokingGeneration returns the first generation of history after the one
+// o was started under that does not give o's partition to agent.
+func revokingGeneration(history []coordinator.Assignment, agent string, o record.Owned) (coordinator.Assignment, bool) {
+	tp := coordinator.TopicPartition{Topic: o.Topic, Partition: o.Partition}
+	for _, a := range history {
+		if a.Generation > o.Generation && !slices.Contains(a.Section(o.Cluster).Owned[agent], tp) {
+			return a, true
+		}
+	}
+	return coordinator.Assignment{}, false
 }
 
 // TestDirectBytesInFlightAreBounded is TestBytesInFlightAreBounded on the
