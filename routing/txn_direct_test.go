@@ -3,11 +3,15 @@ package routing
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/internal/wait"
 )
 
@@ -147,5 +151,70 @@ func TestExactlyOnceDirectThroughABrokerRestart(t *testing.T) {
 			}
 			wantEachOnce(t, w.readCommittedKgo("S", "out", 3), want)
 		})
+	}
+}
+
+// TestExactlyOnceDirectRefusedRecordToDeadLetter: on the direct path, a
+// record larger than the channel's topic takes (max.message.bytes) aborts
+// its transaction; the stream names it (kafka.TxnAbortedError.Refused)
+// and it goes to the dead-letter channel, while the transaction's other
+// records are committed in the next: each record once on the channel or
+// on the dead-letter channel, read_committed, each acknowledged once.
+func TestExactlyOnceDirectRefusedRecordToDeadLetter(t *testing.T) {
+	const limit, big, bigAt, n = 100_000, 300_000, 30, 60
+	w := newWorld(t, map[string][]string{"S": {"out", "dead"}}, "A", "S")
+	s := w.cfg.Clusters["S"]
+	s.Delivery = config.ExactlyOnce
+	w.cfg.Clusters["S"] = s
+	w.cfg.Routing = Config{Default: []string{"out"}, DeadLetter: "dead",
+		Channels: map[string]Channel{"out": {Cluster: "S", Topic: "out"}, "dead": {Cluster: "S", Topic: "dead"}}}
+	v := strconv.Itoa(limit)
+	if err := adminOf(t, w.kafkas["S"]).AlterConfig(sarama.TopicResource, "out", map[string]*string{"max.message.bytes": &v}, false); err != nil {
+		t.Fatal(err)
+	}
+	o := w.ownerOn(1, 50*time.Millisecond, ProduceDirect)
+	for off := range int64(n) {
+		rec := testRecord("orders", 0, off, "")
+		if off == bigAt {
+			rec.Value = []byte(strings.Repeat("x", big))
+		}
+		rec.Origin, rec.Generation, rec.Session = "A", o.gen, o.gen
+		if err := deliver(t.Context(), o.r, rec, 30*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wait.For(t, 30*time.Second, fmt.Sprintf("%d records acknowledged", n), func() error {
+		if got := o.acks.count("orders/0@"); got != n {
+			return fmt.Errorf("%d acknowledged", got)
+		}
+		return nil
+	})
+	m := o.r.m.txns
+	if got := metricValue(m.WithLabelValues("S", "aborted")); got != 1 {
+		t.Errorf("%v transactions aborted, want 1 (the one with the large record)", got)
+	}
+	if got := metricValue(o.r.m.dead.WithLabelValues("produce")); got != 1 {
+		t.Errorf("dead_lettered{produce} = %v, want 1", got)
+	}
+	o.close(t, false)
+	o.acks.mu.Lock()
+	for k, c := range o.acks.seen {
+		if c != 1 {
+			t.Errorf("%s acknowledged %d times", k, c)
+		}
+	}
+	o.acks.mu.Unlock()
+	var want []string
+	for off := range int64(n) {
+		if off != bigAt {
+			want = append(want, fmt.Sprintf("orders/0@%d", off))
+		}
+	}
+	wantEachOnce(t, w.readCommittedKgo("S", "out", 3), want)
+	dead := w.read("S", "dead", 1)
+	if len(dead) != 1 || header(dead[0], HeaderSource) != fmt.Sprintf("orders/0@%d", bigAt) || len(dead[0].Value) != big {
+		for _, d := range dead {
+			t.Errorf("dead letter from %s, %d bytes; want orders/0@%d, %d bytes", header(d, HeaderSource), len(d.Value), bigAt, big)
+		}
 	}
 }
