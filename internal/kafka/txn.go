@@ -594,10 +594,11 @@ func (t *TxnStream) addPartitions(todo []*partState) {
 	req := &sarama.AddPartitionsToTxnRequest{Version: AddPartitionsToTxnVersion(p.sc.Version), TransactionalID: t.cfg.ID,
 		ProducerID: t.pid, ProducerEpoch: t.epoch, TopicPartitions: tps}
 	p.mu.Unlock()
+	var resp *sarama.AddPartitionsToTxnResponse
 	err := t.call(t.ctx, "AddPartitionsToTxn", false, func(b *sarama.Broker) (sarama.KError, error) {
 		r := *req
-		resp, err := b.AddPartitionsToTxn(&r)
-		if err != nil {
+		var err error
+		if resp, err = b.AddPartitionsToTxn(&r); err != nil {
 			return 0, err
 		}
 		return addPartitionsErr(resp), nil
@@ -610,8 +611,13 @@ func (t *TxnStream) addPartitions(todo []*partState) {
 	if err != nil {
 		if final(err) {
 			t.fail(err)
-		} else if t.abortable == nil {
+			return
+		}
+		if t.abortable == nil {
 			t.abortable = fmt.Errorf("kafka: AddPartitionsToTxn for %s on cluster %s: %w", t.cfg.ID, p.name, err)
+		}
+		if errors.Is(err, sarama.ErrTopicAuthorizationFailed) {
+			t.refuseUnauthorized(resp)
 		}
 		return
 	}
@@ -625,6 +631,30 @@ func (t *TxnStream) addPartitions(todo []*partState) {
 	t.begun = true
 	for _, s := range sinks {
 		s.wake()
+	}
+}
+
+// refuseUnauthorized refuses for good the open transaction's messages to
+// the partitions resp answers TOPIC_AUTHORIZATION_FAILED, as the
+// idempotent path refuses a produce so answered: the abort leaves them
+// out of the next transaction (TxnAbortedError.Refused), which otherwise
+// would be refused again, and every one after it. The caller holds p.mu.
+func (t *TxnStream) refuseUnauthorized(resp *sarama.AddPartitionsToTxnResponse) {
+	if resp == nil {
+		return
+	}
+	denied := map[topicPartition]bool{}
+	for topic, pes := range resp.Errors {
+		for _, pe := range pes {
+			if pe.Err == sarama.ErrTopicAuthorizationFailed {
+				denied[topicPartition{topic, pe.Partition}] = true
+			}
+		}
+	}
+	for _, m := range t.cur {
+		if denied[topicPartition{m.Topic, m.Partition}] {
+			t.refused = append(t.refused, m)
+		}
 	}
 }
 
@@ -859,6 +889,12 @@ func (t *TxnStream) coordinator() (*sarama.Broker, error) {
 		CoordinatorKey: t.cfg.ID, CoordinatorType: sarama.CoordinatorTransaction})
 	if err != nil {
 		CloseOnTransportError(b, err)
+		// The client's least loaded broker stays this one (a broker gone
+		// is still in its metadata, with no request pending) until the
+		// metadata is read again: without this every retry asked it.
+		if rerr := c.RefreshMetadata(); rerr != nil {
+			t.log.Debug("metadata refresh after a failed FindCoordinator failed", zap.Error(rerr))
+		}
 		return nil, err
 	}
 	if resp.Err != sarama.ErrNoError {

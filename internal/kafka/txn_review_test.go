@@ -3,9 +3,14 @@ package kafka_test
 import (
 	"context"
 	"errors"
+	"slices"
+	"strconv"
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kswitch/kswitch/devstack"
@@ -52,4 +57,74 @@ func TestTxnCommitAfterAnotherStreamLostTheConnection(t *testing.T) {
 		t.Fatalf("A committed %d records, want %d", len(got), len(msgsA))
 	}
 	committedVerdict(t, k, "a", parts, prefixes(msgsA))
+}
+
+// TestTxnTopicNotAuthorizedIsRefused: AddPartitionsToTxn answers
+// TOPIC_AUTHORIZATION_FAILED for one topic of the transaction (for good,
+// as an ACL the producer lacks): the transaction is aborted with that
+// topic's records in TxnAbortedError.Refused (the router's dead letter,
+// as the idempotent path refuses them), and the next Commit commits the
+// other records once, rather than every Commit aborting again.
+func TestTxnTopicNotAuthorizedIsRefused(t *testing.T) {
+	const parts = 3
+	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{"out": parts, "secret": 1}})
+	p := newProducer(t, k, testConfig(), newRecorder())
+	s := openTxn(t, p, "kswitch/test/C/in/A/21")
+	denyAddPartitions(k.Cluster(), "secret")
+	out := records("out", parts, 0, 30)
+	var secret []*kafka.Message
+	for i, m := range out {
+		produceTxn(t, s, []*kafka.Message{m})
+		if i%6 == 0 {
+			sm := &kafka.Message{Topic: "secret", Value: []byte("secret " + strconv.Itoa(i))}
+			secret = append(secret, sm)
+			produceTxn(t, s, []*kafka.Message{sm})
+		}
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	_, err := s.Commit(ctx, nil)
+	var ae *kafka.TxnAbortedError
+	if !errors.As(err, &ae) || !errors.Is(err, sarama.ErrTopicAuthorizationFailed) {
+		t.Fatalf("Commit with a topic not authorized: %v, want a TxnAbortedError for TOPIC_AUTHORIZATION_FAILED", err)
+	}
+	if !slices.Equal(ae.Refused, secret) {
+		t.Fatalf("Refused: %d messages, want the %d to the topic not authorized", len(ae.Refused), len(secret))
+	}
+	if got := commit(t, s, nil); !slices.Equal(got, out) {
+		t.Fatalf("the next Commit: %d records, want the %d others", len(got), len(out))
+	}
+	committedVerdict(t, k, "out", parts, prefixes(out))
+}
+
+// denyAddPartitions answers every AddPartitionsToTxn that names topic as
+// Kafka answers one naming a topic the producer may not write:
+// TOPIC_AUTHORIZATION_FAILED for its partitions, OPERATION_NOT_ATTEMPTED
+// for the others (kfake's authorization, ACL or Fault, refuses every
+// partition of the request with the topic's error).
+func denyAddPartitions(c *kfake.Cluster, topic string) {
+	c.ControlKey(int16(kmsg.AddPartitionsToTxn), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		req := kr.(*kmsg.AddPartitionsToTxnRequest)
+		if !slices.ContainsFunc(req.Topics, func(rt kmsg.AddPartitionsToTxnRequestTopic) bool { return rt.Topic == topic }) {
+			return nil, nil, false
+		}
+		c.KeepControl()
+		resp := req.ResponseKind().(*kmsg.AddPartitionsToTxnResponse)
+		resp.Version = req.Version
+		for _, rt := range req.Topics {
+			st := kmsg.NewAddPartitionsToTxnResponseTopic()
+			st.Topic = rt.Topic
+			code := kerr.OperationNotAttempted.Code
+			if rt.Topic == topic {
+				code = kerr.TopicAuthorizationFailed.Code
+			}
+			for _, p := range rt.Partitions {
+				sp := kmsg.NewAddPartitionsToTxnResponseTopicPartition()
+				sp.Partition, sp.ErrorCode = p, code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
 }
