@@ -3,6 +3,8 @@ package routing
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -65,8 +67,8 @@ func (w *world) readCommittedKgo(cluster, topic string, partitions int32) map[st
 // exactly_once cluster's broker stops (connections refused, then cut)
 // while a transaction holds records, and starts again on the same ports
 // with its data: every record is on the channel once, read_committed by a
-// franz-go reader, and each is acknowledged once. Stopped briefly, the
-// commit waiting for the transaction's batches goes through (records
+// franz-go reader, and each is acknowledged once. Restarted while a
+// commit waits for the stopped broker, the commit goes through (records
 // given meanwhile join the next transaction); stopped past the stream's
 // RetryTimeout (10 s), the stream is broken, opened again once S is back
 // (which aborts the open transaction), and the position read back
@@ -75,8 +77,8 @@ func TestExactlyOnceDirectThroughABrokerRestart(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		// broken: S stays down until a transaction failed (the
-		// stream broken); else it restarts as soon as the producer
-		// met it stopped, and records are given while it is down.
+		// stream broken); else it restarts once a commit waits for
+		// it, with records queued behind the commit.
 		broken bool
 	}{{"brief", false}, {"past the retry timeout", true}} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -88,44 +90,31 @@ func TestExactlyOnceDirectThroughABrokerRestart(t *testing.T) {
 			o.handle(t, 50, 100) // into the open transaction
 			w.kafkas["S"].Stop()
 			t.Logf("S stopped with %d of 100 records acknowledged", o.acks.count("orders/0@"))
+			o.handle(t, 100, 150) // into the open transaction, or the next
 			m := o.r.m.txns
-			offered := make(chan error, 1)
 			if tc.broken {
-				offered <- nil
 				wait.For(t, time.Minute, "a transaction fails with S stopped", func() error {
 					if n := metricValue(m.WithLabelValues("S", "failed")); n == 0 {
 						return fmt.Errorf("no failed transaction yet")
 					}
 					return nil
 				})
+				if err := w.kafkas["S"].Restart(); err != nil {
+					t.Fatal(err)
+				}
+				o.handle(t, 150, 200)
 			} else {
-				go func() { offered <- o.offer(t.Context(), "A", "orders", 100, 150) }()
-				// The transactional Producer has met the stopped broker:
-				// a partition's batches were sent again, or its
-				// connection opened again.
-				wait.For(t, 30*time.Second, "the transactional producer meets S stopped", func() error {
-					o.r.txns.mu.Lock()
-					pr := o.r.txns.direct["S"]
-					o.r.txns.mu.Unlock()
-					if pr == nil {
-						return fmt.Errorf("no transactional producer for S")
-					}
-					if st := pr.kp.Stats(); st.Retries+st.Reconnected == 0 {
-						return fmt.Errorf("no retry nor reconnection yet: %+v", st)
+				wait.For(t, 30*time.Second, "a commit under way with S stopped", func() error {
+					if !committing(o.r) {
+						return fmt.Errorf("no commit under way")
 					}
 					return nil
 				})
+				o.handle(t, 150, 200) // queued for the next transaction
+				if err := w.kafkas["S"].Restart(); err != nil {
+					t.Fatal(err)
+				}
 			}
-			if err := w.kafkas["S"].Restart(); err != nil {
-				t.Fatal(err)
-			}
-			if err := <-offered; err != nil {
-				t.Fatal(err)
-			}
-			if tc.broken {
-				o.handle(t, 100, 150)
-			}
-			o.handle(t, 150, 200)
 			wait.For(t, time.Minute, "200 records acknowledged", func() error {
 				if n := o.acks.count("orders/0@"); n != 200 {
 					return fmt.Errorf("%d acknowledged", n)
@@ -152,6 +141,22 @@ func TestExactlyOnceDirectThroughABrokerRestart(t *testing.T) {
 			wantEachOnce(t, w.readCommittedKgo("S", "out", 3), want)
 		})
 	}
+}
+
+// committing reports whether a transactional producer of r is committing.
+func committing(r *Router) bool {
+	r.txns.mu.Lock()
+	tps := slices.Collect(maps.Values(r.txns.live))
+	r.txns.mu.Unlock()
+	for _, tp := range tps {
+		tp.mu.Lock()
+		c := tp.committing
+		tp.mu.Unlock()
+		if c {
+			return true
+		}
+	}
+	return false
 }
 
 // TestExactlyOnceDirectRefusedRecordToDeadLetter: on the direct path, a
