@@ -165,11 +165,13 @@ type Agent struct {
 	cand     *election.Candidate
 	observer *election.Observer
 	registry *registry
-	store    *offsets.Store
-	signals  *signals.Watcher
-	leader   *coordinator.Leader
-	ml       *memberlist.Memberlist
-	mlog     *memberlistLog
+	// vouch checks the registrations' proofs while this agent leads.
+	vouch   *vouchers
+	store   *offsets.Store
+	signals *signals.Watcher
+	leader  *coordinator.Leader
+	ml      *memberlist.Memberlist
+	mlog    *memberlistLog
 	// gossipAddr is set once by Start.
 	gossipAddr string
 	gossip     *gossipState
@@ -329,6 +331,7 @@ func (a *Agent) Start(ctx context.Context) error {
 	a.gossipAddr = net.JoinHostPort(n.Addr.String(), fmt.Sprint(n.Port))
 	a.observer = election.NewObserver(client, a.keys.Election(), a.cfg.Etcd.RequestTimeout, a.log)
 	a.registry = newRegistry(client, a.keys, a.cfg.Etcd.RequestTimeout, a.log, func() { a.metrics.badValues.WithLabelValues("registration").Inc() })
+	a.vouch = &vouchers{self: a.selfLease, ask: a.askProof, log: a.log.Named("members"), results: map[vouchKey]vouchResult{}}
 	a.store = offsets.NewStore(client, a.keys)
 	a.signals = signals.NewWatcher(client, a.keys, a.cfg.Etcd.RequestTimeout, a.log)
 	a.signals.OnRefused(func(signals.Refusal) { a.metrics.badValues.WithLabelValues(refused.Signal).Inc() })
@@ -501,6 +504,29 @@ func (a *Agent) Signals() signals.State {
 // HTTPAddr returns the address the HTTP listener is bound to (useful when
 // agent.http has port 0). Valid after Start.
 func (a *Agent) HTTPAddr() string { return a.httpLn.Addr().String() }
+
+// httpAdvertised is the HTTP address other agents use to reach this one,
+// written in its registration: the bound address, or, when it is bound to
+// every interface (0.0.0.0:8080, the usual setting in a container), the
+// same port on the host gossip advertises (agent.gossip_advertise, else
+// the private address memberlist picked). A wildcard address in the
+// registration would make the leader, asking an agent who it is, ask
+// itself.
+func (a *Agent) httpAdvertised() string {
+	bound := a.HTTPAddr()
+	host, port, err := net.SplitHostPort(bound)
+	if err != nil {
+		return bound
+	}
+	if ip := net.ParseIP(host); host != "" && (ip == nil || !ip.IsUnspecified()) {
+		return bound
+	}
+	ghost, _, err := net.SplitHostPort(a.GossipAddr())
+	if err != nil || ghost == "" {
+		return bound
+	}
+	return net.JoinHostPort(ghost, port)
+}
 
 // GossipAddr returns the host:port other agents use to reach this agent's
 // gossip. Valid after Start.
@@ -791,7 +817,7 @@ func (a *Agent) runSession(ctx context.Context) error {
 // live lease: two agents with one id would fight over partitions.
 func (a *Agent) register(ctx context.Context, lease clientv3.LeaseID) (int64, error) {
 	digest := a.digest
-	reg := Registration{ID: a.id, HTTP: a.HTTPAddr(), Gossip: a.GossipAddr(), Version: version.Version, Started: a.started, Config: &digest}
+	reg := Registration{ID: a.id, HTTP: a.httpAdvertised(), Gossip: a.GossipAddr(), Version: version.Version, Started: a.started, Config: &digest}
 	val, err := json.Marshal(reg)
 	if err != nil {
 		return 0, fmt.Errorf("agent: encode registration: %w", err)
@@ -853,7 +879,14 @@ func (a *Agent) lead(ctx context.Context, term election.Term) {
 		defer close(agreeDone)
 		a.flagConfigDisagreement(gctx, log)
 	}()
-	defer func() { gcancel(); <-gateDone; <-agreeDone }()
+	// The registrations are asked for their proofs while this agent
+	// leads (coordinator's silence plans only on members).
+	vouchDone := make(chan struct{})
+	go func() {
+		defer close(vouchDone)
+		a.vouch.run(gctx, a.registry.list, a.registry.subscribe(gctx))
+	}()
+	defer func() { gcancel(); <-gateDone; <-agreeDone; <-vouchDone }()
 	if err := a.leader.Run(ctx, term); err != nil && ctx.Err() == nil {
 		log.Warn("leader work ended", zap.Error(err))
 	}
@@ -883,11 +916,16 @@ func (f fleetView) Dead() <-chan string                         { return f.a.gos
 func (f fleetView) GossipAlive(id string) bool                  { return f.a.gossip.alive(id) }
 func (f fleetView) Answers(ctx context.Context, id string) bool { return f.a.answers(ctx, id) }
 func (f fleetView) Views() coordinator.AgentViews               { return f.a.memberViews(time.Now()) }
+func (f fleetView) Vouched(id string) (coordinator.Proof, string) {
+	r, ok := f.a.registry.get(id)
+	return f.a.vouch.vouched(r, ok)
+}
 
 // Subscribe tells of changes of the registrations and of the gossip views.
 func (f fleetView) Subscribe(ctx context.Context) <-chan struct{} {
 	ch := f.a.registry.subscribe(ctx)
 	f.a.gossip.viewsChanged.Attach(ctx, ch)
+	f.a.vouch.changed.Attach(ctx, ch)
 	return ch
 }
 

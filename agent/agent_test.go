@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -405,5 +406,42 @@ func TestAProbeReadBeforeRegistrationEvictsNothing(t *testing.T) {
 	}
 	if len(resp.Kvs) != 1 || resp.Kvs[0].Lease != first {
 		t.Fatalf("registration after the stale probe read: %v, want the first one on lease %x kept", resp.Kvs, first)
+	}
+}
+
+// TestRegistrationNamesAnAddressOthersReach: an agent whose HTTP listener
+// is bound to every interface (0.0.0.0, as in a container) registers the
+// host gossip advertises with its port, not the wildcard (asked there, the
+// leader would reach itself), and its /healthz names it on the lease of
+// its registration: what the leader's proof of membership reads.
+func TestRegistrationNamesAnAddressOthersReach(t *testing.T) {
+	e := testenv.StartEtcdT(t)
+	cfg := testConfig(e, "agent-1")
+	cfg.Agent.HTTP = "0.0.0.0:0"
+	a := startFleetAgent(t, cfg, agent.Options{})
+	cli := testenv.EtcdClientT(t, e)
+	var reg agent.Registration
+	var lease int64
+	wait.For(t, 10*time.Second, "agent-1 registered", func() error {
+		resp, err := cli.Get(t.Context(), fleetKeys.Agent("agent-1"))
+		if err != nil || len(resp.Kvs) != 1 {
+			return fmt.Errorf("registration: %v %v", resp, err)
+		}
+		lease = resp.Kvs[0].Lease
+		return json.Unmarshal(resp.Kvs[0].Value, &reg)
+	})
+	_, port, err := net.SplitHostPort(a.HTTPAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "127.0.0.1:" + port; reg.HTTP != want {
+		t.Fatalf("registered http %q, want %q (bound %s, gossip %s)", reg.HTTP, want, a.HTTPAddr(), a.GossipAddr())
+	}
+	var body struct{ Agent, Lease string }
+	if code, err := getJSON("http://"+reg.HTTP+"/healthz", &body); err != nil || code != 200 {
+		t.Fatalf("/healthz at the registered address: %d %v", code, err)
+	}
+	if body.Agent != "agent-1" || body.Lease != fmt.Sprintf("%x", lease) {
+		t.Errorf("/healthz says agent %q lease %q; the registration is agent-1 on lease %x", body.Agent, body.Lease, lease)
 	}
 }

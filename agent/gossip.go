@@ -94,6 +94,14 @@ func (d *gossipState) alive(id string) bool {
 	return ok
 }
 
+// addrOf returns the address member id gossips from, "" when it is not
+// a member.
+func (d *gossipState) addrOf(id string) string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.addrs[id]
+}
+
 // views returns the members' views of the clusters; members whose
 // metadata does not parse are left out.
 func (d *gossipState) views() coordinator.AgentViews {

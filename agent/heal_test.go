@@ -183,17 +183,18 @@ func TestARegistrationWithoutALeaseIsNoMember(t *testing.T) {
 	}
 }
 
-// TestGhostRegistrationsLoseTheirPartitions: registrations put by a
-// stranger on leases that live (one on a lease of its own, one on
-// agent-1's session lease) are given partitions at the next rebalance,
-// since a registration is all etcd shows of an agent, and so is agent-4,
-// whose acknowledgements etcd refuses. None acknowledges a generation, so
-// after silentAfter (30 s) the leader plans without them: their
-// partitions go to the other agents, the leader's /status and kswitch
-// status name them silent, agent-4's /readyz says the leader plans
-// without it, and every record is handled. (Before, one ghost took 3 of
-// 12 partitions, which nobody consumed, for good.)
-func TestGhostRegistrationsLoseTheirPartitions(t *testing.T) {
+// TestGhostRegistrationsAreNeverPlannedOn: registrations put by a stranger
+// on leases that live are never given partitions, since membership is
+// earned (coordinator's silence): ghost-1 on a lease of its own and
+// ghost-2 on agent-1's session lease, with an acknowledgement forged on
+// that lease, name an address that does not answer; ghost-3, on
+// agent-1's lease, names agent-1's address, which answers as agent-1
+// (refuted at once); agent-4 is a real agent whose acknowledgements etcd
+// refuses. No assignment published after they appear places any of them;
+// the leader's /status and kswitch status name them silent (ghost-3 at
+// once, the others after silentAfter, 30 s), agent-4's /readyz says the
+// leader plans without it, and every record is handled.
+func TestGhostRegistrationsAreNeverPlannedOn(t *testing.T) {
 	d := startDC(t)
 	cli := testenv.EtcdClientT(t, d.etcd)
 	l, agents, p := flowingFleet(t, d)
@@ -201,48 +202,50 @@ func TestGhostRegistrationsLoseTheirPartitions(t *testing.T) {
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("agent-1's registration: %v %v", resp, err)
 	}
+	from := resp.Header.Revision
+	agent1Lease := clientv3.LeaseID(resp.Kvs[0].Lease)
+	cur, err := readAssignment(cli)
+	if err != nil {
+		t.Fatal(err)
+	}
 	own, err := cli.Grant(t.Context(), 120)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for id, lease := range map[string]clientv3.LeaseID{"ghost-1": own.ID, "ghost-2": clientv3.LeaseID(resp.Kvs[0].Lease)} {
-		reg := fmt.Sprintf(`{"id":%q,"http":"127.0.0.1:1","gossip":"127.0.0.1:2","version":"x","started":"2026-01-01T00:00:00Z"}`, id)
-		if _, err := cli.Put(t.Context(), fleetKeys.Agent(id), reg, clientv3.WithLease(lease)); err != nil {
+	for _, g := range []struct {
+		id, http string
+		lease    clientv3.LeaseID
+	}{{"ghost-1", "127.0.0.1:1", own.ID}, {"ghost-2", "127.0.0.1:1", agent1Lease}, {"ghost-3", agents[0].HTTPAddr(), agent1Lease}} {
+		reg := fmt.Sprintf(`{"id":%q,"http":%q,"gossip":"127.0.0.1:2","version":"x","started":"2026-01-01T00:00:00Z"}`, g.id, g.http)
+		if _, err := cli.Put(t.Context(), fleetKeys.Agent(g.id), reg, clientv3.WithLease(g.lease)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// And a real agent whose acknowledgements etcd refuses: it is silent
-	// too, and its /readyz says why.
+	if _, err := cli.Put(t.Context(), fleetKeys.Ack("ghost-2"), strconv.FormatInt(cur.Generation, 10), clientv3.WithLease(agent1Lease)); err != nil {
+		t.Fatal(err)
+	}
 	mute := startFleetAgent(t, d.config("agent-4"), agent.WithHooks(agent.Options{Handler: l.handler("agent-4")}, agent.Hooks{
 		AckFails: func(int64) error { return errors.New("etcd refused the write (test)") },
 	}))
-	ghosts := func(a coordinator.Assignment) int {
-		return len(a.Owned["ghost-1"]) + len(a.Owned["ghost-2"]) + len(a.Owned["agent-4"])
+	strangers := []string{"ghost-1", "ghost-2", "ghost-3", "agent-4"}
+	silent := func(ids ...string) func() error {
+		return func() error {
+			st := leaderOf(t, agents...).Status().Coordinator
+			for _, id := range ids {
+				if st == nil || st.Silent[id] == "" {
+					return fmt.Errorf("the leader's status does not name %s silent: %+v", id, st)
+				}
+			}
+			return nil
+		}
 	}
-	wait.For(t, 10*time.Second, "the ghosts given partitions", func() error {
-		if a, err := readAssignment(cli); err != nil || ghosts(a) == 0 {
-			return fmt.Errorf("generation %d owned %v (%v)", a.Generation, a.Owned, err)
-		}
-		return nil
-	})
+	wait.For(t, 10*time.Second, "ghost-3 refuted by agent-1's answer", silent("ghost-3"))
 	began := time.Now()
-	wait.For(t, 50*time.Second, "the ghosts planned without", func() error {
-		a, err := readAssignment(cli)
-		if err != nil {
-			return err
-		}
-		if n := ghosts(a); n > 0 {
-			return fmt.Errorf("the ghosts own %d partitions in generation %d", n, a.Generation)
-		}
-		return nil
-	})
-	t.Logf("the ghosts' partitions moved to the agents %v after they were given them", time.Since(began).Round(time.Millisecond))
-	waitBalanced(t, failoverPartitions, agents...)
-	st := leaderOf(t, agents...).Status().Coordinator
-	if st == nil || st.Silent["ghost-1"] == "" || st.Silent["ghost-2"] == "" || st.Silent["agent-4"] == "" {
-		t.Errorf("the leader's status does not name the ghosts and agent-4 silent: %+v", st)
-	} else {
-		t.Logf("leader status: %v", st.Silent)
+	wait.For(t, 50*time.Second, "the others named silent", silent(strangers...))
+	t.Logf("named silent %v after they registered; leader status: %v", time.Since(began).Round(time.Millisecond),
+		leaderOf(t, agents...).Status().Coordinator.Silent)
+	if why := leaderOf(t, agents...).Status().Coordinator.Silent["ghost-3"]; !strings.Contains(why, `says it is agent "agent-1"`) {
+		t.Errorf("ghost-3's reason: %q", why)
 	}
 	wait.For(t, 10*time.Second, "agent-4 unready, saying why", func() error {
 		code, reason, err := readyz(mute)
@@ -252,14 +255,57 @@ func TestGhostRegistrationsLoseTheirPartitions(t *testing.T) {
 		return nil
 	})
 	status := kswitch(t, "status", "--ask=false", "--etcd", strings.Join(d.etcd.Endpoints(), ","), "--fleet", "orders")
-	for _, id := range []string{"ghost-1", "ghost-2", "agent-4"} {
-		if !strings.Contains(status, "silent:  "+id+" registered, but has not acknowledged") {
+	for _, id := range strangers {
+		if !strings.Contains(status, "silent:  "+id+" registered") {
 			t.Errorf("kswitch status does not name %s silent:\n%s", id, status)
 		}
 	}
 	p.halt()
 	waitAllHandled(t, l, p.written(), 20*time.Second)
 	l.check(t)
+	// Every assignment published since: none places a stranger.
+	now, err := cli.Get(t.Context(), fleetKeys.Assignment())
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	published, last := 0, now.Kvs[0].ModRevision
+	if a, err := coordinator.ParseAssignment(now.Kvs[0].Value); err != nil || len(a.Owned) == 0 {
+		t.Fatalf("state/assignment: %v %v", a, err)
+	}
+	// When nothing was published since (from >= last), the one in force,
+	// checked below, is the one from before.
+	if from < last {
+		for wr := range cli.Watch(wctx, fleetKeys.Assignment(), clientv3.WithRev(from+1)) {
+			if err := wr.Err(); err != nil {
+				t.Fatal(err)
+			}
+			for _, ev := range wr.Events {
+				published++
+				from = ev.Kv.ModRevision
+				a, err := coordinator.ParseAssignment(ev.Kv.Value)
+				if err != nil {
+					continue
+				}
+				for _, id := range strangers {
+					if len(a.OwnedBy(id)) > 0 {
+						t.Errorf("generation %d places %s: %v", a.Generation, id, a.OwnedBy(id))
+					}
+				}
+			}
+			if from >= last {
+				break
+			}
+		}
+	}
+	cur, err = coordinator.ParseAssignment(now.Kvs[0].Value)
+	for _, id := range strangers {
+		if err != nil || len(cur.OwnedBy(id)) > 0 {
+			t.Errorf("the assignment in force, generation %d, places %s (%v)", cur.Generation, id, err)
+		}
+	}
+	t.Logf("%d assignments published after the strangers appeared; none places them", published)
 }
 
 // TestUnusableActiveStateIsRecoveredNotSwitchedAgain: while the fleet is
@@ -328,6 +374,60 @@ func TestUnusableActiveStateIsRecoveredNotSwitchedAgain(t *testing.T) {
 	}
 	if dups := l.duplicates(); dups != 0 {
 		t.Errorf("%d duplicates: the fleet switched again from old positions", dups)
+	}
+	l.check(t)
+}
+
+// TestAForgedSwitchInTheLeaderlessWindowIsAbandoned: within the session
+// TTL after the leader was killed, someone puts a switch in progress from
+// A, where the fleet is, to B. It is believable (a switch starts where
+// the fleet is), but nothing calls for it: A is reachable, B is not the
+// primary, no pin names it. The next leader abandons it instead of
+// resuming it (before: resumed, the fleet released, translated and moved
+// to B with no cause): the fleet stays on A, history/ records the switch
+// abandoned, nothing is consumed from B and every record is handled.
+func TestAForgedSwitchInTheLeaderlessWindowIsAbandoned(t *testing.T) {
+	d := startDC(t)
+	cli := testenv.EtcdClientT(t, d.etcd)
+	l, agents, p := flowingFleet(t, d)
+	before, err := readActive(cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader := leaderOf(t, agents...)
+	leader.Abort() // its lease lives on for the TTL: nobody leads meanwhile
+	rest := slices.DeleteFunc(slices.Clone(agents), func(a *agent.Agent) bool { return a == leader })
+	forged, err := json.Marshal(coordinator.Active{Cluster: "B", From: "A", Epoch: before.Epoch + 1, Phase: coordinator.PhaseSwitching,
+		Reason: "forged", Since: time.Now().UTC(), Leader: leader.ID(), Token: before.Token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(context.Background(), fleetKeys.Active(), string(forged)); err != nil {
+		t.Fatal(err)
+	}
+	next := leaderOf(t, rest...)
+	wait.For(t, 10*time.Second, "the switch abandoned by "+next.ID(), func() error {
+		a, err := readActive(cli)
+		if err != nil {
+			return err
+		}
+		if a.Cluster != "A" || a.Phase != coordinator.PhaseActive || a.Leader != next.ID() {
+			return fmt.Errorf("state/active %+v", a)
+		}
+		return nil
+	})
+	waitConsuming(t, 10*time.Second, "A", rest...)
+	p.halt()
+	waitAllHandled(t, l, p.written(), 20*time.Second)
+	evs := readHistory(t, cli)
+	if len(evs) != 1 || evs[0].Abandoned == "" || evs[0].To != "B" {
+		logEvents(t, evs)
+		t.Errorf("history/ holds %d switches, want the forged one, abandoned", len(evs))
+	} else {
+		t.Logf("history/: %s → %s abandoned: %s", evs[0].From, evs[0].To, evs[0].Abandoned)
+	}
+	if n := l.handledOn("B"); n != 0 {
+		t.Errorf("%d records handled from B, where the fleet never switched", n)
 	}
 	l.check(t)
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"golang.org/x/net/netutil"
 
@@ -162,7 +163,11 @@ func (a *Agent) httpTLS(ln net.Listener) (net.Listener, error) {
 func (a *Agent) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "alive", "agent": a.id})
+		body := healthzBody{Status: "alive", Agent: a.id}
+		if s := a.session.Load(); s != nil && s.lease != clientv3.NoLease {
+			body.Lease = fmt.Sprintf("%x", int64(s.lease))
+		}
+		writeJSON(w, http.StatusOK, body)
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		ok, reason := a.Ready()

@@ -158,6 +158,14 @@ func (r *registry) Lease(id string) (clientv3.LeaseID, bool) {
 	return reg.Lease, ok
 }
 
+// get returns agent id's registration, false when it is not registered.
+func (r *registry) get(id string) (Registration, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	reg, ok := r.regs[id]
+	return reg, ok
+}
+
 // Live returns the ids of the registered agents, sorted. An agent is
 // registered exactly while its session lease lives.
 func (r *registry) Live() []string {

@@ -48,6 +48,11 @@ type Membership interface {
 	Answers(ctx context.Context, id string) bool
 	// Views returns every gossip member's view of the Kafka clusters.
 	Views() AgentViews
+	// Vouched reports whether agent id has shown it is the process its
+	// registration names, and why not when it has not (silence). It
+	// must not wait on the network: checks run elsewhere, and Subscribe
+	// tells of their results.
+	Vouched(id string) (Proof, string)
 }
 
 // Leader is the leader's work for one term: it discovers the source

@@ -66,11 +66,14 @@ type leaderRun struct {
 	// stages is state/stages as this term wrote or found it (nil: no
 	// staged move).
 	stages *StageState
-	asg    *keyWatch // state/assignment
-	act    *keyWatch // state/active
-	memb   <-chan struct{}
-	h      *health
-	br     *breaker
+	// foundJudged is set once the first turn judged a switch in progress
+	// found at the term's start (uncalledFor).
+	foundJudged bool
+	asg         *keyWatch // state/assignment
+	act         *keyWatch // state/active
+	memb        <-chan struct{}
+	h           *health
+	br          *breaker
 
 	// Discovery runs for every cluster in use (the fleet's, and those
 	// topics are placed on), each in a goroutine of its own
@@ -203,9 +206,9 @@ func (r *leaderRun) loadBreaker(ctx context.Context) {
 }
 
 // live returns the agents the leader plans on at now: the registered
-// ones that are not silent.
+// ones that earned membership and are not silent (silence).
 func (r *leaderRun) live(now time.Time) []string {
-	return r.quiet.live(now, r.members.Live(), r.t.current, r.ak.snapshot())
+	return r.quiet.live(now, r.members.Live(), r.t.current, r.ak.snapshot(), r.members.Vouched)
 }
 
 // liveNow is live at the time of the call.
@@ -227,6 +230,13 @@ func (r *leaderRun) turn(ctx context.Context) (again bool, err error) {
 	dec, why := verdict(verdictInput{now: now, active: r.t.active, primary: conf.primary, standby: conf.standby, pin: r.pn.get(),
 		live: live, h: r.h, b: r.br, cfg: r.cfg.Failover, caughtUp: func() (bool, string) { return r.caughtUpGate(ctx) }})
 	switching := r.t.active.Phase == PhaseSwitching
+	if switching && !r.foundJudged {
+		r.foundJudged = true
+		if why := r.uncalledFor(conf); why != "" {
+			return true, r.abandonFound(ctx, why)
+		}
+	}
+	r.foundJudged = true
 	if (switching || dec.to != "") && now.Before(r.retry.at) {
 		if switching {
 			return true, r.whileRetrying(ctx)
@@ -257,6 +267,40 @@ func (r *leaderRun) turn(ctx context.Context) (again bool, err error) {
 	}
 	r.lastVerdict = why
 	return r.keepAssignment(ctx, now, live, why)
+}
+
+// uncalledFor returns why the switch in progress that this term found at
+// its start (a predecessor's, or a value someone else wrote: every key is
+// writable by whoever may write the fleet's prefix) is not resumed, ""
+// when it is. It is resumed when something calls for it: the cluster it
+// leaves is not reachable by a quorum (a failover), it goes to the
+// primary (where the fleet belongs: a failback), a pin or a staged move
+// names its target. Otherwise it is abandoned, as a switch whose cause is
+// gone: the fleet stays where it is, and history/ records it abandoned.
+func (r *leaderRun) uncalledFor(conf *dynamic) string {
+	from, to := r.t.active.From, r.t.active.Cluster
+	st := r.stages
+	switch {
+	case !r.h.quorumUpNow(from), to == conf.primary, r.pn.get() == to, st != nil && st.Running() && st.Plan.To == to:
+		return ""
+	}
+	return fmt.Sprintf("found in progress at the start of this term, and nothing calls for it: %s is reachable by a quorum of agents, %s is not the primary, and no pin or staged move names it", from, to)
+}
+
+// abandonFound abandons the switch in progress found at the term's start
+// (uncalledFor says why).
+func (r *leaderRun) abandonFound(ctx context.Context, why string) error {
+	err := r.abandonSwitch(ctx, r.t, why)
+	switch {
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case errors.Is(err, election.ErrNotLeader):
+		return err
+	case err != nil:
+		r.log.Warn("cannot abandon the switch in progress; resuming it instead", zap.Error(err))
+		r.reread(ctx, r.t, r.ak, r.log)
+	}
+	return nil
 }
 
 // caughtUpGate is the failback gate's check that the primary holds what

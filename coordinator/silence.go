@@ -19,24 +19,46 @@ func silentAfter(sessionTTL time.Duration) time.Duration {
 	return max(3*sessionTTL, 30*time.Second)
 }
 
-// silence keeps the leader from planning on registered agents that never
-// acknowledge: a registration is proof of a lease, not of an agent (a
-// stranger can put one on any live lease). An agent applies the current
-// assignment when it starts and every later one (the newest, when several
-// came while it applied), and acknowledges each: it owes an
-// acknowledgement from the first turn that sees the current generation
-// above its last one, whether or not that generation gives it anything.
-// One that still owes it after silentAfter is silent: left out of the
-// live agents the leader plans on and counts for a failover quorum, and
-// named in the leader's status, until it acknowledges the generation it
-// owed (an agent acknowledges every generation it applies, so a real one
-// that was slow comes back with its next). Safe for concurrent use.
+// silence keeps the leader from planning on registered agents that are
+// not agents: a registration is proof of a lease, not of an agent (a
+// stranger can put one on any live lease). Membership is earned:
+//
+//   - a registered agent is planned on once it has shown it is the process
+//     its registration names (Proof: its HTTP endpoint at the registered
+//     address names it on the registration's lease, or it speaks the
+//     fleet's keyed gossip) and has acknowledged a generation on its
+//     lease (an agent applies the current assignment when it starts and
+//     acknowledges it, whether or not it gives it anything). The fleet's
+//     first plan (no member yet, and the assignment places nobody) is
+//     made on every registration not refuted, as the agents of a fleet
+//     starting together are not all asked yet: planned one by one, they
+//     would each move partitions again; a stranger's registration among
+//     them is silent after silentAfter like any member that never
+//     acknowledges. Membership lasts
+//     while the registration does. An agent the current assignment
+//     places (planned on by this or an earlier leader) is a member, even
+//     before it acknowledged the generation that placed it, so that
+//     neither a new leader nor the next turn moves partitions away from
+//     agents it has not asked yet (the debt below covers one that never
+//     acknowledges);
+//   - one whose endpoint answers as someone else is left out at once;
+//   - an agent owes an acknowledgement from the first turn that sees the
+//     current generation above its last one. One that still owes it after
+//     silentAfter, or has not earned membership by then, is silent: left
+//     out of the live agents the leader plans on and counts for a failover
+//     quorum, and named in the leader's status, until it acknowledges the
+//     generation it owed (an agent acknowledges every generation it
+//     applies, so a real one that was slow comes back with its next).
+//
+// Safe for concurrent use.
 type silence struct {
-	after  time.Duration
-	log    *zap.Logger
-	mu     sync.Mutex
-	owing  map[string]debt
-	silent map[string]string // id → why
+	after   time.Duration
+	log     *zap.Logger
+	mu      sync.Mutex
+	owing   map[string]debt
+	joining map[string]time.Time // registered, not yet a member: since when
+	members map[string]bool      // earned membership while registered
+	silent  map[string]string    // id → why
 }
 
 // debt is a generation an agent has not acknowledged since when.
@@ -46,20 +68,51 @@ type debt struct {
 }
 
 func newSilence(after time.Duration, log *zap.Logger) *silence {
-	return &silence{after: after, log: log, owing: map[string]debt{}, silent: map[string]string{}}
+	return &silence{after: after, log: log, owing: map[string]debt{}, joining: map[string]time.Time{}, members: map[string]bool{}, silent: map[string]string{}}
 }
 
-// live returns the registered agents that are not silent, given the
-// current assignment and what each acknowledged, at now.
-func (s *silence) live(now time.Time, registered []string, cur Assignment, acks map[string]int64) []string {
+// Proof is what the leader knows of whether a registered agent is the
+// process its registration names (Membership.Vouched).
+type Proof int
+
+const (
+	// ProofUnknown: not checked yet, or its endpoint did not answer.
+	ProofUnknown Proof = iota
+	// ProofShown: its HTTP endpoint at the registered address names it
+	// on its registration's lease, or it speaks the fleet's keyed gossip.
+	ProofShown
+	// ProofRefuted: its endpoint answers as another agent or lease.
+	ProofRefuted
+)
+
+// live returns the registered agents that are members and not silent,
+// given the current assignment, what each acknowledged, and each one's
+// proof, at now.
+func (s *silence) live(now time.Time, registered []string, cur Assignment, acks map[string]int64, proof func(id string) (Proof, string)) []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for id := range s.owing {
 		if !slices.Contains(registered, id) {
 			delete(s.owing, id)
+		}
+	}
+	for id := range s.joining {
+		if !slices.Contains(registered, id) {
+			delete(s.joining, id)
+		}
+	}
+	for id := range s.members {
+		if !slices.Contains(registered, id) {
+			delete(s.members, id)
+		}
+	}
+	for id := range s.silent {
+		if !slices.Contains(registered, id) {
 			delete(s.silent, id)
 		}
 	}
+	// The fleet's first plan: nobody is a member or placed yet.
+	first := len(s.members) == 0 && !placesAnyone(cur)
 	out := make([]string, 0, len(registered))
 	for _, id := range registered {
 		d, owes := s.owing[id]
@@ -76,17 +129,59 @@ func (s *silence) live(now time.Time, registered []string, cur Assignment, acks 
 			s.owing[id] = d
 		}
 		if owes && now.Sub(d.since) >= s.after {
-			if _, was := s.silent[id]; !was {
-				why := fmt.Sprintf("registered, but has not acknowledged generation %d for %s (acknowledged %d): planned without until it does",
-					d.gen, now.Sub(d.since).Round(time.Second), acks[id])
-				s.silent[id] = why
-				s.log.Warn("agent is silent: its partitions go to the others", zap.String("silent_agent", id), zap.String("why", why))
-			}
+			s.quiet(id, fmt.Sprintf("registered, but has not acknowledged generation %d for %s (acknowledged %d): planned without until it does",
+				d.gen, now.Sub(d.since).Round(time.Second), acks[id]))
 			continue
 		}
-		out = append(out, id)
+		p, why := proof(id)
+		acked := acks[id] > 0 || cur.Generation == 0
+		switch {
+		case p == ProofRefuted:
+			delete(s.members, id)
+			s.quiet(id, "registered, but "+why+": planned without")
+			continue
+		case s.members[id], len(cur.OwnedBy(id)) > 0, cur.Revokes(id), acked && p == ProofShown, first:
+			s.members[id] = true
+			delete(s.joining, id)
+			if _, was := s.silent[id]; was {
+				s.log.Info("agent is a member again; planning on it", zap.String("silent_agent", id))
+				delete(s.silent, id)
+			}
+			out = append(out, id)
+			continue
+		}
+		since, ok := s.joining[id]
+		if !ok {
+			since, s.joining[id] = now, now
+		}
+		if now.Sub(since) >= s.after {
+			if !acked {
+				why = "has acknowledged no generation on its registration's lease"
+			}
+			s.quiet(id, fmt.Sprintf("registered for %s, but not a member: %s", now.Sub(since).Round(time.Second), why))
+		}
 	}
 	return out
+}
+
+// placesAnyone reports whether a gives any agent a partition to consume
+// or to release.
+func placesAnyone(a Assignment) bool {
+	for _, c := range a.Sections() {
+		if sec := a.Section(c); len(sec.Owned) > 0 || len(sec.Revoking) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// quiet names id silent with why (the first one, until it is a member
+// again), logging it. Called with mu held.
+func (s *silence) quiet(id, why string) {
+	if _, was := s.silent[id]; !was {
+		s.log.Warn("agent is silent: its partitions go to the others", zap.String("silent_agent", id), zap.String("why", why))
+		s.silent[id] = why
+	}
 }
 
 // reasons returns the silent agents with why, nil when none.
