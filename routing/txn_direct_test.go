@@ -63,6 +63,32 @@ func (w *world) readCommittedKgo(cluster, topic string, partitions int32) map[st
 	return out
 }
 
+// logUncommitted logs every record and control record of topic on
+// cluster as a read_uncommitted reader sees them in 3 s, with the
+// partitions' high-water marks and last stable offsets: what a failed
+// read_committed check needs to be understood.
+func (w *world) logUncommitted(cluster, topic string) {
+	w.t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(w.kafkas[cluster].Brokers()...), kgo.ConsumeTopics(topic), kgo.KeepControlRecords(),
+		kgo.FetchIsolationLevel(kgo.ReadUncommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	for ctx.Err() == nil {
+		fs := cl.PollFetches(ctx)
+		fs.EachPartition(func(p kgo.FetchTopicPartition) {
+			w.t.Logf("uncommitted %s/%d: high water %d, last stable %d", topic, p.Partition, p.HighWatermark, p.LastStableOffset)
+		})
+		fs.EachRecord(func(r *kgo.Record) {
+			w.t.Logf("uncommitted %s/%d@%d: producer %d epoch %d transactional %v control %v value %.24q",
+				topic, r.Partition, r.Offset, r.ProducerID, r.ProducerEpoch, r.Attrs.IsTransactional(), r.Attrs.IsControl(), r.Value)
+		})
+	}
+}
+
 // TestExactlyOnceDirectThroughABrokerRestart: on the direct path, the
 // exactly_once cluster's broker stops (connections refused, then cut)
 // while a transaction holds records, and starts again on the same ports
@@ -127,19 +153,28 @@ func TestExactlyOnceDirectThroughABrokerRestart(t *testing.T) {
 				t.Errorf("the owner was fenced %v times", n)
 			}
 			o.close(t, false)
-			o.acks.mu.Lock()
-			for k, n := range o.acks.seen {
-				if n != 1 {
-					t.Errorf("%s acknowledged %d times", k, n)
-				}
-			}
-			o.acks.mu.Unlock()
+			o.wantAckedOnce(t)
 			var want []string
 			for off := range int64(200) {
 				want = append(want, fmt.Sprintf("orders/0@%d", off))
 			}
 			wantEachOnce(t, w.readCommittedKgo("S", "out", 3), want)
+			if t.Failed() {
+				w.logUncommitted("S", "out")
+			}
 		})
+	}
+}
+
+// wantAckedOnce checks that the owner acknowledged no record twice.
+func (o *eosOwner) wantAckedOnce(t *testing.T) {
+	t.Helper()
+	o.acks.mu.Lock()
+	defer o.acks.mu.Unlock()
+	for k, n := range o.acks.seen {
+		if n != 1 {
+			t.Errorf("%s acknowledged %d times", k, n)
+		}
 	}
 }
 
@@ -202,13 +237,7 @@ func TestExactlyOnceDirectRefusedRecordToDeadLetter(t *testing.T) {
 		t.Errorf("dead_lettered{produce} = %v, want 1", got)
 	}
 	o.close(t, false)
-	o.acks.mu.Lock()
-	for k, c := range o.acks.seen {
-		if c != 1 {
-			t.Errorf("%s acknowledged %d times", k, c)
-		}
-	}
-	o.acks.mu.Unlock()
+	o.wantAckedOnce(t)
 	var want []string
 	for off := range int64(n) {
 		if off != bigAt {
