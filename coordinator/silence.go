@@ -34,13 +34,12 @@ func silentAfter(sessionTTL time.Duration) time.Duration {
 //     starting together are not all asked yet: planned one by one, they
 //     would each move partitions again; a stranger's registration among
 //     them is silent after silentAfter like any member that never
-//     acknowledges. Membership lasts
-//     while the registration does. An agent the current assignment
-//     places (planned on by this or an earlier leader) is a member, even
-//     before it acknowledged the generation that placed it, so that
-//     neither a new leader nor the next turn moves partitions away from
-//     agents it has not asked yet (the debt below covers one that never
-//     acknowledges);
+//     acknowledges. Membership lasts while the registration does. An
+//     agent the current assignment places (planned on by this or an
+//     earlier leader) is a member, even before it acknowledged the
+//     generation that placed it, so that neither a new leader nor the
+//     next turn moves partitions away from agents it has not asked yet
+//     (the debt below covers one that never acknowledges);
 //   - one whose endpoint answers as someone else is left out at once;
 //   - an agent owes an acknowledgement from the first turn that sees the
 //     current generation above its last one. One that still owes it after
