@@ -400,6 +400,27 @@ func (k *Kafka) start() (*kfake.Cluster, error) {
 	return c, nil
 }
 
+// ThrottleFetches makes the cluster answer every other Fetch empty and
+// ask the client to wait ms milliseconds before its next request
+// (ThrottleMillis), as a broker over its quota does; the other fetches are
+// served as usual. It lasts until the cluster stops, and returns how many
+// fetches it has throttled so far.
+func (k *Kafka) ThrottleFetches(ms int32) (throttled func() int32) {
+	c := k.Cluster()
+	var n, done atomic.Int32
+	c.ControlKey(int16(kmsg.Fetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if n.Add(1)%2 == 1 {
+			return nil, nil, false
+		}
+		done.Add(1)
+		resp := emptyFetch(req.(*kmsg.FetchRequest))
+		resp.ThrottleMillis = ms
+		return resp, nil, true
+	})
+	return done.Load
+}
+
 // emptyFetch answers f with every partition it asks for, without records
 // or error.
 func emptyFetch(f *kmsg.FetchRequest) *kmsg.FetchResponse {

@@ -585,31 +585,7 @@ func TestFetchOffsetOutOfRange(t *testing.T) {
 // read, once, in order, and the throttle time is counted.
 func TestFetchThrottled(t *testing.T) {
 	k := testenv.StartKafkaT(t, "F", devstack.KafkaOptions{Topics: map[string]int32{"t": 4}})
-	c := k.Cluster()
-	var n, throttled atomic.Int32
-	c.ControlKey(int16(kmsg.Fetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		if n.Add(1)%2 == 1 {
-			return nil, nil, false
-		}
-		throttled.Add(1)
-		fr := req.(*kmsg.FetchRequest)
-		resp := fr.ResponseKind().(*kmsg.FetchResponse)
-		resp.Version = fr.Version
-		resp.ThrottleMillis = 100
-		for _, rt := range fr.Topics {
-			st := kmsg.NewFetchResponseTopic()
-			st.Topic = rt.Topic
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewFetchResponseTopicPartition()
-				sp.Partition = rp.Partition
-				sp.HighWatermark, sp.LastStableOffset, sp.LogStartOffset = -1, -1, -1
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
-	})
+	throttled := k.ThrottleFetches(100)
 	f, _ := fetcherT(t, k, kafka.FetchConfig{PartitionMaxBytes: 4 << 10, MaxBytes: 16 << 10})
 	rs := readers(t, f, "t", 4, false)
 	for i := range 10 {
@@ -617,10 +593,10 @@ func TestFetchThrottled(t *testing.T) {
 		waitRead(t, rs, 30*time.Second, (i+1)*25)
 	}
 	st := f.Stats()
-	if want := time.Duration(throttled.Load()) * 100 * time.Millisecond; st.Throttled < want-100*time.Millisecond || st.Throttled == 0 {
-		t.Errorf("throttled %v, want about %v (%d throttled responses)", st.Throttled, want, throttled.Load())
+	if want := time.Duration(throttled()) * 100 * time.Millisecond; st.Throttled < want-100*time.Millisecond || st.Throttled == 0 {
+		t.Errorf("throttled %v, want about %v (%d throttled responses)", st.Throttled, want, throttled())
 	}
-	t.Logf("%d throttled responses, %+v", throttled.Load(), st)
+	t.Logf("%d throttled responses, %+v", throttled(), st)
 }
 
 // peakBudget is a ByteBudget that remembers the most it held.
