@@ -236,12 +236,18 @@ func TestFailoverToTheReplicaAndBack(t *testing.T) {
 	cfg := d.config("x")
 	began := time.Now()
 	d.a.Fail()
-	waitConsuming(t, cfg.Failover.FailureWindow+2*time.Second+3*time.Second, "B", agents...)
+	// The agents' views reach the leader by UDP broadcast, within a few
+	// gossip rounds; one lost on a loaded machine comes with the next
+	// push/pull exchange, within PushPullInterval (two runs of make test
+	// on 2 busy cores took 3.13 s and 3.33 s so; alone 1.32 s). The
+	// switch itself takes well under a second.
+	bound := cfg.Failover.FailureWindow + agent.PushPullInterval + time.Second
+	waitConsuming(t, bound+3*time.Second, "B", agents...)
 	took := time.Since(began)
 	p.halt()
 	t.Logf("failover: consuming B %v after A failed (failure window %v)", took, cfg.Failover.FailureWindow)
-	if took > cfg.Failover.FailureWindow+2*time.Second {
-		t.Errorf("failover took %v, want <= failure window + 2s", took)
+	if took > bound {
+		t.Errorf("failover took %v, want <= failure window + push/pull interval + 1 s = %v", took, bound)
 	}
 
 	// Everything that reached B before the failure is handled, once.
