@@ -66,9 +66,20 @@ func Balance(partitions []TopicPartition, agents []string, current map[string][]
 		}
 	}
 
+	// An agent over its quota keeps a mix of its topics rather than the
+	// first topics by name (partition numbers first, then topics): a
+	// topic that later moves alone to another cluster (a topic pin, a
+	// staged move) then leaves every agent about as loaded as before,
+	// and the other topics' partitions need not move to even it out.
 	lists := make([][]TopicPartition, k)
 	kept := map[TopicPartition]bool{}
 	for i := range agents {
+		slices.SortStableFunc(held[i], func(a, b TopicPartition) int {
+			if a.Partition != b.Partition {
+				return int(a.Partition) - int(b.Partition)
+			}
+			return a.Compare(b)
+		})
 		lists[i] = slices.Clone(held[i][:min(len(held[i]), quota[i])])
 		for _, tp := range lists[i] {
 			kept[tp] = true

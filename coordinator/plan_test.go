@@ -1163,3 +1163,32 @@ func TestHandoverHold(t *testing.T) {
 		}
 	}
 }
+
+// TestBalanceKeepsTopicsMixed: agent a held every partition of four
+// topics when b and c joined. What a keeps is a mix of the topics, so
+// that when one topic then moves alone to another cluster (a topic pin, a
+// staged move), the others stay where they are: no partition of theirs
+// moves (before, a kept the first topics by name: all of audit, so
+// audit's move left a with two partitions and two others moved to it).
+func TestBalanceKeepsTopicsMixed(t *testing.T) {
+	var all, rest []TopicPartition
+	for _, topic := range []string{"audit", "clicks", "orders", "payments"} {
+		for p := range int32(4) {
+			tp := TopicPartition{Topic: topic, Partition: p}
+			all = append(all, tp)
+			if topic != "audit" {
+				rest = append(rest, tp)
+			}
+		}
+	}
+	agents := []string{"a", "b", "c"}
+	joined := Balance(all, agents, map[string][]TopicPartition{"a": all})
+	withoutAudit := map[string][]TopicPartition{}
+	for a, tps := range joined {
+		withoutAudit[a] = slices.DeleteFunc(slices.Clone(tps), func(tp TopicPartition) bool { return tp.Topic == "audit" })
+	}
+	moved := Balance(rest, agents, withoutAudit)
+	if n := Moves(withoutAudit, moved); n != 0 {
+		t.Errorf("audit's move takes %d partitions of other topics from their owners: %v, then %v", n, joined, moved)
+	}
+}
