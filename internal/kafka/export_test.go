@@ -14,6 +14,9 @@ func ProducerDone(p *Producer) <-chan struct{} {
 	return done
 }
 
+// TxnStreamDone is closed once s's goroutine has returned.
+func TxnStreamDone(s *TxnStream) <-chan struct{} { return s.done }
+
 // MaxPartitionInFlight is the most batches one partition of p has had in
 // flight at once.
 func MaxPartitionInFlight(p *Producer) int {

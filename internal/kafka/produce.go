@@ -264,13 +264,17 @@ type Producer struct {
 	quiet    chan struct{}   // closed when requests drops to 0 while closing
 	closing  bool
 	// streams are the open transactional streams: the resolver finds
-	// their partitions' leaders too.
-	streams map[*TxnStream]struct{}
+	// their partitions' leaders too. running are the streams whose
+	// goroutine has not returned yet (a closed stream's may still be in a
+	// coordinator request): Close waits for them, and each is a user of
+	// the client (clientUsers).
+	streams, running map[*TxnStream]struct{}
 	// maxPartInflight is the most batches one partition had in flight
 	// (for tests).
 	maxPartInflight int
-	// clientUsers counts the resolver, the count refresher and Close
-	// while each may still use the client: the last to stop closes it.
+	// clientUsers counts the resolver, the count refresher, the streams'
+	// goroutines and Close while each may still use the client: the last
+	// to stop closes it.
 	clientUsers int
 	closeOnce   sync.Once
 	closeErr    error
@@ -459,12 +463,19 @@ func (p *Producer) close(ctx context.Context) error {
 	for _, s := range sinks {
 		<-s.done
 	}
-	// The resolver and the count refresher may be in a metadata refresh
-	// or InitProducerID on a hung cluster: each call is bounded by the
-	// client's timeouts (5 s reads), not by ctx, and each returns at its
-	// next check of quit. Close waits for them only until ctx ends; then
-	// whichever of the three is last closes the client.
-	for _, done := range []chan struct{}{p.resolved, p.topics.done} {
+	// The resolver, the count refresher and the streams' goroutines may
+	// be in a metadata refresh or a coordinator request on a hung
+	// cluster: each call is bounded by the client's timeouts (5 s reads),
+	// not by ctx, and each returns at its next check of quit (p.ctx for a
+	// stream). Close waits for them only until ctx ends; then whichever
+	// is last closes the client. No stream opens once closing.
+	p.mu.Lock()
+	dones := []chan struct{}{p.resolved, p.topics.done}
+	for t := range p.running {
+		dones = append(dones, t.done)
+	}
+	p.mu.Unlock()
+	for _, done := range dones {
 		select {
 		case <-done:
 		case <-ctx.Done():

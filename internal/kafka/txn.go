@@ -186,9 +186,10 @@ func (p *Producer) OpenTxn(ctx context.Context, cfg TxnConfig) (*TxnStream, erro
 		return nil, ErrProducerClosed
 	}
 	if p.streams == nil {
-		p.streams = map[*TxnStream]struct{}{}
+		p.streams, p.running = map[*TxnStream]struct{}{}, map[*TxnStream]struct{}{}
 	}
-	p.streams[t] = struct{}{}
+	p.streams[t], p.running[t] = struct{}{}, struct{}{}
+	p.clientUsers++ // released by run
 	t.pid, t.epoch = pid, epoch
 	p.mu.Unlock()
 	go t.run()
@@ -496,13 +497,15 @@ func (t *TxnStream) busy() bool {
 
 // run is the stream's goroutine: it adds partitions to the open
 // transaction, commits and aborts as asked, until Close or the
-// Producer's Close.
+// Producer's Close, which both wait for it.
 func (t *TxnStream) run() {
 	defer close(t.done)
+	defer t.p.releaseClient()
 	defer func() {
 		// Closed, or the Producer was: a Commit or Abort waiting learns it.
 		t.p.mu.Lock()
 		t.fail(fmt.Errorf("%w: %w", ErrTxnClosed, ErrProducerClosed))
+		delete(t.p.running, t)
 		t.p.mu.Unlock()
 	}()
 	for {

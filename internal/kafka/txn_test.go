@@ -716,6 +716,11 @@ func TestTxnProducerClosedDuringACommit(t *testing.T) {
 		t.Fatalf("Producer Close: %v", err)
 	}
 	select {
+	case <-kafka.TxnStreamDone(s):
+	default:
+		t.Fatal("the stream's goroutine still runs after the Producer's Close returned")
+	}
+	select {
 	case err := <-done:
 		if !errors.Is(err, kafka.ErrTxnClosed) || !errors.Is(err, kafka.ErrProducerClosed) {
 			t.Fatalf("Commit: %v, want ErrTxnClosed and ErrProducerClosed", err)
