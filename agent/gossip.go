@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"log"
 	"net"
-	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -438,35 +437,16 @@ const answerTimeout = time.Second
 // requires client certificates answers with one), and trusting an answer
 // can only keep an agent, never evict it.
 func (a *Agent) answers(ctx context.Context, id string) bool {
-	var addr string
-	for _, r := range a.registry.list() {
-		if r.ID == id {
-			addr = r.HTTP
-		}
-	}
-	if addr == "" {
+	r, ok := a.registry.get(id)
+	if !ok || r.HTTP == "" {
 		return false
 	}
-	scheme := "http"
-	tr := &http.Transport{DisableKeepAlives: true, Proxy: nil}
-	if a.cfg.Agent.HTTPTLS.On() {
-		scheme = "https"
-		tr.TLSClientConfig = &tls.Config{InsecureSkipVerify: true} //nolint:gosec // liveness only, see above
-	}
-	defer tr.CloseIdleConnections()
-	ctx, cancel := context.WithTimeout(ctx, answerTimeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+"://"+addr+"/healthz", nil)
+	_, _, err := a.getHealthz(ctx, r.HTTP)
 	if err != nil {
-		return false
-	}
-	resp, err := (&http.Client{Transport: tr}).Do(req)
-	if err != nil {
-		// A listener that requires client certificates refuses the
-		// handshake with an alert: it answered.
+		// A listener that requires client certificates this agent
+		// lacks refuses the handshake with an alert: it answered.
 		var alert tls.AlertError
 		return errors.As(err, &alert) || strings.Contains(err.Error(), "remote error: tls")
 	}
-	resp.Body.Close()
 	return true
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -132,8 +133,7 @@ func (v *vouchers) round(ctx context.Context, regs []Registration) {
 		return
 	}
 	var wg sync.WaitGroup
-	changed := false
-	var cmu sync.Mutex
+	var changed atomic.Bool
 	for _, r := range due {
 		wg.Go(func() {
 			p, why := v.ask(ctx, r)
@@ -153,14 +153,12 @@ func (v *vouchers) round(ctx context.Context, regs []Registration) {
 					v.log.Warn("registration refuted by the agent at its address; the leader plans without it",
 						zap.String("registration", r.ID), zap.String("why", why))
 				}
-				cmu.Lock()
-				changed = true
-				cmu.Unlock()
+				changed.Store(true)
 			}
 		})
 	}
 	wg.Wait()
-	if changed {
+	if changed.Load() {
 		v.changed.Notify()
 	}
 }
@@ -192,42 +190,19 @@ func (a *Agent) askProof(ctx context.Context, r Registration) (coordinator.Proof
 	return p, why + ", and it is not in the fleet's keyed gossip at " + r.Gossip
 }
 
-// askHTTP asks agent r, at the HTTP address it registered, who it is. It
-// is HTTPS when this agent serves HTTPS (the fleet's agents share their
-// TLS settings), presenting this agent's certificate when the listeners
-// require client certificates. The server's certificate is not checked:
-// what proves the identity is the answer's content matching the
-// registration, which only the process holding that lease knows to give
-// together with the id at that address.
+// askHTTP asks agent r, at the HTTP address it registered, who it is
+// (getHealthz). The server's certificate is not checked: what proves the
+// identity is the answer's content matching the registration, which only
+// the process holding that lease knows to give together with the id at
+// that address.
 func (a *Agent) askHTTP(ctx context.Context, r Registration) (coordinator.Proof, string) {
-	scheme := "http"
-	tr := &http.Transport{DisableKeepAlives: true, Proxy: nil}
-	if h := a.cfg.Agent.HTTPTLS; h.On() {
-		scheme = "https"
-		tc := &tls.Config{InsecureSkipVerify: true} //nolint:gosec // identity is read from the answer, see above
-		if h.ClientCAFile != "" {
-			if cert, err := tls.LoadX509KeyPair(h.CertFile, h.KeyFile); err == nil {
-				tc.Certificates = []tls.Certificate{cert}
-			}
-		}
-		tr.TLSClientConfig = tc
-	}
-	defer tr.CloseIdleConnections()
-	ctx, cancel := context.WithTimeout(ctx, answerTimeout)
-	defer cancel()
-	url := scheme + "://" + r.HTTP + "/healthz"
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return coordinator.ProofRefuted, fmt.Sprintf("its registered HTTP address %q is not an address", r.HTTP)
-	}
-	resp, err := (&http.Client{Transport: tr}).Do(req)
+	status, data, err := a.getHealthz(ctx, r.HTTP)
 	if err != nil {
 		return coordinator.ProofUnknown, fmt.Sprintf("its HTTP endpoint at %s does not answer: %v", r.HTTP, err)
 	}
-	defer resp.Body.Close()
 	var body healthzBody
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 4<<10)).Decode(&body); err != nil || body.Agent == "" {
-		return coordinator.ProofRefuted, fmt.Sprintf("its HTTP endpoint at %s does not answer as a kswitch agent (status %d)", r.HTTP, resp.StatusCode)
+	if err := json.Unmarshal(data, &body); err != nil || body.Agent == "" {
+		return coordinator.ProofRefuted, fmt.Sprintf("its HTTP endpoint at %s does not answer as a kswitch agent (status %d)", r.HTTP, status)
 	}
 	lease, err := strconv.ParseInt(body.Lease, 16, 64)
 	switch {
@@ -240,4 +215,39 @@ func (a *Agent) askHTTP(ctx context.Context, r Registration) (coordinator.Proof,
 		return coordinator.ProofRefuted, fmt.Sprintf("agent %s at %s is on lease %s, the registration on lease %x", r.ID, r.HTTP, body.Lease, int64(r.Lease))
 	}
 	return coordinator.ProofShown, ""
+}
+
+// getHealthz GETs /healthz of the agent at addr within answerTimeout and
+// returns the status and the body's first 4 KiB. It is HTTPS when this
+// agent serves HTTPS (the fleet's agents share their TLS settings),
+// presenting this agent's certificate when the listeners require client
+// certificates; the server's certificate is not checked (the callers,
+// answers and askHTTP, say why that is enough for them).
+func (a *Agent) getHealthz(ctx context.Context, addr string) (int, []byte, error) {
+	scheme := "http"
+	tr := &http.Transport{DisableKeepAlives: true, Proxy: nil}
+	if h := a.cfg.Agent.HTTPTLS; h.On() {
+		scheme = "https"
+		tc := &tls.Config{InsecureSkipVerify: true} //nolint:gosec // see above
+		if h.ClientCAFile != "" {
+			if cert, err := tls.LoadX509KeyPair(h.CertFile, h.KeyFile); err == nil {
+				tc.Certificates = []tls.Certificate{cert}
+			}
+		}
+		tr.TLSClientConfig = tc
+	}
+	defer tr.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(ctx, answerTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+"://"+addr+"/healthz", nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+	return resp.StatusCode, data, err
 }

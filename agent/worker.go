@@ -485,8 +485,8 @@ func (w *worker) applyNewest(ctx context.Context, evs []*clientv3.Event) {
 // seen elected is applied if etcd holds that term's leader key (termHeld:
 // this agent's view of the election lags), else it waits (pending) until
 // the agent sees that leader, and is dropped if it never does (no term
-// holds it: written by someone else).
-// The leader repairs such values within a loop turn. Values of one term
+// holds it: written by someone else). The leader repairs such values
+// within a loop turn. Values of one term
 // are ordered by generation; a value of the leader's term supersedes one
 // of another term whatever their generations (a term may start its
 // generations again: coordinator's generationsSpent). The value read at
@@ -508,10 +508,9 @@ func (w *worker) applyValue(ctx context.Context, val []byte, rev int64, changed 
 				zap.Int64("token", a.Token), zap.Int64("leader_token", tok), zap.Int64("generation", a.Generation))
 			w.metrics.badValues.WithLabelValues("assignment").Inc()
 			return false
-		case (!ok || a.Token > tok) && w.termHeld(ctx, a.Token):
-			// The election's own watch lags this one: the term is
-			// there.
-		case !ok || a.Token > tok:
+		case (!ok || a.Token > tok) && !w.termHeld(ctx, a.Token):
+			// Not a term etcd holds (the election's own watch may
+			// only lag this one): wait for it.
 			if p := w.pendingAsg; p == nil || rev > p.rev {
 				w.pendingAsg = &pendingValue{val: val, rev: rev, token: a.Token, since: time.Now()}
 			}
