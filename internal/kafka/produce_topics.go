@@ -131,13 +131,7 @@ func (p *Producer) refreshCounts() {
 			failures++
 			wait = min(wait, p.backoff(failures))
 		}
-		if !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
-			}
-		}
-		timer.Reset(max(wait, 0))
+		timer.Reset(max(wait, 0)) // go 1.23+: Reset drops a value not received
 	}
 }
 
