@@ -50,11 +50,8 @@ func (r *Router) send(ctx context.Context, om *outMsg) error {
 	if pr.kp == nil {
 		return pr.send(ctx, r.loopCtx.Done(), om.msg)
 	}
-	m := om.msg
-	km := &om.km
-	*km = kafka.Message{Topic: m.Topic, Key: encoded(m.Key), Value: encoded(m.Value), Headers: m.Headers,
-		Timestamp: m.Timestamp, Codec: codecOf(om.ch.Compression), Ref: om}
-	n, err := pr.kp.Partitions(m.Topic)
+	km := directMessage(om, om.msg.Timestamp)
+	n, err := pr.kp.Partitions(km.Topic)
 	if err == nil {
 		km.Partition, err = pr.partition(om, km.Key, n)
 	}
@@ -74,6 +71,15 @@ func (r *Router) send(ctx context.Context, om *outMsg) error {
 		return err
 	}
 	return nil
+}
+
+// directMessage fills om.km from om.msg, stamped ts, for the direct
+// producers (its partition is chosen next), and returns it.
+func directMessage(om *outMsg, ts time.Time) *kafka.Message {
+	m := om.msg
+	om.km = kafka.Message{Topic: m.Topic, Key: encoded(m.Key), Value: encoded(m.Value), Headers: m.Headers,
+		Timestamp: ts, Codec: codecOf(om.ch.Compression), Ref: om}
+	return &om.km
 }
 
 // partition chooses om's partition among n by its channel's partitioner,

@@ -532,8 +532,11 @@ func (s *txnSet) openWire(k txnKey) (txnWire, *TxnPosition, error) {
 
 // saramaTxn is a sarama transactional AsyncProducer as a txnWire.
 type saramaTxn struct {
-	p     sarama.AsyncProducer
-	begun bool // BeginTxn was called for the open transaction; under the txnProducer's mu
+	p sarama.AsyncProducer
+	// begun: BeginTxn was called for the open transaction. Written by
+	// send (under the txnProducer's mu) and by commit, which never runs
+	// with send (txnWire).
+	begun bool
 }
 
 // openSarama opens a sarama producer with k's transactional.id.

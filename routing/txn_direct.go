@@ -146,9 +146,7 @@ func (w *directTxn) place(ctx context.Context, om *outMsg, wait time.Duration) e
 	if ts.IsZero() {
 		ts = time.Now() // here, not in the stream: the message is read by a stream left broken when it is sent again
 	}
-	km := &om.km
-	*km = kafka.Message{Topic: m.Topic, Key: encoded(m.Key), Value: encoded(m.Value), Headers: m.Headers,
-		Timestamp: ts, Codec: codecOf(om.ch.Compression), Ref: om}
+	km := directMessage(om, ts)
 	km.Partition, err = w.pr.partition(om, km.Key, n)
 	return err
 }

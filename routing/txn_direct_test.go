@@ -25,18 +25,7 @@ import (
 // the topic is open.
 func (w *world) readCommittedKgo(cluster, topic string, partitions int32) map[string]int {
 	w.t.Helper()
-	brokers := w.kafkas[cluster].Brokers()
-	writer, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	defer writer.Close()
-	const marker = "end-marker"
-	for p := range partitions {
-		if err := writer.ProduceSync(w.t.Context(), &kgo.Record{Topic: topic, Partition: p, Value: []byte(marker)}).FirstErr(); err != nil {
-			w.t.Fatalf("write the end marker to %s/%d: %v", topic, p, err)
-		}
-	}
+	brokers := w.writeEndMarkers(cluster, topic, partitions)
 	reader, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
 	if err != nil {
@@ -53,7 +42,7 @@ func (w *world) readCommittedKgo(cluster, topic string, partitions int32) map[st
 			w.t.Fatalf("%s/%s: the end markers of %d of %d partitions read after 30 s", cluster, topic, len(ended), partitions)
 		}
 		fs.EachRecord(func(r *kgo.Record) {
-			if string(r.Value) == marker {
+			if string(r.Value) == endMarker {
 				ended[r.Partition] = true
 				return
 			}
@@ -90,18 +79,7 @@ func (w *world) readCommittedKgo(cluster, topic string, partitions int32) map[st
 // entry only with the abort marker.
 func (w *world) readCommittedByMarkers(cluster, topic string, partitions int32) map[string]int {
 	w.t.Helper()
-	brokers := w.kafkas[cluster].Brokers()
-	writer, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	defer writer.Close()
-	const marker = "end-marker"
-	for p := range partitions {
-		if err := writer.ProduceSync(w.t.Context(), &kgo.Record{Topic: topic, Partition: p, Value: []byte(marker)}).FirstErr(); err != nil {
-			w.t.Fatalf("write the end marker to %s/%d: %v", topic, p, err)
-		}
-	}
+	brokers := w.writeEndMarkers(cluster, topic, partitions)
 	reader, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic), kgo.KeepControlRecords(),
 		kgo.FetchIsolationLevel(kgo.ReadUncommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
 	if err != nil {
@@ -138,7 +116,7 @@ func (w *world) readCommittedByMarkers(cluster, topic string, partitions int32) 
 				delete(pending, k)
 			case r.Attrs.IsTransactional():
 				pending[k] = append(pending[k], r)
-			case string(r.Value) == marker:
+			case string(r.Value) == endMarker:
 				ended[r.Partition] = true
 			default:
 				out[string(r.Value)]++
@@ -150,6 +128,28 @@ func (w *world) readCommittedByMarkers(cluster, topic string, partitions int32) 
 			topic, k.partition, len(rs), k.producer, rs[0].Offset)
 	}
 	return out
+}
+
+// endMarker is the value of the records writeEndMarkers writes.
+const endMarker = "end-marker"
+
+// writeEndMarkers writes an end marker, outside any transaction, to each
+// of topic's partitions on cluster, and returns the cluster's brokers: a
+// reader that has read every marker has read everything written before.
+func (w *world) writeEndMarkers(cluster, topic string, partitions int32) []string {
+	w.t.Helper()
+	brokers := w.kafkas[cluster].Brokers()
+	writer, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	defer writer.Close()
+	for p := range partitions {
+		if err := writer.ProduceSync(w.t.Context(), &kgo.Record{Topic: topic, Partition: p, Value: []byte(endMarker)}).FirstErr(); err != nil {
+			w.t.Fatalf("write the end marker to %s/%d: %v", topic, p, err)
+		}
+	}
+	return brokers
 }
 
 // logUncommitted logs every record and control record of topic on
