@@ -230,13 +230,13 @@ func (r *leaderRun) turn(ctx context.Context) (again bool, err error) {
 	dec, why := verdict(verdictInput{now: now, active: r.t.active, primary: conf.primary, standby: conf.standby, pin: r.pn.get(),
 		live: live, h: r.h, b: r.br, cfg: r.cfg.Failover, caughtUp: func() (bool, string) { return r.caughtUpGate(ctx) }})
 	switching := r.t.active.Phase == PhaseSwitching
-	if switching && !r.foundJudged {
-		r.foundJudged = true
+	found := switching && !r.foundJudged
+	r.foundJudged = true
+	if found {
 		if why := r.uncalledFor(conf); why != "" {
 			return true, r.abandonFound(ctx, why)
 		}
 	}
-	r.foundJudged = true
 	if (switching || dec.to != "") && now.Before(r.retry.at) {
 		if switching {
 			return true, r.whileRetrying(ctx)

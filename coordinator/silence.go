@@ -3,7 +3,6 @@ package coordinator
 import (
 	"fmt"
 	"maps"
-	"slices"
 	"sync"
 	"time"
 
@@ -90,26 +89,16 @@ const (
 func (s *silence) live(now time.Time, registered []string, cur Assignment, acks map[string]int64, proof func(id string) (Proof, string)) []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for id := range s.owing {
-		if !slices.Contains(registered, id) {
-			delete(s.owing, id)
-		}
+	// An agent that left is forgotten, and counted afresh if it
+	// registers again.
+	reg := make(map[string]bool, len(registered))
+	for _, id := range registered {
+		reg[id] = true
 	}
-	for id := range s.joining {
-		if !slices.Contains(registered, id) {
-			delete(s.joining, id)
-		}
-	}
-	for id := range s.members {
-		if !slices.Contains(registered, id) {
-			delete(s.members, id)
-		}
-	}
-	for id := range s.silent {
-		if !slices.Contains(registered, id) {
-			delete(s.silent, id)
-		}
-	}
+	maps.DeleteFunc(s.owing, func(id string, _ debt) bool { return !reg[id] })
+	maps.DeleteFunc(s.joining, func(id string, _ time.Time) bool { return !reg[id] })
+	maps.DeleteFunc(s.members, func(id string, _ bool) bool { return !reg[id] })
+	maps.DeleteFunc(s.silent, func(id string, _ string) bool { return !reg[id] })
 	// The fleet's first plan: nobody is a member or placed yet.
 	first := len(s.members) == 0 && !placesAnyone(cur)
 	out := make([]string, 0, len(registered))
