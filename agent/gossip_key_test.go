@@ -91,6 +91,49 @@ func aDownForADay(t *testing.T) []byte {
 	return b
 }
 
+// waitGossipMembers waits until every one of agents counts all of them
+// as gossip members.
+func waitGossipMembers(t *testing.T, timeout time.Duration, what string, agents ...*agent.Agent) {
+	t.Helper()
+	wait.For(t, timeout, what, func() error {
+		for _, a := range agents {
+			if got := len(a.Status().Gossip); got != len(agents) {
+				return fmt.Errorf("%s sees %d gossip members", a.ID(), got)
+			}
+		}
+		return nil
+	})
+}
+
+// joinGossip starts a gossip node called name with the fleet's label and
+// keys (the first to send with; none: plain gossip), has it join the
+// agent gossiping at to, and makes it leave: whether a node with those
+// keys is let in.
+func joinGossip(t *testing.T, to, name string, keys ...[]byte) error {
+	t.Helper()
+	c := memberlist.DefaultLANConfig()
+	c.Name, c.BindAddr, c.BindPort, c.Label = name, "127.0.0.1", 0, "kswitch/orders"
+	c.Logger = log.New(io.Discard, "", 0)
+	c.TCPTimeout = time.Second
+	if len(keys) > 0 {
+		kr, err := memberlist.NewKeyring(keys[1:], keys[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Keyring = kr
+	}
+	m, err := memberlist.Create(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = m.Leave(time.Second)
+		_ = m.Shutdown()
+	}()
+	_, err = m.Join([]string{to})
+	return err
+}
+
 // forgedViewsSwitch runs a fleet on A (and B, its replica) with
 // agent.gossip_encryption set to encryption, and sends the leader's gossip
 // port forged "alive" packets of the two other agents, under their names
@@ -181,18 +224,7 @@ func TestFleetGossipKeyIsCreatedOnce(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	members := func(what string, agents ...*agent.Agent) {
-		t.Helper()
-		wait.For(t, 20*time.Second, what, func() error {
-			for _, a := range agents {
-				if got := len(a.Status().Gossip); got != len(agents) {
-					return fmt.Errorf("%s sees %d gossip members", a.ID(), got)
-				}
-			}
-			return nil
-		})
-	}
-	members("three agents gossiping with the fleet's key", agents...)
+	waitGossipMembers(t, 20*time.Second, "three agents gossiping with the fleet's key", agents...)
 	key := func() *clientv3.GetResponse {
 		resp, err := cli.Get(context.Background(), fleetKeys.GossipKey())
 		if err != nil {
@@ -216,7 +248,7 @@ func TestFleetGossipKeyIsCreatedOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	agents[0] = startFleetAgent(t, testConfig(e, "agent-1"), agent.Options{})
-	members("the restarted agent gossiping with the others", agents...)
+	waitGossipMembers(t, 20*time.Second, "the restarted agent gossiping with the others", agents...)
 	if again := key().Kvs[0]; again.ModRevision != first.ModRevision || !bytes.Equal(again.Value, first.Value) {
 		t.Errorf("the fleet's gossip key changed when an agent restarted: revision %d, was %d", again.ModRevision, first.ModRevision)
 	}
@@ -295,18 +327,7 @@ func TestFleetGossipKeyRotatesWithoutARestart(t *testing.T) {
 	e := testenv.StartEtcdT(t)
 	cli := testenv.EtcdClientT(t, e)
 	agents := []*agent.Agent{startAgent(t, e, "agent-1"), startAgent(t, e, "agent-2"), startAgent(t, e, "agent-3")}
-	members := func(what string) {
-		t.Helper()
-		wait.For(t, 20*time.Second, what, func() error {
-			for _, a := range agents {
-				if got := len(a.Status().Gossip); got != len(agents) {
-					return fmt.Errorf("%s sees %d gossip members", a.ID(), got)
-				}
-			}
-			return nil
-		})
-	}
-	members("three agents gossiping with the fleet's key")
+	waitGossipMembers(t, 20*time.Second, "three agents gossiping with the fleet's key", agents...)
 	resp, err := cli.Get(context.Background(), fleetKeys.GossipKey())
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("the fleet's gossip key: %v, %v", resp, err)
@@ -326,27 +347,7 @@ func TestFleetGossipKeyRotatesWithoutARestart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	joins := func(name string, keys ...[]byte) error {
-		c := memberlist.DefaultLANConfig()
-		c.Name, c.BindAddr, c.BindPort, c.Label = name, "127.0.0.1", 0, "kswitch/orders"
-		c.Logger = log.New(io.Discard, "", 0)
-		c.TCPTimeout = time.Second
-		kr, err := memberlist.NewKeyring(keys[1:], keys[0])
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.Keyring = kr
-		m, err := memberlist.Create(c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() {
-			_ = m.Leave(time.Second)
-			_ = m.Shutdown()
-		}()
-		_, err = m.Join([]string{agents[1].GossipAddr()})
-		return err
-	}
+	joins := func(name string, keys ...[]byte) error { return joinGossip(t, agents[1].GossipAddr(), name, keys...) }
 	mustJoin := func(what, name string, keys ...[]byte) {
 		t.Helper()
 		wait.For(t, 10*time.Second, what, func() error { return joins(name, keys...) })
@@ -364,7 +365,7 @@ func TestFleetGossipKeyRotatesWithoutARestart(t *testing.T) {
 		return nil
 	})
 	mustJoin("a node knowing only the new key joining after step 3", "step-3", nu)
-	members("the agents gossiping together after the rotation")
+	waitGossipMembers(t, 20*time.Second, "the agents gossiping together after the rotation", agents...)
 
 	put([]byte("not a key"))
 	wait.For(t, 10*time.Second, "the value that is not keys refused", func() error {

@@ -5,8 +5,6 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
-	"io"
-	"log"
 	"net"
 	"os"
 	"path/filepath"
@@ -143,54 +141,25 @@ func TestEncryptedGossipRefusesStrangers(t *testing.T) {
 		cfg.Agent.GossipKeyFile = file
 		agents = append(agents, startConsumer(t, cfg, l.handler(id)))
 	}
-	wait.For(t, 15*time.Second, "three encrypted gossip members", func() error {
-		for _, a := range agents {
-			if n := len(a.Status().Gossip); n != 3 {
-				return fmt.Errorf("%s sees %d members", a.ID(), n)
-			}
-		}
-		return nil
-	})
+	waitGossipMembers(t, 15*time.Second, "three encrypted gossip members", agents...)
 
 	if resp, err := testenv.EtcdClientT(t, e).Get(context.Background(), fleetKeys.GossipKey()); err != nil || len(resp.Kvs) != 0 {
 		t.Errorf("agents with a key file made the fleet's key in etcd (%v): %v", err, resp.Kvs)
 	}
 
-	join := func(name string, keys [][]byte) error {
-		c := memberlist.DefaultLANConfig()
-		c.Name, c.BindAddr, c.BindPort, c.Label = name, "127.0.0.1", 0, "kswitch/orders"
-		c.Logger = log.New(io.Discard, "", 0)
-		c.TCPTimeout = time.Second
-		if keys != nil {
-			kr, err := memberlist.NewKeyring(keys[1:], keys[0])
-			if err != nil {
-				t.Fatal(err)
-			}
-			c.Keyring = kr
-		}
-		m, err := memberlist.Create(c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() {
-			_ = m.Leave(time.Second)
-			_ = m.Shutdown()
-		}()
-		_, err = m.Join([]string{agents[0].GossipAddr()})
-		return err
-	}
-	if err := join("stranger", nil); err == nil {
+	join := func(name string, keys ...[]byte) error { return joinGossip(t, agents[0].GossipAddr(), name, keys...) }
+	if err := join("stranger"); err == nil {
 		t.Error("a node without the gossip key joined the fleet's gossip")
 	} else {
 		t.Logf("without the key: %v", err)
 	}
-	if err := join("other-key", [][]byte{bytes.Repeat([]byte{9}, 32)}); err == nil {
+	if err := join("other-key", bytes.Repeat([]byte{9}, 32)); err == nil {
 		t.Error("a node with another key joined the fleet's gossip")
 	}
 	// The middle of a rotation: a node that sends with the new key and
 	// still knows the old one talks to agents that send with the old key
 	// and know the new one.
-	if err := join("rotating", [][]byte{bytes.Repeat([]byte{2}, 32), bytes.Repeat([]byte{1}, 32)}); err != nil {
+	if err := join("rotating", bytes.Repeat([]byte{2}, 32), bytes.Repeat([]byte{1}, 32)); err != nil {
 		t.Errorf("a node sending with the fleet's second key (a rotation) could not join: %v", err)
 	}
 

@@ -290,14 +290,7 @@ func TestSecureFleet(t *testing.T) {
 		return nil
 	})
 	waitBalanced(t, securePartsN, agents...)
-	wait.For(t, 20*time.Second, "the agents gossiping with the fleet's key from etcd", func() error {
-		for _, a := range agents {
-			if n := len(a.Status().Gossip); n != len(agents) {
-				return fmt.Errorf("%s sees %d gossip members", a.ID(), n)
-			}
-		}
-		return nil
-	})
+	waitGossipMembers(t, 20*time.Second, "the agents gossiping with the fleet's key from etcd", agents...)
 	wait.For(t, 20*time.Second, "every record consumed and routed", func() error {
 		n, err := w.delivered(cfg.Clusters["A"])
 		if err == nil && n != secureRecords {
