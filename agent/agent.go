@@ -304,7 +304,7 @@ func (a *Agent) Start(ctx context.Context) error {
 		default:
 		}
 	})
-	keys, placeholder, err := a.startingGossipKeys()
+	keys, fromEtcd, err := a.startingGossipKeys()
 	if err != nil {
 		a.closeOwnClient(client)
 		ln.Close()
@@ -358,8 +358,8 @@ func (a *Agent) Start(ctx context.Context) error {
 	})
 	a.goRun(func() { _ = a.observer.Run(runCtx) })
 	a.goRun(func() { a.registry.run(runCtx) })
-	if placeholder != nil {
-		a.goRun(func() { a.gossipKeyLoop(runCtx, keyring, placeholder) })
+	if fromEtcd {
+		a.goRun(func() { a.gossipKeyLoop(runCtx, keyring) })
 	}
 	a.goRun(func() { a.gossipJoinLoop(runCtx, 5*time.Second) })
 	a.goRun(func() { a.probeEtcdLoop(runCtx) })
@@ -375,26 +375,27 @@ func (a *Agent) Start(ctx context.Context) error {
 }
 
 // startingGossipKeys returns the keys gossip starts with: the key file's;
-// none with agent.gossip_encryption off; else placeholder alone, a key
-// nobody else has, until gossipKeyLoop puts the fleet's key from etcd in
-// its place. It makes a.gossipKeyed, closed unless the fleet's key is
-// still to be read.
-func (a *Agent) startingGossipKeys() (keys [][]byte, placeholder []byte, err error) {
+// none with agent.gossip_encryption off; else (fromEtcd) a placeholder
+// alone, a key nobody else has, until gossipKeyLoop puts the fleet's key
+// from etcd in its place. It makes a.gossipKeyed, closed unless the
+// fleet's key is still to be read.
+func (a *Agent) startingGossipKeys() (keys [][]byte, fromEtcd bool, err error) {
 	a.gossipKeyed = make(chan struct{})
 	switch keys, err = a.cfg.Agent.GossipKeys(); {
 	case err != nil:
-		return nil, nil, err
+		return nil, false, err
 	case keys != nil:
 	case a.cfg.Agent.GossipEncryption == "off":
 		a.log.Warn("gossip is not encrypted (agent.gossip_encryption: off): whoever reaches the gossip port can forge views and deaths")
 	default:
-		if placeholder, err = newGossipKey(); err != nil {
-			return nil, nil, err
+		placeholder, err := newGossipKey()
+		if err != nil {
+			return nil, false, err
 		}
-		return [][]byte{placeholder}, placeholder, nil
+		return [][]byte{placeholder}, true, nil
 	}
 	close(a.gossipKeyed)
-	return keys, nil, nil
+	return keys, false, nil
 }
 
 func (a *Agent) goRun(f func()) {

@@ -329,8 +329,9 @@ func newMemberlist(o gossipOptions, mlog *memberlistLog, events memberlist.Event
 	// few times and may lose; the periodic TCP push/pull exchange of every
 	// member's state heals a lost one. memberlist's LAN default is 30 s
 	// (scaled up with the fleet's size past 32 members): longer than a
-	// failover may wait for a view. 5 s costs each agent one TCP exchange
-	// of the members' metadata (a few hundred bytes each) every 5 s.
+	// failover may wait for a view. Every second (pushPullInterval) costs
+	// each agent one TCP exchange of the members' metadata (a few hundred
+	// bytes each) a second.
 	c.PushPullInterval = pushPullInterval
 	c.Logger = log.New(mlog, "", 0)
 	ml, err := memberlist.Create(c)

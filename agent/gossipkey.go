@@ -88,13 +88,13 @@ func parseFleetGossipKeys(key string, val []byte) ([][]byte, error) {
 }
 
 // gossipKeyLoop reads (or creates) the fleet's gossip keys in etcd until
-// it has them or ctx ends, then puts them in the keyring in place of
+// it has them or ctx ends, then puts them in the keyring in place of the
 // placeholder, the key nobody else has that the agent's gossip started
 // with (so that it heard and said nothing until then), closes
 // a.gossipKeyed, and follows the key until ctx ends: a rotation written
 // there is applied at once (docs/SECURITY.md, "Gossip"). Until the keys
 // are in, a failure is readiness's reason.
-func (a *Agent) gossipKeyLoop(ctx context.Context, kr *memberlist.Keyring, placeholder []byte) {
+func (a *Agent) gossipKeyLoop(ctx context.Context, kr *memberlist.Keyring) {
 	key := a.keys.GossipKey()
 	backoff := 100 * time.Millisecond
 	for {
