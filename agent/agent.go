@@ -95,11 +95,10 @@ type Options struct {
 	// closes it after Stop; Abort closes it, as a crash ends every
 	// connection of the process.
 	Etcd *clientv3.Client
-	// Fetch chooses how the agent reads its partitions: FetchSarama
-	// (sarama's Consumer) or FetchDirect (kafka.Fetcher, docs/RELAY.md
-	// §2). Both stay until the relay's plan makes FetchDirect the default
-	// (§7 step 6); it is not in the YAML. Default: FetchSarama (the
-	// agent's tests take KSWITCH_RELAY_PATH instead).
+	// Fetch chooses how the agent reads its partitions: FetchDirect
+	// (kafka.Fetcher, docs/RELAY.md §2), the default, or FetchSarama
+	// (sarama's Consumer), until the relay's plan deletes it (§7 step 8);
+	// it is not in the YAML (the agent's tests take KSWITCH_RELAY_PATH).
 	Fetch string
 
 	// hooks are set by the agent's own tests and benchmarks

@@ -160,7 +160,7 @@ const (
 
 // defaultFetch is Options.Fetch when it is empty. The agent's tests set it
 // from KSWITCH_RELAY_PATH (export_test.go).
-var defaultFetch = FetchSarama
+var defaultFetch = FetchDirect
 
 // startPartition starts consuming tp under generation gen of the term
 // whose fencing token is token, of topic id topicID, at start (an

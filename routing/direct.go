@@ -19,18 +19,18 @@ import (
 const (
 	// ProduceSarama produces through sarama's idempotent AsyncProducer,
 	// one per cluster, compression and acks; the router sends again, in
-	// source order, what it fails (recovery.go). The default.
+	// source order, what it fails (recovery.go).
 	ProduceSarama = "sarama"
 	// ProduceDirect produces through internal/kafka's Producer, one per
 	// cluster and acks: the router picks the partition, the producer
 	// retries in place without limit and gives back only what the
-	// destination refused for good.
+	// destination refused for good. The default.
 	ProduceDirect = "direct"
 )
 
 // defaultProduce is the path of a router whose Options.Produce is empty:
 // the tests set it from KSWITCH_RELAY_PATH.
-var defaultProduce = ProduceSarama
+var defaultProduce = ProduceDirect
 
 // errRetired fails the produces a retired direct producer did not finish
 // (SetClusters): they are sent again, in order, through the new one.

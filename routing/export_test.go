@@ -10,5 +10,5 @@ func SetDefaultProduce(p string) (restore func()) {
 }
 
 // DefaultProduce returns the produce path of the routers created without
-// Options.Produce (KSWITCH_RELAY_PATH, else sarama).
+// Options.Produce (KSWITCH_RELAY_PATH, else direct).
 func DefaultProduce() string { return defaultProduce }

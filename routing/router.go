@@ -57,10 +57,10 @@ type Options struct {
 	// OnAck, when set, is called after each record is acknowledged, from
 	// the goroutine that acknowledged it. It must not block. For tests.
 	OnAck func(*record.Record)
-	// Produce is the path of the at_least_once produces: ProduceSarama
-	// (the default) or ProduceDirect (docs/RELAY.md §7 step 5). The
-	// exactly_once clusters' produces stay on sarama's transactional
-	// producer either way.
+	// Produce is the path of the produces: ProduceDirect (the default;
+	// internal/kafka's Producer, and its TxnStream for exactly_once
+	// clusters) or ProduceSarama (sarama's AsyncProducer, idempotent or
+	// transactional), until docs/RELAY.md §7 step 8 deletes it.
 	Produce string
 }
 
