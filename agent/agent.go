@@ -95,11 +95,6 @@ type Options struct {
 	// closes it after Stop; Abort closes it, as a crash ends every
 	// connection of the process.
 	Etcd *clientv3.Client
-	// Fetch chooses how the agent reads its partitions: FetchDirect
-	// (kafka.Fetcher, docs/RELAY.md §2), the default, or FetchSarama
-	// (sarama's Consumer), until the relay's plan deletes it (§7 step 8);
-	// it is not in the YAML (the agent's tests take KSWITCH_RELAY_PATH).
-	Fetch string
 
 	// hooks are set by the agent's own tests and benchmarks
 	// (export_test.go).
@@ -239,12 +234,6 @@ func New(cfg config.Config, opts Options) (*Agent, error) {
 	}
 	if opts.DrainTimeout <= 0 {
 		opts.DrainTimeout = 5 * time.Second
-	}
-	if opts.Fetch == "" {
-		opts.Fetch = defaultFetch
-	}
-	if opts.Fetch != FetchSarama && opts.Fetch != FetchDirect {
-		return nil, fmt.Errorf("agent: Options.Fetch is %q; want %q or %q", opts.Fetch, FetchSarama, FetchDirect)
 	}
 	reg := prometheus.NewRegistry()
 	a := &Agent{
@@ -941,7 +930,6 @@ func (a *Agent) newWorker(s *concurrency.Session) *worker {
 	return &worker{
 		hold:   hold,
 		budget: budget,
-		direct: a.opts.Fetch == FetchDirect,
 		stuck:  &a.stuck, stuckAfter: a.opts.StuckAfter,
 		reachable: func(cluster string) bool {
 			v, ok := a.prober.view()[cluster]

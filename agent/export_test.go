@@ -1,7 +1,5 @@
 package agent
 
-import "os"
-
 // Hooks are the knobs of the agent's tests and benchmarks (see hooks).
 type Hooks = hooks
 
@@ -17,14 +15,3 @@ const PushPullInterval = pushPullInterval
 
 // Timeline is the status page's switch timeline of evs.
 var Timeline = timeline
-
-// KSWITCH_RELAY_PATH (sarama or direct) is the path of the agents the
-// tests start without Options.Fetch: the whole suite runs on either.
-func init() {
-	if p := os.Getenv("KSWITCH_RELAY_PATH"); p != "" {
-		defaultFetch = p
-	}
-}
-
-// RelayPath is the path of the agents started without Options.Fetch.
-func RelayPath() string { return defaultFetch }

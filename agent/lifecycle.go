@@ -233,7 +233,7 @@ func (w *worker) restart(ctx context.Context, now time.Time, restart map[cpart]e
 			if _, dead := w.life.dead[cp]; !dead {
 				w.life.dead[cp] = deadPart{cause: cause, since: now}
 			}
-			wg.Go(func() { r.stop(w.drain, &w.bg) })
+			wg.Go(func() { r.stop(w.drain) })
 			delete(w.parts, cp)
 			delete(w.committed, cp)
 			w.pending = append(w.pending, cp)

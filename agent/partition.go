@@ -31,8 +31,7 @@ type partitionRun struct {
 	// each record: a position of another id is of a topic deleted since
 	// (lifecycle.go), and so is a sink's (routing's exactly_once done).
 	topicID string
-	// cause is why the partition's consumer (sarama's, or the Fetcher's
-	// FetchPartition) ended on its own (offset out of range, retries
+	// cause is why the partition's FetchPartition ended on its own (offset out of range, retries
 	// exhausted); set by the loop before done is closed, nil when the
 	// worker stopped it.
 	cause error
@@ -47,9 +46,7 @@ type partitionRun struct {
 	// committedAt is when its position was last committed (zero: not
 	// by this run), for the commit budget's order.
 	committedAt time.Time
-	// Exactly one of pc (sarama's path) and fp (the direct path) is set.
-	pc sarama.PartitionConsumer
-	fp *kafka.FetchPartition
+	fp          *kafka.FetchPartition
 	// chunks are the chunks polled from fp whose records are not all
 	// acknowledged, oldest first: owned by the loop, then by stop, which
 	// releases them.
@@ -150,67 +147,35 @@ func (g *gate) wait(ctx context.Context) error {
 // partition instead of growing memory.
 const maxInFlight = 4096
 
-// Values of Options.Fetch.
-const (
-	// FetchSarama reads partitions with sarama's Consumer.
-	FetchSarama = "sarama"
-	// FetchDirect reads partitions with kafka.Fetcher (docs/RELAY.md §2).
-	FetchDirect = "direct"
-)
-
-// defaultFetch is Options.Fetch when it is empty. The agent's tests set it
-// from KSWITCH_RELAY_PATH (export_test.go).
-var defaultFetch = FetchDirect
-
 // startPartition starts consuming tp under generation gen of the term
 // whose fencing token is token, of topic id topicID, at start (an
 // offset >= 0, resolved by the caller) and returns the running partition.
-// A start out of the partition's range is moved (outOfRange): at once by
-// sarama's Consumer; on the direct path when the partition's previous run
-// ended out of range (ended), as the Fetcher finds it out only when it
-// fetches.
+// A start out of the partition's range is moved (outOfRange) when the
+// partition's previous run ended out of range (ended), as the Fetcher
+// finds it out only when it fetches. The agent's byte budget is charged
+// by the Fetcher, per response, not per record.
 func (w *worker) startPartition(ctx context.Context, k *kafkaConn, token, gen int64, tp coordinator.TopicPartition, start int64, paused bool, topicID string, ended error) (*partitionRun, error) {
-	var pc sarama.PartitionConsumer
-	var fp *kafka.FetchPartition
 	var err error
-	if k.fetcher != nil {
-		if errors.Is(ended, sarama.ErrOffsetOutOfRange) {
-			if start, err = w.intoRange(k, tp, start); err != nil {
-				return nil, err
-			}
-		}
-		fp, err = k.fetcher.ConsumePartition(tp.Topic, tp.Partition, start)
-	} else {
-		pc, err = k.consumer.ConsumePartition(tp.Topic, tp.Partition, start)
-		if errors.Is(err, sarama.ErrOffsetOutOfRange) {
-			if start, err = w.outOfRange(k, tp, start); err != nil {
-				return nil, err
-			}
-			pc, err = k.consumer.ConsumePartition(tp.Topic, tp.Partition, start)
+	if errors.Is(ended, sarama.ErrOffsetOutOfRange) {
+		if start, err = w.intoRange(k, tp, start); err != nil {
+			return nil, err
 		}
 	}
+	fp, err := k.fetcher.ConsumePartition(tp.Topic, tp.Partition, start)
 	if err != nil {
 		return nil, err
 	}
 	pctx, cancel := context.WithCancel(ctx)
 	s := w.naming.Stream(k.name, tp.Topic)
-	budget := w.budget
-	if fp != nil {
-		budget = nil // the Fetcher charges it, per response
-	}
-	r := &partitionRun{tp: tp, cluster: k.name, logical: s.Logical, origin: s.Origin, topicID: topicID, generation: gen, token: token, pc: pc, fp: fp,
-		t: newTracker(start, maxInFlight, budget), cancel: cancel, done: make(chan struct{}), gate: newGate(paused)}
+	r := &partitionRun{tp: tp, cluster: k.name, logical: s.Logical, origin: s.Origin, topicID: topicID, generation: gen, token: token, fp: fp,
+		t: newTracker(start, maxInFlight), cancel: cancel, done: make(chan struct{}), gate: newGate(paused)}
 	if paused {
 		// Stop fetching too, so a long pause holds no records in memory.
-		r.pause()
+		r.fp.Pause()
 	}
 	go func() {
 		defer close(r.done)
-		if fp != nil {
-			r.cause = w.consumeChunks(pctx, r)
-		} else {
-			r.cause = w.consume(pctx, r)
-		}
+		r.cause = w.consume(pctx, r)
 	}()
 	return r, nil
 }
@@ -232,113 +197,19 @@ func (w *worker) intoRange(k *kafkaConn, tp coordinator.TopicPartition, start in
 	return w.outOfRange(k, tp, start)
 }
 
-// pause stops the partition's fetching (its records already fetched wait
-// at the gate).
-func (r *partitionRun) pause() {
-	if r.fp != nil {
-		r.fp.Pause()
-	} else {
-		r.pc.Pause()
-	}
-}
-
-func (r *partitionRun) resume() {
-	if r.fp != nil {
-		r.fp.Resume()
-	} else {
-		r.pc.Resume()
-	}
-}
-
-// highWaterMark is the partition's high watermark as of its last fetch
-// (0 or -1 before the first).
-func (r *partitionRun) highWaterMark() int64 {
-	if r.fp != nil {
-		return r.fp.HighWaterMark()
-	}
-	return r.pc.HighWaterMarkOffset()
-}
-
-// consume hands the partition's records to the handler, in order, until
-// ctx ends (nil) or sarama's partition consumer ends on its own: then it
-// returns why (its last error), and the worker starts the partition
-// again (restartEnded).
-func (w *worker) consume(ctx context.Context, r *partitionRun) error {
-	log := w.log.With(zap.Stringer("partition", r.tp), zap.Int64("generation", r.generation))
-	var last error
-	ended := func() error {
-		if ctx.Err() != nil {
-			return nil
-		}
-		// sarama closes the errors after the messages: the error that
-		// ended it (offset out of range) is among them.
-		for err := range r.pc.Errors() {
-			last = err
-		}
-		if last == nil {
-			last = errors.New("the partition consumer closed")
-		}
-		log.Warn("partition consumer ended; the worker starts it again", zap.Error(last))
-		return last
-	}
-	for {
-		// A paused partition hands nothing on: records sarama already
-		// fetched wait here, unacknowledged, so nothing is committed past
-		// them.
-		if r.gate.wait(ctx) != nil || w.hold.wait(ctx) != nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-r.gate.kick:
-			continue // to the gate
-		case err, ok := <-r.pc.Errors():
-			if ok {
-				last = err
-				log.Warn("partition consumer error", zap.Error(err))
-				w.metrics.consumeErrors.Inc()
-			}
-		case msg, ok := <-r.pc.Messages():
-			// The records sarama already holds are handed on without a
-			// select over every channel for each: a receive that does
-			// not wait is far cheaper. A record received is always
-			// delivered or the loop ends: one dropped while later ones
-			// are acknowledged would be committed past, and lost.
-			for n := 1; ; n++ {
-				if !ok {
-					return ended()
-				}
-				if !w.deliver(ctx, log, r, saramaDelivery(r, msg)) {
-					return nil
-				}
-				if n == burst || ctx.Err() != nil {
-					break
-				}
-				select {
-				case msg, ok = <-r.pc.Messages():
-					continue
-				default:
-				}
-				break
-			}
-		}
-	}
-}
-
-// consumeChunks is consume on the direct path: it polls the chunks the
-// Fetcher queued for the partition and hands their records on, each as
-// consume does (gate, hold, tracker, handler), until ctx ends (nil) or the
+// consume hands the partition's records to the handler, in order: it
+// polls the chunks the Fetcher queued for the partition and hands their
+// records on (gate, hold, tracker, handler), until ctx ends (nil) or the
 // partition ends on its own: then it returns why, every chunk queued
 // before the end delivered, and the worker starts the partition again
 // (restartEnded). It waits on nothing but the Fetcher's kick, the gate's
 // and ctx: never on the network.
-func (w *worker) consumeChunks(ctx context.Context, r *partitionRun) error {
+func (w *worker) consume(ctx context.Context, r *partitionRun) error {
 	log := w.log.With(zap.Stringer("partition", r.tp), zap.Int64("generation", r.generation))
 	var polled []*kafka.Chunk
 	for {
-		// As in consume: a paused partition hands nothing on, and its
-		// chunks polled wait here, unacknowledged.
+		// A paused partition hands nothing on: its chunks polled wait
+		// here, unacknowledged, so nothing is committed past them.
 		if r.gate.wait(ctx) != nil || w.hold.wait(ctx) != nil {
 			return nil
 		}
@@ -419,27 +290,6 @@ func (w *worker) deliverChunk(ctx context.Context, log *zap.Logger, r *partition
 	return true
 }
 
-// burst bounds the records the partition loop hands on between two looks
-// at its other channels (errors, the gate's kick).
-const burst = 256
-
-// saramaDelivery is the delivery of msg, read by sarama's Consumer.
-func saramaDelivery(r *partitionRun, msg *sarama.ConsumerMessage) *delivery {
-	d := &delivery{rec: record.Record{
-		Cluster: r.cluster, Topic: msg.Topic, SourceTopic: r.logical, Origin: r.origin, TopicID: r.topicID, Partition: msg.Partition, Offset: msg.Offset,
-		Key: msg.Key, Value: msg.Value, Timestamp: msg.Timestamp, Generation: r.generation, Token: r.token,
-	}}
-	if len(msg.Headers) > 0 {
-		d.rec.Headers = make([]record.Header, 0, len(msg.Headers))
-		for _, h := range msg.Headers {
-			if h != nil {
-				d.rec.Headers = append(d.rec.Headers, record.Header{Key: h.Key, Value: h.Value})
-			}
-		}
-	}
-	return d
-}
-
 // deliver hands d's record to the handler, once a slot is free and the
 // gate open; false means ctx ended.
 func (w *worker) deliver(ctx context.Context, log *zap.Logger, r *partitionRun, d *delivery) bool {
@@ -492,37 +342,18 @@ func (w *worker) handle(ctx context.Context, log *zap.Logger, rec *record.Record
 
 // stop ends the partition's consumption: no record is handed to the
 // handler after it returns. It then waits up to drain for the handler to
-// acknowledge what it was given. What sarama still holds is drained in a
-// goroutine added to bg, so that its goroutines can end: sarama closes the
-// partition's channels only after the fetch in flight returns (up to
-// Consumer.MaxWaitTime), which the final commit need not wait for. On the
-// direct path nothing waits for the network: the FetchPartition closes at
-// once, and the chunks still held are released after the drain (their
-// records acknowledged later give nothing back twice).
-func (r *partitionRun) stop(drain time.Duration, bg *sync.WaitGroup) (drained bool) {
+// acknowledge what it was given. Nothing waits for the network: the
+// FetchPartition closes at once, and the chunks still held are released
+// after the drain (their records acknowledged later give nothing back
+// twice).
+func (r *partitionRun) stop(drain time.Duration) (drained bool) {
 	r.cancel()
-	if r.fp != nil {
-		r.fp.Close()
-		<-r.done
-		drained = r.t.waitDrained(drain)
-		r.t.close()
-		for _, ref := range r.chunks {
-			ref.c.Release()
-		}
-		r.chunks = nil
-		return drained
-	}
-	r.pc.AsyncClose()
+	r.fp.Close()
 	<-r.done
-	bg.Add(1)
-	go func() {
-		defer bg.Done()
-		for range r.pc.Messages() {
-		}
-		for range r.pc.Errors() {
-		}
-	}()
 	drained = r.t.waitDrained(drain)
-	r.t.close()
+	for _, ref := range r.chunks {
+		ref.c.Release()
+	}
+	r.chunks = nil
 	return drained
 }

@@ -23,7 +23,7 @@ func TestDirectFetchThrottleIsCounted(t *testing.T) {
 	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 4}})
 	throttled := k.ThrottleFetches(100)
 	l := &partitionLog{}
-	a := startFleetAgent(t, consumeConfig(e, k, "agent-1"), agent.Options{Handler: l.handler(), Fetch: agent.FetchDirect})
+	a := startFleetAgent(t, consumeConfig(e, k, "agent-1"), agent.Options{Handler: l.handler()})
 	waitBalanced(t, 4, a)
 	want := produceCounted(t, k, "orders", 400)
 	waitHandled(t, l, 30*time.Second, want, 0, 1, 2, 3)

@@ -60,7 +60,6 @@ type pending struct {
 	fp     offsets.Fingerprint
 	hashed bool // fp is set
 	acked  bool
-	size   int64 // the bytes taken from the agent's budget
 }
 
 // fingerprint returns r's fingerprint, hashing the record the first time:
@@ -87,20 +86,18 @@ type tracker struct {
 	max     int           // bound on the records delivered and not acknowledged
 	out     int           // records delivered and not acknowledged
 	room    chan struct{} // closed by the next ack; nil unless deliver found no room
-	budget  *byteBudget   // the agent's bytes in flight; nil: unbounded
-	closed  bool          // close was called: acks give nothing back
 }
 
-func newTracker(start int64, maxInFlight int, budget *byteBudget) *tracker {
-	t := &tracker{next: start, max: maxInFlight, budget: budget}
+func newTracker(start int64, maxInFlight int) *tracker {
+	t := &tracker{next: start, max: maxInFlight}
 	t.drained = sync.NewCond(&t.mu)
 	return t
 }
 
 // deliver records that r is being handed to the handler, and returns nil;
-// or, when the records delivered and not acknowledged number the bound or
-// the agent's byte budget has no room for r, it records nothing and
-// returns a channel closed when there may be room.
+// or, when the records delivered and not acknowledged number the bound,
+// it records nothing and returns a channel closed when there may be room.
+// (The agent's byte budget is charged by the Fetcher, per response.)
 func (t *tracker) deliver(d *delivery) (full <-chan struct{}) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -110,35 +107,12 @@ func (t *tracker) deliver(d *delivery) (full <-chan struct{}) {
 		}
 		return t.room
 	}
-	size := d.rec.Size()
-	if wait := t.budget.take(size); wait != nil {
-		return wait
-	}
 	t.out++
-	d.pending = pending{size: size}
+	d.pending = pending{}
 	t.queue = append(t.queue, d)
 	d.t = t
 	d.rec.SetAcker(d)
 	return nil
-}
-
-// close gives back to the budget what the records not acknowledged yet
-// took: the partition has stopped, and an ack that comes later gives
-// nothing back.
-func (t *tracker) close() {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.closed {
-		return
-	}
-	t.closed = true
-	var n int64
-	for _, d := range t.queue {
-		if !d.pending.acked {
-			n += d.pending.size
-		}
-	}
-	t.budget.give(n)
 }
 
 // ack records d's acknowledgement and reports whether it is the first.
@@ -150,9 +124,6 @@ func (t *tracker) ack(d *delivery) bool {
 	}
 	d.pending.acked = true
 	t.out--
-	if !t.closed {
-		t.budget.give(d.pending.size)
-	}
 	if t.room != nil {
 		close(t.room)
 		t.room = nil
@@ -232,12 +203,11 @@ func (t *tracker) waitDrained(timeout time.Duration) bool {
 	return true
 }
 
-// byteBudget bounds the bytes of the records an agent has handed to its
-// handler and not yet had acknowledged, over all its partitions
-// (source.max_in_flight_mib); on the direct path it is its Fetchers'
-// kafka.Budget, charged per response. Safe for concurrent use; a nil
-// budget bounds nothing (take, give). Taking and giving are atomic adds on the hot path; the
-// lock is only for waiting.
+// byteBudget bounds the bytes of the fetch responses an agent holds
+// whose records are not all acknowledged, over all its partitions
+// (source.max_in_flight_mib): its Fetchers' kafka.Budget, charged per
+// response. Safe for concurrent use. Charging and giving are atomic adds;
+// the lock is only for waiting.
 type byteBudget struct {
 	max     int64
 	used    atomic.Int64
@@ -248,36 +218,9 @@ type byteBudget struct {
 
 func newByteBudget(max int64) *byteBudget { return &byteBudget{max: max} }
 
-// take takes n bytes and returns nil, or returns a channel closed when
-// bytes are given back. A record larger than the whole budget is taken
-// when nothing else is in flight, so that it cannot wait forever.
-func (b *byteBudget) take(n int64) <-chan struct{} {
-	if b == nil {
-		return nil
-	}
-	if after := b.used.Add(n); after <= b.max || after == n {
-		return nil
-	}
-	b.used.Add(-n)
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.room == nil {
-		b.room = make(chan struct{})
-	}
-	b.waiting.Store(1)
-	// A give between the failed add and the registration would have
-	// found nobody waiting: look again, now that a give will close room.
-	if after := b.used.Load() + n; after <= b.max || after == n {
-		ch := make(chan struct{})
-		close(ch)
-		return ch
-	}
-	return b.room
-}
-
 // give gives n bytes back.
 func (b *byteBudget) give(n int64) {
-	if b == nil || n == 0 {
+	if n == 0 {
 		return
 	}
 	b.used.Add(-n)

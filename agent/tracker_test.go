@@ -16,7 +16,7 @@ import (
 // records before it, in offset order, whatever the order of the acks.
 func TestTrackerPositionFingerprintsTheLastAckedRecords(t *testing.T) {
 	const start, n = 100, 30
-	tr := newTracker(start, n, nil)
+	tr := newTracker(start, n)
 	ts := time.UnixMilli(1_700_000_000_000)
 	recs := make([]*delivery, n)
 	want := make([]offsets.Fingerprint, n)
@@ -69,7 +69,7 @@ func TestTrackerPositionFingerprintsTheLastAckedRecords(t *testing.T) {
 // ack, in any order.
 func TestTrackerBoundsRecordsNotAcknowledged(t *testing.T) {
 	const bound = 3
-	tr := newTracker(0, bound, nil)
+	tr := newTracker(0, bound)
 	recs := make([]*delivery, bound+2)
 	for i := range recs {
 		recs[i] = &delivery{rec: record.Record{Offset: int64(i)}}
@@ -108,48 +108,36 @@ func TestTrackerBoundsRecordsNotAcknowledged(t *testing.T) {
 	}
 }
 
-// TestByteBudgetBoundsTheBytesInFlight: partitions share the agent's byte
-// budget; a record waits while the budget has no room for it, until an
-// ack gives bytes back; a record larger than the whole budget passes when
-// nothing else is in flight; a stopped partition gives back what its
-// unacknowledged records took, and a later ack gives nothing twice.
+// TestByteBudgetBoundsTheBytesInFlight: the Fetchers share the agent's
+// byte budget (kafka.Budget); a fetch waits while the budget has no room
+// for it, until bytes are given back; a fetch larger than the whole
+// budget passes when nothing is held, so that it cannot wait for ever.
 func TestByteBudgetBoundsTheBytesInFlight(t *testing.T) {
 	b := newByteBudget(100)
-	p0, p1 := newTracker(0, 1000, b), newTracker(0, 1000, b)
-	rec := func(off int64, size int) *delivery {
-		return &delivery{rec: record.Record{Offset: off, Value: make([]byte, size)}}
+	b.Charge(60)
+	if b.Room(30) != nil {
+		t.Fatal("no room for 30 bytes with 60 of 100 held")
 	}
-	r0, r1 := rec(0, 60), rec(0, 30)
-	if p0.deliver(r0) != nil || p1.deliver(r1) != nil || b.inUse() != 90 {
-		t.Fatalf("90 bytes of 100 not delivered: in use %d", b.inUse())
-	}
-	r2 := rec(1, 20)
-	wait := p1.deliver(r2)
+	b.Charge(30)
+	wait := b.Room(20)
 	if wait == nil {
-		t.Fatal("a record over the budget was delivered")
+		t.Fatal("room for 20 bytes with 90 of 100 held")
 	}
-	r0.Ack()
+	b.Give(60)
 	select {
 	case <-wait:
 	default:
-		t.Fatal("an ack did not wake the record waiting for room")
+		t.Fatal("bytes given back did not wake the fetch waiting for room")
 	}
-	if p1.deliver(r2) != nil || b.inUse() != 50 {
-		t.Fatalf("after the ack: in use %d, want 50", b.inUse())
+	if b.Room(20) != nil || b.inUse() != 30 {
+		t.Fatalf("after 60 given back: in use %d, want 30, and room for 20", b.inUse())
 	}
-	p1.close()
-	if b.inUse() != 0 {
-		t.Fatalf("after the partition stopped: in use %d, want 0", b.inUse())
+	b.Give(30)
+	if b.Room(500) != nil {
+		t.Fatal("a fetch larger than the budget waits with nothing held")
 	}
-	r1.Ack()
-	if b.inUse() != 0 {
-		t.Fatalf("an ack after close gave back again: in use %d", b.inUse())
-	}
-	huge := rec(1, 500)
-	if p0.deliver(huge) != nil {
-		t.Fatal("a record larger than the budget waits with nothing in flight")
-	}
-	if p0.deliver(rec(2, 1)) == nil {
-		t.Fatal("a record was delivered beside one larger than the budget")
+	b.Charge(500)
+	if b.Room(1) == nil {
+		t.Fatal("room beside a response larger than the budget")
 	}
 }

@@ -30,44 +30,36 @@ import (
 // keyed so, as A's orders/0 and B's orders/0 are different streams.
 type cpart = coordinator.ClusterPartition
 
-// kafkaConn is the worker's connection to a cluster it consumes. Its
-// partitions are read by sarama's Consumer or, on the direct path
-// (Options.Fetch), by a kafka.Fetcher: exactly one of consumer and
-// fetcher is set.
+// kafkaConn is the worker's connection to a cluster it consumes: a
+// sarama Client for metadata, offsets and the group mirror, and a
+// kafka.Fetcher that reads its partitions.
 type kafkaConn struct {
-	name     string
-	client   sarama.Client
-	consumer sarama.Consumer
-	fetcher  *kafka.Fetcher
-	mirror   *offsets.KafkaMirror
+	name    string
+	client  sarama.Client
+	fetcher *kafka.Fetcher
+	mirror  *offsets.KafkaMirror
 	// fetched are the fetcher's figures already exported
 	// (countFetchStats); owned by the worker's run.
 	fetched kafka.FetchStats
 }
 
-// dialKafka connects to cluster name; fetch, when not nil, makes its
-// partitions read by a kafka.Fetcher of that configuration instead of
-// sarama's Consumer.
-func dialKafka(name string, c config.Cluster, group string, timeout time.Duration, d kafka.Dialer, fetch *kafka.FetchConfig) (*kafkaConn, error) {
+// dialKafka connects to cluster name, its partitions read by a Fetcher of
+// configuration fetch.
+func dialKafka(name string, c config.Cluster, group string, timeout time.Duration, d kafka.Dialer, fetch kafka.FetchConfig) (*kafkaConn, error) {
 	client, err := kafka.NewClientWith(name, c, kafka.Options{Dialer: d})
 	if err != nil {
 		return nil, err
 	}
 	k := &kafkaConn{name: name, client: client, mirror: offsets.NewKafkaMirror(client, group, timeout)}
-	if fetch != nil {
-		k.fetcher, err = kafka.NewFetcher(name, client, *fetch)
-	} else {
-		k.consumer, err = sarama.NewConsumerFromClient(client)
-	}
-	if err != nil {
+	if k.fetcher, err = kafka.NewFetcher(name, client, fetch); err != nil {
 		client.Close()
 		return nil, fmt.Errorf("kafka: consumer on cluster %s: %w", name, err)
 	}
 	return k, nil
 }
 
-// fetchConfig is the configuration of the worker's Fetchers on the direct
-// path, nil on sarama's. The agent's byte budget is theirs: it is charged
+// fetchConfig is the configuration of the worker's Fetchers. The agent's
+// byte budget is theirs: it is charged
 // per response (the records are slices of it) and given back as the
 // chunks are acknowledged, so the tracker charges nothing more. The
 // fetch sizes follow the budget (default 32 MiB: Kafka's 1 MiB per
@@ -76,11 +68,8 @@ func dialKafka(name string, c config.Cluster, group string, timeout time.Duratio
 // first batch aside), so the bytes held stay below 1.125 × the budget
 // with one broker, plus a quarter of it for each other broker fetching at
 // the same moment.
-func (w *worker) fetchConfig(cluster string) *kafka.FetchConfig {
-	if !w.direct {
-		return nil
-	}
-	return &kafka.FetchConfig{
+func (w *worker) fetchConfig(cluster string) kafka.FetchConfig {
+	return kafka.FetchConfig{
 		Budget:            w.budget,
 		PartitionMaxBytes: int32(min(w.budget.max/8, kafka.DefaultFetchPartitionMaxBytes)),
 		MaxBytes:          int32(min(w.budget.max/4, kafka.DefaultFetchMaxBytes)),
@@ -98,11 +87,7 @@ func (k *kafkaConn) resolve(tp coordinator.TopicPartition, which int64) (int64, 
 }
 
 func (k *kafkaConn) close() {
-	if k.fetcher != nil {
-		k.fetcher.Close()
-	} else {
-		_ = k.consumer.Close()
-	}
+	k.fetcher.Close()
 	_ = k.client.Close()
 }
 
@@ -221,12 +206,9 @@ type worker struct {
 	// reachable reports whether this agent's last probe reached a
 	// cluster (true when it has not probed it).
 	reachable func(cluster string) bool
-	// budget bounds the bytes handed to the handler and not yet
-	// acknowledged (source.max_in_flight_mib); on the direct path, the
-	// bytes of the fetch responses whose records are not all acknowledged.
+	// budget bounds the bytes of the fetch responses whose records are
+	// not all acknowledged (source.max_in_flight_mib).
 	budget *byteBudget
-	// direct: partitions are read by kafka.Fetchers (Options.Fetch).
-	direct bool
 	// leaderToken returns the current leader's fencing token as this
 	// agent's observer sees it (false: none known).
 	leaderToken func() (int64, bool)
@@ -607,7 +589,7 @@ func (w *worker) apply(ctx context.Context, a coordinator.Assignment, rev int64)
 		if uses[name] {
 			continue
 		}
-		// Closing waits for sarama's consumer to wind down: not on the
+		// Closing the client may wait for a broker's answer: not on the
 		// way to the acknowledgement the switch waits for.
 		delete(w.conns, name)
 		w.bg.Add(1)
@@ -727,8 +709,8 @@ func (w *worker) dialerFor(cluster string) kafka.Dialer {
 
 // release stops tps, waits for their records to be acknowledged, commits
 // their final positions and tells the handler (Options.Released). The
-// partitions stop concurrently: each stop waits for sarama to end the
-// partition's fetching.
+// partitions stop concurrently: each waits for its own records'
+// acknowledgements.
 func (w *worker) release(ctx context.Context, tps []cpart, a coordinator.Assignment) {
 	var wg sync.WaitGroup
 	for _, tp := range tps {
@@ -736,7 +718,7 @@ func (w *worker) release(ctx context.Context, tps []cpart, a coordinator.Assignm
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if !r.stop(w.drain, &w.bg) {
+			if !r.stop(w.drain) {
 				w.log.Warn("handler did not acknowledge every record before the drain timeout; the next owner consumes them again",
 					zap.Stringer("partition", tp), zap.Int("unacked", r.t.unacked()), zap.Duration("drain", w.drain))
 			}
@@ -896,9 +878,7 @@ func (w *worker) startOn(ctx context.Context, cluster string, tps []coordinator.
 		return tps
 	}
 	// Partitions start concurrently: each may need a ListOffsets round
-	// trip, and sarama adds a partition to a broker's fetch session only
-	// between two fetches (each up to Consumer.MaxWaitTime), so partitions
-	// started one by one would wait that long each.
+	// trip (a start out of range), which one by one would add up.
 	type started struct {
 		tp  coordinator.TopicPartition
 		r   *partitionRun
@@ -1364,7 +1344,7 @@ func (w *worker) stopAll(commit bool) {
 	runs := make([]*partitionRun, 0, len(tps))
 	for _, tp := range tps {
 		r := w.parts[tp]
-		r.stop(0, &w.bg)
+		r.stop(0)
 		runs = append(runs, r)
 		delete(w.parts, tp)
 	}
@@ -1407,10 +1387,10 @@ func (w *worker) applySignals(ctx context.Context) {
 		}
 		parked = append(parked, r.gate.set(paused))
 		if paused {
-			r.pause()
+			r.fp.Pause()
 			w.log.Info("partition paused", zap.Stringer("partition", tp), zap.Stringer("scope", scope))
 		} else {
-			r.resume()
+			r.fp.Resume()
 			w.log.Info("partition resumed", zap.Stringer("partition", tp))
 		}
 	}
@@ -1529,11 +1509,11 @@ func (w *worker) observeLag() {
 	type key struct{ cluster, topic string }
 	lag := map[key]int64{}
 	for _, r := range w.parts {
-		if r.pc == nil && r.fp == nil {
+		if r.fp == nil {
 			continue
 		}
 		next, _, _ := r.t.position()
-		lag[key{r.cluster, r.logical}] += max(0, r.highWaterMark()-next)
+		lag[key{r.cluster, r.logical}] += max(0, r.fp.HighWaterMark()-next)
 	}
 	w.metrics.lag.Reset()
 	for k, n := range lag {
