@@ -24,3 +24,15 @@ func MaxPartitionInFlight(p *Producer) int {
 	defer p.mu.Unlock()
 	return p.maxPartInflight
 }
+
+// SkipSequence makes the next batch numbered of topic's partition skip a
+// sequence: the broker refuses it, and every batch behind it, as out of
+// order, as when it lost the producer's state (RELAY.md §6 F8).
+func SkipSequence(p *Producer, topic string, partition int32) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.gapAt == nil {
+		p.gapAt = map[topicPartition]bool{}
+	}
+	p.gapAt[topicPartition{topic, partition}] = true
+}

@@ -272,6 +272,10 @@ type Producer struct {
 	// maxPartInflight is the most batches one partition had in flight
 	// (for tests).
 	maxPartInflight int
+	// gapAt makes the next batch numbered of each partition it holds skip
+	// one sequence, as a broker that lost the producer's state sees it
+	// (for tests: RELAY.md §6 F8; SkipSequence).
+	gapAt map[topicPartition]bool
 	// clientUsers counts the resolver, the count refresher, the streams'
 	// goroutines and Close while each may still use the client: the last
 	// to stop closes it.

@@ -232,6 +232,10 @@ func (s *sink) build(now time.Time) ([]sentBatch, *TxnStream, time.Duration) {
 		ps.take()
 		owner = ps.txn
 		if b.seq < 0 && (p.pid >= 0 || ps.txn != nil) {
+			if p.gapAt[ps.topicPartition] {
+				delete(p.gapAt, ps.topicPartition)
+				ps.nextSeq = addSeq(ps.nextSeq, 1)
+			}
 			b.seq = ps.nextSeq
 			ps.nextSeq = addSeq(ps.nextSeq, int32(len(b.msgs)))
 		}

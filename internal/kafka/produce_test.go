@@ -422,6 +422,41 @@ func TestProduceSequenceLost(t *testing.T) {
 	}
 }
 
+// TestProduceSequenceGap (F8): one batch of a partition numbered a
+// sequence too far, as after the broker lost the producer's state: the
+// broker refuses it and every batch behind it as out of order by itself;
+// one drain-and-bump, the refused batches sent again under the new
+// producer id, every partition's records once and in order.
+func TestProduceSequenceGap(t *testing.T) {
+	pl := plan{topic: "out", partitions: 6, count: 12000, size: 100, window: 1000}
+	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{pl.topic: pl.partitions}})
+	r := newRecorder()
+	p := newProducer(t, k, testConfig(), r)
+	msgs := pl.messages()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	half := len(msgs) / 2
+	feed(ctx, t, p, r, msgs[:half], pl.window)
+	wait.For(t, 30*time.Second, "a quarter acknowledged", func() error {
+		if n := r.ackedN(); n < half/2 {
+			return fmt.Errorf("%d acknowledged", n)
+		}
+		return nil
+	})
+	kafka.SkipSequence(p, pl.topic, 3)
+	feed(ctx, t, p, r, msgs[half:], pl.window)
+	if err := p.Flush(ctx); err != nil {
+		t.Fatalf("Flush: %v (%d of %d reported, stats %+v)", err, r.settled(), pl.count, p.Stats())
+	}
+	r.check(t)
+	verdict(t, k, pl)
+	st := p.Stats()
+	t.Logf("stats %+v", st)
+	if st.Bumps != 1 || st.Refused != 0 {
+		t.Errorf("stats %+v: want 1 bump, nothing refused", st)
+	}
+}
+
 // TestProduceSplitsTooLarge (F9): a topic taking batches of 64 KiB at
 // most; 20 KiB records are sent in batches split until they fit, the one
 // record of 100 KiB is refused, every other once and in order.
