@@ -75,6 +75,12 @@ var (
 	ErrTxnAborted = errors.New("kafka: transaction aborted; its records are sent again in the next transaction")
 	// ErrTxnClosed is returned after Close.
 	ErrTxnClosed = errors.New("kafka: transactional stream closed")
+	// ErrTxnOtherPending: a Commit was called while an Abort whose caller
+	// gave up (its ctx ended) is still carried out, or the other way
+	// round. Its outcome is not handed to a request of the other kind
+	// (aborted records taken for committed): call the same kind again to
+	// learn it.
+	ErrTxnOtherPending = errors.New("kafka: an earlier Commit or Abort of the other kind is still being carried out; call it again to learn its outcome")
 )
 
 // TxnAbortedError is Commit's error when it aborted the transaction: it
@@ -141,8 +147,10 @@ type TxnStream struct {
 	refused   []*Message
 	abortable error // the open transaction must be aborted, why
 	// committing/aborting: a Commit/Abort is being carried out; its
-	// outcome is handed over through outcome and outcomeCh.
+	// outcome is handed over through outcome and outcomeCh to the next
+	// request of its kind (askedCommit: a Commit's).
 	committing, aborting bool
+	askedCommit          bool
 	outcome              *txnOutcome
 	outcomeCh            chan struct{}
 	err                  error // fenced, broken or closed: for good
@@ -256,16 +264,19 @@ func (t *TxnStream) Produce(m *Message) error {
 //     its records are in the next one;
 //   - ErrTxnFenced, ErrTxnBroken: the stream is done (see them); the
 //     messages are not reported;
-//   - ctx.Err(): the commit goes on; the next Commit or Abort waits for
-//     its outcome and returns it (that call's last goes to the next
-//     transaction, as Produce would put it).
+//   - ctx.Err(): the commit goes on; the next Commit waits for its
+//     outcome and returns it (that call's last goes to the next
+//     transaction, as Produce would put it); an Abort meanwhile returns
+//     ErrTxnOtherPending.
 func (t *TxnStream) Commit(ctx context.Context, last *Message) ([]*Message, error) {
 	return t.request(ctx, true, last)
 }
 
 // Abort aborts the open transaction and returns its messages, which are
 // not sent again; messages given meanwhile go to the next transaction.
-// The epoch is bumped, as after any abort. Errors as Commit's.
+// The epoch is bumped, as after any abort. Errors as Commit's (an Abort
+// given up is learnt by the next Abort; a Commit meanwhile returns
+// ErrTxnOtherPending).
 func (t *TxnStream) Abort(ctx context.Context) ([]*Message, error) {
 	return t.request(ctx, false, nil)
 }
@@ -277,6 +288,10 @@ func (t *TxnStream) request(ctx context.Context, commit bool, last *Message) ([]
 	p := t.p
 	var lastSink *sink
 	p.mu.Lock()
+	if t.outcomeCh != nil && t.askedCommit != commit && t.err == nil {
+		p.mu.Unlock()
+		return nil, ErrTxnOtherPending
+	}
 	if t.outcomeCh == nil {
 		if t.err == nil && last != nil {
 			t.cur = append(t.cur, last)
@@ -292,7 +307,7 @@ func (t *TxnStream) request(ctx context.Context, commit bool, last *Message) ([]
 			p.mu.Unlock()
 			return nil, nil
 		}
-		t.committing, t.aborting = commit, !commit
+		t.committing, t.aborting, t.askedCommit = commit, !commit, commit
 		t.outcomeCh = make(chan struct{})
 		t.wake()
 	}

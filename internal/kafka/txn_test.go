@@ -601,6 +601,63 @@ func TestTxnRecordsGivenDuringACommitAreInTheNext(t *testing.T) {
 	committedVerdict(t, k, topic, parts, prefixes(first))
 }
 
+// TestTxnAbortGivenUpIsNotACommit: an Abort whose caller gave up while
+// its EndTxn was held goes on; a Commit meanwhile is refused
+// (ErrTxnOtherPending) instead of being handed the Abort's records as
+// committed; the next Abort returns them, and a later transaction commits
+// with none of them visible.
+func TestTxnAbortGivenUpIsNotACommit(t *testing.T) {
+	const topic, parts = "out", 3
+	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{topic: parts}})
+	p := newProducer(t, k, testConfig(), newRecorder())
+	s := openTxn(t, p, "kswitch/test/C/in/A/11")
+	aborted := records(topic, parts, 0, 300)
+	produceTxn(t, s, aborted)
+	writtenAtLeast(t, k, topic, parts, 300) // in the open transaction: its abort needs an EndTxn
+	c := k.Cluster()
+	held, release := make(chan struct{}), make(chan struct{})
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	}()
+	var once sync.Once
+	c.ControlKey(int16(kmsg.EndTxn), func(kmsg.Request) (kmsg.Response, error, bool) {
+		once.Do(func() { close(held) }) // an EndTxn timed out is sent again
+		c.SleepControl(func() { <-release })
+		c.DropControl()        // for this EndTxn only
+		return nil, nil, false // then answered as usual
+	})
+	gaveUp, cancel := context.WithCancel(t.Context())
+	go func() {
+		<-held
+		cancel()
+	}()
+	if _, err := s.Abort(gaveUp); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Abort given up: %v, want context.Canceled", err)
+	}
+	meanwhile, stopWaiting := context.WithTimeout(t.Context(), 5*time.Second)
+	defer stopWaiting()
+	if msgs, err := s.Commit(meanwhile, nil); !errors.Is(err, kafka.ErrTxnOtherPending) {
+		t.Fatalf("Commit while the Abort goes on: %d records, %v; want ErrTxnOtherPending", len(msgs), err)
+	}
+	close(release)
+	ctx, stop := context.WithTimeout(t.Context(), 30*time.Second)
+	defer stop()
+	dropped, err := s.Abort(ctx)
+	if err != nil || !slices.Equal(dropped, aborted) {
+		t.Fatalf("Abort again: %d records, %v; want the %d of the Abort given up", len(dropped), err, len(aborted))
+	}
+	later := records(topic, parts, 300, 600)
+	produceTxn(t, s, later)
+	if got := commit(t, s, nil); !slices.Equal(got, later) {
+		t.Fatalf("Commit: %d records, want the %d given after the Abort", len(got), len(later))
+	}
+	committedVerdict(t, k, topic, parts, prefixes(later))
+}
+
 // deadBroker is the producer's Dialer in TestTxnCoordinatorRemoved: once
 // kill names a broker's address, its connections are closed and dials to
 // it refused, as for a broker that went down.
