@@ -232,18 +232,15 @@ func requireCounted(t *testing.T, r *Router, late int) {
 	}
 }
 
-// requireInOrderOnDirect fails t when, on the direct produce path, a
-// record reached its channel after a later one of its partition, or the
-// router counted one so (kswitch_routing_reordered_total): the direct
-// producer retries in place, splits a batch too large itself and gives
-// back only what is refused for good, so nothing may come late.
-func requireInOrderOnDirect(t *testing.T, r *Router, late int) {
+// requireInOrder fails t when a record reached its channel after a later
+// one of its partition, or the router counted one so
+// (kswitch_routing_reordered_total): the producer retries in place,
+// splits a batch too large itself and gives back only what is refused for
+// good, so nothing may come late.
+func requireInOrder(t *testing.T, r *Router, late int) {
 	t.Helper()
-	if r.opts.Produce != ProduceDirect {
-		return
-	}
 	if counted := metricValue(r.m.reordered); late > 0 || counted > 0 {
-		t.Errorf("direct path: %d records reached the channel after a later one of their partition, %v counted", late, counted)
+		t.Errorf("%d records reached the channel after a later one of their partition, %v counted", late, counted)
 	}
 }
 
@@ -349,12 +346,8 @@ func TestRecordNoTopicTakes(t *testing.T) {
 					t.Errorf("reference header %s = %q, want %q", k, got, want)
 				}
 			}
-			// sarama's producer refuses it itself (Producer.MaxMessageBytes);
-			// the direct one sends it, alone, and the broker refuses it.
-			refusal := "MaxMessageBytes"
-			if r.opts.Produce == ProduceDirect {
-				refusal = sarama.ErrMessageSizeTooLarge.Error()
-			}
+			// The producer sends it, alone, and the broker refuses it.
+			refusal := sarama.ErrMessageSizeTooLarge.Error()
 			if e := header(ref, HeaderError); !strings.Contains(e, refusal) {
 				t.Errorf("reference header %s = %q, want the refusal (%q)", HeaderError, e, refusal)
 			}
@@ -504,7 +497,7 @@ func TestChannelTopicRecreated(t *testing.T) {
 	recs := w.readAll("C", "c", want)
 	_, late := orderOf(t, recs)
 	requireCounted(t, r, late)
-	requireInOrderOnDirect(t, r, late)
+	requireInOrder(t, r, late)
 	t.Logf("%d records taken, %d in the re-created topic, %d after a later one of their partition (counted %v)", n, len(recs), late, metricValue(r.m.reordered))
 }
 
@@ -546,12 +539,11 @@ func TestBatchWithARecordTooLargeForTheTopic(t *testing.T) {
 		return nil
 	})
 	want, n := w.settled(f, func(p int, off int64) bool { return p == 0 && off == bigAt })
-	// What sarama's producer held behind the refused batch may reach the
-	// channel before the batch's records sent again alone: the router
-	// counts each such record. It never produces one behind them itself.
+	// The producer splits the refused batch itself and refuses only the
+	// large record: nothing reaches the channel late.
 	_, late := orderOf(t, w.readAll("C", "c", want))
 	requireCounted(t, r, late)
-	requireInOrderOnDirect(t, r, late)
+	requireInOrder(t, r, late)
 	dead := w.read("C", "dead", 1)
 	if len(dead) != 1 || header(dead[0], HeaderSource) != fmt.Sprintf("orders/0@%d", bigAt) || header(dead[0], HeaderSize) != strconv.Itoa(big) {
 		for _, d := range dead {

@@ -41,7 +41,7 @@ const (
 // one rule and one channel, and compares kswitch with a baseline measured
 // in the same run on the same clusters: a minimal sarama loop (a partition
 // consumer per partition handing each record to an async producer with
-// the producer settings of the router, routing.ProducerConfig).
+// a channel's default producer settings, routing.ProducerConfig).
 //
 // kswitch runs as 'kswitch agent' wires it: an agent (election,
 // assignment, commits to etcd, the Kafka group mirror) whose handler is a
@@ -53,21 +53,17 @@ const (
 // from the resume until the destination's high-water marks add up to
 // relayRecords: completion is read from the destination, not from either
 // side's counters. One benchmark iteration is relayRounds rounds of each
-// side, alternating which goes first; the medians are reported.
-//
-// The kswitch side's router produces on the path KSWITCH_RELAY_PATH names
-// (sarama by default); unless that is direct, a fourth side runs kswitch
-// with the direct producer (routing.ProduceDirect), reported as
-// kswitch-direct with its ratio to the kswitch side.
+// side, alternating which goes first; the medians are reported. A third
+// side, a tuned franz-go loop, is the other baseline.
 func BenchmarkRelayThroughput(b *testing.B) {
 	_, dst, cli, cfg := relayStack(b)
 
 	hwm := newHighWater(b, cfg.Clusters["D"])
 	round := 0
-	var kswitch, baseline, franz, direct sideResults
+	var kswitch, baseline, franz sideResults
 	b.ResetTimer()
 	for range b.N {
-		kswitch, baseline, franz, direct = sideResults{}, sideResults{}, sideResults{}, sideResults{}
+		kswitch, baseline, franz = sideResults{}, sideResults{}, sideResults{}
 		for i := range relayRounds {
 			sides := []func(){
 				func() {
@@ -91,17 +87,6 @@ func BenchmarkRelayThroughput(b *testing.B) {
 						runKswitch(b, cfg, cli, "relay-"+strconv.Itoa(round), topic, sw)
 					}))
 				},
-			}
-			if routing.DefaultProduce() != routing.ProduceDirect {
-				sides = append(sides, func() {
-					round++
-					topic := "relay-direct-" + strconv.Itoa(round)
-					restore := routing.SetDefaultProduce(routing.ProduceDirect)
-					defer restore()
-					direct.add(relayRate(b, dst, hwm, topic, func(sw *stopwatch) {
-						runKswitch(b, cfg, cli, "relay-"+strconv.Itoa(round), topic, sw)
-					}))
-				})
 			}
 			// Each side goes first, second and last in turn.
 			for range i % len(sides) {
@@ -127,14 +112,6 @@ func BenchmarkRelayThroughput(b *testing.B) {
 		"kswitch ÷ sarama %.2f, kswitch ÷ franz-go %.2f (target ≥ 1.0: %s); process CPU per record (brokers included) kswitch %.1f µs, sarama %.1f µs, franz-go %.1f µs: kswitch ÷ franz-go %.2f (target ≤ 1.1: %s)\n",
 		relayRecords, relayValueBytes, relayPartitions, k, kswitch.rates, base, baseline.rates, fr, franz.rates,
 		k/base, k/fr, met(k/fr >= 1.0), kcpu, basecpu, frcpu, kcpu/frcpu, met(kcpu/frcpu <= 1.1))
-	if len(direct.rates) > 0 {
-		d, dcpu := median(direct.rates), median(direct.cpu)
-		b.ReportMetric(d, "kswitch-direct-records/s")
-		b.ReportMetric(d/k, "direct/kswitch")
-		b.ReportMetric(dcpu, "kswitch-direct-cpu-µs/record")
-		fmt.Printf("kswitch with the direct producer: %.0f records/s (rounds %.0f), %.1f µs CPU per record: ÷ kswitch on %s %.2f, ÷ franz-go %.2f\n",
-			d, direct.rates, dcpu, routing.DefaultProduce(), d/k, d/fr)
-	}
 }
 
 // exactlyOnceRounds is how many rounds of each delivery mode

@@ -14,32 +14,14 @@ import (
 	"github.com/kswitch/kswitch/internal/kafka"
 )
 
-// The produce paths of a router (Options.Produce), until the direct one
-// is the only one (docs/RELAY.md §7).
-const (
-	// ProduceSarama produces through sarama's idempotent AsyncProducer,
-	// one per cluster, compression and acks; the router sends again, in
-	// source order, what it fails (recovery.go).
-	ProduceSarama = "sarama"
-	// ProduceDirect produces through internal/kafka's Producer, one per
-	// cluster and acks: the router picks the partition, the producer
-	// retries in place without limit and gives back only what the
-	// destination refused for good. The default.
-	ProduceDirect = "direct"
-)
-
-// defaultProduce is the path of a router whose Options.Produce is empty:
-// the tests set it from KSWITCH_RELAY_PATH.
-var defaultProduce = ProduceDirect
-
-// errRetired fails the produces a retired direct producer did not finish
+// errRetired fails the produces a retired producer did not finish
 // (SetClusters): they are sent again, in order, through the new one.
 var errRetired = errors.New("routing: the cluster's definition changed; sending again through a producer with the new one")
 
-// send hands om to its producer: om.msg to sarama's, or om.km to the
-// direct one. On the direct path a produce that cannot be placed (no
-// partition count for its topic, or a manual partition the topic lacks)
-// is failed as the sarama path would fail it, and send returns nil. The
+// send hands om to its producer (internal/kafka's Producer, which never
+// blocks). A produce that cannot be placed (no partition count for its
+// topic, or a manual partition the topic lacks) is failed (Router.failed:
+// held, or refused for good), and send returns nil. The
 // count comes from the producer's cache and never waits on the network:
 // a topic the producer has not seen is looked up in the background
 // (kafka.ErrPartitionsUnknown) while its first records are held and its
@@ -47,9 +29,6 @@ var errRetired = errors.New("routing: the cluster's definition changed; sending 
 // is known (recovery.go).
 func (r *Router) send(ctx context.Context, om *outMsg) error {
 	pr := om.pr
-	if pr.kp == nil {
-		return pr.send(ctx, r.loopCtx.Done(), om.msg)
-	}
 	km := directMessage(om, om.msg.Timestamp)
 	n, err := pr.kp.Partitions(km.Topic)
 	if err == nil {
@@ -73,8 +52,8 @@ func (r *Router) send(ctx context.Context, om *outMsg) error {
 	return nil
 }
 
-// directMessage fills om.km from om.msg, stamped ts, for the direct
-// producers (its partition is chosen next), and returns it.
+// directMessage fills om.km from om.msg, stamped ts (its partition is
+// chosen next), and returns it.
 func directMessage(om *outMsg, ts time.Time) *kafka.Message {
 	m := om.msg
 	om.km = kafka.Message{Topic: m.Topic, Key: encoded(m.Key), Value: encoded(m.Value), Headers: m.Headers,
@@ -82,9 +61,10 @@ func directMessage(om *outMsg, ts time.Time) *kafka.Message {
 	return &om.km
 }
 
-// partition chooses om's partition among n by its channel's partitioner,
-// as partitioner.go does on the sarama path: a manual partition the topic
-// does not have is sarama.ErrInvalidPartition (the dead-letter channel).
+// partition chooses om's partition among n by its channel's partitioner
+// (hash: kafka.HashPartition, sarama's murmur2 byte for byte; random;
+// round-robin per topic; manual): a manual partition the topic does not
+// have is sarama.ErrInvalidPartition (the dead-letter channel).
 func (pr *producer) partition(om *outMsg, key []byte, n int32) (int32, error) {
 	if n <= 0 {
 		return -1, fmt.Errorf("topic %s has no partitions: %w", om.ch.Topic, sarama.ErrInvalidPartition)
@@ -154,7 +134,7 @@ func acksOf(acks string) sarama.RequiredAcks {
 	}
 }
 
-// directHandler receives the outcomes of one direct producer's messages
+// directHandler receives the outcomes of one producer's messages
 // (kafka.ProduceHandler) on its sink goroutines: none of its calls
 // blocks.
 type directHandler struct {
@@ -171,7 +151,7 @@ func (h *directHandler) Acked(msgs []*kafka.Message, _ int64) {
 
 // Refused fails a produce its destination refused for good: the
 // dead-letter channel, a reference, or its partition blocked
-// (refusedForGood), as on the sarama path.
+// (refusedForGood).
 func (h *directHandler) Refused(m *kafka.Message, err error) {
 	om := m.Ref.(*outMsg)
 	if h.r.loopCtx.Err() != nil {
@@ -197,13 +177,13 @@ func (h *directHandler) Unfinished(msgs []*kafka.Message) {
 }
 
 // stallError returns the last error of the partitions of ds's topic that
-// wait in its direct producer (kafka.Producer.Stalled), or nil: none
-// waits, or ds goes through sarama's producer, which tells none.
+// wait in its producer (kafka.Producer.Stalled), or nil: none waits, or
+// ds has no producer (none yet, or an exactly_once stream's).
 func (ds *destState) stallError() error {
 	ds.enterMu.Lock()
 	pr := ds.sending
 	ds.enterMu.Unlock()
-	if pr == nil || pr.kp == nil {
+	if pr == nil {
 		return nil
 	}
 	if st, ok := pr.kp.Stalled(ds.dest.topic, 0); ok {
@@ -222,12 +202,12 @@ const (
 	bumpProblemFor = time.Minute
 )
 
-// sampleProducers exports the direct producers' counters (epoch bumps,
+// sampleProducers exports the producers' counters (epoch bumps,
 // duplicate sequences) and notes a new producer id wanted within
 // bumpRepeat of the one before (kafka.ProducerStats.BumpsDelayed). It
 // runs on the loop every second.
 func (r *Router) sampleProducers(now time.Time) {
-	for _, pr := range r.pool.directs() {
+	for _, pr := range r.pool.all() {
 		st := pr.kp.Stats()
 		if d := st.Duplicates - pr.seen.Duplicates; d > 0 {
 			r.m.duplicates.WithLabelValues(pr.key.cluster).Add(float64(d))
@@ -254,7 +234,7 @@ func (r *Router) sampleProducers(now time.Time) {
 // bumpProblemFor ago.
 func (r *Router) bumpProblems(now time.Time) []string {
 	var out []string
-	for _, pr := range r.pool.directs() {
+	for _, pr := range r.pool.all() {
 		at := pr.bumpRepeated.Load()
 		if at == 0 || now.Sub(time.Unix(0, at)) > bumpProblemFor {
 			continue

@@ -19,11 +19,10 @@ import (
 // TestClusterRedefinedDuringAnOutageKeepsSourceOrder: the definition of
 // the channel's cluster changes (its client id: another producer) while
 // the cluster refuses connections and records wait inside the producer.
-// On the direct path the retired producer never gives a record up by
-// itself: it is closed (retireWait), what it did not finish is held and
-// sent again, in source order, through the new producer once the cluster
-// is back. On both paths every record is acknowledged and each source
-// partition reaches the channel in order.
+// The retired producer never gives a record up by itself: it is closed
+// (retireWait), what it did not finish is held and sent again, in source
+// order, through the new producer once the cluster is back. Every record
+// is acknowledged and each source partition reaches the channel in order.
 func TestClusterRedefinedDuringAnOutageKeepsSourceOrder(t *testing.T) {
 	w, r, f := orderedWorld(t, nil, nil)
 	c := w.kafkas["C"]
@@ -34,30 +33,27 @@ func TestClusterRedefinedDuringAnOutageKeepsSourceOrder(t *testing.T) {
 	cl.ClientID = "kswitch-redefined"
 	clusters["C"] = cl
 	r.SetClusters(clusters)
-	if r.opts.Produce == ProduceDirect {
-		// The outage outlasts the retired producer: what it held comes
-		// back to the router, to be sent again through the new one.
-		ds := r.cur.Load().channels["c"].ds
-		wait.For(t, retireWait+5*time.Second, "the retired producer's records held", func() error {
-			r.mu.Lock()
-			defer r.mu.Unlock()
-			if n := len(ds.rec.held); n == 0 {
-				return errors.New("none held")
-			}
-			return nil
-		})
-	}
+	// The outage outlasts the retired producer: what it held comes back
+	// to the router, to be sent again through the new one.
+	ds := r.cur.Load().channels["c"].ds
+	wait.For(t, retireWait+5*time.Second, "the retired producer's records held", func() error {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if n := len(ds.rec.held); n == 0 {
+			return errors.New("none held")
+		}
+		return nil
+	})
 	c.Recover()
 	late, counted := w.orderAfterRecovery(r, f, "redefined")
 	requireCounted(t, r, late)
-	requireInOrderOnDirect(t, r, late)
+	requireInOrder(t, r, late)
 	if late > 0 {
 		t.Errorf("%d records reached the channel after a later one of their partition (%v counted by the router)", late, counted)
 	}
 }
 
-// TestRepeatedEpochBumpsTellReadiness (direct path, whatever
-// KSWITCH_RELAY_PATH says): the channel's broker answers two produces of
+// TestRepeatedEpochBumpsTellReadiness: the channel's broker answers two produces of
 // a partition in a row OUT_OF_ORDER_SEQUENCE_NUMBER, so the producer
 // wants a new producer id twice, the second right after the first (one
 // resend apart), and takes the second 5 s after the first (one bump per
@@ -65,7 +61,6 @@ func TestClusterRedefinedDuringAnOutageKeepsSourceOrder(t *testing.T) {
 // as the second is wanted, records go on flowing in order, and
 // kswitch_routing_epoch_bumps_total counts both bumps.
 func TestRepeatedEpochBumpsTellReadiness(t *testing.T) {
-	t.Cleanup(SetDefaultProduce(ProduceDirect))
 	w, r, f := orderedWorld(t, nil, nil)
 	w.kafkas["C"].Cluster().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "c", Partitions: []int32{0},
 		Err: kerr.OutOfOrderSequenceNumber, Count: 2})
@@ -77,7 +72,7 @@ func TestRepeatedEpochBumpsTellReadiness(t *testing.T) {
 	})
 	late, counted := w.orderAfterRecovery(r, f, "bumped")
 	requireCounted(t, r, late)
-	requireInOrderOnDirect(t, r, late)
+	requireInOrder(t, r, late)
 	wait.For(t, 10*time.Second, "both bumps counted", func() error { // sampled every second
 		if got := metricValue(r.m.bumps.WithLabelValues("C")); got != 2 {
 			return fmt.Errorf("kswitch_routing_epoch_bumps_total = %v, want 2", got)
@@ -88,8 +83,8 @@ func TestRepeatedEpochBumpsTellReadiness(t *testing.T) {
 }
 
 // TestHeadersReachTheChannel: a record's headers reach its channel as
-// they were consumed, in order, on either path (the direct one hands the
-// producer the record's own headers, not a copy).
+// they were consumed, in order (the producer is handed the record's own
+// headers, not a copy).
 func TestHeadersReachTheChannel(t *testing.T) {
 	w := newWorld(t, map[string][]string{"C": {"c"}}, "A", "C")
 	w.cfg.Routing = Config{

@@ -49,10 +49,15 @@
 // a cluster not produced to before is opening. Records of other channels
 // keep flowing.
 //
-// A produce that fails past sarama's retries is retried by the router with
-// a backoff up to RetryBackoffMax, until it succeeds: a destination
-// cluster that is down makes its channels' records wait, and nothing is
-// lost when it returns. Records the destination refuses for good (too
+// A producer retries a produce in place, without limit and in order, while
+// its destination is away: a destination cluster that is down makes its
+// channels' records wait (the destination is failing after a second
+// without an acknowledgement), and nothing is lost when it returns. The
+// few produces that come back to the router without being refused for good
+// (a topic whose partition count is not known yet, a producer retired when
+// its cluster was redefined) are held and sent again in source order with
+// a backoff up to RetryBackoffMax (recovery.go). Records the destination
+// refuses for good (too
 // large, invalid, not authorised, a partition that does not exist) go to
 // the dead-letter channel when there is one. A rule or key expression that
 // fails to evaluate sends the record to the dead-letter channel too, with
@@ -72,17 +77,25 @@
 // kswitch_routing_dead_lettered_total), so one costly rule cannot stop
 // consumption, and a version that replaces it always takes effect.
 //
-// Delivery is at least once: a record whose produce is retried can arrive
-// twice, and after a retry it can arrive after records that followed it.
+// Delivery is at least once on an at_least_once cluster: a record is
+// produced again after its producer lost track of it (a retired
+// producer's unfinished records, a partition's next owner consuming what
+// was not acknowledged), so it can arrive twice; the order of a source
+// partition's records on a channel is kept. An exactly_once cluster gets
+// each record once (txn.go).
 //
 // # Producers
 //
-// One sarama AsyncProducer per destination cluster, idempotent (acks all),
-// is shared by the channels on it; channels that ask for another
-// compression or acks get one producer per such combination. A producer
-// opens in the background when a version that routes to it comes into
-// force (a record that finds it still connecting waits at most OpenWait),
-// and is closed, after its records are acknowledged, once no channel
-// that a rule, the default route or the dead-letter of the version in force
-// names is on it.
+// One internal/kafka Producer per destination cluster and acks, idempotent
+// with acks all, is shared by the channels on it; the compression is the
+// channel's, per batch. The router chooses each record's partition by its
+// channel's partitioner (direct.go). A producer opens in the background
+// when a version that routes to it comes into force (a record that finds
+// it still connecting waits at most OpenWait), and is closed, after its
+// records are acknowledged, once no channel that a rule, the default
+// route or the dead-letter of the version in force names is on it. An
+// exactly_once cluster has one transactional Producer of its own, with a
+// kafka.TxnStream per source partition's stream (txn.go, txn_direct.go).
+// sarama remains the protocol layer (requests, Broker, Client); no sarama
+// AsyncProducer is on the record path.
 package routing

@@ -29,8 +29,8 @@ type metrics struct {
 	producers     prometheus.Gauge
 	skipped       prometheus.Counter
 	reordered     prometheus.Counter
-	bumps         *prometheus.CounterVec // cluster; the direct path's
-	duplicates    *prometheus.CounterVec // cluster; the direct path's
+	bumps         *prometheus.CounterVec // cluster; at_least_once producers only
+	duplicates    *prometheus.CounterVec // cluster; at_least_once producers only
 	txns          *prometheus.CounterVec // cluster, outcome
 }
 
@@ -66,11 +66,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"cluster"}),
 		duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kswitch_routing_duplicate_sequence_total",
-			Help: "Batches the direct producer sent again that the destination already had (DUPLICATE_SEQUENCE_NUMBER), by cluster.",
+			Help: "Batches a producer sent again that the destination already had (DUPLICATE_SEQUENCE_NUMBER), by cluster.",
 		}, []string{"cluster"}),
 		reordered: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kswitch_routing_reordered_total",
-			Help: "Records that reached their channel before an earlier record of the same source partition that had failed (sarama's producer sent the later one at the instant its cluster came back); each is logged with its partition.",
+			Help: "Records that reached their channel before an earlier record of the same source partition that had failed and was held to be sent again (0 by design); each is logged with its partition.",
 		}),
 		txns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kswitch_routing_transactions_total",
@@ -101,7 +101,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"reason"}),
 		producers: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kswitch_routing_producers",
-			Help: "Producers open (one per destination cluster and compression/acks combination in use).",
+			Help: "Producers open (one per destination cluster and acks in use).",
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.version, m.refused, m.routed, m.rules, m.dropped, m.dead, m.latency, m.failures, m.waits, m.producers, m.skipped, m.reordered, m.bumps, m.duplicates, m.txns} {

@@ -11,100 +11,59 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/IBM/sarama"
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/internal/kafka"
 )
 
-// producerKey identifies a producer: the cluster, and the settings that
-// sarama applies per producer rather than per message.
+// producerKey identifies a producer: the cluster, and the acks, which a
+// producer applies to all it sends (the compression is per batch).
 type producerKey struct {
-	cluster, compression, acks string
-	// single is set on the producer that sends one record a request:
-	// what a destination refused as too large in a batch is sent again
-	// alone (recovery.go), so that only the record that is too large is
-	// judged so.
-	single bool
+	cluster, acks string
 }
 
 func (k producerKey) String() string {
-	s := k.cluster
-	if k.compression != "none" || k.acks != "all" {
-		s = fmt.Sprintf("%s (compression %s, acks %s)", k.cluster, k.compression, k.acks)
+	if k.acks != "all" {
+		return fmt.Sprintf("%s (acks %s)", k.cluster, k.acks)
 	}
-	if k.single {
-		s += " (one record a request)"
-	}
-	return s
+	return k.cluster
 }
 
 // errClosed is returned once the router is closing.
 var errClosed = errors.New("routing: router closed")
 
-// producer is one sarama AsyncProducer, or one direct kafka.Producer,
-// and the count of the messages it holds. A producer is closed only when
-// its count is 0, and the count is raised under the pool's read lock, so
-// nothing is sent to a closed producer.
+// producer is one kafka.Producer and the count of the messages it holds.
+// A producer is closed only when its count is 0, and the count is raised
+// under the pool's read lock, so nothing is sent to a closed producer.
 type producer struct {
 	key producerKey
-	p   sarama.AsyncProducer // nil on the direct path
-	// kp is the direct path's producer (nil on sarama's), and
-	// roundRobin its per-topic counters (topic → *atomic.Uint32).
+	// kp is the producer, and roundRobin its per-topic counters (topic →
+	// *atomic.Uint32).
 	kp         *kafka.Producer
 	roundRobin sync.Map
-	// client is p's own: closed once p has finished, or by a close that
-	// timed out, which ends the retries p would otherwise go on with.
-	// Nil on the direct path.
-	client sarama.Client
-	// users counts the messages given to p (or about to be) whose fate is
-	// not settled: not yet acknowledged, or failed and waiting to be sent
-	// again to p.
+	// users counts the messages given to kp (or about to be) whose fate
+	// is not settled: not yet acknowledged, or failed and waiting to be
+	// sent again to kp.
 	users atomic.Int64
-	// sendMu is held (read) while sending to p's input, and (write) to
-	// close it: a belt and braces for Close after a drain timeout.
+	// sendMu is held (read) while producing to kp, and (write) to close
+	// it: a belt and braces for Close after a drain timeout.
 	sendMu sync.RWMutex
 	closed bool          // under sendMu
-	done   chan struct{} // closed when the results loop returned
+	done   chan struct{} // closed when kp.Close returned
 	// retired is set when the definition of the producer's cluster
 	// changed: messages it failed are sent again through a new producer.
 	retired atomic.Bool
 	// gone is set once the pool closes the producer or is about to (see
 	// acquireFor).
 	gone atomic.Bool
-	// The direct producer's counters at the router's last sample, when
+	// The producer's counters at the router's last sample, when
 	// it last took a new producer id, and when it took one less than
 	// bumpRepeat after the one before (unix ns; 0: never): on the loop
 	// (sampleProducers) but bumpRepeated, read by DeliveryProblem.
 	seen         kafka.ProducerStats
 	bumpAt       time.Time
 	bumpRepeated atomic.Int64
-}
-
-// send hands m to the producer. It blocks while sarama's input is full,
-// until ctx or stop ends.
-func (p *producer) send(ctx context.Context, stop <-chan struct{}, m *sarama.ProducerMessage) error {
-	p.sendMu.RLock()
-	defer p.sendMu.RUnlock()
-	if p.closed {
-		return errClosed
-	}
-	// Most sends find room: try without the select over three channels,
-	// which costs several times more.
-	select {
-	case p.p.Input() <- m:
-		return nil
-	default:
-	}
-	select {
-	case p.p.Input() <- m:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-stop:
-		return errClosed
-	}
 }
 
 // opening is a producer being opened in the background, or the failure
@@ -115,8 +74,10 @@ type opening struct {
 	at   time.Time     // when it ended
 }
 
-// closeAbortWait bounds how long close waits for the producers whose
-// clients it closed because they did not finish in time.
+// closeAbortWait bounds how long a producer's Close may take when the
+// caller has no deadline of its own (sweep, or an opening that finished
+// after the pool closed), and how long the pool's close waits for its
+// goroutines after its ctx ended.
 const closeAbortWait = 5 * time.Second
 
 // openRetry is how long after a failed attempt to open a producer the next
@@ -127,17 +88,11 @@ const openRetry = time.Second
 // concurrent use.
 type pool struct {
 	log *zap.Logger
-	// onResult receives every outcome of every producer, from that
-	// producer's results goroutine. It must not block for long: sarama
-	// waits for it.
-	onResult func(p *producer, m *sarama.ProducerMessage, err error)
 	// opened is told about each producer opened and closed.
 	opened func(k producerKey, open bool)
-	// handler, when set, makes the pool's producers direct ones
-	// (Options.Produce "direct"): it returns the handler of each.
+	// handler returns the handler of each producer opened.
 	handler func() *directHandler
-	// ctx ends when the pool closes: it bounds the opening of direct
-	// producers.
+	// ctx ends when the pool closes: it bounds the opening of producers.
 	ctx    context.Context
 	cancel context.CancelFunc
 
@@ -149,23 +104,15 @@ type pool struct {
 	retired []*producer
 	opening map[producerKey]*opening
 	closed  bool
-	wg      sync.WaitGroup // the opening and results goroutines
+	wg      sync.WaitGroup // the opening and closing goroutines
 }
 
-func newPool(clusters map[string]config.Cluster, log *zap.Logger) *pool {
+// newPool returns a pool whose producers report to the handlers handler
+// returns, one per producer.
+func newPool(clusters map[string]config.Cluster, log *zap.Logger, handler func() *directHandler) *pool {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &pool{clusters: clusters, log: log, live: map[producerKey]*producer{}, opening: map[producerKey]*opening{},
-		onResult: func(*producer, *sarama.ProducerMessage, error) {}, opened: func(producerKey, bool) {}, ctx: ctx, cancel: cancel}
-}
-
-// norm returns the key of the producer that k's produces go through: on
-// the direct path one producer serves every compression of a cluster and
-// acks (the codec is per batch).
-func (p *pool) norm(k producerKey) producerKey {
-	if p.handler != nil {
-		k.compression = "none"
-	}
-	return k
+		opened: func(producerKey, bool) {}, handler: handler, ctx: ctx, cancel: cancel}
 }
 
 // acquire returns the producer of k with its user count raised by n,
@@ -173,7 +120,6 @@ func (p *pool) norm(k producerKey) producerKey {
 // ctx ends) for an opening, then fails, and an attempt that failed less
 // than openRetry ago fails at once with that attempt's error.
 func (p *pool) acquire(ctx context.Context, k producerKey, n int64, wait time.Duration) (*producer, error) {
-	k = p.norm(k)
 	var timeout <-chan time.Time
 	for {
 		p.mu.RLock()
@@ -254,7 +200,6 @@ func (p *pool) startOpening(k producerKey) *opening {
 // warm starts opening the producer of k in the background, unless it is
 // open or startOpening would not start it.
 func (p *pool) warm(k producerKey) {
-	k = p.norm(k)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !p.closed && p.live[k] == nil {
@@ -264,44 +209,6 @@ func (p *pool) warm(k producerKey) {
 
 // release lowers pr's user count by n.
 func (p *pool) release(pr *producer, n int64) { pr.users.Add(-n) }
-
-// open opens the producer of k; its outcome is in o and, on success, in
-// p.live.
-func (p *pool) open(k producerKey, o *opening) {
-	defer p.wg.Done()
-	if p.handler != nil {
-		p.openDirect(k, o)
-		return
-	}
-	ap, client, err := p.newProducer(k)
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	defer close(o.done)
-	o.at = time.Now()
-	if err != nil {
-		o.err = fmt.Errorf("routing: open a producer for cluster %s: %w", k, err)
-		p.log.Warn("cannot open producer; records for its channels wait", zap.Stringer("producer", k), zap.Error(err))
-		return
-	}
-	if p.closed {
-		o.err = errClosed
-		ap.AsyncClose()
-		p.wg.Add(1)
-		go func() {
-			defer p.wg.Done()
-			drainProducer(ap)
-			_ = client.Close()
-		}()
-		return
-	}
-	pr := &producer{key: k, p: ap, client: client, done: make(chan struct{})}
-	p.live[k] = pr
-	delete(p.opening, k)
-	p.wg.Add(1)
-	go p.results(pr)
-	p.opened(k, true)
-	p.log.Info("producer opened", zap.Stringer("producer", k))
-}
 
 // setClusters puts new cluster definitions in force: the producers of a
 // cluster whose definition changed are retired (the next message opens a
@@ -318,13 +225,11 @@ func (p *pool) setClusters(clusters map[string]config.Cluster) {
 			pr.retired.Store(true)
 			p.retired = append(p.retired, pr)
 			p.log.Info("cluster definition changed: the producer is replaced", zap.Stringer("producer", k))
-			if pr.kp != nil {
-				// It never gives up a record: closed now, what it did not
-				// finish comes back (Unfinished) and is sent again
-				// through the new producer, in order.
-				ctx, cancel := context.WithTimeout(p.ctx, retireWait)
-				p.shut(ctx, pr, cancel)
-			}
+			// It never gives up a record: closed now, what it did not
+			// finish comes back (Unfinished) and is sent again through
+			// the new producer, in order.
+			ctx, cancel := context.WithTimeout(p.ctx, retireWait)
+			p.shut(ctx, pr, cancel)
 		}
 	}
 	for k, o := range p.opening {
@@ -334,14 +239,15 @@ func (p *pool) setClusters(clusters map[string]config.Cluster) {
 	}
 }
 
-// directOpenTimeout bounds the opening of a direct producer (its
+// directOpenTimeout bounds the opening of a producer (its
 // metadata, then InitProducerID retried): acquire gives up waiting after
 // Options.OpenWait, and the next attempt starts openRetry after a failure.
 const directOpenTimeout = 10 * time.Second
 
-// openDirect opens the direct producer of k; its outcome is in o and, on
-// success, in p.live.
-func (p *pool) openDirect(k producerKey, o *opening) {
+// open opens the producer of k; its outcome is in o and, on success, in
+// p.live.
+func (p *pool) open(k producerKey, o *opening) {
+	defer p.wg.Done()
 	p.mu.RLock()
 	cl, ok := p.clusters[k.cluster]
 	p.mu.RUnlock()
@@ -381,70 +287,12 @@ func (p *pool) openDirect(k producerKey, o *opening) {
 	p.live[k] = pr
 	delete(p.opening, k)
 	p.opened(k, true)
-	p.log.Info("producer opened", zap.Stringer("producer", k), zap.String("path", ProduceDirect))
-}
-
-func (p *pool) newProducer(k producerKey) (sarama.AsyncProducer, sarama.Client, error) {
-	p.mu.RLock()
-	cl, ok := p.clusters[k.cluster]
-	p.mu.RUnlock()
-	if !ok {
-		return nil, nil, fmt.Errorf("cluster %q is not configured", k.cluster)
-	}
-	sc, err := ProducerConfig(cl, k.compression, k.acks)
-	if err != nil {
-		return nil, nil, err
-	}
-	if k.single {
-		sc.Producer.Flush.MaxMessages = 1
-	}
-	client, err := sarama.NewClient(cl.Brokers, sc)
-	if err != nil {
-		return nil, nil, err
-	}
-	ap, err := sarama.NewAsyncProducerFromClient(client)
-	if err != nil {
-		_ = client.Close()
-		return nil, nil, err
-	}
-	return ap, client, nil
-}
-
-// results hands each outcome of pr to onResult until sarama closes its
-// channels (after AsyncClose).
-func (p *pool) results(pr *producer) {
-	defer p.wg.Done()
-	defer close(pr.done)
-	defer pr.client.Close()
-	succ, errs := pr.p.Successes(), pr.p.Errors()
-	for succ != nil || errs != nil {
-		select {
-		case m, ok := <-succ:
-			if !ok {
-				succ = nil
-				continue
-			}
-			p.onResult(pr, m, nil)
-		case e, ok := <-errs:
-			if !ok {
-				errs = nil
-				continue
-			}
-			p.onResult(pr, e.Msg, e.Err)
-		}
-	}
+	p.log.Info("producer opened", zap.Stringer("producer", k))
 }
 
 // sweep closes, and waits for, the producers that used does not name and
 // that hold no message, and forgets failed openings of unused producers.
 func (p *pool) sweep(used map[producerKey]bool) {
-	if p.handler != nil {
-		norm := make(map[producerKey]bool, len(used))
-		for k := range used {
-			norm[p.norm(k)] = true
-		}
-		used = norm
-	}
 	var idle []*producer
 	p.mu.Lock()
 	for k, pr := range p.live {
@@ -481,14 +329,12 @@ func (p *pool) sweep(used map[producerKey]bool) {
 	}
 }
 
-// retireWait bounds how long a retired direct producer may go on with what
-// it holds before the rest is sent again through the new producer.
+// retireWait bounds how long a retired producer may go on with what it
+// holds before the rest is sent again through the new producer.
 const retireWait = 5 * time.Second
 
-// shut starts closing pr; its results loop ends once sarama has finished,
-// or, on the direct path, pr.done is closed once Close(ctx) returned;
-// cancel is called then (at once on sarama's path, or when pr was shut
-// already).
+// shut starts closing pr: pr.done is closed once pr.kp.Close(ctx)
+// returned, and cancel is called then (at once when pr was shut already).
 func (p *pool) shut(ctx context.Context, pr *producer, cancel context.CancelFunc) {
 	pr.sendMu.Lock()
 	defer pr.sendMu.Unlock()
@@ -497,11 +343,6 @@ func (p *pool) shut(ctx context.Context, pr *producer, cancel context.CancelFunc
 		return
 	}
 	pr.closed = true
-	if pr.kp == nil {
-		cancel()
-		pr.p.AsyncClose()
-		return
-	}
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
@@ -511,22 +352,12 @@ func (p *pool) shut(ctx context.Context, pr *producer, cancel context.CancelFunc
 	}()
 }
 
-// directs returns the direct producers open now, retired ones included.
-func (p *pool) directs() []*producer {
+// all returns the producers open now, retired ones included.
+func (p *pool) all() []*producer {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	var out []*producer
-	for _, pr := range p.live {
-		if pr.kp != nil {
-			out = append(out, pr)
-		}
-	}
-	for _, pr := range p.retired {
-		if pr.kp != nil {
-			out = append(out, pr)
-		}
-	}
-	return out
+	out := slices.Collect(maps.Values(p.live))
+	return append(out, p.retired...)
 }
 
 // keys returns the producers open now.
@@ -566,35 +397,11 @@ func (p *pool) close(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 	}
-	// A producer still retrying a destination that does not answer
-	// finishes once its client is closed: what it held is not
+	// Each producer's Close returns once ctx ended: what it held is not
 	// acknowledged (its records are consumed again by the next owner).
-	for _, pr := range live {
-		if pr.client != nil {
-			_ = pr.client.Close()
-		}
-	}
 	select {
 	case <-done:
 	case <-time.After(closeAbortWait):
 	}
 	return fmt.Errorf("routing: close producers: %w", ctx.Err())
-}
-
-// drainProducer reads a closing producer's channels until sarama closes
-// them.
-func drainProducer(ap sarama.AsyncProducer) {
-	succ, errs := ap.Successes(), ap.Errors()
-	for succ != nil || errs != nil {
-		select {
-		case _, ok := <-succ:
-			if !ok {
-				succ = nil
-			}
-		case _, ok := <-errs:
-			if !ok {
-				errs = nil
-			}
-		}
-	}
 }

@@ -10,7 +10,14 @@ import (
 
 // A destination whose produces fail is recovered in the order of the
 // records' source partitions, so that a channel receives the records of
-// one source partition in source order through every outage:
+// one source partition in source order through every outage. The
+// producer retries in place without limit, so a produce fails back to the
+// router, other than for good, only when it cannot be placed (the
+// partition count of its topic is not known: a topic the producer has not
+// seen, or a cluster without metadata yet), when its producer was retired
+// with it unfinished (errRetired: the cluster was redefined), or when the
+// destination refused it for an error that is not about the record
+// (permanent):
 //
 //   - a produce that fails other than for good joins the destination's
 //     held produces, and the destination is failing: Handle makes every
@@ -28,11 +35,10 @@ import (
 //   - the destination works again, and new records flow, only when a
 //     flush round leaves nothing held.
 //
-// sarama's producer can still, at the instant a cluster comes back, fail
-// a produce while a later one of the same partition it already held gets
-// through (it returns a message whose leader it cannot find without
-// retrying it). The router cannot undo that write; it counts it
-// (kswitch_routing_reordered_total) and logs the partition.
+// A record acknowledged while an earlier one of its source partition is
+// held reached the channel out of order: the router cannot undo that
+// write; it counts it (kswitch_routing_reordered_total, 0 by design) and
+// logs the partition.
 
 // recovery is the state of a failing destination, under Router.mu.
 type recovery struct {
@@ -46,10 +52,6 @@ type recovery struct {
 	// drainSince is when a round first found produces of the destination
 	// still inside its producer.
 	drainSince time.Time
-	// single: a held produce was refused as too large in a batch, so the
-	// rounds send one record a request, every held produce alike, so
-	// that they keep their order.
-	single bool
 }
 
 type roundKind int
@@ -62,7 +64,8 @@ const (
 
 // drainWaitMax bounds how long a round waits for the produces still
 // inside the destination's producer to return before it starts anyway
-// (sarama's own request timeouts return them well before).
+// (the producer retries without limit: a destination that does not
+// answer keeps them inside).
 const drainWaitMax = 30 * time.Second
 
 // hold adds a failed produce to its destination's held produces.
@@ -70,7 +73,7 @@ func (r *Router) hold(om *outMsg) {
 	r.mu.Lock()
 	// Failing is set under r.mu with the destination's recovery, so that
 	// an acknowledgement of another of its produces (another producer's
-	// results goroutine: the single producer, a retired one) does not
+	// sink goroutine: a retired one) does not
 	// find it failing but not recovering, and end its recovery
 	// (producedWhileRecovering) before this produce is held: new records
 	// would flow ahead of it.
@@ -82,7 +85,6 @@ func (r *Router) hold(om *outMsg) {
 	rc := &om.ds.rec
 	om.heldAt = time.Now()
 	rc.held = append(rc.held, om)
-	rc.single = rc.single || om.single
 	if om.resent {
 		om.resent = false
 		rc.resending--
@@ -242,7 +244,6 @@ func (r *Router) recoverDue(now time.Time) time.Duration {
 		rc.resending = len(batch)
 		for _, om := range batch {
 			om.resent = true
-			om.single = om.single || rc.single
 		}
 		sends = append(sends, batch...)
 	}
@@ -272,11 +273,10 @@ func (r *Router) recoverDue(now time.Time) time.Duration {
 // when om was held again, its producer not to be had now.
 func (r *Router) sendAgain(om *outMsg) bool {
 	ctx := r.loopCtx
-	if key := om.pr.key; om.pr.retired.Load() || key.single != om.single {
-		// The cluster's definition changed (SetClusters), or the record
-		// goes alone: send it again through the producer it needs.
-		key.single = om.single
-		pr, err := r.pool.acquire(ctx, key, 1, r.opts.OpenWait)
+	if om.pr.retired.Load() {
+		// The cluster's definition changed (SetClusters): send it again
+		// through a producer with the new one.
+		pr, err := r.pool.acquire(ctx, om.pr.key, 1, r.opts.OpenWait)
 		if err != nil {
 			om.failures++
 			om.lastErr = err

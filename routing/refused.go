@@ -100,7 +100,7 @@ func (r *Router) toDeadLetter(om *outMsg, dl *channel, reference bool) bool {
 	if om.blocks != nil {
 		r.unblock(om)
 	}
-	om.ch, om.ds, om.pr, om.msg, om.dead, om.failures, om.single = dl, dm.ds, pr, dm.msg, true, 0, false
+	om.ch, om.ds, om.pr, om.msg, om.dead, om.failures = dl, dm.ds, pr, dm.msg, true, 0
 	om.msg.Metadata = om
 	om.ds.inFlight.Add(1)
 	return true

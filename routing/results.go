@@ -14,10 +14,6 @@ import (
 // topic missing, timeouts) is about the destination, whose records wait
 // for it.
 func permanent(err error) bool {
-	var ce sarama.ConfigurationError
-	if errors.As(err, &ce) {
-		return true // larger than Producer.MaxMessageBytes
-	}
 	for _, p := range []error{
 		sarama.ErrInvalidPartition, // manual-same-partition beyond the topic's partitions
 		sarama.ErrMessageSizeTooLarge, sarama.ErrMessageSetSizeTooLarge, sarama.ErrInvalidRecord,
@@ -29,30 +25,6 @@ func permanent(err error) bool {
 		}
 	}
 	return false
-}
-
-// tooLargeInBatch reports whether a broker refused a produce as too large:
-// it refuses the batch, so the error may be another record's.
-func tooLargeInBatch(err error) bool {
-	return errors.Is(err, sarama.ErrMessageSizeTooLarge) || errors.Is(err, sarama.ErrMessageSetSizeTooLarge)
-}
-
-// onResult settles one produce outcome. It runs on the producer's results
-// goroutine and does not block: a failure is queued for the loop.
-func (r *Router) onResult(pr *producer, msg *sarama.ProducerMessage, err error) {
-	om, ok := msg.Metadata.(*outMsg)
-	if !ok {
-		return
-	}
-	if err == nil {
-		r.produced(om)
-		return
-	}
-	if r.loopCtx.Err() != nil {
-		r.settle(om) // closing: not acknowledged, consumed again by the next owner
-		return
-	}
-	r.failed(om, err)
 }
 
 // produced settles a produce that the destination acknowledged, and
@@ -88,13 +60,7 @@ func (r *Router) failed(om *outMsg, err error) {
 		r.log.Debug("produce failed", zap.Stringer("destination", om.ds.dest), zap.String("source", sourceOf(om.d.rec)),
 			zap.Int("failures", om.failures), zap.Error(err))
 	}
-	if tooLargeInBatch(err) && !om.single && (om.pr == nil || om.pr.kp == nil) {
-		// The broker refuses a whole batch that is too large, every
-		// record of it with the same error: send each again alone, in
-		// order, and judge only the one that is refused so. (A direct
-		// producer splits the batch itself and refuses only the record.)
-		om.single = true
-	} else if permanent(err) {
+	if permanent(err) {
 		r.leaveRound(om)
 		r.refusedForGood(om, err)
 		return

@@ -57,11 +57,6 @@ type Options struct {
 	// OnAck, when set, is called after each record is acknowledged, from
 	// the goroutine that acknowledged it. It must not block. For tests.
 	OnAck func(*record.Record)
-	// Produce is the path of the produces: ProduceDirect (the default;
-	// internal/kafka's Producer, and its TxnStream for exactly_once
-	// clusters) or ProduceSarama (sarama's AsyncProducer, idempotent or
-	// transactional), until docs/RELAY.md §7 step 8 deletes it.
-	Produce string
 }
 
 // Router is the routing sink, an record.Handler. New starts its one
@@ -181,10 +176,7 @@ type outMsg struct {
 	due          time.Time
 	resent       bool // sent again by a recovery round, not yet settled (under Router.mu)
 	heldAt       time.Time
-	// single is set once the destination refused the produce as too large
-	// in a batch: it is sent again alone before it is judged.
-	single    bool
-	overtaken bool // a later record of its partition reached the channel first (under Router.mu)
+	overtaken    bool // a later record of its partition reached the channel first (under Router.mu)
 	// deadReason is the reason a dead-letter produce is counted under
 	// once the dead-letter channel acknowledges it; reference is set on
 	// the reference that stands for a record the dead-letter channel
@@ -216,11 +208,6 @@ func New(cfg config.Config, sig func() signals.State, opts Options) (*Router, er
 		opts.RetryBackoffMax = 5 * time.Second
 	}
 	opts.RetryBackoffMax = max(opts.RetryBackoffMax, opts.RetryBackoff)
-	switch opts.Produce = cmp.Or(opts.Produce, defaultProduce); opts.Produce {
-	case ProduceSarama, ProduceDirect:
-	default:
-		return nil, fmt.Errorf("routing: Options.Produce %q is not %q or %q", opts.Produce, ProduceSarama, ProduceDirect)
-	}
 	if opts.Registerer == nil {
 		opts.Registerer = prometheus.NewRegistry()
 	}
@@ -256,11 +243,7 @@ func New(cfg config.Config, sig func() signals.State, opts Options) (*Router, er
 		}
 	}
 	r.txns = newTxnSet(r, cfg.Fleet, cfg.Clusters)
-	r.pool = newPool(cfg.Clusters, log)
-	r.pool.onResult = r.onResult
-	if opts.Produce == ProduceDirect {
-		r.pool.handler = func() *directHandler { return &directHandler{r: r} }
-	}
+	r.pool = newPool(cfg.Clusters, log, func() *directHandler { return &directHandler{r: r} })
 	r.pool.opened = func(_ producerKey, open bool) {
 		if open {
 			m.producers.Inc()
@@ -317,8 +300,9 @@ func (e *WaitError) Unwrap() error { return e.Err }
 // hands r to the producers of its channels, or drops it. It acknowledges r
 // once every produce is acknowledged. It returns an error when r must be
 // offered again: see WaitError, ErrNotReady, and EvalError when there is
-// no dead-letter channel. It blocks at most Options.OpenWait, or while a
-// producer's input is full, and never past ctx.
+// no dead-letter channel. It blocks at most Options.OpenWait (a producer
+// opening; on an exactly_once cluster, also the partition count of a topic
+// its Producer has not seen), and never past ctx.
 func (r *Router) Handle(ctx context.Context, rec *record.Record) error {
 	if r.closed.Load() {
 		return errClosed
@@ -476,8 +460,8 @@ func (r *Router) newMsg(rec *record.Record, ch *channel, rule string, key []byte
 	}
 	switch n := len(rec.Headers) + len(extra); {
 	case n == 0:
-	case extra == nil && r.opts.Produce == ProduceDirect:
-		// The direct producer only reads them: the record's own, not a
+	case extra == nil:
+		// The producer only reads them: the record's own, not a
 		// copy (record.Header has sarama.RecordHeader's layout: the
 		// conversion above newMsg compiles only so).
 		m.Headers = unsafe.Slice((*sarama.RecordHeader)(unsafe.Pointer(unsafe.SliceData(rec.Headers))), len(rec.Headers))

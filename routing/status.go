@@ -137,7 +137,8 @@ func (r *Router) Close(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("routing: %d produce(s) not acknowledged when closing: their records are consumed again by the next owner", left))
 		}
 		// Closing the producers gets its own few seconds even when the
-		// drain used all of ctx: sarama returns what it holds first.
+		// drain used all of ctx: each producer gives back what it
+		// holds (Unfinished) before it closes.
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeProducersTimeout)
 		defer cancel()
 		if err := r.pool.close(pctx); err != nil {

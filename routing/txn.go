@@ -26,9 +26,8 @@ import (
 //
 // The records of one source partition bound for channels on one
 // exactly_once cluster go through one transactional producer (a
-// txnProducer over its txnWire: a kafka.TxnStream on the cluster's
-// transactional Producer on the direct path, txn_direct.go; a sarama
-// AsyncProducer of its own on sarama's), whose
+// txnProducer over its wire, a kafka.TxnStream on the cluster's
+// transactional Producer: txn_direct.go), whose
 // transactional.id is derived from the fleet, the cluster and the
 // partition's stream (its logical topic, origin and number: the same for
 // every physical copy, so that an owner on B fences the last owner on A).
@@ -152,7 +151,7 @@ type txnProducer struct {
 	key txnKey
 	own owner
 	set *txnSet
-	w   txnWire // replaced, under mu, when it broke (reopen)
+	w   *directTxn // replaced, under mu, when it broke (reopen)
 	// committed is the position of the last committed transaction (read
 	// at open, then ours); nil when there is none.
 	committed *TxnPosition
@@ -210,8 +209,8 @@ type txnSet struct {
 	fenced  map[txnKey]owner
 	clients map[string]sarama.Client // per cluster, for the positions topic
 	ready   map[string]bool          // positions topic exists
-	// direct are the clusters' Producers that carry the streams on the
-	// direct path (txn_direct.go), one per cluster, opened under openMu.
+	// direct are the clusters' Producers that carry the streams
+	// (txn_direct.go), one per cluster, opened under openMu.
 	direct map[string]*producer
 	openMu sync.Mutex
 	closed bool
@@ -318,8 +317,9 @@ func (s *txnSet) acquire(ctx context.Context, k txnKey, own owner, wait time.Dur
 
 // releaseWait bounds how long release waits for the producers' commits or
 // openings in progress. An opening against a cluster that does not answer
-// can take longer (sarama's connection, metadata and InitProducerID
-// retries): it then fences whoever opened the stream's producer
+// can take longer (the cluster's Producer opening, the stream's
+// InitProducerID, each up to directOpenTimeout, and the position's read):
+// it then fences whoever opened the stream's producer
 // meanwhile, which is logged.
 const releaseWait = 15 * time.Second
 
@@ -463,36 +463,6 @@ func (s *txnSet) newProducer(k txnKey, own owner) (*txnProducer, error) {
 		stop: make(chan struct{}), done: make(chan struct{})}, nil
 }
 
-// txnWire is the transactional producer under a txnProducer: one
-// transactional.id, opened for one owner. It is a sarama AsyncProducer
-// with connections of its own (saramaTxn, Options.Produce ProduceSarama,
-// until step 8 of docs/RELAY.md §7 deletes it) or a kafka.TxnStream on
-// its cluster's direct Producer (directTxn, ProduceDirect). The
-// txnProducer's loop calls commit without the txnProducer's mu and never
-// while send runs (records given meanwhile are queued); send, place and
-// close may be called by any goroutine.
-type txnWire interface {
-	// place readies om to be sent, before any produce of its record is
-	// handed over (a record goes to all its channels or to none): the
-	// direct path chooses its partition here, waiting at most wait for
-	// the partition count of a topic its Producer has not seen.
-	place(ctx context.Context, om *outMsg, wait time.Duration) error
-	// send puts om in the open transaction, beginning one if needed;
-	// again is set when om was in an earlier transaction, aborted or
-	// left to a broken wire. Called with the txnProducer's mu held.
-	send(ctx context.Context, om *outMsg, again bool) error
-	// commit ends the open transaction, msgs, with the position record
-	// (key, value) as its last message. Its error is nil (committed),
-	// a *kafka.TxnAbortedError (aborted: its messages but refused are
-	// in a new transaction already, to commit next), fenced (see
-	// fenced) or else broken (the transaction's outcome is unknown:
-	// open the id again and read the position back).
-	commit(msgs []*outMsg, key, value []byte) (refused []*outMsg, err error)
-	// close stops the wire without committing; what it has open is
-	// aborted by the id's next opening or its transaction timeout.
-	close()
-}
-
 // positionWait bounds the reading of a stream's committed position when
 // its wire opens.
 const positionWait = 10 * time.Second
@@ -500,7 +470,7 @@ const positionWait = 10 * time.Second
 // openWire opens a wire with k's transactional.id, which fences the last
 // one (Kafka aborts its open transaction, so the position read next is
 // final), and reads the stream's committed position.
-func (s *txnSet) openWire(k txnKey) (txnWire, *TxnPosition, error) {
+func (s *txnSet) openWire(k txnKey) (*directTxn, *TxnPosition, error) {
 	s.mu.Lock()
 	cl, ok := s.clusters[k.cluster]
 	s.mu.Unlock()
@@ -511,12 +481,7 @@ func (s *txnSet) openWire(k txnKey) (txnWire, *TxnPosition, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	var w txnWire
-	if s.r.opts.Produce == ProduceDirect {
-		w, err = s.openDirect(k, cl)
-	} else {
-		w, err = s.openSarama(k, cl)
-	}
+	w, err := s.openDirect(k, cl)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -529,94 +494,6 @@ func (s *txnSet) openWire(k txnKey) (txnWire, *TxnPosition, error) {
 	}
 	return w, committed, nil
 }
-
-// saramaTxn is a sarama transactional AsyncProducer as a txnWire.
-type saramaTxn struct {
-	p sarama.AsyncProducer
-	// begun: BeginTxn was called for the open transaction. Written by
-	// send (under the txnProducer's mu) and by commit, which never runs
-	// with send (txnWire).
-	begun bool
-}
-
-// openSarama opens a sarama producer with k's transactional.id.
-func (s *txnSet) openSarama(k txnKey, cl config.Cluster) (*saramaTxn, error) {
-	sc, err := ProducerConfig(cl, "none", "all")
-	if err != nil {
-		return nil, err
-	}
-	sc.Producer.Transaction.ID = k.transactionalID(s.fleet)
-	sc.Producer.Return.Successes = false
-	// A transaction's produces fail back to it, which opens the producer
-	// again: not the channel producers' retries without end.
-	sc.Producer.Retry.Max, sc.Producer.Retry.BackoffFunc = 3, nil
-	// sarama retries a transaction's requests (finding the coordinator,
-	// adding partitions) 50 times by default, holding its lock: with the
-	// cluster gone, a commit would wait for minutes. A few seconds, then
-	// the producer is opened again (reopen), which retries for ever.
-	sc.Producer.Transaction.Retry.Max = 5
-	sc.Producer.Transaction.Retry.Backoff = 200 * time.Millisecond
-	p, err := sarama.NewAsyncProducer(cl.Brokers, sc)
-	if err != nil {
-		return nil, fmt.Errorf("open transactional producer %s: %w", sc.Producer.Transaction.ID, err)
-	}
-	s.wg.Go(func() {
-		for pe := range p.Errors() {
-			s.r.log.Debug("transactional produce failed", zap.String("cluster", k.cluster), zap.Error(pe.Err))
-		}
-	})
-	return &saramaTxn{p: p}, nil
-}
-
-// place has nothing to do: sarama's partitioner places the message.
-func (w *saramaTxn) place(context.Context, *outMsg, time.Duration) error { return nil }
-
-func (w *saramaTxn) send(ctx context.Context, om *outMsg, again bool) error {
-	if !w.begun {
-		if err := w.p.BeginTxn(); err != nil {
-			return fmt.Errorf("begin transaction: %w", err)
-		}
-		w.begun = true
-	}
-	if again {
-		om.msg = resendable(om.msg)
-	}
-	select {
-	case w.p.Input() <- om.msg:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// commit commits with sarama's CommitTxn; an abortable failure is aborted
-// and msgs sent again in a new transaction.
-func (w *saramaTxn) commit(msgs []*outMsg, key, value []byte) ([]*outMsg, error) {
-	w.p.Input() <- &sarama.ProducerMessage{Topic: config.PositionsTopic, Key: sarama.ByteEncoder(key), Value: sarama.ByteEncoder(value)}
-	err := w.p.CommitTxn()
-	if err == nil {
-		w.begun = false
-		return nil, nil
-	}
-	if w.p.TxnStatus()&sarama.ProducerTxnFlagAbortableError == 0 || fenced(err) {
-		return nil, err
-	}
-	aerr := w.p.AbortTxn()
-	if aerr == nil {
-		if aerr = w.p.BeginTxn(); aerr == nil {
-			for _, om := range msgs {
-				om.msg = resendable(om.msg)
-				w.p.Input() <- om.msg
-			}
-			return nil, &kafka.TxnAbortedError{Err: err}
-		}
-	}
-	// The abort's error may say why (a new owner fenced this one).
-	return nil, errors.Join(err, aerr)
-}
-
-// close may wait for the retries of a producer whose cluster is failing.
-func (w *saramaTxn) close() { _ = w.p.Close() }
 
 // client returns the cluster's client for the positions topic, creating
 // the topic on first use.
@@ -724,8 +601,8 @@ func (s *txnSet) readPosition(ctx context.Context, c sarama.Client, k txnKey) (*
 	return last, nil
 }
 
-// add puts om in the open transaction, beginning one if needed. It blocks
-// while sarama's input is full, until ctx ends.
+// add puts om in the open transaction, beginning one if needed. It does
+// not wait on the network.
 func (t *txnProducer) add(ctx context.Context, om *outMsg) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -770,13 +647,13 @@ func (t *txnProducer) admit(ctx context.Context, om *outMsg) error {
 			held := a.held
 			t.endAlign(0, "passed")
 			for _, h := range held {
-				if err := t.put(ctx, h, false); err != nil {
+				if err := t.put(ctx, h); err != nil {
 					return err
 				}
 			}
 		}
 	}
-	return t.put(ctx, om, false)
+	return t.put(ctx, om)
 }
 
 // alignment is a producer's search, on a copy of the stream other than
@@ -827,10 +704,10 @@ func (t *txnProducer) endAlign(skipped int, how string) {
 		zap.Int("skipped", skipped), zap.Duration("held", time.Since(a.since)))
 }
 
-// put adds om to the open transaction, beginning one if needed; again as
-// txnWire.send's. Called with mu held.
-func (t *txnProducer) put(ctx context.Context, om *outMsg, again bool) error {
-	if err := t.w.send(ctx, om, again); err != nil {
+// put adds om to the open transaction, beginning one if needed. Called
+// with mu held.
+func (t *txnProducer) put(ctx context.Context, om *outMsg) error {
+	if err := t.w.send(om); err != nil {
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			return ctx.Err()
 		}
@@ -906,8 +783,8 @@ func (t *txnProducer) closeProducer() {
 	t.shut.Do(w.close)
 }
 
-// place readies om for its wire (txnWire.place) before any produce of its
-// record is handed over.
+// place readies om for its wire (directTxn.place) before any produce of
+// its record is handed over.
 func (t *txnProducer) place(ctx context.Context, om *outMsg, wait time.Duration) error {
 	t.mu.Lock()
 	w := t.w
@@ -962,7 +839,7 @@ func (t *txnProducer) reopen() bool {
 			skipped++
 			continue
 		}
-		if err := t.put(context.Background(), om, true); err != nil {
+		if err := t.put(context.Background(), om); err != nil {
 			// Broken again: the rest wait for the next attempt.
 			t.msgs = append(t.msgs, msgs[i:]...)
 			break
@@ -996,7 +873,7 @@ func (t *txnProducer) commit() (closeIt bool) {
 		held := a.held
 		t.endAlign(0, "timed out")
 		for _, h := range held {
-			if err := t.put(context.Background(), h, false); err != nil {
+			if err := t.put(context.Background(), h); err != nil {
 				t.dropAll()
 				return true
 			}
@@ -1017,9 +894,9 @@ func (t *txnProducer) commit() (closeIt bool) {
 		return true
 	}
 	t.committing = true
-	w, msgs := t.w, t.msgs
+	w := t.w
 	t.mu.Unlock()
-	refused, err := w.commit(msgs, []byte(t.key.positionKey(t.set.fleet)), val)
+	refused, err := w.commit([]byte(t.key.positionKey(t.set.fleet)), val)
 	t.mu.Lock()
 	t.committing = false
 	defer t.admitQueued()
@@ -1063,8 +940,8 @@ func (t *txnProducer) commit() (closeIt bool) {
 }
 
 // refusedInTxn takes out of the open transaction the records a
-// destination refused for good in the one just aborted (the direct path
-// names them; they are not in the new one). With a dead-letter channel
+// destination refused for good in the one just aborted (the stream names
+// them; they are not in the new one). With a dead-letter channel
 // they go there, at least once, as at_least_once produces refused do;
 // without one, or for an error the router does not take for a refusal,
 // they are put in the transaction again: it is refused and aborted again,
@@ -1082,7 +959,6 @@ func (t *txnProducer) refusedInTxn(refused []*outMsg, err error) {
 	}
 	if t.set.r.cur.Load().deadLetter != nil && permanent(cause) {
 		for _, om := range refused {
-			om.single = true // refused alone: the direct producer splits a batch refused as too large
 			t.set.r.failed(om, cause)
 		}
 		return
@@ -1090,7 +966,7 @@ func (t *txnProducer) refusedInTxn(refused []*outMsg, err error) {
 	t.set.r.log.Error("a destination refused a record of a transaction for good and there is no dead-letter channel; the stream's transactions abort until the routes change",
 		zap.String("cluster", t.key.cluster), zap.String("stream", t.key.positionKey(t.set.fleet)), zap.Int("refused", len(refused)), zap.Error(cause))
 	for _, om := range refused {
-		if t.w.send(context.Background(), om, true) != nil {
+		if t.w.send(om) != nil {
 			t.set.r.settle(om) // the wire failed: consumed again from the committed position
 			continue
 		}
@@ -1213,10 +1089,4 @@ func (s *txnSet) close() {
 func fenced(err error) bool {
 	return errors.Is(err, kafka.ErrTxnFenced) || errors.Is(err, sarama.ErrProducerFenced) || errors.Is(err, sarama.ErrInvalidProducerEpoch) ||
 		errors.Is(err, sarama.ErrTransactionCoordinatorFenced)
-}
-
-// resendable returns a copy of m that sarama accepts again: it keeps
-// per-send state in the message.
-func resendable(m *sarama.ProducerMessage) *sarama.ProducerMessage {
-	return &sarama.ProducerMessage{Topic: m.Topic, Key: m.Key, Value: m.Value, Headers: m.Headers, Metadata: m.Metadata, Timestamp: m.Timestamp}
 }

@@ -10,9 +10,8 @@ import (
 	"github.com/kswitch/kswitch/internal/kafka"
 )
 
-// Exactly-once streams on the direct path (Options.Produce ProduceDirect,
-// docs/RELAY.md §4): each stream's wire is a kafka.TxnStream on its
-// cluster's transactional Producer. That Producer is the txnSet's, one
+// Exactly-once streams (docs/RELAY.md §4): each stream's wire is a
+// kafka.TxnStream on its cluster's transactional Producer. That Producer is the txnSet's, one
 // per cluster, not the pool's at_least_once one: the pool closes a
 // producer its channels no longer use (sweep, by its count of unsettled
 // produces, which a stream's records do not enter: a TxnStream reports
@@ -20,10 +19,13 @@ import (
 // cluster is redefined, and keys it by acks, while a stream needs one
 // Producer with acks all that lives as long as the streams on it. The
 // cost is a second set of connections to a cluster that has channels of
-// both kinds; every stream of a cluster shares the one set (sarama's
-// path opened one per stream).
+// both kinds; every stream of a cluster shares the one set.
 
-// directTxn is a kafka.TxnStream as a txnWire.
+// directTxn is the wire under a txnProducer: a kafka.TxnStream, one
+// transactional.id opened for one owner. The txnProducer's loop calls
+// commit without the txnProducer's mu and never while send runs (records
+// given meanwhile are queued); send, place and close may be called by any
+// goroutine.
 type directTxn struct {
 	s  *kafka.TxnStream
 	pr *producer // the cluster's transactional Producer, for partitions
@@ -78,7 +80,7 @@ func (s *txnSet) directProducer(name string, cl config.Cluster) (*producer, erro
 	if err != nil {
 		return nil, fmt.Errorf("routing: open the transactional producer for cluster %s: %w", name, err)
 	}
-	pr = &producer{key: producerKey{cluster: name, compression: "none", acks: "all"}, kp: kp}
+	pr = &producer{key: producerKey{cluster: name, acks: "all"}, kp: kp}
 	s.mu.Lock()
 	keep := !s.closed && sameConnection(s.clusters[name], cl)
 	if keep {
@@ -116,10 +118,12 @@ func (txnHandler) Refused(*kafka.Message, error) {}
 // being looked up.
 const placePoll = 5 * time.Millisecond
 
-// place builds om's kafka.Message and chooses its partition as the
-// at_least_once direct path does (direct.go). A topic whose partition
-// count the Producer has not seen yet is looked up in the background
-// (kafka.ErrPartitionsUnknown): place waits for it at most wait.
+// place readies om to be sent, before any produce of its record is handed
+// over (a record goes to all its channels or to none): it builds om's
+// kafka.Message and chooses its partition as at_least_once does
+// (direct.go). A topic whose partition count the Producer has not seen
+// yet is looked up in the background (kafka.ErrPartitionsUnknown): place
+// waits for it at most wait.
 func (w *directTxn) place(ctx context.Context, om *outMsg, wait time.Duration) error {
 	m := om.msg
 	n, err := w.pr.kp.Partitions(m.Topic)
@@ -151,15 +155,21 @@ func (w *directTxn) place(ctx context.Context, om *outMsg, wait time.Duration) e
 	return err
 }
 
-// send gives the stream om's message, placed once: sent again, it goes to
-// the same partition, in the same order.
-func (w *directTxn) send(_ context.Context, om *outMsg, _ bool) error {
+// send puts om's message in the open transaction, beginning one if needed.
+// It is placed once: sent again (in a transaction after an abort, or on a
+// stream opened again), it goes to the same partition, in the same order.
+// Called with the txnProducer's mu held.
+func (w *directTxn) send(om *outMsg) error {
 	return w.s.Produce(&om.km)
 }
 
-// commit commits with the position record as the transaction's last
-// message, waiting at most txnCommitWait.
-func (w *directTxn) commit(_ []*outMsg, key, value []byte) ([]*outMsg, error) {
+// commit ends the open transaction with the position record (key, value)
+// as its last message, waiting at most txnCommitWait. Its error is nil
+// (committed), a *kafka.TxnAbortedError (aborted: its messages but refused
+// are in a new transaction already, to commit next), fenced (see fenced)
+// or else broken (the transaction's outcome is unknown: open the id again
+// and read the position back).
+func (w *directTxn) commit(key, value []byte) ([]*outMsg, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), txnCommitWait)
 	defer cancel()
 	_, err := w.s.Commit(ctx, &kafka.Message{Topic: config.PositionsTopic, Key: key, Value: value})
@@ -182,6 +192,8 @@ func (w *directTxn) commit(_ []*outMsg, key, value []byte) ([]*outMsg, error) {
 	return refused, err
 }
 
+// close stops the stream without committing; what it has open is aborted
+// by the id's next opening or its transaction timeout.
 func (w *directTxn) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), txnCloseWait)
 	defer cancel()

@@ -200,7 +200,7 @@ func TestExactlyOnceDirectThroughABrokerRestart(t *testing.T) {
 	}{{"brief", false}, {"past the retry timeout", true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := eosWorld(t)
-			o := w.ownerOn(1, 200*time.Millisecond, ProduceDirect)
+			o := w.owner(1, 200*time.Millisecond)
 			o.handle(t, 0, 50)
 			o.waitAcked(t, 50)
 
@@ -306,7 +306,7 @@ func TestExactlyOnceDirectRefusedRecordToDeadLetter(t *testing.T) {
 	if err := adminOf(t, w.kafkas["S"]).AlterConfig(sarama.TopicResource, "out", map[string]*string{"max.message.bytes": &v}, false); err != nil {
 		t.Fatal(err)
 	}
-	o := w.ownerOn(1, 50*time.Millisecond, ProduceDirect)
+	o := w.owner(1, 50*time.Millisecond)
 	for off := range int64(n) {
 		rec := testRecord("orders", 0, off, "")
 		if off == bigAt {

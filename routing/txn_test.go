@@ -69,19 +69,12 @@ type eosOwner struct {
 
 func (w *world) owner(gen int64, interval time.Duration) *eosOwner {
 	w.t.Helper()
-	return w.ownerOn(gen, interval, "")
-}
-
-// ownerOn is owner on the produce path produce (Options.Produce; "": the
-// tests' default).
-func (w *world) ownerOn(gen int64, interval time.Duration, produce string) *eosOwner {
-	w.t.Helper()
 	cfg := w.cfg.Clone()
 	s := cfg.Clusters["S"]
 	s.TransactionInterval = interval
 	cfg.Clusters["S"] = s
 	o := &eosOwner{acks: newAcks(), gen: gen}
-	r, err := New(cfg, nil, Options{Produce: produce, Logger: zaptest.NewLogger(w.t).Named(fmt.Sprintf("gen%d", gen)), OnAck: o.acks.add})
+	r, err := New(cfg, nil, Options{Logger: zaptest.NewLogger(w.t).Named(fmt.Sprintf("gen%d", gen)), OnAck: o.acks.add})
 	if err != nil {
 		w.t.Fatal(err)
 	}

@@ -174,7 +174,7 @@ func Compile(spec Config, clusters map[string]config.Cluster) (*Version, error) 
 		ch.Compression = cmp.Or(ch.Compression, "none")
 		ch.Acks = cmp.Or(ch.Acks, "all")
 		spec.Channels[name] = ch
-		c := &channel{Channel: ch, dest: dest{name, ch.Cluster, ch.Topic}, pkey: producerKey{cluster: ch.Cluster, compression: ch.Compression, acks: ch.Acks}}
+		c := &channel{Channel: ch, dest: dest{name, ch.Cluster, ch.Topic}, pkey: producerKey{cluster: ch.Cluster, acks: ch.Acks}}
 		if ch.Key != config.KeepKey {
 			p, err := compileExpr(ch.Key)
 			if err == nil {
@@ -317,27 +317,29 @@ func (u *usage) Visit(n *ast.Node) {
 	}
 }
 
-// producerRetryMax is the retries of an idempotent channel producer: about
-// 20 minutes at one a second, after which the message fails back to the
-// router, whose recovery sends it again in order (recovery.go). sarama
+// producerRetryMax is the retries of an idempotent sarama producer
+// configured by ProducerConfig: about 20 minutes at one a second. sarama
 // keeps a slice of that length per partition (32 KiB), so it is no
 // larger.
 const producerRetryMax = 1200
 
-// producerBackoff is the wait before an idempotent channel producer's n-th
+// producerBackoff is the wait before an idempotent sarama producer's n-th
 // retry: 100 ms doubling to 1 s.
 func producerBackoff(n, _ int) time.Duration {
 	return min(100*time.Millisecond<<min(n, 4), time.Second)
 }
 
-// ProducerConfig returns the sarama configuration of the producer of a
-// cluster for channels with the given compression and acks (empty means
-// the defaults, none and all): internal/kafka's client settings and
-// timeouts, successes and errors returned, and with acks all the
-// idempotent producer (RequiredAcks WaitForAll, one open request per
-// broker). The partitioner is the router's, which reads the channel of each
-// message from its Metadata; a caller producing its own messages (a
-// benchmark's baseline) replaces it.
+// ProducerConfig returns a sarama producer configuration for a cluster
+// with a channel's compression and acks (empty means the defaults, none
+// and all): internal/kafka's client settings and timeouts, successes and
+// errors returned, and with acks all the idempotent producer
+// (RequiredAcks WaitForAll, one open request per broker). Compile checks
+// each channel's settings against its cluster with it (acks all needs
+// Kafka 0.11). The router does not produce through sarama: this is for
+// programs that want a sarama AsyncProducer set as a channel is (the
+// benchmarks' baseline loops, integration/tools/relayloop). Its
+// partitioner is sarama's murmur2 hash, which places a keyed record where
+// the router's hash partitioner does (kafka.HashPartition).
 func ProducerConfig(c config.Cluster, compression, acks string) (*sarama.Config, error) {
 	sc, err := kafka.Config(c)
 	if err != nil {
@@ -348,7 +350,7 @@ func ProducerConfig(c config.Cluster, compression, acks string) (*sarama.Config,
 	sc.Producer.Retry.Max = 3
 	sc.Producer.Retry.Backoff = 100 * time.Millisecond
 	sc.Producer.Timeout = 10 * time.Second
-	sc.Producer.Partitioner = newPartitioner
+	sc.Producer.Partitioner = sarama.NewMurmur2Partitioner
 	switch cmp.Or(acks, "all") {
 	case "all":
 		sc.Producer.RequiredAcks = sarama.WaitForAll
