@@ -78,10 +78,12 @@ func (e kafkaEnv) jvmArgs(heap, logsDir, main string) []string {
 	}
 }
 
-// kafkaBroker is a single-node KRaft cluster (combined broker and
-// controller) in its own JVM.
+// kafkaBroker is one node of a KRaft cluster (combined broker and
+// controller) in its own JVM: the whole cluster for A and B.
 type kafkaBroker struct {
-	name  string // the cluster's name: A, B
+	name  string // the cluster's name: A, B; a node's in a larger cluster: C1, C2, …
+	id    int32  // node.id
+	nodes int    // the cluster's node count: ready wants as many live brokers
 	addr  string // host:port of the PLAINTEXT listener
 	dir   string // server.properties and data
 	conf  string
@@ -90,50 +92,45 @@ type kafkaBroker struct {
 	began time.Time // when the current process was started
 }
 
-// newKafkaBroker writes the configuration of cluster name and formats its
-// storage (a JVM run of its own, a few seconds); start runs it. Safe to call
-// for several clusters concurrently; it reports errors instead of failing t.
+// newKafkaBroker writes the configuration of the single-node cluster name
+// and formats its storage (a JVM run of its own, a few seconds); start runs
+// it. Safe to call for several clusters concurrently; it reports errors
+// instead of failing t.
 func newKafkaBroker(env kafkaEnv, name, dir string, logs string) (*kafkaBroker, error) {
-	port, err := freeport.Port()
+	nodes, err := newKafkaCluster(env, name, dir, logs, 1)
 	if err != nil {
 		return nil, err
 	}
-	cport, err := freeport.Port()
-	if err != nil {
-		return nil, err
-	}
-	b := &kafkaBroker{name: name, addr: fmt.Sprintf("127.0.0.1:%d", port), dir: dir, conf: filepath.Join(dir, "server.properties"), env: env}
-	conf := fmt.Sprintf(`# cluster %[1]s of the kswitch integration suite: one combined node
-process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@127.0.0.1:%[3]d
-listeners=PLAINTEXT://%[2]s,CONTROLLER://127.0.0.1:%[3]d
-advertised.listeners=PLAINTEXT://%[2]s
-controller.listener.names=CONTROLLER
-inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
-log.dirs=%[4]s
-num.partitions=4
-auto.create.topics.enable=false
-offsets.topic.replication.factor=1
-offsets.topic.num.partitions=4
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-transaction.state.log.num.partitions=4
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
-share.coordinator.state.topic.num.partitions=1
-group.initial.rebalance.delay.ms=0
-# A broker restarted after SIGKILL registers again only once the
-# controller has expired its old session (default 9 s).
-broker.session.timeout.ms=2000
-broker.heartbeat.interval.ms=500
-`, name, b.addr, cport, filepath.Join(dir, "data"))
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(b.conf, []byte(conf), 0o644); err != nil {
-		return nil, err
+	return nodes[0], nil
+}
+
+// newKafkaCluster is newKafkaBroker for a cluster of n combined nodes, all
+// of them voters of the controller quorum: node i (1…n) is named name+i,
+// in dir/node-<i>, when n > 1. Internal topics, and topics createTopic
+// makes, are replicated min(n, 3) times; min.insync.replicas is one less
+// (2 on three nodes), so that a cluster of three takes acks=all writes
+// with a node down.
+func newKafkaCluster(env kafkaEnv, name, dir, logs string, n int) ([]*kafkaBroker, error) {
+	rf := min(n, 3)
+	minISR := max(rf-1, 1)
+	nodes := make([]*kafkaBroker, n)
+	var voters []string
+	cports := make([]int, n)
+	for i := range nodes {
+		port, err := freeport.Port()
+		if err != nil {
+			return nil, err
+		}
+		if cports[i], err = freeport.Port(); err != nil {
+			return nil, err
+		}
+		b := &kafkaBroker{name: name, id: int32(i + 1), nodes: n, addr: fmt.Sprintf("127.0.0.1:%d", port), dir: dir, env: env}
+		if n > 1 {
+			b.name, b.dir = fmt.Sprintf("%s%d", name, b.id), filepath.Join(dir, fmt.Sprintf("node-%d", b.id))
+		}
+		b.conf = filepath.Join(b.dir, "server.properties")
+		nodes[i] = b
+		voters = append(voters, fmt.Sprintf("%d@127.0.0.1:%d", b.id, cports[i]))
 	}
 	// A cluster id is 16 random bytes in URL-safe base64 (what
 	// `kafka-storage random-uuid` prints); like Kafka's, never one that
@@ -144,21 +141,75 @@ broker.heartbeat.interval.ms=500
 		_, _ = rand.Read(id)
 		cid = base64.RawURLEncoding.EncodeToString(id)
 	}
-	logFile, err := os.Create(filepath.Join(logs, "kafka-"+name+"-format.log"))
-	if err != nil {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, b := range nodes {
+		conf := fmt.Sprintf(`# cluster %[1]s of the kswitch integration suite: node %[6]d of %[7]d, combined broker and controller
+process.roles=broker,controller
+node.id=%[6]d
+controller.quorum.voters=%[5]s
+listeners=PLAINTEXT://%[2]s,CONTROLLER://127.0.0.1:%[3]d
+advertised.listeners=PLAINTEXT://%[2]s
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs=%[4]s
+num.partitions=4
+auto.create.topics.enable=false
+min.insync.replicas=%[9]d
+offsets.topic.replication.factor=%[8]d
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor=%[8]d
+transaction.state.log.min.isr=%[9]d
+transaction.state.log.num.partitions=4
+share.coordinator.state.topic.replication.factor=%[8]d
+share.coordinator.state.topic.min.isr=%[9]d
+share.coordinator.state.topic.num.partitions=1
+group.initial.rebalance.delay.ms=0
+# A broker restarted after SIGKILL registers again only once the
+# controller has expired its old session (default 9 s).
+broker.session.timeout.ms=2000
+broker.heartbeat.interval.ms=500
+# Leadership moves when a test moves it (a node's death), not back to the
+# preferred replica on the controller's own schedule.
+auto.leader.rebalance.enable=false
+`, b.name, b.addr, cports[i], filepath.Join(b.dir, "data"), strings.Join(voters, ","), b.id, n, rf, minISR)
+		if err := os.MkdirAll(b.dir, 0o755); err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(b.conf, []byte(conf), 0o644); err != nil {
+			return nil, err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = b.format(cid, logs)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
 		return nil, err
+	}
+	return nodes, nil
+}
+
+// format formats the node's storage for cluster id cid.
+func (b *kafkaBroker) format(cid, logs string) error {
+	logFile, err := os.Create(filepath.Join(logs, "kafka-"+b.name+"-format.log"))
+	if err != nil {
+		return err
 	}
 	defer logFile.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	args := append(env.jvmArgs("128m", dir, "kafka.tools.StorageTool"),
+	args := append(b.env.jvmArgs("128m", b.dir, "kafka.tools.StorageTool"),
 		"format", "--cluster-id="+cid, "--config="+b.conf, "--ignore-formatted")
-	cmd := exec.CommandContext(ctx, env.java, args...)
+	cmd := exec.CommandContext(ctx, b.env.java, args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("format storage of Kafka %s: %w; last output:\n%s", name, err, tail(logFile.Name(), 10))
+		return fmt.Errorf("format storage of Kafka %s: %w; last output:\n%s", b.name, err, tail(logFile.Name(), 10))
 	}
-	return b, nil
+	return nil
 }
 
 // start runs the broker process on its data (again, after a kill).
@@ -169,8 +220,8 @@ func (b *kafkaBroker) start(t *testing.T) {
 }
 
 // ready returns nil once the broker answers a metadata request naming
-// itself as a live broker and a controller: a listening port is not a
-// ready broker.
+// every node of its cluster as a live broker, and a controller: a
+// listening port is not a ready broker.
 func (b *kafkaBroker) ready() error {
 	conf := saramaConfig(2 * time.Second)
 	broker := sarama.NewBroker(b.addr)
@@ -182,8 +233,8 @@ func (b *kafkaBroker) ready() error {
 	if err != nil {
 		return err
 	}
-	if len(md.Brokers) == 0 || md.ControllerID < 0 {
-		return fmt.Errorf("kafka %s: metadata names %d brokers, controller %d", b.name, len(md.Brokers), md.ControllerID)
+	if len(md.Brokers) < b.nodes || md.ControllerID < 0 {
+		return fmt.Errorf("kafka %s: metadata names %d of %d brokers, controller %d", b.name, len(md.Brokers), b.nodes, md.ControllerID)
 	}
 	return nil
 }
@@ -225,7 +276,8 @@ func (b *kafkaBroker) createTopic(t *testing.T, topic string, n int32) {
 	b.createTopicWith(t, topic, n, nil)
 }
 
-// createTopicWith is createTopic with topic configuration entries.
+// createTopicWith is createTopic with topic configuration entries. The
+// topic is replicated on min(nodes, 3) of the broker's cluster.
 func (b *kafkaBroker) createTopicWith(t *testing.T, topic string, n int32, config map[string]string) {
 	t.Helper()
 	adm, err := sarama.NewClusterAdmin([]string{b.addr}, saramaConfig(5*time.Second))
@@ -240,7 +292,7 @@ func (b *kafkaBroker) createTopicWith(t *testing.T, topic string, n int32, confi
 		}
 		entries[k] = &v
 	}
-	if err := adm.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: n, ReplicationFactor: 1, ConfigEntries: entries}, false); err != nil {
+	if err := adm.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: n, ReplicationFactor: int16(min(b.nodes, 3)), ConfigEntries: entries}, false); err != nil {
 		fatalf(t, "kafka %s: create topic %s: %v", b.name, topic, err)
 	}
 }
