@@ -31,14 +31,16 @@ import (
 //	KSWITCH_BENCH_GO         output of the in-process Go benchmarks, quoted in the page
 //	KSWITCH_BENCH_MAKE_STARTED  when make bench started (Unix seconds), for its total time
 //	KSWITCH_BENCH_QUICK=1    fewer trials and records, for development; the page says so
-//	KSWITCH_BENCH_ONLY=a,b   only these phases (throughput, memory, cost, failover, rebalance, pause), for development
+//	KSWITCH_BENCH_ONLY=a,b   only these phases (throughput, memory, memlimit, cost, failover, rebalance, pause), for development
 
 // benchScale is how much work a run does.
 type benchScale struct {
 	Quick bool `json:"quick"`
 	// RelayRecords is the record count of every relay trial, both sides.
 	RelayRecords int `json:"relay_records"`
-	// RelayTrials is the number of trials of each relay and ceiling.
+	// RelayTrials is the number of trials of each relay and ceiling, and
+	// of each setting of the memory-limit figure (which relays
+	// RelayRecords records of 150 B and of 1 KiB).
 	RelayTrials int `json:"relay_trials"`
 	// CostRate and CostSeconds: the producer's rate and duration while an
 	// agent and the baseline relay the same records side by side.
@@ -83,9 +85,15 @@ func TestBenchmarksOnRealStack(t *testing.T) {
 	began := time.Now()
 	res := &benchResults{Scale: scaleFromEnv(), Started: began.UTC(), Machine: describeMachine(t)}
 	res.Machine.LoadBefore = loadAverage()
+	// The figures "no worse than the last published page" compare with.
+	if pub, err := readPublished(); err != nil {
+		t.Logf("no published page to compare with: %v", err)
+	} else {
+		res.Published = pub
+	}
 	rep := newReport("bench")
 	st := startStack(t, rep.timer(t), prefixPolicy, false)
-	bx := &bench{t: t, st: st, relayloop: relayloop, tools: tools, res: res, scale: res.Scale}
+	bx := &bench{t: t, st: st, relayloop: relayloop, tools: tools, res: res, scale: res.Scale, filled: map[string]int{}}
 	only := os.Getenv("KSWITCH_BENCH_ONLY") // development: a comma-separated list of phases
 	phase := func(name string, f func()) {
 		t.Helper()
@@ -102,6 +110,7 @@ func TestBenchmarksOnRealStack(t *testing.T) {
 	res.Phases[0].Seconds = round3(time.Since(began).Seconds())
 	phase("throughput", bx.throughput)
 	phase("memory", bx.memory)
+	phase("memlimit", bx.memoryLimit)
 	phase("cost", bx.cost)
 	phase("failover", bx.failover)
 	phase("rebalance", bx.rebalance)
@@ -113,7 +122,7 @@ func TestBenchmarksOnRealStack(t *testing.T) {
 		res.MakeSeconds = float64(time.Now().Unix() - at)
 	}
 	for _, x := range res.targets() {
-		t.Logf("target %s: %s, measured %s: %s", x.What, x.Target, x.Measured, strings.Trim(met(x.Met), "*"))
+		t.Logf("target %s: %s: %s, measured %s: %s", x.Source, x.What, x.Target, x.Measured, strings.Trim(x.status(), "*"))
 	}
 	if t.Failed() {
 		fatalf(t, "not writing %s: the run failed", out)
@@ -156,6 +165,9 @@ type bench struct {
 	tools     string
 	res       *benchResults
 	scale     benchScale
+	// filled holds the source topics on A written so far, by name: their
+	// record count, so that a phase reuses what another wrote.
+	filled map[string]int
 	// The fleet of the fault figures, its producer and the watch of its
 	// channel topic.
 	agents    []*agentProc
