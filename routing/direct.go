@@ -29,7 +29,10 @@ var errRetired = errors.New("routing: the cluster's definition changed; sending 
 // is known (recovery.go).
 func (r *Router) send(ctx context.Context, om *outMsg) error {
 	pr := om.pr
-	km := directMessage(om, om.msg.Timestamp)
+	km := &om.km
+	// The record's time, as at the first send: Produce stamps a zero one
+	// with the time of each send.
+	km.Timestamp = om.d.rec.Timestamp
 	n, err := pr.kp.Partitions(km.Topic)
 	if err == nil {
 		km.Partition, err = pr.partition(om, km.Key, n)
@@ -50,15 +53,6 @@ func (r *Router) send(ctx context.Context, om *outMsg) error {
 		return err
 	}
 	return nil
-}
-
-// directMessage fills om.km from om.msg, stamped ts (its partition is
-// chosen next), and returns it.
-func directMessage(om *outMsg, ts time.Time) *kafka.Message {
-	m := om.msg
-	om.km = kafka.Message{Topic: m.Topic, Key: encoded(m.Key), Value: encoded(m.Value), Headers: m.Headers,
-		Timestamp: ts, Codec: codecOf(om.ch.Compression), Ref: om}
-	return &om.km
 }
 
 // partition chooses om's partition among n by its channel's partitioner
@@ -85,22 +79,6 @@ func (pr *producer) partition(om *outMsg, key []byte, n int32) (int32, error) {
 			return rand.Int32N(n), nil
 		}
 		return kafka.HashPartition(key, n), nil
-	}
-}
-
-// encoded returns the bytes of a key or value the router built (a
-// sarama.ByteEncoder, or a pointer to one), without a copy.
-func encoded(e sarama.Encoder) []byte {
-	switch b := e.(type) {
-	case nil:
-		return nil
-	case *sarama.ByteEncoder:
-		return *b
-	case sarama.ByteEncoder:
-		return b
-	default:
-		out, _ := e.Encode()
-		return out
 	}
 }
 

@@ -100,8 +100,8 @@ func (r *Router) toDeadLetter(om *outMsg, dl *channel, reference bool) bool {
 	if om.blocks != nil {
 		r.unblock(om)
 	}
-	om.ch, om.ds, om.pr, om.msg, om.dead, om.failures = dl, dm.ds, pr, dm.msg, true, 0
-	om.msg.Metadata = om
+	om.ch, om.ds, om.pr, om.km, om.dead, om.failures = dl, dm.ds, pr, dm.km, true, 0
+	om.km.Ref = om
 	om.ds.inFlight.Add(1)
 	return true
 }
@@ -133,8 +133,8 @@ func (r *Router) referenceMsg(om *outMsg, dl *channel, rule string) *outMsg {
 		hdrs = append(hdrs, sarama.RecordHeader{Key: []byte(HeaderTruncated), Value: []byte("true")})
 	}
 	dm := r.newMsg(rec, dl, rule, key, nil)
-	dm.msg.Headers = hdrs
-	dm.msg.Value = sarama.ByteEncoder(value)
+	dm.km.Headers = hdrs
+	dm.km.Value = value
 	om.reference, om.deadReason = true, "reference"
 	return dm
 }

@@ -164,9 +164,8 @@ type outMsg struct {
 	ds   *destState
 	pr   *producer
 	tp   *txnProducer // instead of pr, on an exactly_once cluster
-	msg  *sarama.ProducerMessage
-	// km is what a direct producer is given, built from msg when sent
-	// (direct.go): its Ref is the outMsg.
+	// km is what the producer is given (newMsg; its partition is chosen
+	// when it is sent, direct.go): its Ref is the outMsg.
 	km           kafka.Message
 	srcPartition int32
 	sent         time.Time // first handed to a producer
@@ -436,28 +435,17 @@ func deadHeaders(rec *record.Record, rule string, err error) []sarama.RecordHead
 // same types, as newMsg's cast of a []record.Header needs.
 var _ = sarama.RecordHeader(record.Header{})
 
-// newMsg builds the produce of rec to ch.
+// newMsg builds the produce of rec to ch: one allocation, the outMsg with
+// its kafka.Message, whose key and value are rec's (or key) without a
+// copy.
 func (r *Router) newMsg(rec *record.Record, ch *channel, rule string, key []byte, extra []sarama.RecordHeader) *outMsg {
 	ds := ch.ds
 	if ds == nil { // a channel of a version not installed by this router
 		ds = r.destState(ch.dest)
 	}
-	// One allocation for all: this is done for every record routed. The
-	// key and value encoders are pointers into it, which as interface
-	// values need no allocation of their own.
-	all := &struct {
-		om         outMsg
-		m          sarama.ProducerMessage
-		key, value sarama.ByteEncoder
-	}{om: outMsg{ch: ch, rule: rule, ds: ds, srcPartition: rec.Partition}, key: key, value: rec.Value}
-	om, m := &all.om, &all.m
-	m.Topic, m.Timestamp, m.Metadata = ch.Topic, rec.Timestamp, om
-	if key != nil {
-		m.Key = &all.key
-	}
-	if rec.Value != nil {
-		m.Value = &all.value
-	}
+	om := &outMsg{ch: ch, rule: rule, ds: ds, srcPartition: rec.Partition}
+	m := &om.km
+	*m = kafka.Message{Topic: ch.Topic, Key: key, Value: rec.Value, Timestamp: rec.Timestamp, Codec: codecOf(ch.Compression), Ref: om}
 	switch n := len(rec.Headers) + len(extra); {
 	case n == 0:
 	case extra == nil:
@@ -472,7 +460,6 @@ func (r *Router) newMsg(rec *record.Record, ch *channel, rule string, key []byte
 		}
 		m.Headers = append(m.Headers, extra...)
 	}
-	om.msg = m
 	return om
 }
 

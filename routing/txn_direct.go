@@ -119,13 +119,13 @@ func (txnHandler) Refused(*kafka.Message, error) {}
 const placePoll = 5 * time.Millisecond
 
 // place readies om to be sent, before any produce of its record is handed
-// over (a record goes to all its channels or to none): it builds om's
+// over (a record goes to all its channels or to none): it stamps om's
 // kafka.Message and chooses its partition as at_least_once does
 // (direct.go). A topic whose partition count the Producer has not seen
 // yet is looked up in the background (kafka.ErrPartitionsUnknown): place
 // waits for it at most wait.
 func (w *directTxn) place(ctx context.Context, om *outMsg, wait time.Duration) error {
-	m := om.msg
+	m := &om.km
 	n, err := w.pr.kp.Partitions(m.Topic)
 	if errors.Is(err, kafka.ErrPartitionsUnknown) {
 		deadline := time.NewTimer(wait)
@@ -146,12 +146,10 @@ func (w *directTxn) place(ctx context.Context, om *outMsg, wait time.Duration) e
 	if err != nil {
 		return err
 	}
-	ts := m.Timestamp
-	if ts.IsZero() {
-		ts = time.Now() // here, not in the stream: the message is read by a stream left broken when it is sent again
+	if m.Timestamp.IsZero() {
+		m.Timestamp = time.Now() // here, not in the stream: the message is read by a stream left broken when it is sent again
 	}
-	km := directMessage(om, ts)
-	km.Partition, err = w.pr.partition(om, km.Key, n)
+	m.Partition, err = w.pr.partition(om, m.Key, n)
 	return err
 }
 
