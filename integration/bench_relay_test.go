@@ -59,6 +59,22 @@ type relayTrial struct {
 	// the largest process's.
 	CPUSeconds float64 `json:"cpu_seconds,omitempty"`
 	PeakRSSMiB float64 `json:"peak_rss_mib,omitempty"`
+	// StartupCPUSeconds is the relay's CPU seconds at the first look that
+	// saw records at the destination, FirstRecords how many it saw: what
+	// CPUSeconds spent on the rest of the copy excludes start-up. Absent
+	// in results written before.
+	StartupCPUSeconds float64 `json:"startup_cpu_seconds,omitempty"`
+	FirstRecords      int64   `json:"first_records,omitempty"`
+}
+
+// copyCPUPerRecord is the CPU seconds a record cost from the first record
+// at the destination to the last, start-up left out; over the whole trial
+// for results written before StartupCPUSeconds.
+func (x relayTrial) copyCPUPerRecord() float64 {
+	if x.StartupCPUSeconds == 0 || x.FirstRecords >= x.Records {
+		return x.CPUSeconds / float64(x.Records)
+	}
+	return (x.CPUSeconds - x.StartupCPUSeconds) / float64(x.Records-x.FirstRecords)
 }
 
 // ceilingTrial is one run of Kafka's own performance tools.
@@ -252,28 +268,23 @@ func (bx *bench) relayWith(r relayRun) relayTrial {
 	began := time.Now()
 	procs := bx.startRelay(r, dest)
 	var (
-		f       fill
-		err     error
-		markers int64
+		f        fill
+		err      error
+		markers  int64
+		startCPU float64
 	)
+	atFirst := func() { startCPU = bx.relayUsage(procs).cpu }
 	if kind == kswitchExactlyOnce {
-		f, markers, err = watchCommitted(st.b.addr, dest, int64(n), 5*time.Minute)
+		f, markers, err = watchCommitted(st.b.addr, dest, int64(n), 5*time.Minute, atFirst)
 	} else {
-		f, err = watchFill(st.b.addr, dest, int64(n), 5*time.Minute)
+		f, err = watchFill(st.b.addr, dest, int64(n), 5*time.Minute, atFirst)
 	}
-	tr := relayTrial{Relay: kind, Instances: instances, Trial: trial, Records: int64(n), Delivered: f.last, Markers: markers, Env: r.env}
+	tr := relayTrial{Relay: kind, Instances: instances, Trial: trial, Records: int64(n), Delivered: f.last, Markers: markers, Env: r.env,
+		StartupCPUSeconds: round3(startCPU), FirstRecords: f.nFirst}
 	if r.size != 1024 {
 		tr.RecordBytes = r.size
 	}
-	var usage procUsage
-	for _, p := range procs {
-		u, uerr := treeUsage(p.cmd.Process.Pid)
-		if uerr != nil {
-			t.Logf("%s: %v", p.name, uerr)
-		}
-		usage.cpu += u.cpu
-		usage.hwmKiB = max(usage.hwmKiB, u.hwmKiB)
-	}
+	usage := bx.relayUsage(procs)
 	bx.stopRelay(kind, procs)
 	if f := r.fleet(); f != "" {
 		if _, derr := st.etcd.etcdctl("del", "--prefix", "/kswitch/"+f+"/"); derr != nil {
@@ -301,6 +312,21 @@ func (bx *bench) relayWith(r relayRun) relayTrial {
 	t.Logf("relay %-12s ×%d trial %d, %s (%d B%s): %.0f records/s (startup %.1fs, total %.1fs, cpu %.1fs, rss %.0f MiB)",
 		kind, instances, trial, src, r.size, env, tr.RecordsPerSecond, tr.StartupSeconds, tr.TotalSeconds, tr.CPUSeconds, tr.PeakRSSMiB)
 	return tr
+}
+
+// relayUsage is the CPU seconds of a relay's processes and the largest
+// peak resident set among them.
+func (bx *bench) relayUsage(procs []*proc) procUsage {
+	var usage procUsage
+	for _, p := range procs {
+		u, err := treeUsage(p.cmd.Process.Pid)
+		if err != nil {
+			bx.t.Logf("%s: %v", p.name, err)
+		}
+		usage.cpu += u.cpu
+		usage.hwmKiB = max(usage.hwmKiB, u.hwmKiB)
+	}
+	return usage
 }
 
 // startRelay starts the processes of one relay trial.
@@ -468,15 +494,16 @@ plugin.discovery = service_load
 // fill is how a destination topic filled up, as seen by watchFill.
 type fill struct {
 	first, p20, p80, done time.Time
-	n20, n80              int64 // records at p20 and p80
+	nFirst, n20, n80      int64 // records at first, p20 and p80
 	last                  int64 // records at the last look
 }
 
 // watchFill polls the end offsets of topic on addr (one ListOffsets
 // request for all partitions, every 20 ms) until they add up to n, and
 // says when they passed 0, 20 %, 80 % and 100 % of n. The topic may not
-// exist yet (MirrorMaker 2 creates it).
-func watchFill(addr, topic string, n int64, timeout time.Duration) (fill, error) {
+// exist yet (MirrorMaker 2 creates it). atFirst, if not nil, is called
+// at the first look that sees records.
+func watchFill(addr, topic string, n int64, timeout time.Duration, atFirst func()) (fill, error) {
 	var f fill
 	cl, err := sarama.NewClient([]string{addr}, saramaConfig(5*time.Second))
 	if err != nil {
@@ -497,7 +524,10 @@ func watchFill(addr, topic string, n int64, timeout time.Duration) (fill, error)
 		now, got := time.Now(), sum(ends)
 		f.last = got
 		if got > 0 && f.first.IsZero() {
-			f.first = now
+			f.first, f.nFirst = now, got
+			if atFirst != nil {
+				atFirst()
+			}
 		}
 		if got >= n/5 && f.p20.IsZero() {
 			f.p20, f.n20 = now, got
@@ -520,8 +550,8 @@ func watchFill(addr, topic string, n int64, timeout time.Duration) (fill, error)
 // is open (the last stable offsets equal the end offsets) and a
 // read_committed read of the topic with kcat counts n records or more;
 // the read comes after the look and does not delay it. fill.last is that
-// count, and markers the end offsets less it.
-func watchCommitted(addr, topic string, n int64, timeout time.Duration) (f fill, markers int64, err error) {
+// count, and markers the end offsets less it. atFirst is as watchFill's.
+func watchCommitted(addr, topic string, n int64, timeout time.Duration, atFirst func()) (f fill, markers int64, err error) {
 	cl, err := sarama.NewClient([]string{addr}, saramaConfig(5*time.Second))
 	if err != nil {
 		return f, 0, err
@@ -541,7 +571,10 @@ func watchCommitted(addr, topic string, n int64, timeout time.Duration) (f fill,
 		}
 		now, got := time.Now(), sum(ends)
 		if got > 0 && f.first.IsZero() {
-			f.first = now
+			f.first, f.nFirst = now, got
+			if atFirst != nil {
+				atFirst()
+			}
 		}
 		if got >= n/5 && f.p20.IsZero() {
 			f.p20, f.n20 = now, got
@@ -819,7 +852,7 @@ func (bx *bench) cost() {
 		fills := make(chan filled, len(dests))
 		for k, d := range dests {
 			go func() {
-				f, err := watchFill(st.b.addr, d, int64(n), bx.costTimeout())
+				f, err := watchFill(st.b.addr, d, int64(n), bx.costTimeout(), nil)
 				fills <- filled{k, f, err}
 			}()
 		}
