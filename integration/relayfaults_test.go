@@ -153,7 +153,7 @@ func runRelayBrokerKilled(t *testing.T, delivery string) (rep scenarioReport) {
 	if committedAtKill >= relayRecords {
 		fatalf(t, "the fleet relayed all %d records before the kill: the relay outran the test, raise relayRecords", relayRecords)
 	}
-	before, err := partitionsOf(c, relayTopic)
+	before, controller, err := metadataOf(c, relayTopic)
 	if err != nil {
 		fatal(t, err)
 	}
@@ -161,8 +161,8 @@ func runRelayBrokerKilled(t *testing.T, delivery string) (rep scenarioReport) {
 	killed := time.Now()
 	stopProc(t, victim.proc, syscall.SIGKILL)
 	rateBefore := float64(committedAtKill) / killed.Sub(began).Seconds()
-	t.Logf("killed %s (node %d) at %d of %d records committed (%.0f records/s since the write began); it led %s partitions %v; leaders and ISRs were %s",
-		victim.name, victim.id, committedAtKill, relayRecords, rateBefore, relayTopic, moved, describePartitions(before))
+	t.Logf("killed %s (node %d; the active controller was node %d) at %d of %d records committed (%.0f records/s since the write began); it led %s partitions %v; leaders and ISRs were %s",
+		victim.name, victim.id, controller, committedAtKill, relayRecords, rateBefore, relayTopic, moved, describePartitions(before))
 	// With exactly_once the node may also have led transaction
 	// coordinators and the positions topic: their moves are part of the
 	// fault.
@@ -286,9 +286,16 @@ func runRelayBrokerKilled(t *testing.T, delivery string) (rep scenarioReport) {
 		timed("kill_to_first_record_on_new_leader", first.Sub(killed))
 		firstTaken = fmt.Sprintf("%v after the kill (%s)", first.Sub(killed).Round(time.Millisecond), at)
 	}
-	d := fmt.Sprintf("%s: %d records relayed in %.1f s (%.0f records/s; %.0f before the kill); %s killed at %d committed, leading %s partitions %v; leaders moved %v after the kill; first record taken by a new leader %s; %s; kswitch_routing_reordered_total %v over the agents; %s",
-		row, relayRecords, relayed.Seconds(), rate, rateBefore, victim.name, committedAtKill, relayTopic, moved,
-		time.Duration(rep.Timings["leaders_moved"]*float64(time.Second)).Round(time.Millisecond), firstTaken, ov, reordered, relayCounters(agents))
+	// What the kill did to the producers, from the agents' logs (told,
+	// not judged: the verdict above is what counts).
+	var hit []string
+	for _, msg := range []string{"produce connection lost", "transactional producer failed"} {
+		hit = append(hit, fmt.Sprintf("%q ×%d", msg, logLines(agents, `"msg":"`+msg)))
+	}
+	d := fmt.Sprintf("%s: %d records relayed in %.1f s (%.0f records/s; %.0f before the kill); %s killed (%s) at %d committed, leading %s partitions %v; leaders moved %v after the kill; first record taken by a new leader %s; %s; kswitch_routing_reordered_total %v over the agents; %s; agents' logs: %s",
+		row, relayRecords, relayed.Seconds(), rate, rateBefore, victim.name, controllerNote(victim, controller), committedAtKill, relayTopic, moved,
+		time.Duration(rep.Timings["leaders_moved"]*float64(time.Second)).Round(time.Millisecond), firstTaken, ov, reordered,
+		relayCounters(agents, delivery), strings.Join(hit, ", "))
 	rep.Details = append(rep.Details, d)
 	t.Log(d)
 	timed("scenario", time.Since(st.began))
@@ -347,6 +354,12 @@ func allReady(agents []*agentProc) error {
 // partitionsOf reads topic's partitions (leader, replicas, ISR) from the
 // first running node of the cluster that answers a metadata request.
 func partitionsOf(nodes []*kafkaBroker, topic string) (map[int32]*sarama.PartitionMetadata, error) {
+	ps, _, err := metadataOf(nodes, topic)
+	return ps, err
+}
+
+// metadataOf is partitionsOf, with the node id of the active controller.
+func metadataOf(nodes []*kafkaBroker, topic string) (map[int32]*sarama.PartitionMetadata, int32, error) {
 	var errs []error
 	for _, n := range nodes {
 		if n.proc == nil || !n.proc.running() {
@@ -371,9 +384,18 @@ func partitionsOf(nodes []*kafkaBroker, topic string) (map[int32]*sarama.Partiti
 		for _, pm := range md.Topics[0].Partitions {
 			out[pm.ID] = pm
 		}
-		return out, nil
+		return out, md.ControllerID, nil
 	}
-	return nil, fmt.Errorf("no node of the cluster answers metadata of %s: %w", topic, errors.Join(errs...))
+	return nil, -1, fmt.Errorf("no node of the cluster answers metadata of %s: %w", topic, errors.Join(errs...))
+}
+
+// controllerNote says whether the killed node was the active controller,
+// whose death adds the quorum's election to the leaders' move.
+func controllerNote(victim *kafkaBroker, controller int32) string {
+	if victim.id == controller {
+		return "the active controller"
+	}
+	return fmt.Sprintf("the active controller was node %d", controller)
 }
 
 // mostLeader returns the node leading the most of the partitions (the
@@ -476,18 +498,20 @@ func duplicateCopies(source, channel map[int32][]kRecord) []string {
 
 // relayCounters sums over the agents the producer's counters for C that
 // explain what the kill did: resends the broker already had, epoch bumps,
-// transactions by outcome.
-func relayCounters(agents []*agentProc) string {
-	var parts []string
-	for _, series := range []string{
+// and with exactly_once transactions by outcome.
+func relayCounters(agents []*agentProc, delivery string) string {
+	series := []string{
 		`kswitch_routing_duplicate_sequence_total{cluster="C"}`,
 		`kswitch_routing_epoch_bumps_total{cluster="C"}`,
-		`kswitch_routing_transactions_total{cluster="C",outcome="committed"}`,
-		`kswitch_routing_transactions_total{cluster="C",outcome="aborted"}`,
-		`kswitch_routing_transactions_total{cluster="C",outcome="failed"}`,
-		`kswitch_routing_transactions_total{cluster="C",outcome="fenced"}`,
-		`kswitch_routing_exactly_once_skipped_total`,
-	} {
+	}
+	if delivery == "exactly_once" {
+		for _, outcome := range []string{"committed", "aborted", "failed", "fenced"} {
+			series = append(series, fmt.Sprintf(`kswitch_routing_transactions_total{cluster="C",outcome=%q}`, outcome))
+		}
+		series = append(series, "kswitch_routing_exactly_once_skipped_total")
+	}
+	var parts []string
+	for _, series := range series {
 		// A labelled series appears once counted: unseen is 0.
 		n, _, err := counterSum(agents, series)
 		if err != nil {
@@ -497,4 +521,18 @@ func relayCounters(agents []*agentProc) string {
 		parts = append(parts, fmt.Sprintf("%s %v", series, n))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// logLines counts the lines of the agents' logs (every process of each,
+// restarts included) that contain s.
+func logLines(agents []*agentProc, s string) int {
+	n := 0
+	for _, a := range agents {
+		out, err := os.ReadFile(a.log)
+		if err != nil {
+			continue
+		}
+		n += strings.Count(string(out), s)
+	}
+	return n
 }
