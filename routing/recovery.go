@@ -14,10 +14,9 @@ import (
 // producer retries in place without limit, so a produce fails back to the
 // router, other than for good, only when it cannot be placed (the
 // partition count of its topic is not known: a topic the producer has not
-// seen, or a cluster without metadata yet), when its producer was retired
-// with it unfinished (errRetired: the cluster was redefined), or when the
-// destination refused it for an error that is not about the record
-// (permanent):
+// seen, or a cluster without metadata yet) or when its producer was
+// retired with it unfinished (errRetired: the cluster was redefined); what
+// a producer refuses is refused for good (permanent):
 //
 //   - a produce that fails other than for good joins the destination's
 //     held produces, and the destination is failing: Handle makes every
