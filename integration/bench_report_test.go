@@ -666,6 +666,9 @@ func (r *benchResults) markdown() string {
 	for _, row := range rows {
 		keep := func(x relayTrial) bool { return x.Relay == row.relay && x.Instances == row.instances }
 		rates, whole := r.relayRate(row.relay, row.instances), r.relayWhole(row.relay, row.instances)
+		if len(rates) == 0 && row.relay == kswitchExactlyOnce {
+			continue // results written before the row existed
+		}
 		cmp, cmpWhole := "–", "–"
 		if row.relay != "kswitch" && len(rates) > 0 {
 			cmp = ratio(r.relayRate("kswitch", row.instances), rates)
