@@ -26,8 +26,10 @@ import (
 // SIGKILLed while the fleet relays at full speed, on real Kafka.
 
 const (
-	// relayRecords are written to A's orders at once (kcat -l), and
-	// relayed to the channel as fast as the fleet goes.
+	// relayRecords are written to A's orders at once, by one kcat run
+	// from a file (the fastest producer make integration has: Kafka's
+	// ProducerPerformance is make bench's), and relayed to the channel
+	// as fast as the fleet goes.
 	relayRecords = 300_000
 	// relayNodes is the channel cluster's size: three combined KRaft
 	// nodes, the channel topic replicated three times with
@@ -36,8 +38,8 @@ const (
 	relayNodes = 3
 	// relayTopic is the channel topic on C.
 	relayTopic = "relayed"
-	// relayKillAt is the share of the records the fleet has committed
-	// when the broker is killed: mid-relay.
+	// The broker is killed once the fleet has committed 1/relayKillAt
+	// of the records: mid-relay.
 	relayKillAt = 3
 )
 
