@@ -112,16 +112,16 @@ func acksOf(acks string) sarama.RequiredAcks {
 	}
 }
 
-// directHandler receives the outcomes of one producer's messages
+// produceHandler receives the outcomes of one producer's messages
 // (kafka.ProduceHandler) on its sink goroutines: none of its calls
 // blocks.
-type directHandler struct {
+type produceHandler struct {
 	r  *Router
 	pr *producer // set before the producer is used
 }
 
 // Acked settles each produce of an acknowledged batch, in order.
-func (h *directHandler) Acked(msgs []*kafka.Message, _ int64) {
+func (h *produceHandler) Acked(msgs []*kafka.Message, _ int64) {
 	for _, m := range msgs {
 		h.r.produced(m.Ref.(*outMsg))
 	}
@@ -130,7 +130,7 @@ func (h *directHandler) Acked(msgs []*kafka.Message, _ int64) {
 // Refused fails a produce its destination refused for good: the
 // dead-letter channel, a reference, or its partition blocked
 // (refusedForGood).
-func (h *directHandler) Refused(m *kafka.Message, err error) {
+func (h *produceHandler) Refused(m *kafka.Message, err error) {
 	om := m.Ref.(*outMsg)
 	if h.r.loopCtx.Err() != nil {
 		h.r.settle(om)
@@ -143,7 +143,7 @@ func (h *directHandler) Refused(m *kafka.Message, err error) {
 // acknowledged (consumed again by the next owner) when the router
 // closes; held and sent again in order through the new producer when
 // the producer was retired.
-func (h *directHandler) Unfinished(msgs []*kafka.Message) {
+func (h *produceHandler) Unfinished(msgs []*kafka.Message) {
 	for _, m := range msgs {
 		om := m.Ref.(*outMsg)
 		if h.r.loopCtx.Err() != nil || !h.pr.retired.Load() {
@@ -170,7 +170,7 @@ func (ds *destState) stallError() error {
 	return nil
 }
 
-// bumpRepeat is the least time between two new producer ids of a direct
+// bumpRepeat is the least time between two new producer ids of a
 // producer (kafka.ProducerConfig.BumpInterval, its default: the pool's):
 // a bump wanted sooner waits for it, and tells of a broker that keeps
 // losing producer state (RELAY.md §3). bumpProblemFor is how long

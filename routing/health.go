@@ -131,7 +131,7 @@ func (r *Router) queuedByDest() map[*destState]int64 {
 //     while records wait for it (its cluster stopped, hung or refusing);
 //   - every record handled for longer than after went to the dead-letter
 //     channel, none to a channel;
-//   - a direct producer took a new producer id within 5 s of the one
+//   - a producer took a new producer id within 5 s of the one
 //     before, less than a minute ago (sampleProducers).
 func (r *Router) DeliveryProblem(after time.Duration) string {
 	now := time.Now()

@@ -62,7 +62,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		bumps: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kswitch_routing_epoch_bumps_total",
-			Help: "New producer ids the direct producer took after a destination lost its sequence numbers (drain-and-bump), by cluster. Two within 5 s make readiness fail for a minute.",
+			Help: "New producer ids a producer took after a destination lost its sequence numbers (drain-and-bump), by cluster. Two within 5 s make readiness fail for a minute.",
 		}, []string{"cluster"}),
 		duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kswitch_routing_duplicate_sequence_total",

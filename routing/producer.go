@@ -91,7 +91,7 @@ type pool struct {
 	// opened is told about each producer opened and closed.
 	opened func(k producerKey, open bool)
 	// handler returns the handler of each producer opened.
-	handler func() *directHandler
+	handler func() *produceHandler
 	// ctx ends when the pool closes: it bounds the opening of producers.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -109,7 +109,7 @@ type pool struct {
 
 // newPool returns a pool whose producers report to the handlers handler
 // returns, one per producer.
-func newPool(clusters map[string]config.Cluster, log *zap.Logger, handler func() *directHandler) *pool {
+func newPool(clusters map[string]config.Cluster, log *zap.Logger, handler func() *produceHandler) *pool {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &pool{clusters: clusters, log: log, live: map[producerKey]*producer{}, opening: map[producerKey]*opening{},
 		opened: func(producerKey, bool) {}, handler: handler, ctx: ctx, cancel: cancel}
@@ -239,10 +239,10 @@ func (p *pool) setClusters(clusters map[string]config.Cluster) {
 	}
 }
 
-// directOpenTimeout bounds the opening of a producer (its
+// openTimeout bounds the opening of a producer (its
 // metadata, then InitProducerID retried): acquire gives up waiting after
 // Options.OpenWait, and the next attempt starts openRetry after a failure.
-const directOpenTimeout = 10 * time.Second
+const openTimeout = 10 * time.Second
 
 // open opens the producer of k; its outcome is in o and, on success, in
 // p.live.
@@ -258,7 +258,7 @@ func (p *pool) open(k producerKey, o *opening) {
 		cfg := kafka.DefaultProducerConfig()
 		cfg.Acks = acksOf(k.acks)
 		cfg.Logger = p.log
-		ctx, cancel := context.WithTimeout(p.ctx, directOpenTimeout)
+		ctx, cancel := context.WithTimeout(p.ctx, openTimeout)
 		kp, err = kafka.NewProducer(ctx, k.cluster, cl, cfg, h)
 		cancel()
 	}

@@ -242,7 +242,7 @@ func New(cfg config.Config, sig func() signals.State, opts Options) (*Router, er
 		}
 	}
 	r.txns = newTxnSet(r, cfg.Fleet, cfg.Clusters)
-	r.pool = newPool(cfg.Clusters, log, func() *directHandler { return &directHandler{r: r} })
+	r.pool = newPool(cfg.Clusters, log, func() *produceHandler { return &produceHandler{r: r} })
 	r.pool.opened = func(_ producerKey, open bool) {
 		if open {
 			m.producers.Inc()

@@ -151,7 +151,7 @@ type txnProducer struct {
 	key txnKey
 	own owner
 	set *txnSet
-	w   *directTxn // replaced, under mu, when it broke (reopen)
+	w   *txnWire // replaced, under mu, when it broke (reopen)
 	// committed is the position of the last committed transaction (read
 	// at open, then ours); nil when there is none.
 	committed *TxnPosition
@@ -209,18 +209,18 @@ type txnSet struct {
 	fenced  map[txnKey]owner
 	clients map[string]sarama.Client // per cluster, for the positions topic
 	ready   map[string]bool          // positions topic exists
-	// direct are the clusters' Producers that carry the streams
-	// (txn_direct.go), one per cluster, opened under openMu.
-	direct map[string]*producer
-	openMu sync.Mutex
-	closed bool
-	wg     sync.WaitGroup
+	// producers are the clusters' transactional Producers that carry
+	// the streams (txn_direct.go), one per cluster, opened under openMu.
+	producers map[string]*producer
+	openMu    sync.Mutex
+	closed    bool
+	wg        sync.WaitGroup
 }
 
 func newTxnSet(r *Router, fleet string, clusters map[string]config.Cluster) *txnSet {
 	s := &txnSet{r: r, fleet: fleet, clusters: clusters, live: map[txnKey]*txnProducer{},
 		opening: map[txnKey]chan struct{}{}, fenced: map[txnKey]owner{}, clients: map[string]sarama.Client{}, ready: map[string]bool{},
-		direct: map[string]*producer{}}
+		producers: map[string]*producer{}}
 	s.eo.Store(exactlyOnceClusters(clusters))
 	return s
 }
@@ -252,12 +252,12 @@ func (s *txnSet) setClusters(clusters map[string]config.Cluster) {
 			delete(s.ready, name)
 		}
 	}
-	for name, pr := range s.direct {
+	for name, pr := range s.producers {
 		if !sameConnection(s.clusters[name], clusters[name]) {
 			// Its streams fail (ErrTxnClosed): they are broken, and
 			// opened again on a Producer with the new definition.
-			delete(s.direct, name)
-			s.wg.Go(func() { closeDirect(pr) })
+			delete(s.producers, name)
+			s.wg.Go(func() { closeClusterProducer(pr) })
 		}
 	}
 	s.clusters = clusters
@@ -318,7 +318,7 @@ func (s *txnSet) acquire(ctx context.Context, k txnKey, own owner, wait time.Dur
 // releaseWait bounds how long release waits for the producers' commits or
 // openings in progress. An opening against a cluster that does not answer
 // can take longer (the cluster's Producer opening, the stream's
-// InitProducerID, each up to directOpenTimeout, and the position's read):
+// InitProducerID, each up to openTimeout, and the position's read):
 // it then fences whoever opened the stream's producer
 // meanwhile, which is logged.
 const releaseWait = 15 * time.Second
@@ -470,7 +470,7 @@ const positionWait = 10 * time.Second
 // openWire opens a wire with k's transactional.id, which fences the last
 // one (Kafka aborts its open transaction, so the position read next is
 // final), and reads the stream's committed position.
-func (s *txnSet) openWire(k txnKey) (*directTxn, *TxnPosition, error) {
+func (s *txnSet) openWire(k txnKey) (*txnWire, *TxnPosition, error) {
 	s.mu.Lock()
 	cl, ok := s.clusters[k.cluster]
 	s.mu.Unlock()
@@ -481,7 +481,7 @@ func (s *txnSet) openWire(k txnKey) (*directTxn, *TxnPosition, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	w, err := s.openDirect(k, cl)
+	w, err := s.openStream(k, cl)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -783,7 +783,7 @@ func (t *txnProducer) closeProducer() {
 	t.shut.Do(w.close)
 }
 
-// place readies om for its wire (directTxn.place) before any produce of
+// place readies om for its wire (txnWire.place) before any produce of
 // its record is handed over.
 func (t *txnProducer) place(ctx context.Context, om *outMsg, wait time.Duration) error {
 	t.mu.Lock()
@@ -1076,11 +1076,11 @@ func (s *txnSet) close() {
 		_ = c.Close()
 		delete(s.clients, name)
 	}
-	direct := s.direct
-	s.direct = map[string]*producer{}
+	producers := s.producers
+	s.producers = map[string]*producer{}
 	s.mu.Unlock()
-	for _, pr := range direct {
-		closeDirect(pr)
+	for _, pr := range producers {
+		closeClusterProducer(pr)
 	}
 }
 

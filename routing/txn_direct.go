@@ -21,17 +21,17 @@ import (
 // cost is a second set of connections to a cluster that has channels of
 // both kinds; every stream of a cluster shares the one set.
 
-// directTxn is the wire under a txnProducer: a kafka.TxnStream, one
+// txnWire is the wire under a txnProducer: a kafka.TxnStream, one
 // transactional.id opened for one owner. The txnProducer's loop calls
 // commit without the txnProducer's mu and never while send runs (records
 // given meanwhile are queued); send, place and close may be called by any
 // goroutine.
-type directTxn struct {
+type txnWire struct {
 	s  *kafka.TxnStream
 	pr *producer // the cluster's transactional Producer, for partitions
 }
 
-// txnCommitWait bounds a direct stream's Commit: it waits for every batch
+// txnCommitWait bounds a stream's Commit: it waits for every batch
 // of the transaction, which the Producer sends again without end while a
 // destination is away. A commit not finished then is taken as broken: the
 // stream is opened again (which aborts the transaction unless its EndTxn
@@ -41,30 +41,30 @@ const txnCommitWait = 30 * time.Second
 // txnCloseWait bounds the Close of a stream or of a cluster's Producer.
 const txnCloseWait = 5 * time.Second
 
-// openDirect opens k's stream on the cluster's transactional Producer,
+// openStream opens k's stream on the cluster's transactional Producer,
 // opening that first if needed.
-func (s *txnSet) openDirect(k txnKey, cl config.Cluster) (*directTxn, error) {
-	pr, err := s.directProducer(k.cluster, cl)
+func (s *txnSet) openStream(k txnKey, cl config.Cluster) (*txnWire, error) {
+	pr, err := s.clusterProducer(k.cluster, cl)
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), directOpenTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 	defer cancel()
 	ts, err := pr.kp.OpenTxn(ctx, kafka.DefaultTxnConfig(k.transactionalID(s.fleet)))
 	if err != nil {
 		return nil, err
 	}
-	return &directTxn{s: ts, pr: pr}, nil
+	return &txnWire{s: ts, pr: pr}, nil
 }
 
-// directProducer returns the cluster's transactional Producer, opening it
+// clusterProducer returns the cluster's transactional Producer, opening it
 // if it is not open: one opening at a time (openMu), bounded by
-// directOpenTimeout.
-func (s *txnSet) directProducer(name string, cl config.Cluster) (*producer, error) {
+// openTimeout.
+func (s *txnSet) clusterProducer(name string, cl config.Cluster) (*producer, error) {
 	s.openMu.Lock()
 	defer s.openMu.Unlock()
 	s.mu.Lock()
-	pr, closed := s.direct[name], s.closed
+	pr, closed := s.producers[name], s.closed
 	s.mu.Unlock()
 	switch {
 	case closed:
@@ -74,7 +74,7 @@ func (s *txnSet) directProducer(name string, cl config.Cluster) (*producer, erro
 	}
 	cfg := kafka.DefaultProducerConfig()
 	cfg.Logger = s.r.log
-	ctx, cancel := context.WithTimeout(context.Background(), directOpenTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 	kp, err := kafka.NewProducer(ctx, name, cl, cfg, txnHandler{})
 	cancel()
 	if err != nil {
@@ -84,23 +84,23 @@ func (s *txnSet) directProducer(name string, cl config.Cluster) (*producer, erro
 	s.mu.Lock()
 	keep := !s.closed && sameConnection(s.clusters[name], cl)
 	if keep {
-		s.direct[name] = pr
+		s.producers[name] = pr
 	}
 	s.mu.Unlock()
 	if !keep {
 		// Closed, or redefined while it opened: the next opening uses
 		// the new definition. (Openings run in s.wg, which close waits
 		// for.)
-		closeDirect(pr)
+		closeClusterProducer(pr)
 		return nil, fmt.Errorf("routing: the transactional producer for cluster %s opened as the router closed or the cluster was redefined", name)
 	}
 	return pr, nil
 }
 
-// closeDirect closes a cluster's transactional Producer: its streams that
+// closeClusterProducer closes a cluster's transactional Producer: its streams that
 // are still open fail with kafka.ErrTxnClosed (broken: their txnProducers
 // open them again on the cluster's next Producer).
-func closeDirect(pr *producer) {
+func closeClusterProducer(pr *producer) {
 	ctx, cancel := context.WithTimeout(context.Background(), txnCloseWait)
 	defer cancel()
 	_ = pr.kp.Close(ctx)
@@ -124,7 +124,7 @@ const placePoll = 5 * time.Millisecond
 // (direct.go). A topic whose partition count the Producer has not seen
 // yet is looked up in the background (kafka.ErrPartitionsUnknown): place
 // waits for it at most wait.
-func (w *directTxn) place(ctx context.Context, om *outMsg, wait time.Duration) error {
+func (w *txnWire) place(ctx context.Context, om *outMsg, wait time.Duration) error {
 	m := &om.km
 	n, err := w.pr.kp.Partitions(m.Topic)
 	if errors.Is(err, kafka.ErrPartitionsUnknown) {
@@ -157,7 +157,7 @@ func (w *directTxn) place(ctx context.Context, om *outMsg, wait time.Duration) e
 // It is placed once: sent again (in a transaction after an abort, or on a
 // stream opened again), it goes to the same partition, in the same order.
 // Called with the txnProducer's mu held.
-func (w *directTxn) send(om *outMsg) error {
+func (w *txnWire) send(om *outMsg) error {
 	return w.s.Produce(&om.km)
 }
 
@@ -167,7 +167,7 @@ func (w *directTxn) send(om *outMsg) error {
 // are in a new transaction already, to commit next), fenced (see fenced)
 // or else broken (the transaction's outcome is unknown: open the id again
 // and read the position back).
-func (w *directTxn) commit(key, value []byte) ([]*outMsg, error) {
+func (w *txnWire) commit(key, value []byte) ([]*outMsg, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), txnCommitWait)
 	defer cancel()
 	_, err := w.s.Commit(ctx, &kafka.Message{Topic: config.PositionsTopic, Key: key, Value: value})
@@ -192,7 +192,7 @@ func (w *directTxn) commit(key, value []byte) ([]*outMsg, error) {
 
 // close stops the stream without committing; what it has open is aborted
 // by the id's next opening or its transaction timeout.
-func (w *directTxn) close() {
+func (w *txnWire) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), txnCloseWait)
 	defer cancel()
 	_ = w.s.Close(ctx)

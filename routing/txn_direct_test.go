@@ -178,7 +178,7 @@ func (w *world) logUncommitted(cluster, topic string) {
 	}
 }
 
-// TestExactlyOnceDirectThroughABrokerRestart: on the direct path, the
+// TestExactlyOnceDirectThroughABrokerRestart: the
 // exactly_once cluster's broker stops (connections refused, then cut)
 // while a transaction holds records, and starts again on the same ports
 // with its data: every record is on the channel once, committed as the
@@ -288,7 +288,7 @@ func committing(r *Router) bool {
 	return false
 }
 
-// TestExactlyOnceDirectRefusedRecordToDeadLetter: on the direct path, a
+// TestExactlyOnceDirectRefusedRecordToDeadLetter: a
 // record larger than the channel's topic takes (max.message.bytes) aborts
 // its transaction; the stream names it (kafka.TxnAbortedError.Refused)
 // and it goes to the dead-letter channel, while the transaction's other
