@@ -10,11 +10,12 @@ import (
 )
 
 // TestChannelRedefinedDuringAnOutageKeepsSourceOrder: the channel's
-// definition changes (its compression: another producer) while its
+// definition changes (its compression, which the producer applies per
+// batch: records of both codecs go through one producer) while its
 // cluster is down and records wait, as an operator's routes change can
 // land during an outage. Once the cluster is back, every source partition
-// still reaches the channel in order: the records the old definition's
-// producer held do not come after newer ones the new producer sent. A
+// still reaches the channel in order: the records produced under the old
+// definition do not come after newer ones produced under the new. A
 // chaos run (seed 51: C stopped 15 s, the routes in force deleted meanwhile)
 // put 58 records after later ones of their partition, none counted.
 func TestChannelRedefinedDuringAnOutageKeepsSourceOrder(t *testing.T) {
@@ -42,7 +43,7 @@ func TestChannelRedefinedDuringAnOutageKeepsSourceOrder(t *testing.T) {
 			}
 			waitFailing(t, r, "c")
 			// The channel redefined while its records wait: no
-			// compression, so another producer.
+			// compression, batches after the lz4 ones.
 			w.waitVersion(w.put(keys.New(fleet).Channel("c"), "cluster: C\ntopic: c\npartitioner: manual-same-partition\n"))
 			if fault == "stop" {
 				if err := c.Restart(); err != nil {

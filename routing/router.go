@@ -512,7 +512,7 @@ func (r *Router) submit(ctx context.Context, rec *record.Record, msgs []*outMsg)
 			}
 			r.m.waits.WithLabelValues("redefined").Inc()
 			return &WaitError{Channel: m.ch.Name, Reason: "redefined",
-				Err: fmt.Errorf("channel %s changed producer (cluster %s redefined, or its compression or acks): its records wait until the %d produces inside the previous producer return",
+				Err: fmt.Errorf("channel %s changed producer (cluster %s redefined, or its acks): its records wait until the %d produces inside the previous producer return",
 					m.ch.Name, m.ch.Cluster, m.ds.inFlight.Load())}
 		}
 	}
@@ -554,7 +554,7 @@ func (r *Router) submit(ctx context.Context, rec *record.Record, msgs []*outMsg)
 // enter counts a produce of ds through pr (nil: an exactly_once stream's)
 // as in flight, and reports whether it may go. A destination's produces go
 // through one producer at a time: a produce through another (its channel
-// redefined with another compression or acks, its cluster redefined, or
+// redefined with other acks, its cluster redefined, or
 // moved between delivery modes) waits until every produce of the
 // destination has returned, since each producer keeps only its own order:
 // a record sent through the new producer would overtake an earlier record
