@@ -33,5 +33,3 @@ require (
 )
 
 replace github.com/kswitch/kswitch => ../..
-
-replace github.com/IBM/sarama => ../../third_party/sarama

@@ -96,5 +96,3 @@ require (
 
 // The example builds against this checkout of kswitch.
 replace github.com/kswitch/kswitch => ../..
-
-replace github.com/IBM/sarama => ../../third_party/sarama

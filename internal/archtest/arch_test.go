@@ -2,8 +2,13 @@ package archtest
 
 import (
 	"encoding/json"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"slices"
 	"strings"
 	"testing"
@@ -43,6 +48,8 @@ var layers = map[string]int{
 
 type pkg struct {
 	ImportPath string
+	Dir        string
+	GoFiles    []string
 	Imports    []string
 	Deps       []string
 }
@@ -123,6 +130,67 @@ func TestBinaryLinksNoTestCode(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// highLevelSarama are sarama's constructors of its high-level clients:
+// their goroutines and channel hand-offs per record are what the relay
+// left (docs/RELAY.md §1).
+var highLevelSarama = []string{
+	"NewConsumer", "NewConsumerFromClient", "NewConsumerGroup", "NewConsumerGroupFromClient",
+	"NewAsyncProducer", "NewAsyncProducerFromClient", "NewSyncProducer", "NewSyncProducerFromClient",
+}
+
+// offRecordPath are the packages that may still build sarama's high-level
+// clients: the demo's sample producer and reader (docs/ARCHITECTURE.md).
+// The integration suite's tools and examples/embed are modules or
+// directories of their own, outside ./... here.
+var offRecordPath = []string{"internal/demo"}
+
+// TestNoHighLevelSaramaClientOnTheRecordPath: no package of the binary's
+// record path builds sarama's Consumer or AsyncProducer (issue 35): the
+// agent reads through internal/kafka's Fetcher, routing writes through its
+// Producer and TxnStream. sarama's protocol types, Broker and Client stay.
+func TestNoHighLevelSaramaClientOnTheRecordPath(t *testing.T) {
+	found := 0
+	for _, p := range list(t, "./...") {
+		name := strings.TrimPrefix(p.ImportPath, module)
+		if strings.HasPrefix(name, "integration") || slices.Contains(offRecordPath, name) {
+			continue
+		}
+		for _, f := range p.GoFiles {
+			path := filepath.Join(p.Dir, f)
+			file, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.SkipObjectResolution)
+			if err != nil {
+				t.Fatal(err)
+			}
+			local := ""
+			for _, imp := range file.Imports {
+				if v, _ := strconv.Unquote(imp.Path.Value); v == "github.com/IBM/sarama" {
+					local = "sarama"
+					if imp.Name != nil {
+						local = imp.Name.Name
+					}
+				}
+			}
+			if local == "" {
+				continue
+			}
+			found++
+			ast.Inspect(file, func(n ast.Node) bool {
+				sel, ok := n.(*ast.SelectorExpr)
+				if !ok {
+					return true
+				}
+				if x, ok := sel.X.(*ast.Ident); ok && x.Name == local && slices.Contains(highLevelSarama, sel.Sel.Name) {
+					t.Errorf("%s: %s.%s on the record path (package %s): use internal/kafka's Fetcher, Producer or TxnStream", path, local, sel.Sel.Name, name)
+				}
+				return true
+			})
+		}
+	}
+	if found == 0 {
+		t.Fatal("no file of the module imports sarama: the check looked at nothing")
 	}
 }
 

@@ -1,4 +1,5 @@
 // Package archtest holds no code: its test checks the module's import
 // layers (docs/ARCHITECTURE.md, "Layers"), that routing does not depend on
-// the agent, and that the kswitch binary links no test infrastructure.
+// the agent, that the kswitch binary links no test infrastructure, and that
+// no package of the record path builds sarama's Consumer or AsyncProducer.
 package archtest
