@@ -203,7 +203,7 @@ func (r *benchResults) write(dir string) error {
 		"agents": fmt.Sprintf("the integration suite's configuration: etcd session_ttl "+sessionTTL.String()+", request_timeout 1s; source commit_interval 500ms; failover probe_interval 500ms, "+
 			"probe_timeout 1s, failure_window 3s, failback auto; in the fault figures failback_stable %v (the suite's is 10 s) and max_failed_switches 1000 "+
 			"(the default 3 would stop automatic switching at the third failover in 5 minutes)", benchFailbackStable),
-		"channel producer":  "routing.ProducerConfig with the defaults: acks all, idempotent, one request in flight per broker, no compression (the baseline relayloop uses the same function)",
+		"channel producer":  "internal/kafka's Producer with the defaults: acks all, idempotent, up to 5 requests in flight per broker, no compression (the baseline relayloop: sarama's AsyncProducer with routing.ProducerConfig, acks all, idempotent, one request in flight)",
 		"relay records":     fmt.Sprintf("%d records of 1024 bytes (ProducerPerformance), %d partitions, 1 rule, 1 channel on B, partitioner manual-same-partition", r.Scale.RelayRecords, relayPartitions),
 		"kafka":             "A and B: one KRaft node each (broker and controller), 384 MiB heap, loopback",
 		"mirrormaker2":      "dedicated MirrorMaker 2, 384 MiB heap, its defaults (tasks.max 1); no checkpoints or heartbeats in the throughput runs",
