@@ -141,8 +141,6 @@ func newKafkaCluster(env kafkaEnv, name, dir, logs string, n int) ([]*kafkaBroke
 		_, _ = rand.Read(id)
 		cid = base64.RawURLEncoding.EncodeToString(id)
 	}
-	errs := make([]error, n)
-	var wg sync.WaitGroup
 	for i, b := range nodes {
 		conf := fmt.Sprintf(`# cluster %[1]s of the kswitch integration suite: node %[6]d of %[7]d, combined broker and controller
 process.roles=broker,controller
@@ -180,6 +178,11 @@ auto.leader.rebalance.enable=false
 		if err := os.WriteFile(b.conf, []byte(conf), 0o644); err != nil {
 			return nil, err
 		}
+	}
+	// Every node's storage, formatted at once (each a JVM run).
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, b := range nodes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
