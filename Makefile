@@ -18,6 +18,11 @@ ETCD_DIR     = $(CACHE)/etcd-$(ETCD_VERSION)
 KAFKA_POM     = integration/kafka/pom.xml
 KAFKA_VERSION = $(shell sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' $(KAFKA_POM))
 KAFKA_DIR     = $(CACHE)/kafka-$(KAFKA_VERSION)
+# The older broker of the versions scenario (integration/kafka/old/pom.xml:
+# Kafka 3.x, the broker alone), for TestRelayAcrossKafkaVersions.
+KAFKA_OLD_POM     = integration/kafka/old/pom.xml
+KAFKA_OLD_VERSION = $(shell sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' $(KAFKA_OLD_POM))
+KAFKA_OLD_DIR     = $(CACHE)/kafka-$(KAFKA_OLD_VERSION)
 # Kafka's performance tools for make bench, at the same version.
 KAFKA_TOOLS_POM = integration/benchtools/pom.xml
 KAFKA_TOOLS_DIR = $(CACHE)/kafka-tools-$(KAFKA_VERSION)
@@ -98,6 +103,7 @@ demo: build
 integration: build etcd-bin kafka-jars
 	@command -v kcat >/dev/null || { echo "kcat is missing: apt-get install kcat"; exit 1; }
 	KSWITCH_TEST_BIN=$(CURDIR)/$(BIN)/kswitch KSWITCH_TEST_ETCD_DIR=$(ETCD_DIR) KSWITCH_TEST_KAFKA_DIR=$(KAFKA_DIR) \
+	KSWITCH_TEST_KAFKA_DIR_OLD=$(KAFKA_OLD_DIR) \
 	KSWITCH_TEST_LOG_DIR=$(CURDIR)/integration/logs KSWITCH_TEST_REPORT_DIR=$(CURDIR)/integration/report \
 	$(GO) test -race -count=1 -tags integration -timeout 20m -v $(if $(RUN),-run '$(RUN)') ./integration/...
 
@@ -141,15 +147,21 @@ etcd-bin:
 	  $(GO) build -o $(ETCD_DIR)/etcdctl go.etcd.io/etcd/etcdctl/v3 && \
 	  echo "etcd and etcdctl built in $$(( $$(date +%s) - start )) s"; fi
 
-## kafka-jars: the Kafka broker and MirrorMaker 2 jars of $(KAFKA_POM), copied by Maven into $(KAFKA_DIR)/libs (once; again when the pom changes)
+## kafka-jars: the Kafka broker and MirrorMaker 2 jars of $(KAFKA_POM) into $(KAFKA_DIR)/libs, and the older broker of $(KAFKA_OLD_POM) into $(KAFKA_OLD_DIR)/libs, copied by Maven (once each; again when its pom changes)
 kafka-jars:
-	@if [ -f $(KAFKA_DIR)/libs/.complete ] && cmp -s $(KAFKA_POM) $(KAFKA_DIR)/pom.xml; then echo "Kafka $(KAFKA_VERSION) jars cached in $(KAFKA_DIR)/libs"; else \
+	$(call fetch-kafka-jars,$(KAFKA_POM),$(KAFKA_VERSION),$(KAFKA_DIR))
+	$(call fetch-kafka-jars,$(KAFKA_OLD_POM),$(KAFKA_OLD_VERSION),$(KAFKA_OLD_DIR))
+
+# fetch-kafka-jars POM,VERSION,DIR: the runtime classpath of POM into DIR/libs, unless DIR holds it for this very pom.
+define fetch-kafka-jars
+	@if [ -f $(3)/libs/.complete ] && cmp -s $(1) $(3)/pom.xml; then echo "Kafka $(2) jars cached in $(3)/libs"; else \
 	  command -v mvn >/dev/null || { echo "mvn is missing: Maven 3 fetches the Kafka jars"; exit 1; }; \
-	  echo "fetching Kafka $(KAFKA_VERSION) jars into $(KAFKA_DIR)/libs (about 30 s, once)"; \
-	  rm -rf $(KAFKA_DIR) && mkdir -p $(KAFKA_DIR) && start=$$(date +%s) && \
-	  mvn -B -q -f $(KAFKA_POM) $(if $(MAVEN_REPO),-Dmaven.repo.local=$(MAVEN_REPO)) -Dkafka.libs=$(KAFKA_DIR)/libs package && \
-	  cp $(KAFKA_POM) $(KAFKA_DIR)/pom.xml && touch $(KAFKA_DIR)/libs/.complete && \
-	  echo "$$(ls $(KAFKA_DIR)/libs | wc -l) jars in $$(( $$(date +%s) - start )) s"; fi
+	  echo "fetching Kafka $(2) jars into $(3)/libs (about 30 s, once)"; \
+	  rm -rf $(3) && mkdir -p $(3) && start=$$(date +%s) && \
+	  mvn -B -q -f $(1) $(if $(MAVEN_REPO),-Dmaven.repo.local=$(MAVEN_REPO)) -Dkafka.libs=$(3)/libs package && \
+	  cp $(1) $(3)/pom.xml && touch $(3)/libs/.complete && \
+	  echo "$$(ls $(3)/libs | wc -l) jars in $$(( $$(date +%s) - start )) s"; fi
+endef
 
 ## kafka-tools: Kafka's ProducerPerformance and ConsumerPerformance (kafka-tools, integration/benchtools/pom.xml, at $(KAFKA_POM)'s version) into $(KAFKA_TOOLS_DIR)/libs, for make bench (once)
 kafka-tools:
