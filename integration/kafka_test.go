@@ -37,23 +37,59 @@ const kafkaVersion = "4.1.0"
 
 var saramaVersion = sarama.V4_1_0_0
 
-// kafkaEnv locates java, the Kafka jars and the log4j2 configuration.
+// kafkaEnv locates java, one release's Kafka jars and their logging
+// configuration.
 type kafkaEnv struct {
-	java  string
-	libs  string // a directory of jars
-	log4j string
+	java string
+	libs string // a directory of jars
+	// release is the broker's, from its jar's name: 4.1.1, 3.9.2.
+	release string
+	// version is what the agents' clusters.<name>.version says of a
+	// cluster of this release (the suite's kafkaVersion for its own).
+	version string
+	// logging is the JVM flag naming the logging configuration: log4j2
+	// for 4.x, log4j 1 (reload4j) for 3.x.
+	logging string
 }
 
+// kafkaTools is the suite's Kafka (KSWITCH_TEST_KAFKA_DIR,
+// integration/kafka/pom.xml), which also runs MirrorMaker 2.
 func kafkaTools(t *testing.T) kafkaEnv {
 	t.Helper()
-	dir := os.Getenv("KSWITCH_TEST_KAFKA_DIR")
+	e := kafkaToolsFrom(t, "KSWITCH_TEST_KAFKA_DIR", "-Dlog4j2.configurationFile=", filepath.Join("kafka", "log4j2.properties"))
+	e.version = kafkaVersion
+	return e
+}
+
+// kafkaToolsOld is the older broker of the versions scenario
+// (KSWITCH_TEST_KAFKA_DIR_OLD, integration/kafka/old/pom.xml: Kafka 3.x,
+// the broker alone, logging through log4j 1); the agents configure its
+// release as the cluster's version.
+func kafkaToolsOld(t *testing.T) kafkaEnv {
+	t.Helper()
+	e := kafkaToolsFrom(t, "KSWITCH_TEST_KAFKA_DIR_OLD", "-Dlog4j.configuration=file:", filepath.Join("kafka", "old", "log4j.properties"))
+	e.version = e.release
+	return e
+}
+
+// kafkaToolsFrom locates the jars in the directory the environment
+// variable dirVar names, and the logging configuration conf (relative to
+// integration/), passed to the JVM as logFlag+<its absolute path>.
+func kafkaToolsFrom(t *testing.T, dirVar, logFlag, conf string) kafkaEnv {
+	t.Helper()
+	dir := os.Getenv(dirVar)
 	if dir == "" {
-		fatal(t, "KSWITCH_TEST_KAFKA_DIR is not set: run the suite with `make integration`, which fetches the Kafka jars")
+		fatalf(t, "%s is not set: run the suite with `make integration`, which fetches the Kafka jars", dirVar)
 	}
 	libs := filepath.Join(dir, "libs")
 	if _, err := os.Stat(filepath.Join(libs, ".complete")); err != nil {
 		fatalf(t, "no Kafka jars in %s (%v): run `make kafka-jars`", libs, err)
 	}
+	jars, err := filepath.Glob(filepath.Join(libs, "kafka_2.13-*.jar"))
+	if err != nil || len(jars) != 1 {
+		fatalf(t, "%s: want one broker jar kafka_2.13-<release>.jar, found %v (%v)", libs, jars, err)
+	}
+	release := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(jars[0]), "kafka_2.13-"), ".jar")
 	java, err := exec.LookPath("java")
 	if err != nil {
 		fatalf(t, "java: %v (the brokers need Java 17 or later)", err)
@@ -61,11 +97,11 @@ func kafkaTools(t *testing.T) kafkaEnv {
 	if _, err := exec.LookPath("kcat"); err != nil {
 		fatalf(t, "kcat: %v (apt-get install kcat)", err)
 	}
-	log4j, err := filepath.Abs(filepath.Join("kafka", "log4j2.properties"))
+	abs, err := filepath.Abs(conf)
 	if err != nil {
 		fatal(t, err)
 	}
-	return kafkaEnv{java: java, libs: libs, log4j: log4j}
+	return kafkaEnv{java: java, libs: libs, release: release, logging: logFlag + abs}
 }
 
 // jvmArgs are the flags of Kafka's bin/ scripts, with a small heap.
@@ -73,7 +109,7 @@ func (e kafkaEnv) jvmArgs(heap, logsDir, main string) []string {
 	return []string{
 		"-Xms" + heap, "-Xmx" + heap,
 		"-server", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true",
-		"-Dlog4j2.configurationFile=" + e.log4j, "-Dkafka.logs.dir=" + logsDir,
+		e.logging, "-Dkafka.logs.dir=" + logsDir,
 		"-cp", filepath.Join(e.libs, "*"), main,
 	}
 }

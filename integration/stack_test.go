@@ -50,6 +50,9 @@ type stackOptions struct {
 	// time on append (message.timestamp.type=LogAppendTime) instead of
 	// the source record's: when each delivery reached B.
 	appendTime bool
+	// kafkaA and kafkaB are the Kafka releases A and B run (nil: the
+	// suite's, which also runs MirrorMaker 2).
+	kafkaA, kafkaB *kafkaEnv
 }
 
 // startStack starts the stack, MirrorMaker 2 only with mirror, and reports
@@ -79,11 +82,17 @@ func startStackOpts(t *testing.T, timed func(string, time.Duration), policy repl
 	brokers := make([]*kafkaBroker, 2)
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
+	envs := []kafkaEnv{st.env, st.env}
+	for i, e := range []*kafkaEnv{o.kafkaA, o.kafkaB} {
+		if e != nil {
+			envs[i] = *e
+		}
+	}
 	for i, name := range []string{"A", "B"} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			brokers[i], errs[i] = newKafkaBroker(st.env, name, dirs[i], logs)
+			brokers[i], errs[i] = newKafkaBroker(envs[i], name, dirs[i], logs)
 		}()
 	}
 	st.etcd = startEtcdCluster(t, 3)
@@ -167,7 +176,7 @@ func (st *stack) agentConfig() agentConfig {
     offset_syncs_on: target
     offset_syncs_topic: %s
     checkpoints_topic: A.checkpoints.internal
-`, st.a.addr, kafkaVersion, back, st.b.addr, kafkaVersion, st.policy.kswitch, st.policy.syncTopic),
+`, st.a.addr, st.a.env.version, back, st.b.addr, st.b.env.version, st.policy.kswitch, st.policy.syncTopic),
 		Source: fmt.Sprintf("  topics: [%s]\n  group: orders\n  initial_offset: oldest\n  refresh_interval: 2s\n  commit_interval: %s\n",
 			strings.Join(st.topics, ", "), commitInterval),
 		Failover: fmt.Sprintf("  probe_interval: %s\n  probe_timeout: 1s\n  failure_window: %s\n  failback: auto\n  failback_stable: %s\n",
