@@ -420,8 +420,14 @@ func requestVersions(t *testing.T, b *kafkaBroker, keys ...int16) map[int16][]in
 		fatal(t, err)
 	}
 	from := info.Size()
-	setRequestLog(t, b, "DEBUG")
-	defer setRequestLog(t, b, "WARN")
+	if err := setRequestLog(b, "DEBUG"); err != nil {
+		fatal(t, err)
+	}
+	defer func() {
+		if err := setRequestLog(b, "WARN"); err != nil {
+			errorf(t, "%v", err)
+		}
+	}()
 	var got map[int16][]int16
 	waitFor(t, 30*time.Second, fmt.Sprintf("Kafka %s logs the agents' %v requests", b.name, keys), func() error {
 		if got, err = agentRequests(b.proc.log, from); err != nil {
@@ -438,17 +444,17 @@ func requestVersions(t *testing.T, b *kafkaBroker, keys ...int16) map[int16][]in
 }
 
 // setRequestLog sets the level of b's kafka.request.logger.
-func setRequestLog(t *testing.T, b *kafkaBroker, level string) {
-	t.Helper()
+func setRequestLog(b *kafkaBroker, level string) error {
 	adm, err := sarama.NewClusterAdmin([]string{b.addr}, saramaConfig(5*time.Second))
 	if err != nil {
-		fatal(t, err)
+		return fmt.Errorf("kafka %s: %w", b.name, err)
 	}
 	defer adm.Close()
 	if err := adm.IncrementalAlterConfig(sarama.BrokerLoggerResource, fmt.Sprint(b.id),
 		map[string]sarama.IncrementalAlterConfigsEntry{"kafka.request.logger": {Operation: sarama.IncrementalAlterConfigsOperationSet, Value: &level}}, false); err != nil {
-		fatalf(t, "Kafka %s: kafka.request.logger to %s: %v", b.name, level, err)
+		return fmt.Errorf("kafka %s: kafka.request.logger to %s: %w", b.name, level, err)
 	}
+	return nil
 }
 
 // agentRequests reads the broker's request log lines ("Completed
