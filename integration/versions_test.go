@@ -430,12 +430,13 @@ func requestVersions(t *testing.T, b *kafkaBroker, keys ...int16) map[int16][]in
 	}()
 	var got map[int16][]int16
 	waitFor(t, 30*time.Second, fmt.Sprintf("Kafka %s logs the agents' %v requests", b.name, keys), func() error {
-		if got, err = agentRequests(b.proc.log, from); err != nil {
+		var clients []string
+		if got, clients, err = agentRequests(b.proc.log, from); err != nil {
 			return err
 		}
 		for _, k := range keys {
 			if len(got[k]) == 0 {
-				return fmt.Errorf("no %s request from the agents yet (seen: %v)", apiName(k), got)
+				return fmt.Errorf("no %s request from client.id kswitch yet (the agents' versions by api key: %v; client ids logged: %v)", apiName(k), got, clients)
 			}
 		}
 		return nil
@@ -460,17 +461,18 @@ func setRequestLog(b *kafkaBroker, level string) error {
 // agentRequests reads the broker's request log lines ("Completed
 // request:{json}") written at or after offset from of the log file, and
 // returns the versions of the requests whose client.id is the agents'
-// (kswitch), by api key, sorted.
-func agentRequests(log string, from int64) (map[int16][]int16, error) {
+// (kswitch), by api key, sorted; and every client.id logged.
+func agentRequests(log string, from int64) (map[int16][]int16, []string, error) {
 	fd, err := os.Open(log)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer fd.Close()
 	if _, err := fd.Seek(from, 0); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	out := map[int16][]int16{}
+	var clients []string
 	sc := bufio.NewScanner(fd)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	for sc.Scan() {
@@ -487,7 +489,13 @@ func agentRequests(log string, from int64) (map[int16][]int16, error) {
 				Client  string `json:"clientId"`
 			} `json:"requestHeader"`
 		}
-		if json.Unmarshal([]byte(line[i+len("Completed request:"):j+1]), &r) != nil || r.Header.Client != "kswitch" {
+		if json.Unmarshal([]byte(line[i+len("Completed request:"):j+1]), &r) != nil {
+			continue
+		}
+		if !slices.Contains(clients, r.Header.Client) {
+			clients = append(clients, r.Header.Client)
+		}
+		if r.Header.Client != "kswitch" {
 			continue
 		}
 		if !slices.Contains(out[r.Header.Key], r.Header.Version) {
@@ -495,5 +503,5 @@ func agentRequests(log string, from int64) (map[int16][]int16, error) {
 			slices.Sort(out[r.Header.Key])
 		}
 	}
-	return out, sc.Err()
+	return out, clients, sc.Err()
 }
