@@ -433,7 +433,7 @@ func (d *demo) story(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	d.say("detected: the probes of %d of %d agents fail to reach A (%v after it failed); the leader's verdict waits for the failure window, 1.5s",
+	d.say("detected: the probes of %d of %d agents fail to reach A (%v after it failed); the leader's verdict waits for the failure window, 1.5s since each agent last reached A",
 		failing, len(d.fleet), time.Since(failed).Round(time.Millisecond))
 	if err := d.await(ctx, 20*time.Second, "the fleet consumes B", func() bool { return d.consuming("B") }); err != nil {
 		return err

@@ -136,9 +136,14 @@ func TestDemo(t *testing.T) {
 	// Failover: the failure window (1.5s) then the switch; failback: the
 	// stable window (3s) then the switch. Each is bounded by the story's
 	// own waits (20s and 60s); here only that they were measured, and
-	// are no shorter than the windows that decide them.
-	if s.Failover < 1500*time.Millisecond {
-		t.Errorf("failover measured as %v, shorter than the failure window 1.5s", s.Failover)
+	// are no shorter than the windows that decide them. The failure
+	// window counts from each agent's last successful probe of A, which
+	// came before A failed by at most a probe interval (250ms) and a
+	// probe (at most its 500ms timeout): so the failover is at least
+	// 1.5s - 0.75s after the failure (1.45s in a CI run, where the
+	// records from B reached C within 20ms of the switch).
+	if s.Failover < 750*time.Millisecond {
+		t.Errorf("failover measured as %v, shorter than the failure window 1.5s less a probe interval and a probe timeout", s.Failover)
 	}
 	if s.Failback < 3*time.Second {
 		t.Errorf("failback measured as %v, shorter than the stable window 3s", s.Failback)
