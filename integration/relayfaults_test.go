@@ -310,13 +310,19 @@ func runRelayBrokerKilled(t *testing.T, delivery string) (rep scenarioReport) {
 // spreads them by key).
 func writeNumbered(t *testing.T, addr, topic string, n int) {
 	t.Helper()
+	writeNumberedFrom(t, addr, topic, 0, n)
+}
+
+// writeNumberedFrom is writeNumbered for the records numbered from on.
+func writeNumberedFrom(t *testing.T, addr, topic string, from, n int) {
+	t.Helper()
 	file := filepath.Join(t.TempDir(), "records")
 	fd, err := os.Create(file)
 	if err != nil {
 		fatal(t, err)
 	}
 	w := bufio.NewWriter(fd)
-	for i := range n {
+	for i := from; i < from+n; i++ {
 		fmt.Fprintf(w, "k%07d\tr%07d\n", i, i)
 	}
 	if err := errors.Join(w.Flush(), fd.Close()); err != nil {

@@ -48,11 +48,15 @@ type versionsLeg struct {
 // TestRelayAcrossKafkaVersions (docs/RELAY.md §6, R3): A on one Kafka
 // release, B and C on the other, MirrorMaker 2 from the newer jars
 // copying A to B. The fleet relays 100 000 records from A to the channel
-// on C at full speed, then a kcat producer writes 100 records a second;
-// A's broker gets SIGKILL (failover to B, the other release from A) and
-// is started again on its data (failback). Two legs: at_least_once with
-// A on the older release (fetch from 3.x, produce to 4.x), exactly_once
-// with A on the newer (fetch from 4.x, transactions on 3.x). Read back
+// on C at full speed, then a kcat producer writes 100 records a second.
+// The fleet is paused while A takes 100 000 more, which MirrorMaker 2
+// copies to B; A's broker gets SIGKILL and the fleet is resumed: it fails
+// over to B (the other release from A), its positions translated into
+// the middle of the copy, and relays that backlog from B at full speed.
+// A's broker is started again on its data (failback). Two legs:
+// at_least_once with A on the older release (fetch from 3.x, produce to
+// 4.x), exactly_once with A on the newer (fetch from 4.x, transactions
+// on 3.x). Read back
 // with kcat (read_committed for exactly_once): every record of A on the
 // channel, in source order per partition; exactly_once: none twice;
 // at_least_once: duplicates only where the failover explains them (the
@@ -73,8 +77,8 @@ func runRelayAcrossVersions(t *testing.T, leg versionsLeg) (rep scenarioReport) 
 		envA, envBC = newer, older
 	}
 	rep = newReport("relay-across-versions-" + leg.delivery)
-	rep.Covers = fmt.Sprintf("RELAY.md §6 R3: A on Kafka %s, B and C on %s, MirrorMaker 2 (%s) A → B; %d records relayed A → C at full speed, then %d/s through a failover (SIGKILL of A) and a failback, %s: 0 lost, order per partition, %s",
-		envA.release, envBC.release, newer.release, versionsRecords, produceRate, leg.delivery,
+	rep.Covers = fmt.Sprintf("RELAY.md §6 R3: A on Kafka %s, B and C on %s, MirrorMaker 2 (%s) A → B; %d records relayed A → C at full speed, %d more held back and relayed from B after a failover (SIGKILL of A), a producer at %d/s throughout, a failback; %s: 0 lost, order per partition, %s",
+		envA.release, envBC.release, newer.release, versionsRecords, versionsRecords, produceRate, leg.delivery,
 		map[bool]string{true: "0 duplicated (read_committed)", false: "duplicates only where the failover explains them"}[leg.delivery == "exactly_once"])
 	defer func() { rep.Passed = !t.Failed() }()
 	timed := rep.timer(t)
@@ -156,15 +160,24 @@ func runRelayAcrossVersions(t *testing.T, leg versionsLeg) (rep scenarioReport) 
 		"A": requestVersions(t, st.a, apiFetch),
 		"C": requestVersions(t, c, cKeys...),
 	}
-	// MirrorMaker 2 has copied the bulk, so that the failover lands on
-	// B's copy of what the fleet consumed and translates by fingerprint.
-	waitFor(t, 2*time.Minute, "MirrorMaker 2 copies A's bulk to B", func() error { return atLeast(st.b.addr, remote, bulk) })
-
-	// 3. Failover: A's broker crashes; the fleet moves to B, the other
-	// release from A.
+	// 3. A backlog on B: the fleet is paused, A takes a second bulk,
+	// and MirrorMaker 2 copies it to B. A's broker crashes with the fleet
+	// that far behind; the fleet, resumed, moves to B (the other release
+	// from A), where the translated positions are in the middle of the
+	// copy, and relays the backlog from there at full speed.
+	pauseRev := putRev(t, st.etcd, fleetPrefix+"signals/fleet", "pause")
+	waitFor(t, 10*time.Second, "every agent obeys the pause", func() error { return signalsApplied(agents, pauseRev) })
+	writeNumberedFrom(t, st.a.addr, "orders", versionsRecords, versionsRecords)
+	atPause, err := endOffsets(st.a.addr, "orders")
+	if err != nil {
+		fatal(t, err)
+	}
+	waitFor(t, 2*time.Minute, "MirrorMaker 2 copies the second bulk to B", func() error { return atLeast(st.b.addr, remote, atPause) })
 	fault := time.Now()
 	stopProc(t, st.a.proc, syscall.SIGKILL)
+	put(t, st.etcd, fleetPrefix+"signals/fleet", "start")
 	waitFailedOver(t, st.tl, fault, timed)
+	switched := time.Now()
 	replicatedAtFault, err := endOffsets(st.b.addr, remote)
 	if err != nil {
 		fatal(t, err)
@@ -172,6 +185,13 @@ func runRelayAcrossVersions(t *testing.T, leg versionsLeg) (rep scenarioReport) 
 	failover := lastSwitch(t, st.tl, "A", "B")
 	rep.Methods["failover"] = methods(failover)
 	t.Logf("failover: %s", describe(failover))
+	var backlog int64
+	for _, ps := range failover.Partitions {
+		backlog += replicatedAtFault[ps.Partition] - ps.ToOffset
+	}
+	if backlog < versionsRecords {
+		errorf(t, "the fleet had %d records to relay from B after the failover, want the second bulk (%d) or more: the pause did not hold it back", backlog, versionsRecords)
+	}
 	for _, ps := range failover.Partitions {
 		// As in TestFailoverOnRealKafka: by fingerprint, or by the
 		// offset-syncs where B lacked the last record consumed.
@@ -180,8 +200,11 @@ func runRelayAcrossVersions(t *testing.T, leg versionsLeg) (rep scenarioReport) 
 			errorf(t, "failover translated orders/%d by %s (%s), want fingerprint: MirrorMaker 2 %s copied Kafka %s to Kafka %s", ps.Partition, ps.Method, ps.Detail, newer.release, envA.release, envBC.release)
 		}
 	}
-	waitFor(t, time.Minute, "the fleet consumes everything B holds", func() error { return st.tl.caughtUp("B", remote, replicatedAtFault) })
+	waitFor(t, 3*time.Minute, "the fleet consumes everything B holds", func() error { return st.tl.caughtUp("B", remote, replicatedAtFault) })
 	timed("failover_drained", time.Since(fault))
+	drain := time.Since(switched)
+	rateB := float64(backlog) / drain.Seconds()
+	t.Logf("%d records relayed from B (Kafka %s) to C (Kafka %s) in %.1f s after the switch: %.0f records/s", backlog, envBC.release, envBC.release, drain.Seconds(), rateB)
 	wire["B"] = requestVersions(t, st.b, apiFetch)
 
 	// 4. Failback: A's broker is started again on its data.
@@ -217,8 +240,8 @@ func runRelayAcrossVersions(t *testing.T, leg versionsLeg) (rep scenarioReport) 
 	if err != nil {
 		fatal(t, err)
 	}
-	if got, want := sumOffsets(ends), int64(versionsRecords+prod.count()); got != want {
-		errorf(t, "A holds %d records, %d were written (%d at once, %d by the producer)", got, want, versionsRecords, prod.count())
+	if got, want := sumOffsets(ends), int64(2*versionsRecords+prod.count()); got != want {
+		errorf(t, "A holds %d records, %d were written (twice %d at once, %d by the producer)", got, want, versionsRecords, prod.count())
 	}
 	waitFor(t, time.Minute, "the fleet consumes all of A", func() error { return st.tl.caughtUp("A", "orders", ends) })
 	timed("relayed_all", time.Since(began))
@@ -302,9 +325,9 @@ func runRelayAcrossVersions(t *testing.T, leg versionsLeg) (rep scenarioReport) 
 	}
 	waitFor(t, 90*time.Second, "every agent ready at the end", func() error { return allReady(agents) })
 
-	d := fmt.Sprintf("R3 %s, A on Kafka %s, B and C on %s: %d records relayed at %.0f records/s (the write included), then %d more at %d/s; failover %s; failback %s; %s; kswitch_routing_reordered_total %v over the agents; %s; %s",
-		leg.delivery, envA.release, envBC.release, versionsRecords, rate, prod.count(), produceRate,
-		describe(failover), describe(failback), verdictNote, reordered, relayCounters(agents, leg.delivery), wireNote)
+	d := fmt.Sprintf("R3 %s, A on Kafka %s, B and C on %s: %d records relayed from A at %.0f records/s (the write included); a second %d held back by a pause, copied to B; %d records by a producer at %d/s throughout; failover %s; %d records relayed from B at %.0f records/s; failback %s; %s; kswitch_routing_reordered_total %v over the agents; %s; %s",
+		leg.delivery, envA.release, envBC.release, versionsRecords, rate, versionsRecords, prod.count(), produceRate,
+		describe(failover), backlog, rateB, describe(failback), verdictNote, reordered, relayCounters(agents, leg.delivery), wireNote)
 	rep.Details = append(rep.Details, d)
 	t.Log(d)
 	timed("scenario", time.Since(st.began))
