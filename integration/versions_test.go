@@ -135,6 +135,7 @@ func runRelayAcrossVersions(t *testing.T, leg versionsLeg) (rep scenarioReport) 
 	// from one release to the other.
 	began := time.Now()
 	writeNumbered(t, st.a.addr, "orders", versionsRecords)
+	timed("records_written_to_a", time.Since(began))
 	bulk, err := endOffsets(st.a.addr, "orders")
 	if err != nil {
 		fatal(t, err)
@@ -177,7 +178,8 @@ func runRelayAcrossVersions(t *testing.T, leg versionsLeg) (rep scenarioReport) 
 	stopProc(t, st.a.proc, syscall.SIGKILL)
 	put(t, st.etcd, fleetPrefix+"signals/fleet", "start")
 	waitFailedOver(t, st.tl, fault, timed)
-	switched := time.Now()
+	// When state/active named B, by the suite's watch of etcd.
+	switched := fault.Add(time.Duration(rep.Timings["failover_switched"] * float64(time.Second)))
 	replicatedAtFault, err := endOffsets(st.b.addr, remote)
 	if err != nil {
 		fatal(t, err)
