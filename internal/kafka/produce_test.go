@@ -383,6 +383,19 @@ func TestProduceAppliedButUnanswered(t *testing.T) {
 	}
 }
 
+// feedHalfAcked feeds msgs and waits until half of them are acknowledged:
+// the producer is mid-stream, with batches acknowledged and in flight.
+func feedHalfAcked(ctx context.Context, t *testing.T, p *kafka.Producer, r *recorder, msgs []*kafka.Message, window int) {
+	t.Helper()
+	feed(ctx, t, p, r, msgs, window)
+	wait.For(t, 30*time.Second, "half of the first records acknowledged", func() error {
+		if n := r.ackedN(); n < len(msgs)/2 {
+			return fmt.Errorf("%d of %d acknowledged", n, len(msgs))
+		}
+		return nil
+	})
+}
+
 // TestProduceSequenceLost (F7): OUT_OF_ORDER_SEQUENCE_NUMBER, then
 // UNKNOWN_PRODUCER_ID, on one partition: one drain-and-bump each, nothing
 // acknowledged sent again, nothing skipped.
@@ -395,13 +408,7 @@ func TestProduceSequenceLost(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	third := len(msgs) / 3
-	feed(ctx, t, p, r, msgs[:third], pl.window)
-	wait.For(t, 30*time.Second, "a third acknowledged", func() error {
-		if n := r.ackedN(); n < third/2 {
-			return fmt.Errorf("%d acknowledged", n)
-		}
-		return nil
-	})
+	feedHalfAcked(ctx, t, p, r, msgs[:third], pl.window)
 	for i, e := range []*kerr.Error{kerr.OutOfOrderSequenceNumber, kerr.UnknownProducerID} {
 		k.Cluster().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: pl.topic, Partitions: []int32{3}, Err: e})
 		feed(ctx, t, p, r, msgs[third*(i+1):third*(i+2)], pl.window)
@@ -436,13 +443,7 @@ func TestProduceSequenceGap(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	half := len(msgs) / 2
-	feed(ctx, t, p, r, msgs[:half], pl.window)
-	wait.For(t, 30*time.Second, "a quarter acknowledged", func() error {
-		if n := r.ackedN(); n < half/2 {
-			return fmt.Errorf("%d acknowledged", n)
-		}
-		return nil
-	})
+	feedHalfAcked(ctx, t, p, r, msgs[:half], pl.window)
 	kafka.SkipSequence(p, pl.topic, 3)
 	feed(ctx, t, p, r, msgs[half:], pl.window)
 	if err := p.Flush(ctx); err != nil {
