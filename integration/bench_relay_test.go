@@ -498,6 +498,24 @@ type fill struct {
 	last                  int64 // records at the last look
 }
 
+// mark notes, at the first look at or past each, when the destination
+// held its first record (calling atFirst, if not nil), 20 % and 80 % of
+// n: got records at now.
+func (f *fill) mark(now time.Time, got, n int64, atFirst func()) {
+	if got > 0 && f.first.IsZero() {
+		f.first, f.nFirst = now, got
+		if atFirst != nil {
+			atFirst()
+		}
+	}
+	if got >= n/5 && f.p20.IsZero() {
+		f.p20, f.n20 = now, got
+	}
+	if got >= n*4/5 && f.p80.IsZero() {
+		f.p80, f.n80 = now, got
+	}
+}
+
 // watchFill polls the end offsets of topic on addr (one ListOffsets
 // request for all partitions, every 20 ms) until they add up to n, and
 // says when they passed 0, 20 %, 80 % and 100 % of n. The topic may not
@@ -523,18 +541,7 @@ func watchFill(addr, topic string, n int64, timeout time.Duration, atFirst func(
 		}
 		now, got := time.Now(), sum(ends)
 		f.last = got
-		if got > 0 && f.first.IsZero() {
-			f.first, f.nFirst = now, got
-			if atFirst != nil {
-				atFirst()
-			}
-		}
-		if got >= n/5 && f.p20.IsZero() {
-			f.p20, f.n20 = now, got
-		}
-		if got >= n*4/5 && f.p80.IsZero() {
-			f.p80, f.n80 = now, got
-		}
+		f.mark(now, got, n, atFirst)
 		if got >= n {
 			f.done = now
 			return f, nil
@@ -570,18 +577,7 @@ func watchCommitted(addr, topic string, n int64, timeout time.Duration, atFirst 
 			continue
 		}
 		now, got := time.Now(), sum(ends)
-		if got > 0 && f.first.IsZero() {
-			f.first, f.nFirst = now, got
-			if atFirst != nil {
-				atFirst()
-			}
-		}
-		if got >= n/5 && f.p20.IsZero() {
-			f.p20, f.n20 = now, got
-		}
-		if got >= n*4/5 && f.p80.IsZero() {
-			f.p80, f.n80 = now, got
-		}
+		f.mark(now, got, n, atFirst)
 		if got < n || got == counted {
 			continue
 		}

@@ -245,18 +245,22 @@ func (r *benchResults) relayWhole(relay string, instances int) []float64 {
 		func(x relayTrial) float64 { return float64(x.Records) / (x.TotalSeconds - x.StartupSeconds) })
 }
 
-// ratio returns the ratio of the medians of a and b, and the range of the
-// per-trial ratios a[i]/b[i] (trials run side by side, in turn).
-func ratio(a, b []float64) string {
-	if len(a) == 0 || len(b) == 0 {
-		return "–"
-	}
-	m := statsOf(a).Median / statsOf(b).Median
+// medianRatio returns the ratio of the medians of a and b, and the stats
+// of the per-trial ratios a[i]/b[i] (trials run side by side, in turn).
+func medianRatio(a, b []float64) (float64, stats) {
 	var per []float64
 	for i := range min(len(a), len(b)) {
 		per = append(per, a[i]/b[i])
 	}
-	ps := statsOf(per)
+	return statsOf(a).Median / statsOf(b).Median, statsOf(per)
+}
+
+// ratio writes medianRatio's for the page's tables.
+func ratio(a, b []float64) string {
+	if len(a) == 0 || len(b) == 0 {
+		return "–"
+	}
+	m, ps := medianRatio(a, b)
 	if ps.N < 2 {
 		return fmt.Sprintf("**%.2f**", m)
 	}
@@ -399,15 +403,9 @@ func (x target) status() string {
 	return met(x.Met)
 }
 
-// ratioOf returns the ratio of the medians of a and b, and it written with
-// the range of the per-trial ratios a[i]/b[i] (trials run in turn).
+// ratioOf returns medianRatio's ratio, and it written for a goal row.
 func ratioOf(a, b []float64) (float64, string) {
-	m := statsOf(a).Median / statsOf(b).Median
-	var per []float64
-	for i := range min(len(a), len(b)) {
-		per = append(per, a[i]/b[i])
-	}
-	ps := statsOf(per)
+	m, ps := medianRatio(a, b)
 	if ps.N < 2 {
 		return m, fmt.Sprintf("%.2f× (1 trial)", m)
 	}
