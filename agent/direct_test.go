@@ -98,8 +98,8 @@ func waitHandled(t *testing.T, l *partitionLog, timeout time.Duration, want map[
 }
 
 // TestDirectHungBroker (F5 at the agent's level): one of the source
-// cluster's three brokers stops answering fetches. On the direct path the
-// agent goes on delivering the partitions the other brokers lead; the
+// cluster's three brokers stops answering fetches. The agent goes on
+// delivering the partitions the other brokers lead; the
 // fetch that failed is counted in kswitch_consume_errors_total; the
 // partitions the hung broker leads are released on a rebalance, and on
 // Stop, without waiting for their fetch in flight (a wait would last at

@@ -23,12 +23,13 @@ import (
 // again), grow partitions, or lose the records a position points at. The
 // worker's part (the leader's is coordinator/discovery.go):
 //
-//   - sarama's partition consumer ends on an offset out of range (and
-//     after exhausted retries). Such a partition is never left dead: on
-//     the next commit tick it is stopped (its handed records drained) and
-//     started again from its committed position, which startOn moves into
-//     the partition's range (outOfRange) or to the start of a re-created
-//     topic (recreatedStart). Until it runs again /readyz says why.
+//   - A partition's FetchPartition ends on an offset out of range (or
+//     another error it does not retry). Such a partition is never left
+//     dead: on the next commit tick it is stopped (its handed records
+//     drained) and started again from its committed position, which
+//     startPartition moves into the partition's range (intoRange) or
+//     startOn to the start of a re-created topic (recreatedStart). Until
+//     it runs again /readyz says why.
 //   - A position carries the id of the topic it was committed for
 //     (offsets.Commit.TopicID). A position of another id than the
 //     topic's now is of a topic that no longer exists, and the partition
@@ -144,31 +145,35 @@ func (w *worker) recreatedStart(k *kafkaConn, tp coordinator.TopicPartition, p o
 	return start, nil
 }
 
-// outOfRange is where partition tp starts when start is out of its range.
-// Past its end, the log was truncated or the topic re-created without a
-// topic id to say so (Kafka before 2.8): every record in it is new to the
-// fleet (or, truncated, was delivered already: delivered again rather
-// than lost), so it starts at the log start. Before its log start,
-// retention deleted records never consumed: source.initial_offset
-// decides, with a warning.
-func (w *worker) outOfRange(k *kafkaConn, tp coordinator.TopicPartition, start int64) (int64, error) {
+// intoRange returns start if it is within tp's log, else where the
+// partition starts instead (the log's bounds asked once each). Past its
+// end, the log was truncated or the topic re-created without a topic id
+// to say so (Kafka before 2.8): every record in it is new to the fleet
+// (or, truncated, was delivered already: delivered again rather than
+// lost), so it starts at the log start. Before its log start, retention
+// deleted records never consumed: source.initial_offset decides, with a
+// warning.
+func (w *worker) intoRange(k *kafkaConn, tp coordinator.TopicPartition, start int64) (int64, error) {
+	oldest, err := k.resolve(tp, sarama.OffsetOldest)
+	if err != nil {
+		return 0, err
+	}
 	end, err := k.resolve(tp, sarama.OffsetNewest)
 	if err != nil {
 		return 0, err
 	}
-	if start > end {
-		oldest, err := k.resolve(tp, sarama.OffsetOldest)
-		if err != nil {
-			return 0, err
-		}
+	switch {
+	case start >= oldest && start <= end:
+		return start, nil
+	case start > end:
 		w.log.Warn("committed offset is past the partition's end (the topic was created again, or its log truncated): starting at its log start",
 			zap.String("cluster", k.name), zap.Stringer("partition", tp), zap.Int64("committed", start), zap.Int64("end", end), zap.Int64("start", oldest))
 		w.metrics.restarts.WithLabelValues(k.name, "beyond_end").Inc()
 		return oldest, nil
 	}
-	initial, err := k.resolve(tp, w.initialOffset(k.name, tp))
-	if err != nil {
-		return 0, err
+	initial := oldest
+	if w.initialOffset(k.name, tp) == sarama.OffsetNewest {
+		initial = end
 	}
 	w.log.Warn("committed offset is before the partition's log start (retention deleted records never consumed): starting at the initial offset",
 		zap.String("cluster", k.name), zap.Stringer("partition", tp), zap.Int64("committed", start), zap.Int64("start", initial),

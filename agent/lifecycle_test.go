@@ -170,7 +170,7 @@ func TestRecreatedTopicBehindItsOldPositionsStartsAtItsStart(t *testing.T) {
 // Partitions added to a source topic and a new topic matching the regex
 // are consumed within 3 s at the default refresh interval: discovery lists
 // every refresh_interval (1 s), the leader assigns them on the list, and
-// the owner's start waits for one fetch (Consumer.MaxWaitTime, 250 ms).
+// the owner's start waits for one fetch (FetchConfig.MaxWait, 250 ms).
 func TestNewPartitionsAreConsumedWithinThreeSeconds(t *testing.T) {
 	e := testenv.StartEtcdT(t)
 	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 12}})

@@ -24,8 +24,8 @@ type metrics struct {
 	records       prometheus.Counter
 	consumeErrors prometheus.Counter
 	// throttle is the time brokers asked this agent's requests to wait
-	// (their ThrottleTime), by cluster and API: the Fetchers' fetches on
-	// the direct path (countFetchStats).
+	// (their ThrottleTime), by cluster and API: the Fetchers' fetches
+	// (countFetchStats).
 	throttle *prometheus.CounterVec
 	// restarts counts partition consumers started again (lifecycle.go).
 	restarts      *prometheus.CounterVec

@@ -31,9 +31,9 @@ type partitionRun struct {
 	// each record: a position of another id is of a topic deleted since
 	// (lifecycle.go), and so is a sink's (routing's exactly_once done).
 	topicID string
-	// cause is why the partition's FetchPartition ended on its own (offset out of range, retries
-	// exhausted); set by the loop before done is closed, nil when the
-	// worker stopped it.
+	// cause is why the partition's FetchPartition ended on its own
+	// (offset out of range, an error it does not retry); set by the loop
+	// before done is closed, nil when the worker stopped it.
 	cause error
 	// movedAt is when the committable position last moved (or the
 	// partition started), next that position: owned by the worker's loop.
@@ -150,7 +150,7 @@ const maxInFlight = 4096
 // startPartition starts consuming tp under generation gen of the term
 // whose fencing token is token, of topic id topicID, at start (an
 // offset >= 0, resolved by the caller) and returns the running partition.
-// A start out of the partition's range is moved (outOfRange) when the
+// A start out of the partition's range is moved (intoRange) when the
 // partition's previous run ended out of range (ended), as the Fetcher
 // finds it out only when it fetches. The agent's byte budget is charged
 // by the Fetcher, per response, not per record.
@@ -178,23 +178,6 @@ func (w *worker) startPartition(ctx context.Context, k *kafkaConn, token, gen in
 		r.cause = w.consume(pctx, r)
 	}()
 	return r, nil
-}
-
-// intoRange returns start if it is within tp's log, else where
-// outOfRange moves it.
-func (w *worker) intoRange(k *kafkaConn, tp coordinator.TopicPartition, start int64) (int64, error) {
-	oldest, err := k.resolve(tp, sarama.OffsetOldest)
-	if err != nil {
-		return 0, err
-	}
-	end, err := k.resolve(tp, sarama.OffsetNewest)
-	if err != nil {
-		return 0, err
-	}
-	if start >= oldest && start <= end {
-		return start, nil
-	}
-	return w.outOfRange(k, tp, start)
 }
 
 // consume hands the partition's records to the handler, in order: it
@@ -293,7 +276,6 @@ func (w *worker) deliverChunk(ctx context.Context, log *zap.Logger, r *partition
 // deliver hands d's record to the handler, once a slot is free and the
 // gate open; false means ctx ended.
 func (w *worker) deliver(ctx context.Context, log *zap.Logger, r *partitionRun, d *delivery) bool {
-	d.rec.Session = int64(w.lease)
 	for {
 		// A pause, or a hold of delivery while commits fail, that came
 		// while this record was read (the loop waited for it in a select)
@@ -305,7 +287,7 @@ func (w *worker) deliver(ctx context.Context, log *zap.Logger, r *partitionRun, 
 		if full == nil {
 			break
 		}
-		select { // maxInFlight records, or the agent's byte budget, wait for the handler's acks
+		select { // maxInFlight records wait for the handler's acks
 		case <-full:
 		case <-ctx.Done():
 			return false

@@ -13,8 +13,8 @@ import (
 )
 
 // TestDirectFetchThrottleIsCounted (F14 at the agent's level): the source
-// broker answers every other fetch empty with a 100 ms throttle time. On
-// the direct path the agent counts the throttled time in
+// broker answers every other fetch empty with a 100 ms throttle time. The
+// agent counts the throttled time in
 // kswitch_kafka_throttle_seconds_total{cluster="A",api="fetch"} (added
 // from the Fetcher's Stats().Throttled on each commit tick) and the count
 // grows while the agent fetches; every record is handled once, in order.

@@ -16,8 +16,8 @@ type delivery struct {
 	rec     record.Record
 	t       *tracker // set once delivered
 	pending pending
-	// chunk, on the direct path, is the fetched chunk the record is of:
-	// its first acknowledgement counts down the chunk's records.
+	// chunk is the fetched chunk the record is of: its first
+	// acknowledgement counts down the chunk's records.
 	chunk *chunkRef
 }
 
@@ -211,15 +211,15 @@ func (t *tracker) waitDrained(timeout time.Duration) bool {
 type byteBudget struct {
 	max     int64
 	used    atomic.Int64
-	waiting atomic.Int32 // takers that found no room since the last give
+	waiting atomic.Int32 // Room found none since the last give
 	mu      sync.Mutex
-	room    chan struct{} // closed by the next give after a take found no room
+	room    chan struct{} // closed by the next give after Room found none
 }
 
 func newByteBudget(max int64) *byteBudget { return &byteBudget{max: max} }
 
-// give gives n bytes back.
-func (b *byteBudget) give(n int64) {
+// Give gives n bytes back (kafka.Budget).
+func (b *byteBudget) Give(n int64) {
 	if n == 0 {
 		return
 	}
@@ -238,9 +238,6 @@ func (b *byteBudget) give(n int64) {
 
 // Charge takes n bytes, beyond the bound if need be (kafka.Budget).
 func (b *byteBudget) Charge(n int64) { b.used.Add(n) }
-
-// Give gives n bytes back (kafka.Budget).
-func (b *byteBudget) Give(n int64) { b.give(n) }
 
 // Room returns nil when n bytes are free, or when nothing is taken (so
 // that a budget below a fetch's size cannot stop it for ever); otherwise

@@ -59,8 +59,7 @@ func dialKafka(name string, c config.Cluster, group string, timeout time.Duratio
 }
 
 // fetchConfig is the configuration of the worker's Fetchers. The agent's
-// byte budget is theirs: it is charged
-// per response (the records are slices of it) and given back as the
+// byte budget is theirs: it is charged per response (the records are slices of it) and given back as the
 // chunks are acknowledged, so the tracker charges nothing more. The
 // fetch sizes follow the budget (default 32 MiB: Kafka's 1 MiB per
 // partition, 8 MiB per request): no request is sent with less than
@@ -121,10 +120,11 @@ func (k *kafkaConn) knows(tps []coordinator.TopicPartition) bool {
 	return true
 }
 
-// openBrokers connects to every broker of the cluster and waits until each
-// connection is up or has failed, so that the partition consumers started
-// later find them open. (The consumer fetches from partition leaders,
-// which for the topics of a fleet are typically every broker.)
+// openBrokers connects the client to every broker of the cluster and
+// waits until each connection is up or has failed, so that the offset
+// look-ups and group commits of the partitions started later find them
+// open. The Fetcher dials connections of its own, when it first fetches
+// from a broker: those it does not open (docs/RELAY.md §7 step 3).
 func (k *kafkaConn) openBrokers() {
 	for _, b := range k.client.Brokers() {
 		_ = b.Open(k.client.Config()) // ErrAlreadyConnected: fine
@@ -1485,14 +1485,11 @@ func (w *worker) publishDeadLetters(ctx context.Context, counts func() map[strin
 
 // countFetchStats adds what the Fetchers counted since the last call:
 // their errors (failed requests, partition errors other than leader
-// moves: on the direct path they are the Fetcher's to retry, and no
-// partition loop sees them) to kswitch_consume_errors_total, and the time
-// brokers throttled their fetches to kswitch_kafka_throttle_seconds_total.
+// moves: they are the Fetcher's to retry, and no partition loop sees
+// them) to kswitch_consume_errors_total, and the time brokers throttled
+// their fetches to kswitch_kafka_throttle_seconds_total.
 func (w *worker) countFetchStats() {
 	for _, k := range w.conns {
-		if k.fetcher == nil {
-			continue
-		}
 		st := k.fetcher.Stats()
 		w.metrics.consumeErrors.Add(float64(st.Errors - k.fetched.Errors))
 		if d := st.Throttled - k.fetched.Throttled; d > 0 {
@@ -1509,9 +1506,6 @@ func (w *worker) observeLag() {
 	type key struct{ cluster, topic string }
 	lag := map[key]int64{}
 	for _, r := range w.parts {
-		if r.fp == nil {
-			continue
-		}
 		next, _, _ := r.t.position()
 		lag[key{r.cluster, r.logical}] += max(0, r.fp.HighWaterMark()-next)
 	}
