@@ -1,7 +1,6 @@
 package routing
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -27,7 +26,7 @@ var errRetired = errors.New("routing: the cluster's definition changed; sending 
 // (kafka.ErrPartitionsUnknown) while its first records are held and its
 // destination is failing; the recovery rounds send them once the count
 // is known (recovery.go).
-func (r *Router) send(ctx context.Context, om *outMsg) error {
+func (r *Router) send(om *outMsg) error {
 	pr := om.pr
 	km := &om.km
 	// The record's time, as at the first send: Produce stamps a zero one

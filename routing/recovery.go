@@ -271,21 +271,13 @@ func (r *Router) recoverDue(now time.Time) time.Duration {
 // sendAgain sends a held produce of a recovery round. It returns false
 // when om was held again, its producer not to be had now.
 func (r *Router) sendAgain(om *outMsg) bool {
-	ctx := r.loopCtx
-	if om.pr.retired.Load() {
-		// The cluster's definition changed (SetClusters): send it again
-		// through a producer with the new one.
-		pr, err := r.pool.acquire(ctx, om.pr.key, 1, r.opts.OpenWait)
-		if err != nil {
-			om.failures++
-			om.lastErr = err
-			r.hold(om)
-			return false
-		}
-		r.pool.release(om.pr, 1)
-		om.pr = pr
+	if err := r.repoint(om); err != nil {
+		om.failures++
+		om.lastErr = err
+		r.hold(om)
+		return false
 	}
-	if err := r.send(ctx, om); err != nil {
+	if err := r.send(om); err != nil {
 		r.leaveRound(om)
 		r.settle(om)
 	}

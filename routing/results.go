@@ -190,7 +190,6 @@ func (r *Router) loop() {
 // record, or a reference to it when the dead-letter channel refused the
 // record too), or sends a produce again after its backoff.
 func (r *Router) resend(om *outMsg) {
-	ctx := r.loopCtx
 	if permanent(om.lastErr) {
 		v := r.cur.Load()
 		switch dl := v.deadLetter; {
@@ -205,18 +204,28 @@ func (r *Router) resend(om *outMsg) {
 			}
 		}
 	}
-	if om.pr.retired.Load() {
-		// The cluster's definition changed (SetClusters): send it again
-		// through a producer with the new one.
-		pr, err := r.pool.acquire(ctx, om.pr.key, 1, r.opts.OpenWait)
-		if err != nil {
-			r.requeue(om)
-			return
-		}
-		r.pool.release(om.pr, 1)
-		om.pr = pr
+	if err := r.repoint(om); err != nil {
+		r.requeue(om)
+		return
 	}
-	if err := r.send(ctx, om); err != nil {
+	if err := r.send(om); err != nil {
 		r.settle(om)
 	}
+}
+
+// repoint moves om from its producer, when that was retired (its
+// cluster's definition changed: SetClusters), to a producer with the new
+// definition, waiting at most Options.OpenWait for it to open; om stays
+// where it was when that fails.
+func (r *Router) repoint(om *outMsg) error {
+	if !om.pr.retired.Load() {
+		return nil
+	}
+	pr, err := r.pool.acquire(r.loopCtx, om.pr.key, 1, r.opts.OpenWait)
+	if err != nil {
+		return err
+	}
+	r.pool.release(om.pr, 1)
+	om.pr = pr
+	return nil
 }

@@ -525,14 +525,14 @@ func (r *Router) submit(ctx context.Context, rec *record.Record, msgs []*outMsg)
 		var err error
 		switch {
 		case m.tp == nil:
-			err = r.send(ctx, m)
+			err = r.send(m)
 		case m.tp.covers(rec):
 			// An earlier owner's transaction produced it: this owner
 			// consumes it again from etcd's older position.
 			r.skip(m)
 			continue
 		default:
-			if err = m.tp.add(ctx, m); err != nil && ctx.Err() == nil {
+			if err = m.tp.add(m); err != nil {
 				// Its producer is fenced or being opened again.
 				r.m.waits.WithLabelValues("failing").Inc()
 				err = &WaitError{Channel: m.ch.Name, Reason: "failing", Err: err}

@@ -603,7 +603,7 @@ func (s *txnSet) readPosition(ctx context.Context, c sarama.Client, k txnKey) (*
 
 // add puts om in the open transaction, beginning one if needed. It does
 // not wait on the network.
-func (t *txnProducer) add(ctx context.Context, om *outMsg) error {
+func (t *txnProducer) add(om *outMsg) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.failed != nil {
@@ -618,12 +618,12 @@ func (t *txnProducer) add(ctx context.Context, om *outMsg) error {
 		t.queued = append(t.queued, om)
 		return nil
 	}
-	return t.admit(ctx, om)
+	return t.admit(om)
 }
 
 // admit puts om in the open transaction, or holds or skips it while a
 // copy is aligned. Called with mu held.
-func (t *txnProducer) admit(ctx context.Context, om *outMsg) error {
+func (t *txnProducer) admit(om *outMsg) error {
 	rec := om.d.rec
 	if t.align == nil && t.mustAlign(rec) {
 		t.align = &alignment{copy: physical(rec.Cluster, rec.Topic, rec.Partition), since: time.Now()}
@@ -647,13 +647,13 @@ func (t *txnProducer) admit(ctx context.Context, om *outMsg) error {
 			held := a.held
 			t.endAlign(0, "passed")
 			for _, h := range held {
-				if err := t.put(ctx, h); err != nil {
+				if err := t.put(h); err != nil {
 					return err
 				}
 			}
 		}
 	}
-	return t.put(ctx, om)
+	return t.put(om)
 }
 
 // alignment is a producer's search, on a copy of the stream other than
@@ -706,11 +706,8 @@ func (t *txnProducer) endAlign(skipped int, how string) {
 
 // put adds om to the open transaction, beginning one if needed. Called
 // with mu held.
-func (t *txnProducer) put(ctx context.Context, om *outMsg) error {
+func (t *txnProducer) put(om *outMsg) error {
 	if err := t.w.send(om); err != nil {
-		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
-			return ctx.Err()
-		}
 		return t.fail(fmt.Errorf("transactional producer of %s on %s: %w", t.key.positionKey(t.set.fleet), t.key.cluster, err))
 	}
 	t.inTxn = true
@@ -839,7 +836,7 @@ func (t *txnProducer) reopen() bool {
 			skipped++
 			continue
 		}
-		if err := t.put(context.Background(), om); err != nil {
+		if err := t.put(om); err != nil {
 			// Broken again: the rest wait for the next attempt.
 			t.msgs = append(t.msgs, msgs[i:]...)
 			break
@@ -873,7 +870,7 @@ func (t *txnProducer) commit() (closeIt bool) {
 		held := a.held
 		t.endAlign(0, "timed out")
 		for _, h := range held {
-			if err := t.put(context.Background(), h); err != nil {
+			if err := t.put(h); err != nil {
 				t.dropAll()
 				return true
 			}
@@ -984,7 +981,7 @@ func (t *txnProducer) admitQueued() {
 	q := t.queued
 	t.queued = nil
 	for i, om := range q {
-		if err := t.admit(context.Background(), om); err != nil {
+		if err := t.admit(om); err != nil {
 			t.queued = append(q[i:i:i], q[i:]...)
 			return
 		}
