@@ -631,8 +631,11 @@ func TestTxnAbortGivenUpIsNotACommit(t *testing.T) {
 		return nil, nil, false // then answered as usual
 	})
 	gaveUp, cancel := context.WithCancel(t.Context())
-	go func() {
-		<-held
+	go func() { // ends with the test if no EndTxn is held
+		select {
+		case <-held:
+		case <-gaveUp.Done():
+		}
 		cancel()
 	}()
 	if _, err := s.Abort(gaveUp); !errors.Is(err, context.Canceled) {
