@@ -357,11 +357,11 @@ func ProducerConfig(c config.Cluster, compression, acks string) (*sarama.Config,
 		sc.Producer.Idempotent = true
 		sc.Net.MaxOpenRequests = 1
 		// The idempotent producer keeps a partition's order through its
-		// own retries, and only through them: a message it gave up on is
-		// sent again behind later ones. So it retries a failing
-		// destination for as long as it fails (every second at most; the
-		// router's readiness reports the stall), and gives up only on
-		// errors about the record itself, or when the router closes it.
+		// own retries, and only through them: a message it gave up on
+		// would be sent again behind later ones. So it retries a failing
+		// destination for about 20 minutes (every second at most), and
+		// gives up sooner only on errors about the record itself, or
+		// when it is closed.
 		sc.Producer.Retry.Max = producerRetryMax
 		sc.Producer.Retry.BackoffFunc = producerBackoff
 		if !sc.Version.IsAtLeast(sarama.V0_11_0_0) {
