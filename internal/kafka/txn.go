@@ -78,8 +78,9 @@ var (
 	// ErrTxnOtherPending: a Commit was called while an Abort whose caller
 	// gave up (its ctx ended) is still carried out, or the other way
 	// round. Its outcome is not handed to a request of the other kind
-	// (aborted records taken for committed): call the same kind again to
-	// learn it.
+	// (aborted records taken for committed), and nothing of the refused
+	// call is taken (a Commit's last neither): call the same kind again
+	// to learn the outcome.
 	ErrTxnOtherPending = errors.New("kafka: an earlier Commit or Abort of the other kind is still being carried out; call it again to learn its outcome")
 )
 
