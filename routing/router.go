@@ -539,9 +539,9 @@ func (r *Router) submit(ctx context.Context, rec *record.Record, msgs []*outMsg)
 			}
 		}
 		if err != nil {
-			// The record will not be acknowledged: ctx ended (the
-			// partition is revoked), the router is closing, or its
-			// exactly_once producer failed (the agent offers it again).
+			// The record will not be acknowledged: its producer is
+			// closing (the router is), or its exactly_once producer
+			// failed (the agent offers it again). Neither waits on ctx.
 			for _, rest := range msgs[i:] {
 				r.settle(rest)
 			}
