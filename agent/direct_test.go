@@ -306,8 +306,8 @@ func revokingGeneration(history []coordinator.Assignment, agent string, o record
 }
 
 // TestBytesInFlightAreBounded: the agent's byte budget
-// (source.max_in_flight_mib 1) is charged per fetch response and given back when each chunk's last record is
-// acknowledged: with a handler that holds every record, the records it
+// (source.max_in_flight_mib 1) is charged per fetch response and given
+// back when each chunk's last record is acknowledged: with a handler that holds every record, the records it
 // holds never exceed budget + budget/4 (no request with less than
 // budget/8 free, a response at most budget/4: worker.fetchConfig), the
 // fetching stops there (the budget full within budget/8), and once the

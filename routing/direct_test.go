@@ -53,8 +53,8 @@ func TestClusterRedefinedDuringAnOutageKeepsSourceOrder(t *testing.T) {
 	}
 }
 
-// TestRepeatedEpochBumpsTellReadiness: the channel's broker answers two produces of
-// a partition in a row OUT_OF_ORDER_SEQUENCE_NUMBER, so the producer
+// TestRepeatedEpochBumpsTellReadiness: the channel's broker answers two
+// produces of a partition in a row OUT_OF_ORDER_SEQUENCE_NUMBER, so the producer
 // wants a new producer id twice, the second right after the first (one
 // resend apart), and takes the second 5 s after the first (one bump per
 // 5 s). Readiness says that a broker keeps losing producer state as soon

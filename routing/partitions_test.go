@@ -77,8 +77,8 @@ func (f *timedFeed) stop() []int64 {
 	return append([]int64(nil), f.taken...)
 }
 
-// TestUnknownTopicOnAHungClusterDoesNotBlockHandle: channel d's topic is created after the
-// cluster's producer opened, so the producer has never seen it, and the
+// TestUnknownTopicOnAHungClusterDoesNotBlockHandle: channel d's topic is
+// created after the cluster's producer opened, so the producer has never seen it, and the
 // cluster hangs. Handle never waits on the network for the topic's
 // partition count: the count is looked up by the producer in the
 // background, the first records are held and the channel is failing, so

@@ -11,9 +11,9 @@ import (
 )
 
 // Exactly-once streams (docs/RELAY.md §4): each stream's wire is a
-// kafka.TxnStream on its cluster's transactional Producer. That Producer is the txnSet's, one
-// per cluster, not the pool's at_least_once one: the pool closes a
-// producer its channels no longer use (sweep, by its count of unsettled
+// kafka.TxnStream on its cluster's transactional Producer. That Producer
+// is the txnSet's, one per cluster, not the pool's at_least_once one: the
+// pool closes a producer its channels no longer use (sweep, by its count of unsettled
 // produces, which a stream's records do not enter: a TxnStream reports
 // them to Commit, never to the Producer's handler), retires it when the
 // cluster is redefined, and keys it by acks, while a stream needs one
@@ -97,9 +97,9 @@ func (s *txnSet) clusterProducer(name string, cl config.Cluster) (*producer, err
 	return pr, nil
 }
 
-// closeClusterProducer closes a cluster's transactional Producer: its streams that
-// are still open fail with kafka.ErrTxnClosed (broken: their txnProducers
-// open them again on the cluster's next Producer).
+// closeClusterProducer closes a cluster's transactional Producer: its
+// streams that are still open fail with kafka.ErrTxnClosed (broken: their
+// txnProducers open them again on the cluster's next Producer).
 func closeClusterProducer(pr *producer) {
 	ctx, cancel := context.WithTimeout(context.Background(), txnCloseWait)
 	defer cancel()
