@@ -18,11 +18,16 @@ ETCD_DIR     = $(CACHE)/etcd-$(ETCD_VERSION)
 KAFKA_POM     = integration/kafka/pom.xml
 KAFKA_VERSION = $(shell sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' $(KAFKA_POM))
 KAFKA_DIR     = $(CACHE)/kafka-$(KAFKA_VERSION)
-# The older broker of the versions scenario (integration/kafka/old/pom.xml:
-# Kafka 3.x, the broker alone), for TestRelayAcrossKafkaVersions.
+# The oldest broker of the versions scenario (integration/kafka/old/pom.xml:
+# Kafka 3.x, the broker alone), for TestRelayAcrossKafkaVersions ...
 KAFKA_OLD_POM     = integration/kafka/old/pom.xml
 KAFKA_OLD_VERSION = $(shell sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' $(KAFKA_OLD_POM))
 KAFKA_OLD_DIR     = $(CACHE)/kafka-$(KAFKA_OLD_VERSION)
+# ... and its newest broker (integration/kafka/newest/pom.xml, the broker
+# alone: MirrorMaker 2 runs from $(KAFKA_POM)'s jars).
+KAFKA_NEWEST_POM     = integration/kafka/newest/pom.xml
+KAFKA_NEWEST_VERSION = $(shell sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' $(KAFKA_NEWEST_POM))
+KAFKA_NEWEST_DIR     = $(CACHE)/kafka-$(KAFKA_NEWEST_VERSION)
 # Kafka's performance tools for make bench, at the same version.
 KAFKA_TOOLS_POM = integration/benchtools/pom.xml
 KAFKA_TOOLS_DIR = $(CACHE)/kafka-tools-$(KAFKA_VERSION)
@@ -103,7 +108,7 @@ demo: build
 integration: build etcd-bin kafka-jars
 	@command -v kcat >/dev/null || { echo "kcat is missing: apt-get install kcat"; exit 1; }
 	KSWITCH_TEST_BIN=$(CURDIR)/$(BIN)/kswitch KSWITCH_TEST_ETCD_DIR=$(ETCD_DIR) KSWITCH_TEST_KAFKA_DIR=$(KAFKA_DIR) \
-	KSWITCH_TEST_KAFKA_DIR_OLD=$(KAFKA_OLD_DIR) \
+	KSWITCH_TEST_KAFKA_DIR_OLD=$(KAFKA_OLD_DIR) KSWITCH_TEST_KAFKA_DIR_NEWEST=$(KAFKA_NEWEST_DIR) \
 	KSWITCH_TEST_LOG_DIR=$(CURDIR)/integration/logs KSWITCH_TEST_REPORT_DIR=$(CURDIR)/integration/report \
 	$(GO) test -race -count=1 -tags integration -timeout 20m -v $(if $(RUN),-run '$(RUN)') ./integration/...
 
@@ -147,10 +152,11 @@ etcd-bin:
 	  $(GO) build -o $(ETCD_DIR)/etcdctl go.etcd.io/etcd/etcdctl/v3 && \
 	  echo "etcd and etcdctl built in $$(( $$(date +%s) - start )) s"; fi
 
-## kafka-jars: the Kafka broker and MirrorMaker 2 jars of $(KAFKA_POM) into $(KAFKA_DIR)/libs, and the older broker of $(KAFKA_OLD_POM) into $(KAFKA_OLD_DIR)/libs, copied by Maven (once each; again when its pom changes)
+## kafka-jars: the Kafka broker and MirrorMaker 2 jars of $(KAFKA_POM) into $(KAFKA_DIR)/libs, and the versions scenario's brokers of $(KAFKA_OLD_POM) and $(KAFKA_NEWEST_POM) into $(KAFKA_OLD_DIR)/libs and $(KAFKA_NEWEST_DIR)/libs, copied by Maven (once each; again when its pom changes)
 kafka-jars:
 	$(call fetch-kafka-jars,$(KAFKA_POM),$(KAFKA_VERSION),$(KAFKA_DIR))
 	$(call fetch-kafka-jars,$(KAFKA_OLD_POM),$(KAFKA_OLD_VERSION),$(KAFKA_OLD_DIR))
+	$(call fetch-kafka-jars,$(KAFKA_NEWEST_POM),$(KAFKA_NEWEST_VERSION),$(KAFKA_NEWEST_DIR))
 
 # fetch-kafka-jars POM,VERSION,DIR: the runtime classpath of POM into DIR/libs, unless DIR holds it for this very pom.
 define fetch-kafka-jars

@@ -56,26 +56,35 @@ type kafkaEnv struct {
 // integration/kafka/pom.xml), which also runs MirrorMaker 2.
 func kafkaTools(t *testing.T) kafkaEnv {
 	t.Helper()
-	e := kafkaToolsFrom(t, "KSWITCH_TEST_KAFKA_DIR", "-Dlog4j2.configurationFile=", filepath.Join("kafka", "log4j2.properties"))
+	e := kafkaToolsFrom(t, "KSWITCH_TEST_KAFKA_DIR")
 	e.version = kafkaVersion
 	return e
 }
 
-// kafkaToolsOld is the older broker of the versions scenario
-// (KSWITCH_TEST_KAFKA_DIR_OLD, integration/kafka/old/pom.xml: Kafka 3.x,
-// the broker alone, logging through log4j 1); the agents configure its
-// release as the cluster's version.
+// kafkaToolsOld and kafkaToolsNewest are the brokers of the versions
+// scenario (KSWITCH_TEST_KAFKA_DIR_OLD, integration/kafka/old/pom.xml:
+// Kafka 3.x; KSWITCH_TEST_KAFKA_DIR_NEWEST, kafka/newest/pom.xml: the
+// newest 4.x; each the broker alone); the agents configure a release as
+// its clusters' version.
 func kafkaToolsOld(t *testing.T) kafkaEnv {
 	t.Helper()
-	e := kafkaToolsFrom(t, "KSWITCH_TEST_KAFKA_DIR_OLD", "-Dlog4j.configuration=file:", filepath.Join("kafka", "old", "log4j.properties"))
+	e := kafkaToolsFrom(t, "KSWITCH_TEST_KAFKA_DIR_OLD")
+	e.version = e.release
+	return e
+}
+
+func kafkaToolsNewest(t *testing.T) kafkaEnv {
+	t.Helper()
+	e := kafkaToolsFrom(t, "KSWITCH_TEST_KAFKA_DIR_NEWEST")
 	e.version = e.release
 	return e
 }
 
 // kafkaToolsFrom locates the jars in the directory the environment
-// variable dirVar names, and the logging configuration conf (relative to
-// integration/), passed to the JVM as logFlag+<its absolute path>.
-func kafkaToolsFrom(t *testing.T, dirVar, logFlag, conf string) kafkaEnv {
+// variable dirVar names, and the logging configuration their binding
+// reads: log4j 1's kafka/old/log4j.properties where reload4j is among
+// them (Kafka 3.x), else log4j2's kafka/log4j2.properties (4.x).
+func kafkaToolsFrom(t *testing.T, dirVar string) kafkaEnv {
 	t.Helper()
 	dir := os.Getenv(dirVar)
 	if dir == "" {
@@ -96,6 +105,10 @@ func kafkaToolsFrom(t *testing.T, dirVar, logFlag, conf string) kafkaEnv {
 	}
 	if _, err := exec.LookPath("kcat"); err != nil {
 		fatalf(t, "kcat: %v (apt-get install kcat)", err)
+	}
+	logFlag, conf := "-Dlog4j2.configurationFile=", filepath.Join("kafka", "log4j2.properties")
+	if log4j1, _ := filepath.Glob(filepath.Join(libs, "reload4j-*.jar")); len(log4j1) > 0 {
+		logFlag, conf = "-Dlog4j.configuration=file:", filepath.Join("kafka", "old", "log4j.properties")
 	}
 	abs, err := filepath.Abs(conf)
 	if err != nil {

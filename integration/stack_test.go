@@ -51,7 +51,7 @@ type stackOptions struct {
 	// the source record's: when each delivery reached B.
 	appendTime bool
 	// kafkaA and kafkaB are the Kafka releases A and B run (nil: the
-	// suite's, which also runs MirrorMaker 2).
+	// suite's, which runs MirrorMaker 2 in any case).
 	kafkaA, kafkaB *kafkaEnv
 }
 

@@ -23,8 +23,9 @@ import (
 )
 
 // docs/RELAY.md §5 and §6, row R3: the relay and a failover across two
-// different Kafka releases, the suite's (4.x, integration/kafka/pom.xml)
-// and an older one (3.x, integration/kafka/old/pom.xml).
+// Kafka releases far apart, a 3.x (integration/kafka/old/pom.xml) and the
+// newest 4.x served (integration/kafka/newest/pom.xml), with MirrorMaker
+// 2 from the suite's release (integration/kafka/pom.xml) between them.
 
 const (
 	// versionsRecords are written to A at once and relayed at full speed
@@ -37,8 +38,8 @@ const (
 // versionsLeg is one run of the versions scenario.
 type versionsLeg struct {
 	delivery string // the channel's cluster C: at_least_once or exactly_once
-	// aOld runs A on the older release and B and C on the suite's; else
-	// A on the suite's and B and C on the older. Either way C is on the
+	// aOld runs A on the older release and B and C on the newest; else
+	// A on the newest and B and C on the older. Either way C is on the
 	// other release from A, so the relay reads one release and writes
 	// the other until the failover, and MirrorMaker 2 (the suite's
 	// release) copies between the two.
@@ -46,8 +47,9 @@ type versionsLeg struct {
 }
 
 // TestRelayAcrossKafkaVersions (docs/RELAY.md §6, R3): A on one Kafka
-// release, B and C on the other, MirrorMaker 2 from the newer jars
-// copying A to B. The fleet relays 100 000 records from A to the channel
+// release, B and C on the other, MirrorMaker 2 from the suite's jars (a
+// third release: the newest's connect-mirror is not served) copying A
+// to B. The fleet relays 100 000 records from A to the channel
 // on C at full speed, then a kcat producer writes 100 records a second.
 // The fleet is paused while A takes 100 000 more, which MirrorMaker 2
 // copies to B; A's broker gets SIGKILL and the fleet is resumed: it fails
@@ -55,7 +57,7 @@ type versionsLeg struct {
 // the middle of the copy, and relays that backlog from B at full speed.
 // A's broker is started again on its data (failback). Two legs:
 // at_least_once with A on the older release (fetch from 3.x, produce to
-// 4.x), exactly_once with A on the newer (fetch from 4.x, transactions
+// 4.x), exactly_once with A on the newest (fetch from 4.x, transactions
 // on 3.x). Read back
 // with kcat (read_committed for exactly_once): every record of A on the
 // channel, in source order per partition; exactly_once: none twice;
@@ -71,18 +73,18 @@ func TestRelayAcrossKafkaVersions(t *testing.T) {
 }
 
 func runRelayAcrossVersions(t *testing.T, leg versionsLeg) (rep scenarioReport) {
-	newer, older := kafkaTools(t), kafkaToolsOld(t)
+	newer, older, mm := kafkaToolsNewest(t), kafkaToolsOld(t), kafkaTools(t)
 	envA, envBC := older, newer
 	if !leg.aOld {
 		envA, envBC = newer, older
 	}
 	rep = newReport("relay-across-versions-" + leg.delivery)
 	rep.Covers = fmt.Sprintf("RELAY.md §6 R3: A on Kafka %s, B and C on %s, MirrorMaker 2 (%s) A → B; %d records relayed A → C at full speed, %d more held back and relayed from B after a failover (SIGKILL of A), a producer at %d/s throughout, a failback; %s: 0 lost, order per partition, %s",
-		envA.release, envBC.release, newer.release, versionsRecords, versionsRecords, produceRate, leg.delivery,
+		envA.release, envBC.release, mm.release, versionsRecords, versionsRecords, produceRate, leg.delivery,
 		map[bool]string{true: "0 duplicated (read_committed)", false: "duplicates only where the failover explains them"}[leg.delivery == "exactly_once"])
 	defer func() { rep.Passed = !t.Failed() }()
 	timed := rep.timer(t)
-	t.Logf("A on Kafka %s, B and C on Kafka %s, MirrorMaker 2 from %s; channel %s", envA.release, envBC.release, newer.release, leg.delivery)
+	t.Logf("A on Kafka %s, B and C on Kafka %s, MirrorMaker 2 from %s; channel %s", envA.release, envBC.release, mm.release, leg.delivery)
 
 	// C formats its storage while the stack starts.
 	type formatted struct {
@@ -199,7 +201,7 @@ func runRelayAcrossVersions(t *testing.T, leg versionsLeg) (rep scenarioReport) 
 		// offset-syncs where B lacked the last record consumed.
 		lagged := ps.Method == "mm2" && strings.Contains(ps.Detail, "the last consumed record is not on the target")
 		if ps.Method != "fingerprint" && !lagged {
-			errorf(t, "failover translated orders/%d by %s (%s), want fingerprint: MirrorMaker 2 %s copied Kafka %s to Kafka %s", ps.Partition, ps.Method, ps.Detail, newer.release, envA.release, envBC.release)
+			errorf(t, "failover translated orders/%d by %s (%s), want fingerprint: MirrorMaker 2 %s copied Kafka %s to Kafka %s", ps.Partition, ps.Method, ps.Detail, mm.release, envA.release, envBC.release)
 		}
 	}
 	waitFor(t, 3*time.Minute, "the fleet consumes everything B holds", func() error { return st.tl.caughtUp("B", remote, replicatedAtFault) })
