@@ -520,6 +520,7 @@ func (b *fetchBroker) run() {
 					b.endAll(err)
 					continue
 				}
+				log.Info("fetch connection opened", zap.String("addr", addr), zap.Int16("fetch_version", version), zap.Int16("ceiling", f.ceiling))
 			}
 			if err != nil {
 				conn = nil

@@ -265,6 +265,7 @@ func (s *sink) dial() bool {
 		}
 	}
 	if err == nil {
+		s.p.log.Info("produce connection opened", zap.String("addr", s.addr), zap.Int16("produce_version", ver), zap.Int16("ceiling", s.p.ver))
 		s.ver, s.perPartition = ver, maxPartitionInFlight
 		if ver < 4 {
 			s.perPartition = 1
