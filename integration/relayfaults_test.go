@@ -262,22 +262,7 @@ func runRelayBrokerKilled(t *testing.T, delivery string) (rep scenarioReport) {
 	if ov.Others > 0 {
 		errorf(t, "%s holds %d records A does not", relayTopic, ov.Others)
 	}
-	if dc := st.tl.doubleCommits(); len(dc) > 0 {
-		errorf(t, "two agents committed one partition in one generation: %v", dc)
-	}
-	var reordered float64
-	for _, a := range agents {
-		n, err := a.metric("kswitch_routing_reordered_total")
-		if err != nil {
-			errorf(t, "%s: %v", a.id, err)
-		} else if n != 0 {
-			errorf(t, "%s: kswitch_routing_reordered_total %v, want 0", a.id, n)
-		}
-		reordered += n
-	}
-	// A destination that took no record for a while, or two epoch bumps
-	// within 5 s (a minute), make an agent unready.
-	waitFor(t, 90*time.Second, "every agent ready at the end", func() error { return allReady(agents) })
+	reordered := fleetSettled(t, st, agents)
 
 	// The first record the new leaders took: the earliest append time
 	// after the kill in a moved partition.
@@ -342,6 +327,29 @@ func sumOffsets(m map[int32]int64) int64 {
 		n += o
 	}
 	return n
+}
+
+// fleetSettled checks what a relay scenario ends with: no partition
+// committed by two agents in one generation, kswitch_routing_reordered_total
+// 0 on every agent (it returns their sum), and every agent ready within
+// 90 s (a destination that took no record for a while, or two epoch bumps
+// within 5 s, make an agent unready for a minute).
+func fleetSettled(t *testing.T, st *stack, agents []*agentProc) (reordered float64) {
+	t.Helper()
+	if dc := st.tl.doubleCommits(); len(dc) > 0 {
+		errorf(t, "two agents committed one partition in one generation: %v", dc)
+	}
+	for _, a := range agents {
+		n, err := a.metric("kswitch_routing_reordered_total")
+		if err != nil {
+			errorf(t, "%s: %v", a.id, err)
+		} else if n != 0 {
+			errorf(t, "%s: kswitch_routing_reordered_total %v, want 0", a.id, n)
+		}
+		reordered += n
+	}
+	waitFor(t, 90*time.Second, "every agent ready at the end", func() error { return allReady(agents) })
+	return reordered
 }
 
 // allReady returns nil when every agent answers /readyz 200.

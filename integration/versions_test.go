@@ -314,20 +314,7 @@ func runRelayAcrossVersions(t *testing.T, leg versionsLeg) (rep scenarioReport) 
 		}
 	}
 	t.Logf("verdict: %s", verdictNote)
-	if dc := st.tl.doubleCommits(); len(dc) > 0 {
-		errorf(t, "two agents committed one partition in one generation: %v", dc)
-	}
-	var reordered float64
-	for _, a := range agents {
-		n, err := a.metric("kswitch_routing_reordered_total")
-		if err != nil {
-			errorf(t, "%s: %v", a.id, err)
-		} else if n != 0 {
-			errorf(t, "%s: kswitch_routing_reordered_total %v, want 0", a.id, n)
-		}
-		reordered += n
-	}
-	waitFor(t, 90*time.Second, "every agent ready at the end", func() error { return allReady(agents) })
+	reordered := fleetSettled(t, st, agents)
 
 	d := fmt.Sprintf("R3 %s, A on Kafka %s, B and C on %s: %d records relayed from A at %.0f records/s (the write included); a second %d held back by a pause, copied to B; %d records by a producer at %d/s throughout; failover %s; %d records relayed from B at %.0f records/s; failback %s; %s; kswitch_routing_reordered_total %v over the agents; %s; %s",
 		leg.delivery, envA.release, envBC.release, versionsRecords, rate, versionsRecords, prod.count(), produceRate,
