@@ -116,20 +116,7 @@ func runRelayBrokerKilled(t *testing.T, delivery string) (rep scenarioReport) {
 	conf.Clusters += fmt.Sprintf("  C: {brokers: [%s], role: sink, version: %q, delivery: %s}\n", strings.Join(cAddrs, ", "), kafkaVersion, delivery)
 	conf.Extra = routingTo("C", relayTopic, "")
 	agents := startFleet(t, conf)
-	waitFor(t, time.Minute, "every agent owns a partition of orders and is ready", func() error {
-		owners := st.tl.owners()
-		n := 0
-		for _, a := range agents {
-			if owners[a.id] == 0 {
-				return fmt.Errorf("%s owns nothing: %v", a.id, owners)
-			}
-			n += owners[a.id]
-		}
-		if n != ordersPartitions {
-			return fmt.Errorf("%d of %d partitions owned: %v", n, ordersPartitions, owners)
-		}
-		return allReady(agents)
-	})
+	waitFor(t, time.Minute, "every agent owns a partition of orders and is ready", func() error { return ownsAll(st.tl, agents) })
 
 	// A takes every record at once; the fleet relays them as they come.
 	began := time.Now()
