@@ -124,6 +124,13 @@ type Agent struct {
 	// environment, when set, wins. Only `kswitch agent` applies it: the
 	// limit belongs to the process, not to an embedded agent.
 	MemoryLimitMiB int `yaml:"memory_limit_mib" help:"soft limit of the agent process's Go memory in MiB, at least source.max_in_flight_mib + 64 (0: none; GOMEMLIMIT wins)"`
+	// Pprof serves Go's runtime profiles (net/http/pprof) under
+	// /debug/pprof/ on the HTTP listener, for finding where an agent's
+	// CPU and memory go (go tool pprof http://host:port/debug/pprof/heap).
+	// Off by default: a CPU profile costs CPU while it runs, and the
+	// profiles name the code's functions to whoever reaches the listener
+	// (agent.http_tls with client certificates keeps strangers out).
+	Pprof bool `yaml:"pprof" help:"serve Go's runtime profiles under /debug/pprof/ on the HTTP listener (default off)"`
 }
 
 // Etcd configures the connection to etcd, the fleet's source of truth.
