@@ -242,6 +242,7 @@ func (w *worker) consume(ctx context.Context, r *partitionRun) error {
 func (w *worker) deliverChunk(ctx context.Context, log *zap.Logger, r *partitionRun, ref *chunkRef) bool {
 	recs := ref.c.Records
 	ds := make([]delivery, len(recs))
+	ref.ds = ds
 	nh := 0
 	for i := range recs {
 		nh += len(recs[i].Headers)

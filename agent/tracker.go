@@ -35,6 +35,37 @@ func (d *delivery) Ack() {
 type chunkRef struct {
 	c    *kafka.Chunk
 	left atomic.Int64
+	// ds is the deliveries of the chunk's records (deliverChunk), set
+	// before the first is delivered. Once the committable position passes
+	// the last, the tracker drops their keys, values and headers (passed).
+	ds []delivery
+}
+
+// passed is called, under the tracker's lock, once the committable
+// position is past the chunk's last record: every record of it is
+// acknowledged. Their keys, values and headers are slices of the fetch
+// response (or of a batch decompressed from it), which the budget has
+// already been given back: the records the tracker keeps for the
+// fingerprints of the next commit (tracker.last) are hashed now, and
+// every delivery of the chunk lets go of the response's bytes. Kept until
+// they left tracker.last, they held a response per partition past the
+// budget: 50 MiB of 100 MiB live in one agent relaying 1 KiB records at
+// the default source.max_in_flight_mib of 32.
+func (r *chunkRef) passed(last []*delivery) {
+	for _, d := range last {
+		if d.chunk == r {
+			fingerprint(d)
+		}
+	}
+	for i := range r.ds {
+		rec := &r.ds[i].rec
+		rec.Key, rec.Value, rec.Headers = nil, nil, nil
+	}
+}
+
+// isLast reports whether d is the last record of its chunk.
+func (d *delivery) isLast() bool {
+	return d.chunk != nil && len(d.chunk.ds) > 0 && d == &d.chunk.ds[len(d.chunk.ds)-1]
 }
 
 func newChunkRef(c *kafka.Chunk) *chunkRef {
@@ -143,6 +174,11 @@ func (t *tracker) ack(d *delivery) bool {
 			last = last[:offsets.MaxFingerprints]
 		}
 		t.last = last
+		for _, d := range t.queue[:n] {
+			if d.isLast() {
+				d.chunk.passed(last)
+			}
+		}
 		clear(t.queue[:n])
 		t.queue = t.queue[n:]
 	}
@@ -259,6 +295,9 @@ func (b *byteBudget) Room(n int64) <-chan struct{} {
 	}
 	return b.room
 }
+
+// Free returns the bytes free now (kafka.Budget).
+func (b *byteBudget) Free() int64 { return b.max - b.used.Load() }
 
 var _ kafka.Budget = (*byteBudget)(nil)
 

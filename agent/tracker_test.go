@@ -64,6 +64,74 @@ func TestTrackerPositionFingerprintsTheLastAckedRecords(t *testing.T) {
 	}
 }
 
+// TestTrackerLetsGoOfPassedChunks: once the committable position passes a
+// chunk's last record, its records no longer hold the fetched bytes (their
+// keys, values and headers are dropped, so the response they slice is
+// freed), while a chunk not yet passed keeps them, and the position's
+// fingerprints are still those of the records' contents.
+func TestTrackerLetsGoOfPassedChunks(t *testing.T) {
+	const start, per = 0, 5
+	tr := newTracker(start, 100)
+	ts := time.UnixMilli(1_700_000_000_000)
+	var want []offsets.Fingerprint
+	chunks := make([]*chunkRef, 3)
+	for c := range chunks {
+		ref := &chunkRef{ds: make([]delivery, per)}
+		ref.left.Store(per + 1) // no Fetcher behind it: never released to one
+
+		for i := range ref.ds {
+			o := start + int64(c*per+i)
+			d := &ref.ds[i]
+			d.chunk = ref
+			d.rec = record.Record{Offset: o, Key: []byte("k" + strconv.FormatInt(o, 10)), Value: []byte("v" + strconv.FormatInt(o, 10)),
+				Headers: []record.Header{{Key: []byte("h"), Value: []byte("x")}}, Timestamp: ts.Add(time.Duration(o) * time.Millisecond)}
+			want = append(want, offsets.FingerprintOf(d.rec.Key, d.rec.Value, d.rec.Timestamp))
+			if tr.deliver(d) != nil {
+				t.Fatalf("record %d refused", o)
+			}
+		}
+		chunks[c] = ref
+	}
+	holds := func(ref *chunkRef) (n int) {
+		for i := range ref.ds {
+			if r := &ref.ds[i].rec; r.Key != nil || r.Value != nil || r.Headers != nil {
+				n++
+			}
+		}
+		return n
+	}
+	// Chunk 1 acknowledged whole, chunk 0 all but its first record: no
+	// position moves, every record keeps its bytes.
+	for i := 1; i < 2*per; i++ {
+		chunks[i/per].ds[i%per].Ack()
+	}
+	for c, ref := range chunks {
+		if n := holds(ref); n != per {
+			t.Fatalf("chunk %d: %d of %d records hold their bytes before the position passed any", c, n, per)
+		}
+	}
+	chunks[0].ds[0].Ack() // the position passes chunks 0 and 1
+	if n := holds(chunks[0]) + holds(chunks[1]); n != 0 {
+		t.Errorf("%d records of the passed chunks still hold their bytes", n)
+	}
+	if n := holds(chunks[2]); n != per {
+		t.Errorf("chunk 2, not acknowledged: %d of %d records hold their bytes", n, per)
+	}
+	next, _, fps := tr.position()
+	if next != start+2*per || !slices.Equal(fps, want[2*per-offsets.MaxFingerprints:2*per]) {
+		t.Errorf("position %d %v, want %d %v", next, fps, start+2*per, want[2*per-offsets.MaxFingerprints:2*per])
+	}
+	for i := range per {
+		chunks[2].ds[i].Ack()
+	}
+	if n := holds(chunks[2]); n != 0 {
+		t.Errorf("chunk 2 passed: %d records still hold their bytes", n)
+	}
+	if next, _, fps := tr.position(); next != start+3*per || !slices.Equal(fps, want[3*per-offsets.MaxFingerprints:]) {
+		t.Errorf("position %d %v, want %d %v", next, fps, start+3*per, want[3*per-offsets.MaxFingerprints:])
+	}
+}
+
 // TestTrackerBoundsRecordsNotAcknowledged checks that a tracker takes at
 // most its bound of records not acknowledged, and makes room at the next
 // ack, in any order.

@@ -111,7 +111,10 @@ func (r *Record) Size() int64 {
 // An error means "not now": the same record is offered again after a
 // backoff, so delivery stays at-least-once and in order. The record is
 // read-only: the agent fingerprints the last records before each commit
-// position from it. ctx ends when the partition is revoked or the agent
+// position from it. Its key, value and headers are slices of the fetched
+// response: once the record and every one before it are acknowledged, the
+// agent drops them (so that the response's memory is freed), so copy
+// what you keep past Ack. ctx ends when the partition is revoked or the agent
 // stops; records not acknowledged by then are consumed again by the
 // partition's next owner.
 type Handler interface {

@@ -14,8 +14,8 @@ const recordOverhead = 24
 
 // batch is the records of one destination partition sent as one v2
 // RecordBatch. Once first sent it keeps its sequence across every resend
-// (until a bump renumbers every unacknowledged batch, §3); its encoding
-// (rb, compressed once by sarama) is kept with it.
+// (until a bump renumbers every unacknowledged batch, §3). Its encoding
+// is not kept: each send encodes it again (recordBatch).
 type batch struct {
 	msgs  []*Message
 	codec sarama.CompressionCodec
@@ -37,7 +37,6 @@ type batch struct {
 	// OUT_OF_ORDER_SEQUENCE / UNKNOWN_PRODUCER_ID say the broker has not
 	// got its sequence; after an epoch refusal it is renumbered anyway.
 	unsure bool
-	rb     *sarama.RecordBatch
 	// gen is the transaction the batch belongs to, for a TxnStream's
 	// partition (TxnStream.gen); 0 otherwise.
 	gen uint64
@@ -59,14 +58,18 @@ func (b *batch) add(m *Message, size int) {
 	b.size += size
 }
 
-// recordBatch returns b's RecordBatch with the producer id, epoch and
-// b's sequence, building it at the first call.
+// recordBatch returns a RecordBatch of b's records with the producer id,
+// epoch and b's sequence, for one send. sarama encodes (and compresses)
+// it inside AsyncProduce, into a copy of the records that it keeps in the
+// RecordBatch: kept with b until the acknowledgement, that copy doubled
+// the bytes of every batch in flight (its records stay in their fetch
+// responses until then anyway), and the garbage collector, held to
+// agent.memory_limit_mib, ran without pause. A resend, rare, encodes
+// again: the same records under the same sequence, the same bytes.
 func (b *batch) recordBatch(pid int64, epoch int16) *sarama.RecordBatch {
-	if b.rb == nil {
-		b.rb = encodeBatch(b.msgs, b.codec, b.level)
-	}
-	b.rb.ProducerID, b.rb.ProducerEpoch, b.rb.FirstSequence = pid, epoch, b.seq
-	return b.rb
+	rb := encodeBatch(b.msgs, b.codec, b.level)
+	rb.ProducerID, rb.ProducerEpoch, rb.FirstSequence = pid, epoch, b.seq
+	return rb
 }
 
 // encodeBatch builds the RecordBatch of msgs: one slab of records, the

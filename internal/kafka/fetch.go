@@ -117,6 +117,10 @@ type Budget interface {
 	// Room returns nil when at least n bytes are free; otherwise a channel
 	// closed by a later Give (which may not free n bytes: ask again).
 	Room(n int64) <-chan struct{}
+	// Free returns the bytes free now (0 or less when none are): a
+	// request asks for no more (and no less than a partition's
+	// PartitionMaxBytes, which Room found free).
+	Free() int64
 }
 
 // ByteBudget is a Budget of max bytes.
@@ -167,6 +171,9 @@ func (b *ByteBudget) Room(n int64) <-chan struct{} {
 	}
 	return b.room
 }
+
+// Free implements Budget.
+func (b *ByteBudget) Free() int64 { return b.max - b.used.Load() }
 
 // InUse returns the bytes charged and not given back.
 func (b *ByteBudget) InUse() int64 { return b.used.Load() }
@@ -532,7 +539,7 @@ func (b *fetchBroker) run() {
 				continue
 			}
 		}
-		req := b.request(version, parts)
+		req := b.request(version, parts, f.maxBytes())
 		before := conn.BytesRead()
 		resp, err := conn.Broker().Fetch(req)
 		if err != nil {
@@ -674,16 +681,29 @@ func (b *fetchBroker) pick() (parts []*FetchPartition, wake time.Time) {
 	return parts, wake
 }
 
+// maxBytes is the MaxBytes of the next request: MaxBytes, cut to what
+// the budget has free (Room found PartitionMaxBytes free before the
+// request). Asking for MaxBytes whatever the budget held let one response
+// overshoot the budget by up to MaxBytes (16 MiB by default, against
+// the agent's default of 32 MiB in flight).
+func (f *Fetcher) maxBytes() int32 {
+	if f.cfg.Budget == nil {
+		return f.cfg.MaxBytes
+	}
+	free := f.cfg.Budget.Free()
+	return int32(max(min(free, int64(f.cfg.MaxBytes)), int64(f.cfg.PartitionMaxBytes)))
+}
+
 // request builds the Fetch of parts. The request holds each partition
 // once: ConsumePartition refuses a second FetchPartition of a partition
 // until the first is stopped, and pick drops stopped ones.
-func (b *fetchBroker) request(version int16, parts []*FetchPartition) *sarama.FetchRequest {
+func (b *fetchBroker) request(version int16, parts []*FetchPartition, maxBytes int32) *sarama.FetchRequest {
 	cfg := b.f.cfg
 	req := &sarama.FetchRequest{
 		Version:      version,
 		MaxWaitTime:  int32(cfg.MaxWait / time.Millisecond),
 		MinBytes:     1,
-		MaxBytes:     cfg.MaxBytes,
+		MaxBytes:     maxBytes,
 		Isolation:    sarama.ReadCommitted,
 		SessionID:    0,
 		SessionEpoch: -1, // no fetch session
@@ -832,8 +852,11 @@ func (r *fetchResponse) unref() {
 
 // Chunk is the records of one partition from one response, in offset
 // order. Its records' keys, values and headers are slices of the response:
-// they stay valid after Release, but the bytes of the whole response count
-// against the Fetcher's Budget until every chunk of it is released.
+// the bytes of the whole response count against the Fetcher's Budget until
+// every chunk of it is released. Release drops Records, so that a chunk
+// kept after it does not keep the response; the keys, values and headers
+// taken from them stay valid (and keep the response's memory while they
+// are held).
 type Chunk struct {
 	// Records holds at least one record.
 	Records []Record
@@ -850,12 +873,14 @@ type Chunk struct {
 	released atomic.Bool
 }
 
-// Release tells the Fetcher the consumer is done with the chunk. Calling
-// it again does nothing. Safe from any goroutine.
+// Release tells the Fetcher the consumer is done with the chunk, and
+// drops Records: read them before. Calling it again does nothing. Safe
+// from any goroutine.
 func (c *Chunk) Release() {
 	if c.released.Swap(true) {
 		return
 	}
+	c.Records = nil
 	limit := int64(heldFactor) * int64(c.p.f.cfg.PartitionMaxBytes)
 	if after := c.p.held.Add(-c.size); after < limit && after+c.size >= limit {
 		if b := c.p.broker.Load(); b != nil {

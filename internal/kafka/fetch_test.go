@@ -621,8 +621,9 @@ func (b *peakBudget) Peak() int64 {
 
 // TestFetchBounds (F15): 16 partitions with a backlog of 512 KiB each and
 // readers that release nothing: fetching stops at the budget, having held
-// at most the budget and one response, and every partition got records
-// before it stopped (rotation: 4 partitions per request); released, every
+// at most the budget and one batch (not one response: a request asks for
+// no more than the budget has free), and every partition got records
+// before it stopped (rotation: 8 partitions per request); released, every
 // record is read once, in order.
 func TestFetchBounds(t *testing.T) {
 	const (
@@ -631,7 +632,7 @@ func TestFetchBounds(t *testing.T) {
 		size     = 1 << 10
 		budget   = 3 << 20
 		partMax  = 128 << 10
-		reqMax   = 512 << 10
+		reqMax   = 1 << 20
 		batchMax = 16 << 10
 	)
 	k := testenv.StartKafkaT(t, "F", devstack.KafkaOptions{Topics: map[string]int32{"t": parts}})
@@ -639,7 +640,7 @@ func TestFetchBounds(t *testing.T) {
 	// compressed one is charged its records' size, larger).
 	produceSeq(t, k, "t", parts, 0, records, size, kgo.ProducerBatchMaxBytes(batchMax), kgo.ProducerBatchCompression(kgo.NoCompression()))
 	b := &peakBudget{ByteBudget: kafka.NewByteBudget(budget)}
-	f, _ := fetcherT(t, k, kafka.FetchConfig{Budget: b, PartitionMaxBytes: partMax, MaxBytes: reqMax, MaxPartitions: 4})
+	f, _ := fetcherT(t, k, kafka.FetchConfig{Budget: b, PartitionMaxBytes: partMax, MaxBytes: reqMax, MaxPartitions: 8})
 	rs := readers(t, f, "t", parts, true)
 	wait.For(t, 20*time.Second, "fetching stopped by the budget", func() error {
 		if b.Room(partMax) == nil {
@@ -647,13 +648,14 @@ func TestFetchBounds(t *testing.T) {
 		}
 		return nil
 	})
-	// A response is at most the request's MaxBytes, plus the first batch
-	// (KIP-74: returned whole) and the framing of 4 partitions; it is
-	// charged its records' size (64 bytes more per KiB record) when that
-	// is larger.
-	bound := int64(budget + (reqMax+batchMax)*9/8 + 4<<10)
+	// A request asks for what the budget has free (at least partMax), so
+	// a response takes the budget at most one batch past it (KIP-74: a
+	// first batch larger than the request's MaxBytes is returned whole),
+	// plus the framing of 8 partitions; it is charged its records' size
+	// (64 bytes more per KiB record) when that is larger.
+	bound := int64((budget+batchMax)*9/8 + 4<<10)
 	if b.Peak() > bound {
-		t.Errorf("held %d bytes at the peak, bound %d (budget %d + one response)", b.Peak(), bound, budget)
+		t.Errorf("held %d bytes at the peak, bound %d (budget %d + one batch)", b.Peak(), bound, budget)
 	}
 	for _, r := range rs {
 		if n, _ := r.seen(); n == 0 {

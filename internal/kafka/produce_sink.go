@@ -446,7 +446,7 @@ func (p *Producer) settle(ps *partState, b *batch, blk *sarama.ProduceResponseBl
 			zap.String("topic", ps.topic), zap.Int32("partition", ps.partition))
 		ps.failed = true
 	case cls == classAcked:
-		ps.inflight = ps.inflight[1:]
+		ps.popInflight()
 		off := int64(-1)
 		if blk != nil {
 			off = blk.Offset
@@ -532,7 +532,7 @@ func (p *Producer) splitHead(ps *partState, b *batch, err error, reps []report) 
 		p.stats.splits.Add(1)
 		return reps
 	}
-	ps.inflight = ps.inflight[1:]
+	ps.popInflight()
 	for _, l := range [][]*batch{ps.inflight, ps.queue} {
 		for _, later := range l {
 			if later.seq >= 0 {
@@ -561,7 +561,7 @@ func (p *Producer) splitHead(ps *partState, b *batch, err error, reps []report) 
 // the drain resends the batches behind it that are themselves unsure.
 // Not split: halves match none of the broker's cached batches.
 func (p *Producer) refuseUnsure(ps *partState, b *batch, err error, reps []report) []report {
-	ps.inflight = ps.inflight[1:]
+	ps.popInflight()
 	if p.bump == "" && p.pid >= 0 && ps.txn == nil { // acks 0 or 1: no producer id, no sequences to collide; a stream aborts instead
 		p.bump = fmt.Sprintf("%s on %s/%d after an unanswered send", err, ps.topic, ps.partition)
 	}
@@ -628,6 +628,15 @@ func (ps *partState) next() *batch {
 		return ps.queue[0]
 	}
 	return ps.open
+}
+
+// popInflight removes the oldest batch in flight. Its slot is cleared
+// first: a slice's backing array keeps every pointer in it reachable,
+// those before the slice's start too, and a settled batch's messages
+// hold the fetched responses their values slice.
+func (ps *partState) popInflight() {
+	ps.inflight[0] = nil
+	ps.inflight = ps.inflight[1:]
 }
 
 // take removes next() from ps.

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1151,4 +1153,56 @@ func TestProduceCorruptMessageRetried(t *testing.T) {
 	produceAll(t, p, r, pl, 30*time.Second)
 	r.check(t)
 	verdict(t, k, pl)
+}
+
+// countingHandler counts acknowledged messages and keeps none of them.
+type countingHandler struct{ acked, refused atomic.Int64 }
+
+func (h *countingHandler) Acked(msgs []*kafka.Message, _ int64) { h.acked.Add(int64(len(msgs))) }
+func (h *countingHandler) Refused(*kafka.Message, error)        { h.refused.Add(1) }
+
+// TestProduceKeepsNoAcknowledgedMessage: once acknowledged, a message is
+// not reachable from the Producer, so the bytes its value slices (in the
+// agent, a whole fetched response) are freed while the producer goes on.
+// 20 000 values over 4 partitions, batches of at most 50 records; after
+// the acks and a collection, every value is freed but a handful of the
+// last (each partition's last batch may still be referenced from the
+// sink's goroutine until its next request).
+func TestProduceKeepsNoAcknowledgedMessage(t *testing.T) {
+	const n, parts = 20000, 4
+	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{"out": parts}})
+	cfg := testConfig()
+	cfg.BatchRecords = 50
+	h := &countingHandler{}
+	p, err := kafka.NewProducer(t.Context(), k.Name(), cluster(k), cfg, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = p.Close(ctx)
+	}()
+	var freed atomic.Int64
+	for i := range n {
+		v := make([]byte, 100)
+		runtime.AddCleanup(&v[0], func(*atomic.Int64) { freed.Add(1) }, &freed)
+		if err := p.Produce(&kafka.Message{Topic: "out", Partition: int32(i % parts), Value: v, Timestamp: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wait.For(t, time.Minute, "every message acknowledged", func() error {
+		if a := h.acked.Load(); a != n || h.refused.Load() != 0 {
+			return fmt.Errorf("%d of %d acknowledged, %d refused", a, n, h.refused.Load())
+		}
+		return nil
+	})
+	const kept = parts * 2 * 50 // a batch in flight and one being settled, per partition
+	wait.For(t, 10*time.Second, "the acknowledged values freed", func() error {
+		runtime.GC()
+		if f := freed.Load(); f < n-kept {
+			return fmt.Errorf("%d of %d values freed (at most %d may stay)", f, n, kept)
+		}
+		return nil
+	})
 }
