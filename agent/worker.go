@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/IBM/sarama"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -58,18 +59,36 @@ func dialKafka(name string, c config.Cluster, group string, timeout time.Duratio
 	return k, nil
 }
 
+// handlerRecordOverhead is what a handler is expected to keep per record
+// in flight: the routing sink's produce message is 384 B, and its
+// producer's batch a pointer to it.
+const handlerRecordOverhead = 448
+
+// recordOverhead is what the agent's budget charges per record beyond its
+// key, value and headers: the Fetcher's share, the record's delivery (the
+// record.Record handed on and the tracker's state) and the handler's.
+const recordOverhead = kafka.DefaultFetchRecordOverhead + int(unsafe.Sizeof(delivery{})) + handlerRecordOverhead
+
 // fetchConfig is the configuration of the worker's Fetchers. The agent's
-// byte budget is theirs: it is charged per response (the records are slices of it) and given back as the
-// chunks are acknowledged, so the tracker charges nothing more. The
-// fetch sizes follow the budget (default 32 MiB: Kafka's 1 MiB per
-// partition, 8 MiB per request): no request is sent with less than
-// budget/8 free, and a response is at most budget/4 (KIP-74's oversized
-// first batch aside), so the bytes held stay below 1.125 × the budget
-// with one broker, plus a quarter of it for each other broker fetching at
-// the same moment.
+// byte budget is theirs: it is charged per response (the records are
+// slices of it) and given back as the chunks are acknowledged, so the
+// tracker charges nothing more. The fetch sizes follow the budget
+// (default 32 MiB: Kafka's 1 MiB per partition, 8 MiB per request): no
+// request is sent with less than budget/8 free, and a request asks for
+// at most what is free (kafka.Fetcher: on the wire, divided by how much
+// the last response weighed more decoded), so the bytes held stay about
+// the budget with one broker (plus a batch: KIP-74), and at most a
+// quarter of it more for each other broker fetching at the same moment.
+//
+// Each record is charged recordOverhead beyond its bytes: with small
+// records, what the agent and its handler keep per record in flight
+// outweighs the record (150 B records charged 64 B each held four times
+// the budget, and the garbage collector, held to agent.memory_limit_mib,
+// never paused).
 func (w *worker) fetchConfig(cluster string) kafka.FetchConfig {
 	return kafka.FetchConfig{
 		Budget:            w.budget,
+		RecordOverhead:    recordOverhead,
 		PartitionMaxBytes: int32(min(w.budget.max/8, kafka.DefaultFetchPartitionMaxBytes)),
 		MaxBytes:          int32(min(w.budget.max/4, kafka.DefaultFetchMaxBytes)),
 		Logger:            w.log.With(zap.String("cluster", cluster)),

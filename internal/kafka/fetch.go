@@ -40,9 +40,18 @@ type FetchConfig struct {
 	// sharing it). A broker's loop sends no request while the budget has
 	// less than PartitionMaxBytes free; a response is charged whole when
 	// it arrives (its size, or its records' when larger: compressed
-	// batches), so the bytes held exceed the bound by at most one
-	// response per broker loop. Default nil: unbounded.
+	// batches, small records). A request asks for no more than the
+	// budget has free, so the bytes held exceed the bound by at most one
+	// batch (KIP-74: a first batch larger than asked comes whole) per
+	// broker loop. Default nil: unbounded.
 	Budget Budget
+	// RecordOverhead is what a record is charged beyond its key, value
+	// and headers: the memory that the Fetcher and the consumer hold per
+	// record while it is not released. Default 64 (the Fetcher's Record
+	// and sarama's decoded record); a consumer that keeps more per record
+	// says so here, so that the budget bounds memory for small records
+	// too.
+	RecordOverhead int
 	// Logger receives the Fetcher's logs. Default zap.NewNop().
 	Logger *zap.Logger
 }
@@ -53,6 +62,7 @@ const (
 	DefaultFetchPartitionMaxBytes = 1 << 20
 	DefaultFetchMaxBytes          = 16 << 20
 	DefaultFetchMaxPartitions     = 32
+	DefaultFetchRecordOverhead    = 64
 )
 
 // Backoffs of the fetch path: after a failed request or a partition error,
@@ -68,7 +78,7 @@ const (
 // DefaultFetchConfig returns the defaults, filled in.
 func DefaultFetchConfig() FetchConfig {
 	return FetchConfig{MaxWait: DefaultFetchMaxWait, PartitionMaxBytes: DefaultFetchPartitionMaxBytes,
-		MaxBytes: DefaultFetchMaxBytes, MaxPartitions: DefaultFetchMaxPartitions}
+		MaxBytes: DefaultFetchMaxBytes, MaxPartitions: DefaultFetchMaxPartitions, RecordOverhead: DefaultFetchRecordOverhead}
 }
 
 func (c FetchConfig) withDefaults() FetchConfig {
@@ -84,6 +94,9 @@ func (c FetchConfig) withDefaults() FetchConfig {
 	}
 	if c.MaxPartitions == 0 {
 		c.MaxPartitions = d.MaxPartitions
+	}
+	if c.RecordOverhead == 0 {
+		c.RecordOverhead = d.RecordOverhead
 	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
@@ -103,6 +116,8 @@ func (c FetchConfig) Validate() error {
 		return fmt.Errorf("kafka: fetch MaxBytes %d is below PartitionMaxBytes %d", c.MaxBytes, c.PartitionMaxBytes)
 	case c.MaxPartitions < 0:
 		return fmt.Errorf("kafka: fetch MaxPartitions %d is negative", c.MaxPartitions)
+	case c.RecordOverhead < 0:
+		return fmt.Errorf("kafka: fetch RecordOverhead %d is negative", c.RecordOverhead)
 	}
 	return nil
 }
@@ -221,6 +236,10 @@ type Fetcher struct {
 
 	requests  atomic.Int64
 	throttled atomic.Int64 // nanoseconds
+	// inflation is the last response's charge per byte on the wire
+	// (float64 bits, at least 1): compressed batches, and every record's
+	// RecordOverhead, make the records weigh more than the response.
+	inflation atomic.Uint64
 	errs      atomic.Int64
 	moves     atomic.Int64
 
@@ -683,15 +702,22 @@ func (b *fetchBroker) pick() (parts []*FetchPartition, wake time.Time) {
 
 // maxBytes is the MaxBytes of the next request: MaxBytes, cut to what
 // the budget has free (Room found PartitionMaxBytes free before the
-// request). Asking for MaxBytes whatever the budget held let one response
-// overshoot the budget by up to MaxBytes (16 MiB by default, against
-// the agent's default of 32 MiB in flight).
+// request) divided by the last response's inflation, so that the
+// response's charge fits: MaxBytes bounds the bytes on the wire, and a
+// compressed response can weigh many times more once decoded (zeros: 15
+// times). Asking for MaxBytes whatever the budget held let one response
+// overshoot the budget by up to MaxBytes (default 16 MiB; the agent's is
+// a quarter of its budget), times its inflation. At least 1 byte: a
+// broker returns the first batch whole whatever the bound (KIP-74).
 func (f *Fetcher) maxBytes() int32 {
 	if f.cfg.Budget == nil {
 		return f.cfg.MaxBytes
 	}
-	free := f.cfg.Budget.Free()
-	return int32(max(min(free, int64(f.cfg.MaxBytes)), int64(f.cfg.PartitionMaxBytes)))
+	free := float64(f.cfg.Budget.Free())
+	if bits := f.inflation.Load(); bits != 0 {
+		free /= math.Float64frombits(bits)
+	}
+	return int32(max(min(free, float64(f.cfg.MaxBytes)), 1))
 }
 
 // request builds the Fetch of parts. The request holds each partition
@@ -731,6 +757,9 @@ func (b *fetchBroker) handle(log *zap.Logger, parts []*FetchPartition, resp *sar
 		if extra := decoded - ref.size; extra > 0 && ref.budget != nil {
 			ref.budget.Charge(extra)
 			ref.size = decoded
+		}
+		if decoded > 0 && size > 0 {
+			f.inflation.Store(math.Float64bits(max(1, float64(decoded)/float64(size))))
 		}
 		ref.unref()
 	}()
@@ -809,7 +838,7 @@ func (b *fetchBroker) accept(p *FetchPartition, block *sarama.FetchResponseBlock
 		p.offset = next // control records, aborted ones, compaction gaps
 		return 0
 	}
-	c := &Chunk{Records: recs, Next: next, HighWaterMark: block.HighWaterMarkOffset, p: p, resp: ref, size: recordsSize(recs)}
+	c := &Chunk{Records: recs, Next: next, HighWaterMark: block.HighWaterMarkOffset, p: p, resp: ref, size: recordsSize(recs, int64(b.f.cfg.RecordOverhead))}
 	ref.refs.Add(1)
 	if !p.enqueue(c) {
 		// Paused or stopped meanwhile: dropped, fetched again from
@@ -821,8 +850,7 @@ func (b *fetchBroker) accept(p *FetchPartition, block *sarama.FetchResponseBlock
 	return c.size
 }
 
-func recordsSize(recs []Record) int64 {
-	const overhead = 64 // the Record and sarama's decoded record
+func recordsSize(recs []Record, overhead int64) int64 {
 	n := int64(0)
 	for i := range recs {
 		r := &recs[i]
