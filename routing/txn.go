@@ -158,7 +158,14 @@ type txnProducer struct {
 
 	mu     sync.Mutex
 	msgs   []*outMsg   // in the open transaction
-	pos    TxnPosition // after the last record in the open transaction
+	pos    TxnPosition // after the last record in the open transaction, but its Fingerprint
+	// posRec is the last record in the open transaction: pos's
+	// Fingerprint is hashed from it at the commit, not at every record
+	// (FNV over the key and value was a microsecond per KiB record).
+	// posRec is also the one record of its copy not yet marked in pos's
+	// Done: a copy's records come in offset order, so only the last one
+	// moves it (markDone once per copy and transaction, not per record).
+	posRec *record.Record
 	inTxn  bool
 	failed error // fenced: the partition has a new owner
 	// broken is set when the wire failed otherwise (its cluster went
@@ -174,11 +181,24 @@ type txnProducer struct {
 	// aligned are the copies aligned with the committed position.
 	aligned  map[string]bool
 	idle     int // commit ticks without a record
+	// bytes is what the open transaction's records weigh (keys and
+	// values); at txnCommitBytes put kicks run to commit before the
+	// interval ends.
+	bytes    int
+	kick     chan struct{} // 1-buffered
 	stop     chan struct{}
 	stopOnce sync.Once // closes stop
 	done     chan struct{}
 	shut     sync.Once // closes w
 }
+
+// txnCommitBytes is what an open transaction's records weigh when it is
+// committed without waiting for the transaction interval. Its records are
+// acknowledged to the agent only at the commit, so they count against
+// source.max_in_flight_mib until then: at the 50 ms default interval a
+// fast stream filled the budget, and the fetching waited for the commits
+// (exactly_once moved half what at_least_once did).
+const txnCommitBytes = 1 << 20
 
 // txnIdleTicks is how many transaction intervals a producer waits without
 // a record before it closes.
@@ -274,8 +294,7 @@ func sameConnection(a, b config.Cluster) bool {
 // acquire returns the producer of k for the owner own, opening
 // it in the background: it waits at most wait (or until ctx ends).
 func (s *txnSet) acquire(ctx context.Context, k txnKey, own owner, wait time.Duration) (*txnProducer, error) {
-	timeout := time.NewTimer(wait)
-	defer timeout.Stop()
+	var timeout <-chan time.Time // made when first waiting: most calls find the producer open
 	for {
 		s.mu.Lock()
 		if s.closed {
@@ -305,11 +324,16 @@ func (s *txnSet) acquire(ctx context.Context, k txnKey, own owner, wait time.Dur
 			s.wg.Go(func() { s.open(k, own, old, ch) })
 		}
 		s.mu.Unlock()
+		if timeout == nil {
+			t := time.NewTimer(wait)
+			defer t.Stop()
+			timeout = t.C
+		}
 		select {
 		case <-ch:
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-timeout.C:
+		case <-timeout:
 			return nil, fmt.Errorf("transactional producer of %s on %s still opening after %s", k.positionKey(s.fleet), k.cluster, wait)
 		}
 	}
@@ -460,7 +484,7 @@ func (s *txnSet) newProducer(k txnKey, own owner) (*txnProducer, error) {
 		return nil, err
 	}
 	return &txnProducer{key: k, own: own, set: s, w: w, committed: committed,
-		stop: make(chan struct{}), done: make(chan struct{})}, nil
+		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}, nil
 }
 
 // positionWait bounds the reading of a stream's committed position when
@@ -714,14 +738,22 @@ func (t *txnProducer) put(om *outMsg) error {
 	rec := om.d.rec
 	t.msgs = append(t.msgs, om)
 	t.idle = 0
+	if t.bytes += len(rec.Key) + len(rec.Value); t.bytes >= txnCommitBytes {
+		select {
+		case t.kick <- struct{}{}:
+		default:
+		}
+	}
 	done, ids := t.pos.Done, t.pos.IDs
 	if done == nil {
 		done, ids = t.committed.carried()
 	}
-	markDone(done, ids, rec)
+	if p := t.posRec; p != nil && (p.Cluster != rec.Cluster || p.Topic != rec.Topic || p.Partition != rec.Partition || p.TopicID != rec.TopicID) {
+		markDone(done, ids, p) // the last of another copy's records: its copy is done to there
+	}
 	t.pos = TxnPosition{Cluster: rec.Cluster, Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset + 1,
-		Fingerprint: offsets.FingerprintOf(rec.Key, rec.Value, rec.Timestamp), TimestampMs: rec.Timestamp.UnixMilli(),
-		Generation: rec.Generation, Session: rec.Session, Done: done, IDs: ids}
+		TimestampMs: rec.Timestamp.UnixMilli(), Generation: rec.Generation, Session: rec.Session, Done: done, IDs: ids}
+	t.posRec = rec
 	return nil
 }
 
@@ -735,8 +767,8 @@ func (t *txnProducer) fail(err error) error {
 	return err
 }
 
-// run commits the open transaction every transaction interval until the
-// producer is closed.
+// run commits the open transaction every transaction interval, or sooner
+// when it weighs txnCommitBytes, until the producer is closed.
 func (t *txnProducer) run() {
 	defer close(t.done)
 	t.set.mu.Lock()
@@ -751,13 +783,20 @@ func (t *txnProducer) run() {
 			t.stopped()
 			return
 		case <-tick.C:
-			if t.reopen() {
+		case <-t.kick:
+			t.mu.Lock()
+			open := t.inTxn // not if a commit since the kick took its records: a commit of nothing counts an idle tick
+			t.mu.Unlock()
+			if !open {
 				continue
 			}
-			if t.commit() {
-				t.retire()
-				return
-			}
+		}
+		if t.reopen() {
+			continue
+		}
+		if t.commit() {
+			t.retire()
+			return
 		}
 	}
 }
@@ -828,7 +867,7 @@ func (t *txnProducer) reopen() bool {
 	t.w, t.committed, t.broken, t.inTxn = w, committed, nil, false
 	t.shut = sync.Once{}
 	msgs := t.msgs
-	t.msgs, t.pos.Done, t.pos.IDs = nil, nil, nil
+	t.msgs, t.pos.Done, t.pos.IDs, t.posRec, t.bytes = nil, nil, nil, nil, 0
 	skipped := 0
 	for i, om := range msgs {
 		if committed.covers(om.d.rec) {
@@ -884,6 +923,10 @@ func (t *txnProducer) commit() (closeIt bool) {
 		}
 		return t.idle >= txnIdleTicks
 	}
+	if r := t.posRec; r != nil { // not acknowledged before the commit: its key and value are whole
+		markDone(t.pos.Done, t.pos.IDs, r)
+		t.pos.Fingerprint, t.posRec = offsets.FingerprintOf(r.Key, r.Value, r.Timestamp), nil
+	}
 	val, err := json.Marshal(t.pos)
 	if err != nil {
 		t.fail(err)
@@ -900,7 +943,7 @@ func (t *txnProducer) commit() (closeIt bool) {
 	m := t.set.r.m.txns
 	if err == nil {
 		m.WithLabelValues(t.key.cluster, "committed").Inc()
-		t.inTxn = false
+		t.inTxn, t.bytes = false, 0
 		pos := t.pos
 		t.committed = &pos
 		t.pos.Done, t.pos.IDs = nil, nil // the next transaction's start from copies of pos's
