@@ -180,7 +180,7 @@ func (bx *bench) fillSource(topic string, n, size int) ceilingTrial {
 func (bx *bench) memory() {
 	n := bx.scale.MemoryRecords
 	bx.fillSource("memory", n, 1024)
-	bx.res.Memory = append(bx.res.Memory, bx.relay("kswitch", 1, 1, "memory", n))
+	bx.res.Memory = append(bx.res.Memory, bx.relayWith(relayRun{kind: "kswitch", instances: 1, trial: 1, src: "memory", n: n, size: 1024, profile: true}))
 }
 
 // memoryLimit relays RelayRecords records of 150 B and of 1 KiB with one
@@ -227,6 +227,10 @@ type relayRun struct {
 	// tag tells the trial's destination topic and group apart from
 	// another phase's trial of the same relay, source and number.
 	tag string
+	// profile: the (one) agent serves agent.pprof, and a CPU profile of
+	// profileSeconds is taken from its first record at the destination
+	// (bench.res.Profile).
+	profile bool
 }
 
 // name is the trial's part of its destination topic's and group's names.
@@ -273,7 +277,15 @@ func (bx *bench) relayWith(r relayRun) relayTrial {
 		markers  int64
 		startCPU float64
 	)
-	atFirst := func() { startCPU = bx.relayUsage(procs).cpu }
+	var profiled chan error
+	atFirst := func() {
+		startCPU = bx.relayUsage(procs).cpu
+		if r.profile {
+			profiled = make(chan error, 1)
+			bx.profilePath = filepath.Join(t.TempDir(), profileFile)
+			go func() { profiled <- profileAgent(bx.profileFrom, bx.profilePath) }()
+		}
+	}
 	if kind == kswitchExactlyOnce {
 		f, markers, err = watchCommitted(st.b.addr, dest, int64(n), 5*time.Minute, atFirst)
 	} else {
@@ -283,6 +295,9 @@ func (bx *bench) relayWith(r relayRun) relayTrial {
 		StartupCPUSeconds: round3(startCPU), FirstRecords: f.nFirst}
 	if r.size != 1024 {
 		tr.RecordBytes = r.size
+	}
+	if profiled != nil {
+		bx.summarizeProfile(<-profiled) // ends within profileSeconds + 10 s (its client's timeout)
 	}
 	usage := bx.relayUsage(procs)
 	bx.stopRelay(kind, procs)
@@ -347,11 +362,15 @@ func (bx *bench) startRelay(r relayRun, dest string) []*proc {
 		if r.env != "" {
 			v.env = []string{r.env}
 		}
+		if r.profile {
+			v.env = append(v.env, "KSWITCH_AGENT_PPROF=true")
+		}
 		if f := r.fleet(); f != "" {
 			v.args = []string{"--fleet=" + f}
 		}
 		for _, a := range bx.startRelayAgentsWith(instances, src, group, dest, v) {
 			procs = append(procs, a.proc)
+			bx.profileFrom = a.http
 		}
 	case "mirrormaker2":
 		procs = append(procs, bx.startCopyMirrorMaker(fmt.Sprintf("S%d", trial), src))

@@ -46,6 +46,10 @@ type benchResults struct {
 	Failover  []failoverTrial  `json:"failover"`
 	Rebalance []rebalanceTrial `json:"rebalance"`
 	Pause     pauseResult      `json:"pause"`
+	// Profile is where the memory trial's agent spent its CPU; the
+	// profile itself is copied next to the page (profileFile).
+	Profile     *agentProfile `json:"profile,omitempty"`
+	profileFile string
 	// GoBenchmarks are the result lines of the in-process benchmarks
 	// (go test -bench . ./...) of the same make bench.
 	GoBenchmarks []string `json:"go_benchmarks"`
@@ -228,6 +232,11 @@ func (r *benchResults) write(dir string) error {
 	}
 	if err := writeCharts(dir, r); err != nil {
 		return err
+	}
+	if r.profileFile != "" {
+		if err := copyProfile(r.profileFile, dir); err != nil {
+			return err
+		}
 	}
 	return os.WriteFile(filepath.Join(dir, "BENCHMARKS.md"), []byte(r.markdown()), 0o644)
 }
@@ -844,6 +853,20 @@ func (r *benchResults) markdown() string {
 			return pick(r.Cost, func(costTrial) bool { return true }, func(x costTrial) float64 { return x.PeakRSSMiB[k] })
 		}
 		p("| ratio kswitch ÷ relayloop | %s | | %s | |\n", ratio(cpu("kswitch"), cpu("relayloop")), ratio(rss("kswitch"), rss("relayloop")))
+	}
+
+	// 7. Profile.
+	if pr := r.Profile; pr != nil {
+		p("\n## 7. Where the agent's CPU goes\n\n")
+		p("A CPU profile of the memory trial's agent (`agent.pprof`, `/debug/pprof/profile`), %d s from its first record at\n", int(pr.Seconds))
+		p("the destination, while it relayed at full speed: %.2f CPU seconds sampled. Each row is the share of the samples with a\n", pr.SampledSeconds)
+		p("frame of that part on their stack, so parts that call others include them (the agent's loop calls routing; every\n")
+		p("part allocates). The profile is `%s` next to this page: `go tool pprof -http=: bin/kswitch docs/%s`.\n\n", profileFile, profileFile)
+		p("| part of the record path | frames | share of CPU |\n|---|---|---|\n")
+		for _, sh := range pr.Shares {
+			p("| %s | `%s` | %.1f %% |\n", sh.What, sh.Frames, sh.Percent)
+		}
+		p("\nThe functions that spend it themselves (`go tool pprof -top`):\n\n```\n%s\n```\n", strings.Join(pr.Top, "\n"))
 	}
 
 	p("\n## In-process benchmarks (`go test -bench . -benchtime 1x ./...`, same make bench)\n\n```\n")

@@ -173,4 +173,7 @@ type bench struct {
 	agents    []*agentProc
 	prod      *producer
 	delivered *deliveredWatch
+	// profileFrom is the HTTP address of the last agent a relay started,
+	// profilePath where its profile was written.
+	profileFrom, profilePath string
 }
