@@ -156,9 +156,9 @@ type txnProducer struct {
 	// at open, then ours); nil when there is none.
 	committed *TxnPosition
 
-	mu     sync.Mutex
-	msgs   []*outMsg   // in the open transaction
-	pos    TxnPosition // after the last record in the open transaction, but its Fingerprint
+	mu   sync.Mutex
+	msgs []*outMsg   // in the open transaction
+	pos  TxnPosition // after the last record in the open transaction, but its Fingerprint
 	// posRec is the last record in the open transaction: pos's
 	// Fingerprint is hashed from it at the commit, not at every record
 	// (FNV over the key and value was a microsecond per KiB record).
@@ -179,8 +179,8 @@ type txnProducer struct {
 	committing bool
 	queued     []*outMsg
 	// aligned are the copies aligned with the committed position.
-	aligned  map[string]bool
-	idle     int // commit ticks without a record
+	aligned map[string]bool
+	idle    int // commit ticks without a record
 	// bytes is what the open transaction's records weigh (keys and
 	// values); at txnCommitBytes put kicks run to commit before the
 	// interval ends.
@@ -923,10 +923,7 @@ func (t *txnProducer) commit() (closeIt bool) {
 		}
 		return t.idle >= txnIdleTicks
 	}
-	if r := t.posRec; r != nil { // not acknowledged before the commit: its key and value are whole
-		markDone(t.pos.Done, t.pos.IDs, r)
-		t.pos.Fingerprint, t.posRec = offsets.FingerprintOf(r.Key, r.Value, r.Timestamp), nil
-	}
+	t.settlePos()
 	val, err := json.Marshal(t.pos)
 	if err != nil {
 		t.fail(err)
@@ -979,6 +976,16 @@ func (t *txnProducer) commit() (closeIt bool) {
 	return true
 }
 
+// settlePos completes pos with posRec: its copy's done offset and its
+// fingerprint. Called with mu held, while posRec is not acknowledged (its
+// key and value are whole until then: record.Handler).
+func (t *txnProducer) settlePos() {
+	if r := t.posRec; r != nil {
+		markDone(t.pos.Done, t.pos.IDs, r)
+		t.pos.Fingerprint, t.posRec = offsets.FingerprintOf(r.Key, r.Value, r.Timestamp), nil
+	}
+}
+
 // refusedInTxn takes out of the open transaction the records a
 // destination refused for good in the one just aborted (the stream names
 // them; they are not in the new one). With a dead-letter channel
@@ -990,6 +997,9 @@ func (t *txnProducer) commit() (closeIt bool) {
 func (t *txnProducer) refusedInTxn(refused []*outMsg, err error) {
 	if len(refused) == 0 {
 		return
+	}
+	if slices.ContainsFunc(refused, func(om *outMsg) bool { return om.d.rec == t.posRec }) {
+		t.settlePos() // now: dead-lettered, it may be acknowledged (and let go of its value) before the next commit
 	}
 	t.msgs = slices.DeleteFunc(t.msgs, func(om *outMsg) bool { return slices.Contains(refused, om) })
 	var ae *kafka.TxnAbortedError

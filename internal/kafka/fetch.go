@@ -41,9 +41,10 @@ type FetchConfig struct {
 	// less than PartitionMaxBytes free; a response is charged whole when
 	// it arrives (its size, or its records' when larger: compressed
 	// batches, small records). A request asks for no more than the
-	// budget has free, so the bytes held exceed the bound by at most one
-	// batch (KIP-74: a first batch larger than asked comes whole) per
-	// broker loop. Default nil: unbounded.
+	// budget has free (Free, scaled by the last response's weight
+	// decoded), so the bytes held exceed the bound by about one batch
+	// (KIP-74: a first batch larger than asked comes whole) per broker
+	// loop. Default nil: unbounded.
 	Budget Budget
 	// RecordOverhead is what a record is charged beyond its key, value
 	// and headers: the memory that the Fetcher and the consumer hold per
@@ -133,8 +134,8 @@ type Budget interface {
 	// closed by a later Give (which may not free n bytes: ask again).
 	Room(n int64) <-chan struct{}
 	// Free returns the bytes free now (0 or less when none are): a
-	// request asks for no more (and no less than a partition's
-	// PartitionMaxBytes, which Room found free).
+	// request asks for no more, on the wire, than Free divided by how
+	// much more the last response weighed decoded.
 	Free() int64
 }
 
