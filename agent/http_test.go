@@ -143,31 +143,34 @@ func TestHTTPCapsOpenConnections(t *testing.T) {
 // back in the profile format go tool pprof reads (gzip).
 func TestPprofOnlyWhenAsked(t *testing.T) {
 	e := testenv.StartEtcdT(t)
-	get := func(addr, path string) (int, []byte) {
-		t.Helper()
-		resp, err := http.Get("http://" + addr + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp.StatusCode, body
-	}
 	off := startFleetAgent(t, testConfig(e, "agent-1"), agent.Options{})
-	if code, _ := get(off.HTTPAddr(), "/debug/pprof/heap"); code != http.StatusNotFound {
+	if code, _ := httpGet(t, off.HTTPAddr(), "/debug/pprof/heap"); code != http.StatusNotFound {
 		t.Errorf("agent.pprof off: /debug/pprof/heap answered %d, want 404", code)
 	}
 	cfg := testConfig(e, "agent-2")
 	cfg.Agent.Pprof = true
 	on := startFleetAgent(t, cfg, agent.Options{})
-	code, body := get(on.HTTPAddr(), "/debug/pprof/heap")
+	code, body := httpGet(t, on.HTTPAddr(), "/debug/pprof/heap")
 	if code != http.StatusOK || len(body) < 2 || body[0] != 0x1f || body[1] != 0x8b {
 		t.Errorf("agent.pprof on: /debug/pprof/heap answered %d with %d bytes, want 200 and a gzipped profile", code, len(body))
 	}
-	if code, _ := get(on.HTTPAddr(), "/debug/pprof/"); code != http.StatusOK {
+	if code, _ := httpGet(t, on.HTTPAddr(), "/debug/pprof/"); code != http.StatusOK {
 		t.Errorf("agent.pprof on: /debug/pprof/ answered %d, want 200", code)
 	}
+}
+
+// httpGet GETs path of the agent serving HTTP at addr, and returns the
+// status code and the body.
+func httpGet(t *testing.T, addr, path string) (int, []byte) {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, body
 }

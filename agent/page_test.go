@@ -297,15 +297,7 @@ func TestStatusPageListsTopicEvents(t *testing.T) {
 	if _, err := cli.Put(t.Context(), k.TopicEvent(at.Add(2*time.Minute).UnixNano()), "{"); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := http.Get("http://" + a.HTTPAddr() + "/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, b := httpGet(t, a.HTTPAddr(), "/")
 	page := html.UnescapeString(string(b))
 	for _, want := range []string{
 		`<table id="topic-events">`,

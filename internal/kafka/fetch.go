@@ -839,7 +839,8 @@ func (b *fetchBroker) accept(p *FetchPartition, block *sarama.FetchResponseBlock
 		p.offset = next // control records, aborted ones, compaction gaps
 		return 0
 	}
-	c := &Chunk{Records: recs, Next: next, HighWaterMark: block.HighWaterMarkOffset, p: p, resp: ref, size: recordsSize(recs, int64(b.f.cfg.RecordOverhead))}
+	c := &Chunk{Records: recs, Next: next, HighWaterMark: block.HighWaterMarkOffset, p: p, resp: ref,
+		size: recordsSize(recs, int64(b.f.cfg.RecordOverhead)), held: recordsSize(recs, DefaultFetchRecordOverhead)}
 	ref.refs.Add(1)
 	if !p.enqueue(c) {
 		// Paused or stopped meanwhile: dropped, fetched again from
@@ -896,10 +897,15 @@ type Chunk struct {
 	// HighWaterMark is the partition's high watermark in the response.
 	HighWaterMark int64
 
-	p        *FetchPartition
-	resp     *fetchResponse
-	size     int64
-	released atomic.Bool
+	p    *FetchPartition
+	resp *fetchResponse
+	// size is what the chunk is charged against the Budget (RecordOverhead
+	// a record); held what it counts against its partition's
+	// heldFactor × PartitionMaxBytes (DefaultFetchRecordOverhead a record:
+	// a byte count of the fetch's, as PartitionMaxBytes is, so that a
+	// consumer's larger overhead does not shrink each partition's share).
+	size, held int64
+	released   atomic.Bool
 }
 
 // Release tells the Fetcher the consumer is done with the chunk, and
@@ -911,7 +917,7 @@ func (c *Chunk) Release() {
 	}
 	c.Records = nil
 	limit := int64(heldFactor) * int64(c.p.f.cfg.PartitionMaxBytes)
-	if after := c.p.held.Add(-c.size); after < limit && after+c.size >= limit {
+	if after := c.p.held.Add(-c.held); after < limit && after+c.held >= limit {
 		if b := c.p.broker.Load(); b != nil {
 			kick(b.kick)
 		}
@@ -1051,7 +1057,7 @@ func (p *FetchPartition) enqueue(c *Chunk) bool {
 	if p.stopped.Load() || p.paused.Load() {
 		return false
 	}
-	p.held.Add(c.size)
+	p.held.Add(c.held)
 	p.queue = append(p.queue, c)
 	kick(p.ready)
 	return true
