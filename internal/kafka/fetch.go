@@ -839,8 +839,9 @@ func (b *fetchBroker) accept(p *FetchPartition, block *sarama.FetchResponseBlock
 		p.offset = next // control records, aborted ones, compaction gaps
 		return 0
 	}
+	held := recordsSize(recs)
 	c := &Chunk{Records: recs, Next: next, HighWaterMark: block.HighWaterMarkOffset, p: p, resp: ref,
-		size: recordsSize(recs, int64(b.f.cfg.RecordOverhead)), held: recordsSize(recs, DefaultFetchRecordOverhead)}
+		size: held + int64(len(recs))*int64(b.f.cfg.RecordOverhead-DefaultFetchRecordOverhead), held: held}
 	ref.refs.Add(1)
 	if !p.enqueue(c) {
 		// Paused or stopped meanwhile: dropped, fetched again from
@@ -852,7 +853,10 @@ func (b *fetchBroker) accept(p *FetchPartition, block *sarama.FetchResponseBlock
 	return c.size
 }
 
-func recordsSize(recs []Record, overhead int64) int64 {
+// recordsSize is what recs weigh to the Fetcher: their keys, values and
+// headers, and DefaultFetchRecordOverhead each.
+func recordsSize(recs []Record) int64 {
+	const overhead = DefaultFetchRecordOverhead
 	n := int64(0)
 	for i := range recs {
 		r := &recs[i]
