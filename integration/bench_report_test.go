@@ -39,6 +39,9 @@ type benchResults struct {
 	// default agent.memory_limit_mib and with noMemoryLimit, on records of
 	// 150 B and of 1 KiB.
 	MemoryLimit []relayTrial `json:"memory_limit,omitempty"`
+	// TxnCycle is one transactional stream alone against the same
+	// producer's idempotent path (bench_txn_test.go).
+	TxnCycle []txnCycleTrial `json:"txn_cycle,omitempty"`
 	// Published is what the last published page (docs/benchmarks.json at
 	// git HEAD when the run started) measured of the fault figures, which
 	// issue 35 asks to be no worse.
@@ -867,6 +870,27 @@ func (r *benchResults) markdown() string {
 			p("| %s | `%s` | %.1f %% |\n", sh.What, sh.Frames, sh.Percent)
 		}
 		p("\nThe functions that spend it themselves (`go tool pprof -top`):\n\n```\n%s\n```\n", strings.Join(pr.Top, "\n"))
+	}
+
+	if len(r.TxnCycle) > 0 {
+		p("\n## 8. One transactional stream alone\n\n")
+		p("internal/kafka's `TxnStream` on B, in the test's process, without an agent: %d records of 1 KiB over 4 partitions,\n", txnCycleRecords)
+		p("committed every %d KiB, at most %d records not yet committed (about one stream's share of the agent's default\n", txnCycleCommitBytes>>10, txnCycleHeld)
+		p("budget), against the same producer's idempotent path held to %d records not yet acknowledged.\n\n", txnCycleHeld)
+		p("| trial | idempotent records/s | transactional records/s | ratio | commits | mean commit | CONCURRENT_TRANSACTIONS retries |\n|---|---|---|---|---|---|---|\n")
+		rate := func(mode string) []float64 {
+			return pick(r.TxnCycle, func(x txnCycleTrial) bool { return x.Mode == mode }, func(x txnCycleTrial) float64 { return x.RecordsPerSecond })
+		}
+		idem, txn := rate("idempotent"), rate("transactional")
+		n := 0 // transactional trial n beside idempotent trial n
+		for _, x := range r.TxnCycle {
+			if x.Mode != "transactional" || n >= len(idem) {
+				continue
+			}
+			p("| %d | %.0f | %.0f | %.2f× | %d | %.1f ms | %d |\n", x.Trial, idem[n], x.RecordsPerSecond, x.RecordsPerSecond/idem[n], x.Commits, x.CommitMillis, x.ConcurrentRetries)
+			n++
+		}
+		p("\ntransactional ÷ idempotent: %s.\n", ratio(txn, idem))
 	}
 
 	p("\n## In-process benchmarks (`go test -bench . -benchtime 1x ./...`, same make bench)\n\n```\n")

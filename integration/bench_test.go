@@ -31,7 +31,7 @@ import (
 //	KSWITCH_BENCH_GO         output of the in-process Go benchmarks, quoted in the page
 //	KSWITCH_BENCH_MAKE_STARTED  when make bench started (Unix seconds), for its total time
 //	KSWITCH_BENCH_QUICK=1    fewer trials and records, for development; the page says so
-//	KSWITCH_BENCH_ONLY=a,b   only these phases (throughput, memory, memlimit, cost, failover, rebalance, pause), for development
+//	KSWITCH_BENCH_ONLY=a,b   only these phases (throughput, txncycle, memory, memlimit, cost, failover, rebalance, pause), for development
 
 // benchScale is how much work a run does.
 type benchScale struct {
@@ -109,6 +109,7 @@ func TestBenchmarksOnRealStack(t *testing.T) {
 	phase("stack", func() {})
 	res.Phases[0].Seconds = round3(time.Since(began).Seconds())
 	phase("throughput", bx.throughput)
+	phase("txncycle", bx.txnCycle)
 	phase("memory", bx.memory)
 	phase("memlimit", bx.memoryLimit)
 	phase("cost", bx.cost)
