@@ -164,10 +164,17 @@ func TestRemoteTopicNaming(t *testing.T) {
 }
 
 // TestMultiBroker copies between clusters whose partitions have different
-// leaders: one fetch per source leader, writes to each target leader.
+// leaders: one fetch per source leader, writes to each target leader. The
+// source's leaders are placed by the test (partition p on node p mod 3):
+// kfake places them at random, and may put all six on one node.
 func TestMultiBroker(t *testing.T) {
 	a := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Brokers: 3, Topics: map[string]int32{"orders": 6}})
 	b := testenv.StartKafkaT(t, "B", devstack.KafkaOptions{Brokers: 2})
+	for part := range int32(6) {
+		if err := a.Cluster().MoveTopicPartition("orders", part, part%3); err != nil {
+			t.Fatal(err)
+		}
+	}
 	ac, bc := newClient(t, a), newClient(t, b)
 	p := newProducer(t, ac)
 	for part := range int32(6) {
@@ -184,8 +191,8 @@ func TestMultiBroker(t *testing.T) {
 		}
 		leaders[l.ID()] = true
 	}
-	if len(leaders) < 2 {
-		t.Fatalf("source partitions all led by %v: the test needs several leaders", leaders)
+	if len(leaders) != 3 {
+		t.Fatalf("source partitions led by %v, want nodes 0, 1 and 2 (placed by the test)", leaders)
 	}
 }
 
