@@ -66,36 +66,80 @@ func Balance(partitions []TopicPartition, agents []string, current map[string][]
 		}
 	}
 
-	// An agent over its quota keeps a mix of its topics rather than the
-	// first topics by name (partition numbers first, then topics): a
-	// topic that later moves alone to another cluster (a topic pin, a
-	// staged move) then leaves every agent about as loaded as before,
-	// and the other topics' partitions need not move to even it out.
+	// Each topic is spread over the agents within one partition, its
+	// extras (the remainder of its partitions over the agents) on
+	// different agents, as far as that takes nothing from an owner more
+	// than the counts above do: every agent keeps min(held, quota). Then
+	// a topic, or several, that later move alone to another cluster (a
+	// topic pin, a staged move) leave every agent about as loaded as
+	// before, and the other topics' partitions need not move to even it
+	// out. An agent over its quota chooses what it keeps: first up to
+	// each topic's floor, then a topic's extra while the topic has extras
+	// left, then anything (partition numbers first, then topics: a mix).
+	perTopic := map[string]int{}
+	for _, tp := range parts {
+		perTopic[tp.Topic]++
+	}
 	lists := make([][]TopicPartition, k)
+	owned := make([]map[string]int, k) // owned[i][topic]: lists[i]'s partitions of topic
+	atCeil := map[string]int{}         // agents holding more than the topic's floor
 	kept := map[TopicPartition]bool{}
+	keep := func(i int, tp TopicPartition) {
+		lists[i] = append(lists[i], tp)
+		kept[tp] = true
+		if owned[i][tp.Topic]++; owned[i][tp.Topic] == perTopic[tp.Topic]/k+1 {
+			atCeil[tp.Topic]++
+		}
+	}
 	for i := range agents {
+		owned[i] = map[string]int{}
+		if len(held[i]) <= quota[i] {
+			for _, tp := range held[i] {
+				keep(i, tp)
+			}
+		}
+	}
+	for i := range agents {
+		if len(held[i]) <= quota[i] {
+			continue
+		}
 		slices.SortStableFunc(held[i], func(a, b TopicPartition) int {
 			if a.Partition != b.Partition {
 				return int(a.Partition) - int(b.Partition)
 			}
 			return a.Compare(b)
 		})
-		lists[i] = slices.Clone(held[i][:min(len(held[i]), quota[i])])
-		for _, tp := range lists[i] {
-			kept[tp] = true
+		for _, pass := range []func(TopicPartition) bool{
+			func(tp TopicPartition) bool { return owned[i][tp.Topic] < perTopic[tp.Topic]/k },
+			func(tp TopicPartition) bool {
+				return owned[i][tp.Topic] == perTopic[tp.Topic]/k && atCeil[tp.Topic] < perTopic[tp.Topic]%k
+			},
+			func(TopicPartition) bool { return true },
+		} {
+			for _, tp := range held[i] {
+				if len(lists[i]) < quota[i] && !kept[tp] && pass(tp) {
+					keep(i, tp)
+				}
+			}
 		}
 	}
+	// The rest go to the agents with room: the one with the fewest of the
+	// partition's topic, then the fewest partitions, then the first by id.
 	for _, tp := range parts {
 		if kept[tp] {
 			continue
 		}
 		best := -1
 		for i := range agents {
-			if len(lists[i]) < quota[i] && (best < 0 || len(lists[i]) < len(lists[best])) {
+			if len(lists[i]) >= quota[i] {
+				continue
+			}
+			if best < 0 || owned[i][tp.Topic] < owned[best][tp.Topic] ||
+				owned[i][tp.Topic] == owned[best][tp.Topic] && len(lists[i]) < len(lists[best]) {
 				best = i
 			}
 		}
-		lists[best] = append(lists[best], tp)
+		keep(best, tp)
 	}
 	for i, a := range agents {
 		if len(lists[i]) > 0 {

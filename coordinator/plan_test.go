@@ -1192,3 +1192,59 @@ func TestBalanceKeepsTopicsMixed(t *testing.T) {
 		t.Errorf("audit's move takes %d partitions of other topics from their owners: %v, then %v", n, joined, moved)
 	}
 }
+
+// TestBalanceSpreadsTopicsAcrossJoins: agents a, b and c join one after
+// another (a loaded machine), or some of them at once, while the fleet
+// reads four topics of four partitions. Each topic ends spread over the
+// agents within one partition, and the staged move of the agent package's
+// tests (audit and clicks first, then orders and payments) moves no
+// partition of orders or payments at its first stage (before, after
+// staggered joins c held 4 of their 8 partitions, and the first stage took
+// one from it: TestStagedMoveUnderLoad's restart of payments/3). No
+// balance can do that for every pair of topics: four extras over three
+// agents put two on one agent, and moving the other two topics away
+// leaves it one partition over; any pair moves at most one.
+func TestBalanceSpreadsTopicsAcrossJoins(t *testing.T) {
+	topics := []string{"audit", "clicks", "orders", "payments"}
+	var all []TopicPartition
+	for _, topic := range topics {
+		for p := range int32(4) {
+			all = append(all, TopicPartition{Topic: topic, Partition: p})
+		}
+	}
+	agents := []string{"a", "b", "c"}
+	for _, joins := range [][][]string{
+		{{"a"}, {"a", "b"}, {"a", "b", "c"}},
+		{{"a"}, {"a", "b", "c"}},
+		{{"a", "b"}, {"a", "b", "c"}},
+		{{"a", "b", "c"}},
+		{{"c"}, {"b", "c"}, {"a", "b", "c"}},
+	} {
+		t.Run(fmt.Sprint(joins), func(t *testing.T) {
+			var owned map[string][]TopicPartition
+			for _, present := range joins {
+				owned = Balance(all, present, owned)
+			}
+			for _, topic := range topics {
+				var counts []int
+				for _, a := range agents {
+					counts = append(counts, len(slices.DeleteFunc(slices.Clone(owned[a]), func(tp TopicPartition) bool { return tp.Topic != topic })))
+				}
+				if slices.Max(counts)-slices.Min(counts) > 1 {
+					t.Errorf("topic %s spread %v over a, b, c: %v", topic, counts, owned)
+				}
+			}
+			for _, moved := range [][2]string{{"audit", "clicks"}, {"audit", "orders"}, {"audit", "payments"}, {"clicks", "orders"}, {"clicks", "payments"}, {"orders", "payments"}} {
+				left, rest := map[string][]TopicPartition{}, []TopicPartition(nil)
+				for a, tps := range owned {
+					left[a] = slices.DeleteFunc(slices.Clone(tps), func(tp TopicPartition) bool { return tp.Topic == moved[0] || tp.Topic == moved[1] })
+					rest = append(rest, left[a]...)
+				}
+				n := Moves(left, Balance(rest, agents, left))
+				if want := 1; moved == [2]string{"audit", "clicks"} && n != 0 || n > want {
+					t.Errorf("moving %v away takes %d partitions of the other topics from their owners: %v", moved, n, owned)
+				}
+			}
+		})
+	}
+}
