@@ -14,7 +14,9 @@ import (
 // trip during which the partition is not consumed, and a restart at the
 // committed offset (re-delivering what was in flight). So a partition stays
 // with its owner unless the owner is gone or keeping it would break the
-// balance; the freed and the new partitions fill the least-loaded agents.
+// balance; the freed and the new partitions fill the agents with room,
+// those with the fewest of their topic first. Within those counts each
+// topic is spread over the agents (see below).
 //
 // The leader must reach the same answer every time it looks at the same
 // state (a new leader, or a retried publish, must not reshuffle), so the
