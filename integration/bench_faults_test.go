@@ -322,15 +322,25 @@ func (bx *bench) failoverTrial(trial int, fault string, dupsBefore int) (failove
 	// records more than it consumed, so that records are waiting on B when
 	// it gets there and "first record from B" is a consumption, not an
 	// arrival.
-	put(t, st.etcd, fleetPrefix+"signals/fleet", "pause")
-	atPause := sum(offsetsOf(tl.offsets("A", "orders")))
+	// Against A's end offsets once every agent has parked its partitions:
+	// the fleet cannot have consumed past them. The fleet's last commits
+	// on A, which this read before, may be a commit interval old, or a
+	// phase old for agents just started: B then held its "backlog" at
+	// once, while the records after the fleet's position were still on
+	// their way, and the failover found nothing on B to deliver.
+	bx.signalFleet("pause")
+	ends, err := endOffsets(st.a.addr, "orders")
+	if err != nil {
+		fatal(t, err)
+	}
+	atPause := sum(ends)
 	waitFor(t, 30*time.Second, "a backlog of 150 records on B", func() error {
 		ends, err := endOffsets(st.b.addr, remote)
 		if err != nil {
 			return err
 		}
 		if sum(ends) < atPause+150 {
-			return fmt.Errorf("B holds %d records, the fleet is at %d", sum(ends), atPause)
+			return fmt.Errorf("B holds %d records, A held %d at the pause", sum(ends), atPause)
 		}
 		return nil
 	})
@@ -540,6 +550,15 @@ func ownedByOther(a assignment, p int32, dead string) bool {
 		}
 	}
 	return false
+}
+
+// signalFleet writes the fleet signal and waits until every agent's
+// /status shows a signals_applied revision at least the write's.
+func (bx *bench) signalFleet(val string) {
+	rev := putRev(bx.t, bx.st.etcd, fleetPrefix+"signals/fleet", val)
+	waitFor(bx.t, 10*time.Second, fmt.Sprintf("the fleet signal %s (revision %d) applied by every agent", val, rev), func() error {
+		return signalsApplied(bx.agents, rev)
+	})
 }
 
 // pause flips signals/fleet between pause and start and measures, per
