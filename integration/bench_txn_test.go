@@ -102,6 +102,7 @@ func (bx *bench) txnCycleRun(p *kafka.Producer, acks *txnCycleAcks, mode string,
 	commits := make(chan *kafka.Message, 1)
 	done := make(chan error, 1)
 	var commitTime time.Duration
+	var failed atomic.Pointer[error] // a Commit's error
 	if mode == "transactional" {
 		var err error
 		if s, err = p.OpenTxn(ctx, kafka.DefaultTxnConfig(topic)); err != nil {
@@ -121,6 +122,9 @@ func (bx *bench) txnCycleRun(p *kafka.Producer, acks *txnCycleAcks, mode string,
 				tr.Commits++
 				committed.Add(int64(len(msgs)))
 			}
+			if err != nil {
+				failed.Store(&err) // the producing loop stops at once
+			}
 			done <- err
 		}()
 	} else {
@@ -131,6 +135,9 @@ func (bx *bench) txnCycleRun(p *kafka.Producer, acks *txnCycleAcks, mode string,
 	bytes := 0
 	for i := range txnCycleRecords {
 		for int64(i)-settled() >= txnCycleHeld {
+			if err := failed.Load(); err != nil {
+				fatalf(t, "txncycle %s: Commit: %v", mode, *err)
+			}
 			if ctx.Err() != nil {
 				fatalf(t, "txncycle %s: %d of %d records settled after 5 min", mode, settled(), i)
 			}
