@@ -110,17 +110,30 @@ func (bx *bench) txnCycleRun(p *kafka.Producer, acks *txnCycleAcks, mode string,
 		}
 		defer func() { _ = s.Close(context.Background()) }()
 		produce, settled = s.Produce, committed.Load
-		go func() { // the committer: one Commit at a time, as routing's
+		// The committer: one Commit at a time, as routing's. It ends when
+		// commits is closed, at a Commit's error, or with ctx (this
+		// function's: a fatal return of the producing loop).
+		go func() {
 			var err error
-			for m := range commits {
-				at := time.Now()
-				var msgs []*kafka.Message
-				if msgs, err = s.Commit(ctx, m); err != nil {
-					break
+		loop:
+			for {
+				select {
+				case m, ok := <-commits:
+					if !ok {
+						break loop
+					}
+					at := time.Now()
+					var msgs []*kafka.Message
+					if msgs, err = s.Commit(ctx, m); err != nil {
+						break loop
+					}
+					commitTime += time.Since(at)
+					tr.Commits++
+					committed.Add(int64(len(msgs)))
+				case <-ctx.Done():
+					err = ctx.Err()
+					break loop
 				}
-				commitTime += time.Since(at)
-				tr.Commits++
-				committed.Add(int64(len(msgs)))
 			}
 			if err != nil {
 				failed.Store(&err) // the producing loop stops at once
