@@ -55,14 +55,26 @@ var profileParts = []struct{ what, frames string }{
 // profileAgent takes a CPU profile of the agent serving HTTP at addr and
 // writes it to path.
 func profileAgent(addr, path string) error {
-	c := &http.Client{Timeout: time.Duration(profileSeconds+10) * time.Second}
-	resp, err := c.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, profileSeconds))
+	return download(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, profileSeconds), path, time.Duration(profileSeconds+10)*time.Second)
+}
+
+// traceAgent takes a 1-second execution trace of the agent serving HTTP
+// at addr (KSWITCH_BENCH_TRACE, for development: go tool trace
+// -pprof=sync, net or sched shows where its goroutines wait).
+func traceAgent(addr, path string) error {
+	return download(fmt.Sprintf("http://%s/debug/pprof/trace?seconds=1", addr), path, 11*time.Second)
+}
+
+// download writes what a GET of url answers to path.
+func download(url, path string, timeout time.Duration) error {
+	c := &http.Client{Timeout: timeout}
+	resp, err := c.Get(url)
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s/debug/pprof/profile answered %s", addr, resp.Status)
+		return fmt.Errorf("GET %s answered %s", url, resp.Status)
 	}
 	f, err := os.Create(path)
 	if err != nil {

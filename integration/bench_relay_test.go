@@ -4,11 +4,13 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -65,6 +67,13 @@ type relayTrial struct {
 	// in results written before.
 	StartupCPUSeconds float64 `json:"startup_cpu_seconds,omitempty"`
 	FirstRecords      int64   `json:"first_records,omitempty"`
+	// BrokersCPUSeconds is the CPU seconds Kafka's A and B (their JVMs)
+	// spent from the relay's start until the copy was complete (for
+	// exactly_once, at the look that found no transaction open): on a
+	// machine whose cores the brokers share with the relay, what a relay
+	// makes the brokers do counts against its own rate. Absent in results
+	// written before.
+	BrokersCPUSeconds float64 `json:"brokers_cpu_seconds,omitempty"`
 }
 
 // copyCPUPerRecord is the CPU seconds a record cost from the first record
@@ -112,30 +121,37 @@ func (bx *bench) throughput() {
 			bx.res.Ceiling = append(bx.res.Ceiling, bx.fillSource("relay", n, 1024))
 			continue
 		}
+		if bx.relays != nil {
+			continue
+		}
 		topic := fmt.Sprintf("ceiling-%d", i)
 		st.a.createTopic(t, topic, relayPartitions)
 		bx.res.Ceiling = append(bx.res.Ceiling, bx.producerPerf(i, topic, n, -1))
 	}
-	for i := 1; i <= bx.scale.RelayTrials; i++ {
+	for i := 1; i <= bx.scale.RelayTrials && bx.relays == nil; i++ {
 		bx.res.Ceiling = append(bx.res.Ceiling, bx.consumerPerf(i, "relay", n))
 	}
 	// Baseline and kswitch alternate, so that drift of the machine
 	// (another process, page cache) hits both alike; so do kswitch at
 	// least once and exactly once (issue 35: ≥ 0.9×).
+	run := func(kind string, instances, i int) {
+		if bx.relays == nil || slices.Contains(bx.relays, kind) {
+			bx.res.Throughput = append(bx.res.Throughput, bx.relay(kind, instances, i, "relay", n))
+		}
+	}
 	for i := 1; i <= bx.scale.RelayTrials; i++ {
 		for _, instances := range []int{1, 3} {
-			bx.res.Throughput = append(bx.res.Throughput, bx.relay("relayloop", instances, i, "relay", n))
+			run("relayloop", instances, i)
 			if instances == 1 {
-				bx.res.Throughput = append(bx.res.Throughput, bx.relay("franzloop", 1, i, "relay", n))
+				run("franzloop", 1, i)
 			}
-			bx.res.Throughput = append(bx.res.Throughput, bx.relay("kswitch", instances, i, "relay", n))
+			run("kswitch", instances, i)
 			if instances == 1 {
-				bx.res.Throughput = append(bx.res.Throughput, bx.relay(kswitchExactlyOnce, 1, i, "relay", n))
+				run(kswitchExactlyOnce, 1, i)
 			}
 		}
-		bx.res.Throughput = append(bx.res.Throughput,
-			bx.relay("mirrormaker2", 1, i, "relay", n),
-			bx.relay("kcat", 1, i, "relay", n))
+		run("mirrormaker2", 1, i)
+		run("kcat", 1, i)
 	}
 }
 
@@ -269,6 +285,7 @@ func (bx *bench) relayWith(r relayRun) relayTrial {
 	} else {
 		st.b.createTopic(t, dest, relayPartitions)
 	}
+	brokersBefore := bx.brokersCPU()
 	began := time.Now()
 	procs := bx.startRelay(r, dest)
 	var (
@@ -280,26 +297,43 @@ func (bx *bench) relayWith(r relayRun) relayTrial {
 	var profiled chan error
 	atFirst := func() {
 		startCPU = bx.relayUsage(procs).cpu
-		if r.profile {
+		if dir := os.Getenv("KSWITCH_BENCH_TRACE"); dir != "" && strings.HasPrefix(kind, "kswitch") && instances == 1 {
+			profiled = make(chan error, 1)
+			path := filepath.Join(dir, fmt.Sprintf("%s-%d", kind, trial))
+			go func() {
+				cpu := make(chan error, 1)
+				go func() { cpu <- profileAgent(bx.profileFrom, path+".pprof") }()
+				profiled <- errors.Join(traceAgent(bx.profileFrom, path+".trace"), <-cpu)
+			}()
+		} else if r.profile {
 			profiled = make(chan error, 1)
 			bx.profilePath = filepath.Join(t.TempDir(), profileFile)
 			go func() { profiled <- profileAgent(bx.profileFrom, bx.profilePath) }()
 		}
 	}
+	var brokersAfter float64
 	if kind == kswitchExactlyOnce {
-		f, markers, err = watchCommitted(st.b.addr, dest, int64(n), 5*time.Minute, atFirst)
+		// The brokers' CPU is read before the count's read of the whole
+		// topic, which is the harness's work.
+		f, markers, err = watchCommitted(st.b.addr, dest, int64(n), 5*time.Minute, atFirst, func() { brokersAfter = bx.brokersCPU() })
 	} else {
 		f, err = watchFill(st.b.addr, dest, int64(n), 5*time.Minute, atFirst)
+		brokersAfter = bx.brokersCPU()
 	}
 	tr := relayTrial{Relay: kind, Instances: instances, Trial: trial, Records: int64(n), Delivered: f.last, Markers: markers, Env: r.env,
 		StartupCPUSeconds: round3(startCPU), FirstRecords: f.nFirst}
 	if r.size != 1024 {
 		tr.RecordBytes = r.size
 	}
-	if profiled != nil {
+	if profiled != nil && r.profile {
 		bx.summarizeProfile(<-profiled) // ends within profileSeconds + 10 s (its client's timeout)
+	} else if profiled != nil {
+		if err := <-profiled; err != nil {
+			t.Logf("no trace of %s trial %d: %v", kind, trial, err)
+		}
 	}
 	usage := bx.relayUsage(procs)
+	tr.BrokersCPUSeconds = round3(brokersAfter - brokersBefore)
 	bx.stopRelay(kind, procs)
 	if f := r.fleet(); f != "" {
 		if _, derr := st.etcd.etcdctl("del", "--prefix", "/kswitch/"+f+"/"); derr != nil {
@@ -324,8 +358,8 @@ func (bx *bench) relayWith(r relayRun) relayTrial {
 	if r.env != "" {
 		env = ", " + r.env
 	}
-	t.Logf("relay %-12s ×%d trial %d, %s (%d B%s): %.0f records/s (startup %.1fs, total %.1fs, cpu %.1fs, rss %.0f MiB)",
-		kind, instances, trial, src, r.size, env, tr.RecordsPerSecond, tr.StartupSeconds, tr.TotalSeconds, tr.CPUSeconds, tr.PeakRSSMiB)
+	t.Logf("relay %-12s ×%d trial %d, %s (%d B%s): %.0f records/s (startup %.1fs, total %.1fs, cpu %.1fs, brokers' cpu %.1fs, rss %.0f MiB)",
+		kind, instances, trial, src, r.size, env, tr.RecordsPerSecond, tr.StartupSeconds, tr.TotalSeconds, tr.CPUSeconds, tr.BrokersCPUSeconds, tr.PeakRSSMiB)
 	return tr
 }
 
@@ -342,6 +376,19 @@ func (bx *bench) relayUsage(procs []*proc) procUsage {
 		usage.hwmKiB = max(usage.hwmKiB, u.hwmKiB)
 	}
 	return usage
+}
+
+// brokersCPU is the CPU seconds A's and B's JVMs have used so far.
+func (bx *bench) brokersCPU() float64 {
+	var cpu float64
+	for _, b := range []*kafkaBroker{bx.st.a, bx.st.b} {
+		u, err := treeUsage(b.proc.cmd.Process.Pid)
+		if err != nil {
+			bx.t.Logf("broker %s: %v", b.name, err)
+		}
+		cpu += u.cpu
+	}
+	return cpu
 }
 
 // startRelay starts the processes of one relay trial.
@@ -362,7 +409,7 @@ func (bx *bench) startRelay(r relayRun, dest string) []*proc {
 		if r.env != "" {
 			v.env = []string{r.env}
 		}
-		if r.profile {
+		if r.profile || os.Getenv("KSWITCH_BENCH_TRACE") != "" {
 			v.env = append(v.env, "KSWITCH_AGENT_PPROF=true")
 		}
 		if f := r.fleet(); f != "" {
@@ -576,8 +623,9 @@ func watchFill(addr, topic string, n int64, timeout time.Duration, atFirst func(
 // is open (the last stable offsets equal the end offsets) and a
 // read_committed read of the topic with kcat counts n records or more;
 // the read comes after the look and does not delay it. fill.last is that
-// count, and markers the end offsets less it. atFirst is as watchFill's.
-func watchCommitted(addr, topic string, n int64, timeout time.Duration, atFirst func()) (f fill, markers int64, err error) {
+// count, and markers the end offsets less it. atFirst is as watchFill's;
+// atStable, if not nil, is called at each such look, before the read.
+func watchCommitted(addr, topic string, n int64, timeout time.Duration, atFirst, atStable func()) (f fill, markers int64, err error) {
 	cl, err := sarama.NewClient([]string{addr}, saramaConfig(5*time.Second))
 	if err != nil {
 		return f, 0, err
@@ -605,6 +653,9 @@ func watchCommitted(addr, topic string, n int64, timeout time.Duration, atFirst 
 			continue // a transaction is open
 		}
 		counted = got
+		if atStable != nil {
+			atStable()
+		}
 		records, err := countCommitted(addr, topic)
 		if err != nil {
 			return f, 0, err

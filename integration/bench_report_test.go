@@ -711,6 +711,9 @@ func (r *benchResults) markdown() string {
 		p("Its records/s are taken from the end offsets as the others' are: records written, committed or not yet, and the\n")
 		p("transactions' markers; markers a trial: %s, %% of the offsets: %s. The trial ends, and its first → last rate\n", statsOf(eo).spread(0), statsOf(share).spread(2))
 		p("stops, at the first look with no transaction open at which kcat, reading read_committed, counts every record.\n")
+		if cpu := r.relayCPUShares(); cpu != "" {
+			p("\n%s", cpu)
+		}
 	}
 	var extra []string
 	for _, x := range append(slices.Clone(r.Throughput), r.MemoryLimit...) {
@@ -877,20 +880,30 @@ func (r *benchResults) markdown() string {
 		p("internal/kafka's `TxnStream` on B, in the test's process, without an agent: %d records of 1 KiB over 4 partitions,\n", txnCycleRecords)
 		p("committed every %d KiB, at most %d records not yet committed (about one stream's share of the agent's default\n", txnCycleCommitBytes>>10, txnCycleHeld)
 		p("budget), against the same producer's idempotent path held to %d records not yet acknowledged.\n\n", txnCycleHeld)
-		p("| trial | idempotent records/s | transactional records/s | ratio | commits | mean commit | CONCURRENT_TRANSACTIONS retries |\n|---|---|---|---|---|---|---|\n")
+		p("_alternating_ is a probe of a design, not of what the agent does: two streams (two transactional ids) take turns,\n")
+		p("one sending while the other commits, the same records held at most (RELAY.md section 8, item 10).\n\n")
+		p("| trial | idempotent records/s | transactional records/s | ratio | commits | mean commit | CONCURRENT_TRANSACTIONS retries | alternating records/s | ratio |\n|---|---|---|---|---|---|---|---|---|\n")
 		rate := func(mode string) []float64 {
 			return pick(r.TxnCycle, func(x txnCycleTrial) bool { return x.Mode == mode }, func(x txnCycleTrial) float64 { return x.RecordsPerSecond })
 		}
-		idem, txn := rate("idempotent"), rate("transactional")
+		idem, txn, alt := rate("idempotent"), rate("transactional"), rate("alternating")
 		n := 0 // transactional trial n beside idempotent trial n
 		for _, x := range r.TxnCycle {
 			if x.Mode != "transactional" || n >= len(idem) {
 				continue
 			}
-			p("| %d | %.0f | %.0f | %.2f× | %d | %.1f ms | %d |\n", x.Trial, idem[n], x.RecordsPerSecond, x.RecordsPerSecond/idem[n], x.Commits, x.CommitMillis, x.ConcurrentRetries)
+			p("| %d | %.0f | %.0f | %.2f× | %d | %.1f ms | %d |", x.Trial, idem[n], x.RecordsPerSecond, x.RecordsPerSecond/idem[n], x.Commits, x.CommitMillis, x.ConcurrentRetries)
+			if n < len(alt) {
+				p(" %.0f | %.2f× |\n", alt[n], alt[n]/idem[n])
+			} else {
+				p(" | |\n")
+			}
 			n++
 		}
 		p("\ntransactional ÷ idempotent: %s.\n", ratio(txn, idem))
+		if len(alt) > 0 {
+			p("alternating ÷ idempotent: %s.\n", ratio(alt, idem))
+		}
 	}
 
 	p("\n## In-process benchmarks (`go test -bench . -benchtime 1x ./...`, same make bench)\n\n```\n")
@@ -988,4 +1001,27 @@ func scaleTable(lines []string) string {
 		b.WriteString(n + "\n")
 	}
 	return b.String()
+}
+
+// relayCPUShares compares, for one agent at least once and exactly once,
+// the CPU seconds of the agent and of Kafka's brokers over a trial, and
+// how busy they kept the machine's cores: where the machine's CPU went
+// when exactly_once moved fewer records/s. Empty for results without the
+// brokers' CPU.
+func (r *benchResults) relayCPUShares() string {
+	var b strings.Builder
+	for _, relay := range []string{"kswitch", kswitchExactlyOnce} {
+		one := func(x relayTrial) bool { return x.Relay == relay && x.Instances == 1 && x.BrokersCPUSeconds > 0 && x.RecordBytes == 0 }
+		agent := statsOf(pick(r.Throughput, one, func(x relayTrial) float64 { return x.CPUSeconds }))
+		if agent.N == 0 {
+			return ""
+		}
+		brokers := statsOf(pick(r.Throughput, one, func(x relayTrial) float64 { return x.BrokersCPUSeconds }))
+		busy := statsOf(pick(r.Throughput, one, func(x relayTrial) float64 {
+			return 100 * (x.CPUSeconds + x.BrokersCPUSeconds) / (x.TotalSeconds * float64(max(r.Machine.Cores, 1)))
+		}))
+		fmt.Fprintf(&b, "- %s ×1: the agent's CPU %s s, the brokers' (A and B) %s s over the trial; together %s %% of the machine's %d cores.\n",
+			relay, agent.spread(2), brokers.spread(2), busy.spread(0), r.Machine.Cores)
+	}
+	return "CPU, from the relay's start to its last record:\n\n" + b.String()
 }

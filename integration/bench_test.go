@@ -32,6 +32,8 @@ import (
 //	KSWITCH_BENCH_MAKE_STARTED  when make bench started (Unix seconds), for its total time
 //	KSWITCH_BENCH_QUICK=1    fewer trials and records, for development; the page says so
 //	KSWITCH_BENCH_ONLY=a,b   only these phases (throughput, txncycle, memory, memlimit, cost, failover, rebalance, pause), for development
+//	KSWITCH_BENCH_TRACE=dir  an execution trace (1 s) and a CPU profile (2 s) of each 1-agent kswitch relay trial into dir, for development
+//	KSWITCH_BENCH_RELAYS=a,b only these relays in the throughput phase (kswitch, kswitch-exactly-once, relayloop, franzloop, mirrormaker2, kcat) and not Kafka's own tools, for development
 
 // benchScale is how much work a run does.
 type benchScale struct {
@@ -94,6 +96,9 @@ func TestBenchmarksOnRealStack(t *testing.T) {
 	rep := newReport("bench")
 	st := startStack(t, rep.timer(t), prefixPolicy, false)
 	bx := &bench{t: t, st: st, relayloop: relayloop, tools: tools, res: res, scale: res.Scale, filled: map[string]int{}}
+	if r := os.Getenv("KSWITCH_BENCH_RELAYS"); r != "" {
+		bx.relays = strings.Split(r, ",")
+	}
 	only := os.Getenv("KSWITCH_BENCH_ONLY") // development: a comma-separated list of phases
 	phase := func(name string, f func()) {
 		t.Helper()
@@ -177,4 +182,7 @@ type bench struct {
 	// profileFrom is the HTTP address of the last agent a relay started,
 	// profilePath where its profile was written.
 	profileFrom, profilePath string
+	// relays, when set (KSWITCH_BENCH_RELAYS), are the only relays the
+	// throughput phase runs.
+	relays []string
 }

@@ -24,7 +24,9 @@ import (
 // for the stream committed), about one stream's share of the agent's
 // default budget. It tells the stream's own ceiling from the agent's
 // (row 35.4): one stream commits one transaction at a time, and its
-// records count until their commit.
+// records count until their commit. A third mode, alternating, probes a
+// design the agent does not have: two streams of the same records taking
+// turns, one sending while the other commits, held alike.
 
 const (
 	txnCycleRecords     = 100_000
@@ -34,7 +36,7 @@ const (
 
 // txnCycleTrial is one run of one mode.
 type txnCycleTrial struct {
-	Mode             string  `json:"mode"` // idempotent or transactional
+	Mode             string  `json:"mode"` // idempotent, transactional or alternating
 	Trial            int     `json:"trial"`
 	Records          int     `json:"records"`
 	RecordsPerSecond float64 `json:"records_per_second"`
@@ -70,7 +72,7 @@ func (bx *bench) txnCycle() {
 	}
 	defer func() { _ = p.Close(context.Background()) }()
 	for i := 1; i <= bx.scale.RelayTrials; i++ {
-		for _, mode := range []string{"idempotent", "transactional"} {
+		for _, mode := range []string{"idempotent", "transactional", "alternating"} {
 			topic := fmt.Sprintf("txncycle-%s-%d", mode, i)
 			st.b.createTopic(t, topic, 4)
 			acks.n.Store(0)
@@ -99,17 +101,32 @@ func (bx *bench) txnCycleRun(p *kafka.Producer, acks *txnCycleAcks, mode string,
 	var s *kafka.TxnStream
 	var committed atomic.Int64
 	settled := acks.n.Load
-	commits := make(chan *kafka.Message, 1)
+	type commit struct {
+		stream int
+		last   *kafka.Message // nil: none
+	}
+	commits := make(chan commit, 1)
 	done := make(chan error, 1)
 	var commitTime time.Duration
 	var failed atomic.Pointer[error] // a Commit's error
-	if mode == "transactional" {
+	var streams [2]*kafka.TxnStream
+	cur := 0
+	if mode != "idempotent" {
 		var err error
 		if s, err = p.OpenTxn(ctx, kafka.DefaultTxnConfig(topic)); err != nil {
 			fatal(t, err)
 		}
 		defer func() { _ = s.Close(context.Background()) }()
-		produce, settled = s.Produce, committed.Load
+		streams[0], streams[1] = s, s
+		if mode == "alternating" {
+			if streams[1], err = p.OpenTxn(ctx, kafka.DefaultTxnConfig(topic+"/2")); err != nil {
+				fatal(t, err)
+			}
+			defer func() { _ = streams[1].Close(context.Background()) }()
+			commits = make(chan commit) // a commit is taken only by an idle committer
+		}
+		settled = committed.Load
+		produce = func(m *kafka.Message) error { return streams[cur].Produce(m) }
 		// The committer: one Commit at a time, as routing's. It ends when
 		// commits is closed, at a Commit's error, or with ctx (this
 		// function's: a fatal return of the producing loop).
@@ -118,13 +135,13 @@ func (bx *bench) txnCycleRun(p *kafka.Producer, acks *txnCycleAcks, mode string,
 		loop:
 			for {
 				select {
-				case m, ok := <-commits:
+				case c, ok := <-commits:
 					if !ok {
 						break loop
 					}
 					at := time.Now()
 					var msgs []*kafka.Message
-					if msgs, err = s.Commit(ctx, m); err != nil {
+					if msgs, err = streams[c.stream].Commit(ctx, c.last); err != nil {
 						break loop
 					}
 					commitTime += time.Since(at)
@@ -146,8 +163,25 @@ func (bx *bench) txnCycleRun(p *kafka.Producer, acks *txnCycleAcks, mode string,
 	value := make([]byte, 1024)
 	start := time.Now()
 	bytes := 0
+	// ask asks the committer for a commit of the current stream, with
+	// last as its last record, unless it is busy.
+	ask := func(last *kafka.Message) bool {
+		select {
+		case commits <- commit{cur, last}:
+			bytes = 0
+			if mode == "alternating" {
+				cur = 1 - cur
+			}
+			return true
+		default: // a commit is in progress: the records go to the next transaction
+			return false
+		}
+	}
 	for i := range txnCycleRecords {
 		for int64(i)-settled() >= txnCycleHeld {
+			if s != nil && bytes >= txnCycleCommitBytes && ask(nil) {
+				continue
+			}
 			if err := failed.Load(); err != nil {
 				fatalf(t, "txncycle %s: Commit: %v", mode, *err)
 			}
@@ -157,13 +191,8 @@ func (bx *bench) txnCycleRun(p *kafka.Producer, acks *txnCycleAcks, mode string,
 			time.Sleep(50 * time.Microsecond) // a budget's wait, polled: the rate, not a condition
 		}
 		m := &kafka.Message{Topic: topic, Partition: int32(i % 4), Value: value}
-		if bytes += len(value); s != nil && bytes >= txnCycleCommitBytes {
-			select {
-			case commits <- m: // the commit takes it as its last record
-				bytes = 0
-				continue
-			default: // a commit is in progress: the record goes to the next transaction
-			}
+		if bytes += len(value); s != nil && bytes >= txnCycleCommitBytes && ask(m) {
+			continue
 		}
 		if err := produce(m); err != nil {
 			fatal(t, err)
@@ -174,7 +203,7 @@ func (bx *bench) txnCycleRun(p *kafka.Producer, acks *txnCycleAcks, mode string,
 		if err := <-done; err != nil {
 			fatal(t, err)
 		}
-		msgs, err := s.Commit(ctx, nil)
+		msgs, err := streams[cur].Commit(ctx, nil)
 		if err != nil {
 			fatal(t, err)
 		}
