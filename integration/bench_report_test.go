@@ -1011,7 +1011,9 @@ func scaleTable(lines []string) string {
 func (r *benchResults) relayCPUShares() string {
 	var b strings.Builder
 	for _, relay := range []string{"kswitch", kswitchExactlyOnce} {
-		one := func(x relayTrial) bool { return x.Relay == relay && x.Instances == 1 && x.BrokersCPUSeconds > 0 && x.RecordBytes == 0 }
+		one := func(x relayTrial) bool {
+			return x.Relay == relay && x.Instances == 1 && x.BrokersCPUSeconds > 0 && x.RecordBytes == 0
+		}
 		agent := statsOf(pick(r.Throughput, one, func(x relayTrial) float64 { return x.CPUSeconds }))
 		if agent.N == 0 {
 			return ""
