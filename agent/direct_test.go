@@ -385,6 +385,87 @@ func TestBytesInFlightAreBounded(t *testing.T) {
 	})
 }
 
+// keepingHandler is a handler that declares what it keeps per record
+// (record.Keeper).
+type keepingHandler struct {
+	record.HandlerFunc
+	kept int
+}
+
+func (h keepingHandler) KeptPerRecord() int { return h.kept }
+
+// TestHandlerKeptBytesAreCharged: the budget charges each record what its
+// handler says it keeps (record.Keeper) on top of the record's bytes, so
+// a handler that keeps 16 KiB of its own per record of 1 KiB, holding
+// every record, is handed no more than the budget holds at 17 KiB a
+// record (about 75 with a 1 MiB budget, where the default 448 B would
+// let it hold all 200), and every record once it acknowledges.
+func TestHandlerKeptBytesAreCharged(t *testing.T) {
+	e := testenv.StartEtcdT(t)
+	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 4}})
+	const size, kept, n, budget = 1 << 10, 16 << 10, 200, 1 << 20
+	var mu sync.Mutex
+	var held []*record.Record
+	seen := map[string]bool{}
+	hold := true
+	h := keepingHandler{kept: kept, HandlerFunc: func(_ context.Context, r *record.Record) error {
+		mu.Lock()
+		defer mu.Unlock()
+		seen[fmt.Sprintf("%d@%d", r.Partition, r.Offset)] = true
+		if hold {
+			held = append(held, r)
+			return nil
+		}
+		r.Ack()
+		return nil
+	}}
+	cfg := consumeConfig(e, k, "agent-1")
+	cfg.Source.MaxInFlightMiB = budget >> 20
+	a := startFleetAgent(t, cfg, agent.Options{Handler: h})
+	waitBalanced(t, 4, a)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...), kgo.DefaultProduceTopic("orders"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for i := range n {
+		if err := cl.ProduceSync(t.Context(), &kgo.Record{Key: []byte(strconv.Itoa(i)), Value: make([]byte, size)}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wait.For(t, 10*time.Second, "the budget full", func() error {
+		v, _ := metricValue(a, "kswitch_in_flight_bytes", nil)
+		if v < budget-budget/8 {
+			return fmt.Errorf("kswitch_in_flight_bytes %v", v)
+		}
+		return nil
+	})
+	mu.Lock()
+	got := len(held)
+	mu.Unlock()
+	if most := (budget + budget/4) / (size + kept); got > most {
+		t.Fatalf("the handler holds %d records of %d B keeping %d B each; want at most %d with a %d B budget", got, size, kept, most, budget)
+	}
+	t.Logf("%d records held with a 1 MiB budget at %d B kept each", got, kept)
+	mu.Lock()
+	hold = false
+	for _, r := range held {
+		r.Ack()
+	}
+	mu.Unlock()
+	wait.For(t, 20*time.Second, "every record handled, the budget empty", func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(seen) != n {
+			return fmt.Errorf("%d of %d handled", len(seen), n)
+		}
+		if v, _ := metricValue(a, "kswitch_in_flight_bytes", nil); v != 0 {
+			return fmt.Errorf("kswitch_in_flight_bytes %v", v)
+		}
+		return nil
+	})
+}
+
 // BenchmarkConsume measures one agent consuming 1 000 000 records of
 // 100 B from 4 partitions of an in-process kfake to a handler that
 // acknowledges at once, against a tuned franz-go consumer loop reading the
@@ -420,7 +501,9 @@ func BenchmarkConsume(b *testing.B) {
 		var n atomic.Int64
 		var first, last atomic.Int64
 		done := make(chan struct{})
-		h := record.HandlerFunc(func(_ context.Context, r *record.Record) error {
+		// It keeps nothing of a record (record.Keeper): the budget charges
+		// the agent's own share and the record's bytes.
+		h := keepingHandler{HandlerFunc: func(_ context.Context, r *record.Record) error {
 			now := time.Now().UnixNano()
 			first.CompareAndSwap(0, now)
 			r.Ack()
@@ -429,7 +512,7 @@ func BenchmarkConsume(b *testing.B) {
 				close(done)
 			}
 			return nil
-		})
+		}}
 		cfg := consumeConfig(e, k, "agent-1")
 		cfg.Fleet = "bench-" + strconv.Itoa(round)
 		cfg.Source.Group = cfg.Fleet // no start at another round's group offsets

@@ -27,5 +27,9 @@ func (h *CountingHandler) Handle(_ context.Context, r *record.Record) error {
 	return nil
 }
 
+// KeptPerRecord is 0: a record is acknowledged as it is handled
+// (record.Keeper).
+func (h *CountingHandler) KeptPerRecord() int { return 0 }
+
 // Count returns how many records were handled.
 func (h *CountingHandler) Count() int64 { return h.count.Load() }

@@ -59,15 +59,14 @@ func dialKafka(name string, c config.Cluster, group string, timeout time.Duratio
 	return k, nil
 }
 
-// handlerRecordOverhead is what a handler is expected to keep per record
-// in flight: the routing sink's produce message is 384 B, and its
-// producer's batch a pointer to it.
-const handlerRecordOverhead = 448
-
 // recordOverhead is what the agent's budget charges per record beyond its
 // key, value and headers: the Fetcher's share, the record's delivery (the
-// record.Record handed on and the tracker's state) and the handler's.
-const recordOverhead = kafka.DefaultFetchRecordOverhead + int(unsafe.Sizeof(delivery{})) + handlerRecordOverhead
+// record.Record handed on and the tracker's state) and what the handler
+// keeps (record.KeptPerRecord: the routing sink's produce message, or
+// nothing for a handler that acknowledges at once).
+func recordOverhead(h record.Handler) int {
+	return kafka.DefaultFetchRecordOverhead + int(unsafe.Sizeof(delivery{})) + record.KeptPerRecord(h)
+}
 
 // fetchConfig is the configuration of the worker's Fetchers. The agent's
 // byte budget is theirs: it is charged per response (the records are
@@ -88,7 +87,7 @@ const recordOverhead = kafka.DefaultFetchRecordOverhead + int(unsafe.Sizeof(deli
 func (w *worker) fetchConfig(cluster string) kafka.FetchConfig {
 	return kafka.FetchConfig{
 		Budget:            w.budget,
-		RecordOverhead:    recordOverhead,
+		RecordOverhead:    recordOverhead(w.handler),
 		PartitionMaxBytes: int32(min(w.budget.max/8, kafka.DefaultFetchPartitionMaxBytes)),
 		MaxBytes:          int32(min(w.budget.max/4, kafka.DefaultFetchMaxBytes)),
 		Logger:            w.log.With(zap.String("cluster", cluster)),

@@ -132,6 +132,32 @@ type DeadLetterCounter interface {
 	DeadLettered() map[string]int64
 }
 
+// Keeper is implemented by a Handler that says how many bytes it keeps
+// in memory for each record handed to it and not yet acknowledged, beyond
+// the record's key, value and headers (its own bookkeeping: a produce
+// message, a queue entry). The agent's byte budget
+// (source.max_in_flight_mib) charges that much per record, so that the
+// budget bounds what the process holds. A Handler without the method is
+// charged DefaultKeptPerRecord.
+type Keeper interface {
+	KeptPerRecord() int
+}
+
+// DefaultKeptPerRecord is what a Handler that is not a Keeper is charged
+// per record: the routing sink's produce message (384 B) and its
+// producer's batch entry.
+const DefaultKeptPerRecord = 448
+
+// KeptPerRecord is what h keeps per record not yet acknowledged: its
+// KeptPerRecord if it is a Keeper (negative counts as 0), else
+// DefaultKeptPerRecord.
+func KeptPerRecord(h Handler) int {
+	if k, ok := h.(Keeper); ok {
+		return max(k.KeptPerRecord(), 0)
+	}
+	return DefaultKeptPerRecord
+}
+
 // HandlerFunc adapts a function to Handler.
 type HandlerFunc func(ctx context.Context, r *Record) error
 

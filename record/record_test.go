@@ -1,6 +1,9 @@
 package record
 
-import "testing"
+import (
+	"context"
+	"testing"
+)
 
 func TestSameTopic(t *testing.T) {
 	for _, tc := range []struct {
@@ -20,6 +23,28 @@ func TestSameTopic(t *testing.T) {
 	} {
 		if got := SameTopic(tc.a, tc.b); got != tc.same {
 			t.Errorf("SameTopic(%q, %q) = %v, want %v", tc.a, tc.b, got, tc.same)
+		}
+	}
+}
+
+type keeps int
+
+func (keeps) Handle(context.Context, *Record) error { return nil }
+func (k keeps) KeptPerRecord() int                  { return int(k) }
+
+func TestKeptPerRecord(t *testing.T) {
+	plain := HandlerFunc(func(context.Context, *Record) error { return nil })
+	for _, tc := range []struct {
+		h    Handler
+		want int
+	}{
+		{plain, DefaultKeptPerRecord}, // says nothing: the routing sink's weight
+		{keeps(0), 0},
+		{keeps(4096), 4096},
+		{keeps(-1), 0},
+	} {
+		if got := KeptPerRecord(tc.h); got != tc.want {
+			t.Errorf("KeptPerRecord(%T %v) = %d, want %d", tc.h, tc.h, got, tc.want)
 		}
 	}
 }
