@@ -305,35 +305,71 @@ func revokingGeneration(history []coordinator.Assignment, agent string, o record
 	return coordinator.Assignment{}, false
 }
 
-// TestBytesInFlightAreBounded: the agent's byte budget
-// (source.max_in_flight_mib 1) is charged per fetch response and given
-// back when each chunk's last record is acknowledged: with a handler that holds every record, the records it
-// holds never exceed budget + budget/4 (no request with less than
-// budget/8 free, a response at most budget/4: worker.fetchConfig), the
-// fetching stops there (the budget full within budget/8), and once the
-// handler acknowledges, every record is handled and the budget is empty.
-func TestBytesInFlightAreBounded(t *testing.T) {
-	e := testenv.StartEtcdT(t)
-	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 4}})
-	const size, n, budget = 16 << 10, 200, 1 << 20
-	var mu sync.Mutex
-	var held []*record.Record
-	var heldBytes, maxHeld int64
-	seen := map[string]bool{}
-	hold := true
-	h := record.HandlerFunc(func(_ context.Context, r *record.Record) error {
-		mu.Lock()
-		defer mu.Unlock()
-		seen[fmt.Sprintf("%d@%d", r.Partition, r.Offset)] = true
-		if hold {
-			held = append(held, r)
-			heldBytes += r.Size()
-			maxHeld = max(maxHeld, heldBytes)
-			return nil
-		}
+// holdingHandler holds every record handed to it until
+// release, then acknowledges them and every later record; it notes each
+// record it sees and the most bytes it held.
+type holdingHandler struct {
+	mu                 sync.Mutex
+	hold               bool
+	held               []*record.Record
+	heldBytes, maxHeld int64
+	seen               map[string]bool
+}
+
+func newHoldingHandler() *holdingHandler { return &holdingHandler{hold: true, seen: map[string]bool{}} }
+
+func (h *holdingHandler) Handle(_ context.Context, r *record.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.seen[fmt.Sprintf("%d@%d", r.Partition, r.Offset)] = true
+	if h.hold {
+		h.held = append(h.held, r)
+		h.heldBytes += r.Size()
+		h.maxHeld = max(h.maxHeld, h.heldBytes)
+		return nil
+	}
+	r.Ack()
+	return nil
+}
+
+// holding returns how many records h holds and the most bytes it held.
+func (h *holdingHandler) holding() (int, int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.held), h.maxHeld
+}
+
+// release acknowledges what h holds, then waits until it has seen n
+// records and a's budget is empty.
+func (h *holdingHandler) release(t *testing.T, a *agent.Agent, n int) {
+	t.Helper()
+	h.mu.Lock()
+	h.hold = false
+	for _, r := range h.held {
 		r.Ack()
+	}
+	h.mu.Unlock()
+	wait.For(t, 20*time.Second, "every record handled, the budget empty", func() error {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if len(h.seen) != n {
+			return fmt.Errorf("%d of %d handled", len(h.seen), n)
+		}
+		if v, _ := metricValue(a, "kswitch_in_flight_bytes", nil); v != 0 {
+			return fmt.Errorf("kswitch_in_flight_bytes %v", v)
+		}
 		return nil
 	})
+}
+
+// startHolding starts an agent with a byte budget of budget bytes (whole
+// MiB) and handler h on a cluster with orders of 4 partitions, waits
+// until it owns them, writes n records of size bytes, and waits until
+// the budget is full (within an eighth).
+func startHolding(t *testing.T, h record.Handler, budget, n, size int) *agent.Agent {
+	t.Helper()
+	e := testenv.StartEtcdT(t)
+	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 4}})
 	cfg := consumeConfig(e, k, "agent-1")
 	cfg.Source.MaxInFlightMiB = budget >> 20
 	a := startFleetAgent(t, cfg, agent.Options{Handler: h})
@@ -348,41 +384,37 @@ func TestBytesInFlightAreBounded(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Response framing (headers, batch and record overhead) is charged
-	// too: a few KiB over the records.
-	const bound, framing = budget + budget/4, 8 << 10
 	wait.For(t, 10*time.Second, "the budget full", func() error {
 		v, _ := metricValue(a, "kswitch_in_flight_bytes", nil)
-		if v < budget-budget/8 {
+		if v < float64(budget-budget/8) {
 			return fmt.Errorf("kswitch_in_flight_bytes %v", v)
 		}
 		return nil
 	})
+	return a
+}
+
+// TestBytesInFlightAreBounded: the agent's byte budget
+// (source.max_in_flight_mib 1) is charged per fetch response and given
+// back when each chunk's last record is acknowledged: with a handler that holds every record, the records it
+// holds never exceed budget + budget/4 (no request with less than
+// budget/8 free, a response at most budget/4: worker.fetchConfig), the
+// fetching stops there (the budget full within budget/8), and once the
+// handler acknowledges, every record is handled and the budget is empty.
+func TestBytesInFlightAreBounded(t *testing.T) {
+	const size, n, budget = 16 << 10, 200, 1 << 20
+	h := newHoldingHandler()
+	a := startHolding(t, h, budget, n, size)
+	// Response framing (headers, batch and record overhead) is charged
+	// too: a few KiB over the records.
+	const bound, framing = budget + budget/4, 8 << 10
 	v, _ := metricValue(a, "kswitch_in_flight_bytes", nil)
-	mu.Lock()
-	got, most := len(held), maxHeld
-	mu.Unlock()
+	got, most := h.holding()
 	if most > bound || v > bound+framing {
 		t.Fatalf("the handler held up to %d B (%d records of %d B), in flight %v B; want at most %d", most, got, size, v, bound)
 	}
 	t.Logf("%d records held (%d KiB, %v B charged) with a 1 MiB budget", got, most>>10, v)
-	mu.Lock()
-	hold = false
-	for _, r := range held {
-		r.Ack()
-	}
-	mu.Unlock()
-	wait.For(t, 20*time.Second, "every record handled, the budget empty", func() error {
-		mu.Lock()
-		defer mu.Unlock()
-		if len(seen) != n {
-			return fmt.Errorf("%d of %d handled", len(seen), n)
-		}
-		if v, _ := metricValue(a, "kswitch_in_flight_bytes", nil); v != 0 {
-			return fmt.Errorf("kswitch_in_flight_bytes %v", v)
-		}
-		return nil
-	})
+	h.release(t, a, n)
 }
 
 // keepingHandler is a handler that declares what it keeps per record
@@ -398,72 +430,19 @@ func (h keepingHandler) KeptPerRecord() int { return h.kept }
 // handler says it keeps (record.Keeper) on top of the record's bytes, so
 // a handler that keeps 16 KiB of its own per record of 1 KiB, holding
 // every record, is handed no more than the budget holds at 17 KiB a
-// record (about 75 with a 1 MiB budget, where the default 448 B would
-// let it hold all 200), and every record once it acknowledges.
+// record (at most 75 with a 1 MiB budget, where the default 448 B would
+// let it hold all 200 without filling the budget), and every record once
+// it acknowledges.
 func TestHandlerKeptBytesAreCharged(t *testing.T) {
-	e := testenv.StartEtcdT(t)
-	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 4}})
 	const size, kept, n, budget = 1 << 10, 16 << 10, 200, 1 << 20
-	var mu sync.Mutex
-	var held []*record.Record
-	seen := map[string]bool{}
-	hold := true
-	h := keepingHandler{kept: kept, HandlerFunc: func(_ context.Context, r *record.Record) error {
-		mu.Lock()
-		defer mu.Unlock()
-		seen[fmt.Sprintf("%d@%d", r.Partition, r.Offset)] = true
-		if hold {
-			held = append(held, r)
-			return nil
-		}
-		r.Ack()
-		return nil
-	}}
-	cfg := consumeConfig(e, k, "agent-1")
-	cfg.Source.MaxInFlightMiB = budget >> 20
-	a := startFleetAgent(t, cfg, agent.Options{Handler: h})
-	waitBalanced(t, 4, a)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...), kgo.DefaultProduceTopic("orders"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	for i := range n {
-		if err := cl.ProduceSync(t.Context(), &kgo.Record{Key: []byte(strconv.Itoa(i)), Value: make([]byte, size)}).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	wait.For(t, 10*time.Second, "the budget full", func() error {
-		v, _ := metricValue(a, "kswitch_in_flight_bytes", nil)
-		if v < budget-budget/8 {
-			return fmt.Errorf("kswitch_in_flight_bytes %v", v)
-		}
-		return nil
-	})
-	mu.Lock()
-	got := len(held)
-	mu.Unlock()
+	h := newHoldingHandler()
+	a := startHolding(t, keepingHandler{HandlerFunc: h.Handle, kept: kept}, budget, n, size)
+	got, _ := h.holding()
 	if most := (budget + budget/4) / (size + kept); got > most {
 		t.Fatalf("the handler holds %d records of %d B keeping %d B each; want at most %d with a %d B budget", got, size, kept, most, budget)
 	}
 	t.Logf("%d records held with a 1 MiB budget at %d B kept each", got, kept)
-	mu.Lock()
-	hold = false
-	for _, r := range held {
-		r.Ack()
-	}
-	mu.Unlock()
-	wait.For(t, 20*time.Second, "every record handled, the budget empty", func() error {
-		mu.Lock()
-		defer mu.Unlock()
-		if len(seen) != n {
-			return fmt.Errorf("%d of %d handled", len(seen), n)
-		}
-		if v, _ := metricValue(a, "kswitch_in_flight_bytes", nil); v != 0 {
-			return fmt.Errorf("kswitch_in_flight_bytes %v", v)
-		}
-		return nil
-	})
+	h.release(t, a, n)
 }
 
 // BenchmarkConsume measures one agent consuming 1 000 000 records of
