@@ -297,7 +297,11 @@ func (bx *bench) relayWith(r relayRun) relayTrial {
 	var profiled chan error
 	atFirst := func() {
 		startCPU = bx.relayUsage(procs).cpu
-		if dir := os.Getenv("KSWITCH_BENCH_TRACE"); dir != "" && strings.HasPrefix(kind, "kswitch") && instances == 1 {
+		if r.profile {
+			profiled = make(chan error, 1)
+			bx.profilePath = filepath.Join(t.TempDir(), profileFile)
+			go func() { profiled <- profileAgent(bx.profileFrom, bx.profilePath) }()
+		} else if dir := os.Getenv("KSWITCH_BENCH_TRACE"); dir != "" && strings.HasPrefix(kind, "kswitch") && instances == 1 {
 			profiled = make(chan error, 1)
 			path := filepath.Join(dir, fmt.Sprintf("%s-%d", kind, trial))
 			go func() {
@@ -305,10 +309,6 @@ func (bx *bench) relayWith(r relayRun) relayTrial {
 				go func() { cpu <- profileAgent(bx.profileFrom, path+".pprof") }()
 				profiled <- errors.Join(traceAgent(bx.profileFrom, path+".trace"), <-cpu)
 			}()
-		} else if r.profile {
-			profiled = make(chan error, 1)
-			bx.profilePath = filepath.Join(t.TempDir(), profileFile)
-			go func() { profiled <- profileAgent(bx.profileFrom, bx.profilePath) }()
 		}
 	}
 	var brokersAfter float64
