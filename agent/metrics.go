@@ -3,8 +3,9 @@ package agent
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kswitch/kswitch/signals"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/kswitch/kswitch/signals"
 
 	"github.com/kswitch/kswitch/internal/refused"
 	"github.com/kswitch/kswitch/internal/version"

@@ -1,0 +1,150 @@
+package agent
+
+import (
+	"fmt"
+	"slices"
+	"time"
+	"unsafe"
+
+	"github.com/IBM/sarama"
+	"go.uber.org/zap"
+
+	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/coordinator"
+	"github.com/kswitch/kswitch/internal/kafka"
+	"github.com/kswitch/kswitch/offsets"
+	"github.com/kswitch/kswitch/record"
+)
+
+// kafkaConn is the worker's connection to a cluster it consumes: a
+// sarama Client for metadata, offsets and the group mirror, and a
+// kafka.Fetcher that reads its partitions.
+type kafkaConn struct {
+	name    string
+	client  sarama.Client
+	fetcher *kafka.Fetcher
+	mirror  *offsets.KafkaMirror
+	// fetched are the fetcher's figures already exported
+	// (countFetchStats); owned by the worker's run.
+	fetched kafka.FetchStats
+}
+
+// dialKafka connects to cluster name, its partitions read by a Fetcher of
+// configuration fetch.
+func dialKafka(name string, c config.Cluster, group string, timeout time.Duration, d kafka.Dialer, fetch kafka.FetchConfig) (*kafkaConn, error) {
+	client, err := kafka.NewClientWith(name, c, kafka.Options{Dialer: d})
+	if err != nil {
+		return nil, err
+	}
+	k := &kafkaConn{name: name, client: client, mirror: offsets.NewKafkaMirror(client, group, timeout)}
+	if k.fetcher, err = kafka.NewFetcher(name, client, fetch); err != nil {
+		client.Close()
+		return nil, fmt.Errorf("kafka: consumer on cluster %s: %w", name, err)
+	}
+	return k, nil
+}
+
+// recordOverhead is what the agent's budget charges per record beyond its
+// key, value and headers: the Fetcher's share, the record's delivery (the
+// record.Record handed on and the tracker's state) and what the handler
+// keeps (record.KeptPerRecord: the routing sink's produce message, or
+// nothing for a handler that acknowledges at once).
+func recordOverhead(h record.Handler) int {
+	return kafka.DefaultFetchRecordOverhead + int(unsafe.Sizeof(delivery{})) + record.KeptPerRecord(h)
+}
+
+// fetchConfig is the configuration of the worker's Fetchers. The agent's
+// byte budget is theirs: it is charged per response (the records are
+// slices of it) and given back as the chunks are acknowledged, so the
+// tracker charges nothing more. The fetch sizes follow the budget
+// (default 32 MiB: Kafka's 1 MiB per partition, 8 MiB per request): no
+// request is sent with less than budget/8 free, and a request asks for
+// at most what is free (kafka.Fetcher: on the wire, divided by how much
+// the last response weighed more decoded), so the bytes held stay about
+// the budget with one broker (plus a batch: KIP-74), and at most a
+// quarter of it more for each other broker fetching at the same moment.
+//
+// Each record is charged recordOverhead beyond its bytes: with small
+// records, what the agent and its handler keep per record in flight
+// outweighs the record (150 B records charged 64 B each held four times
+// the budget, and the garbage collector, held to agent.memory_limit_mib,
+// never paused).
+func (w *worker) fetchConfig(cluster string) kafka.FetchConfig {
+	return kafka.FetchConfig{
+		Budget:            w.budget,
+		RecordOverhead:    recordOverhead(w.handler),
+		PartitionMaxBytes: int32(min(w.budget.max/8, kafka.DefaultFetchPartitionMaxBytes)),
+		MaxBytes:          int32(min(w.budget.max/4, kafka.DefaultFetchMaxBytes)),
+		Logger:            w.log.With(zap.String("cluster", cluster)),
+	}
+}
+
+// resolve turns sarama.OffsetOldest or OffsetNewest into an offset.
+func (k *kafkaConn) resolve(tp coordinator.TopicPartition, which int64) (int64, error) {
+	off, err := k.client.GetOffset(tp.Topic, tp.Partition, which)
+	if err != nil {
+		return 0, fmt.Errorf("kafka: list offsets of %s on cluster %s: %w", tp, k.name, err)
+	}
+	return off, nil
+}
+
+func (k *kafkaConn) close() {
+	k.fetcher.Close()
+	_ = k.client.Close()
+}
+
+// knows reports whether the client's metadata holds every partition of
+// tps, without asking the cluster.
+func (k *kafkaConn) knows(tps []coordinator.TopicPartition) bool {
+	topics, err := k.client.Topics() // the cached list
+	if err != nil {
+		return false
+	}
+	parts := map[string][]int32{}
+	for _, t := range topics {
+		parts[t] = nil
+	}
+	for _, tp := range tps {
+		ps, known := parts[tp.Topic]
+		if !known {
+			return false
+		}
+		if ps == nil {
+			// Known topic: Partitions answers from the cache.
+			if ps, err = k.client.Partitions(tp.Topic); err != nil {
+				return false
+			}
+			parts[tp.Topic] = ps
+		}
+		if !slices.Contains(ps, tp.Partition) {
+			return false
+		}
+	}
+	return true
+}
+
+// openBrokers connects the client to every broker of the cluster and
+// waits until each connection is up or has failed, so that the offset
+// look-ups and group commits of the partitions started later find them
+// open. The Fetcher dials connections of its own, when it first fetches
+// from a broker: those it does not open (docs/RELAY.md §7 step 3).
+func (k *kafkaConn) openBrokers() {
+	for _, b := range k.client.Brokers() {
+		_ = b.Open(k.client.Config()) // ErrAlreadyConnected: fine
+		_, _ = b.Connected()          // waits for the connection attempt
+	}
+}
+
+// warmResult is the outcome of warming a connection to a cluster.
+type warmResult struct {
+	cluster string
+	conn    *kafkaConn
+	err     error
+}
+
+func (w *worker) dialerFor(cluster string) kafka.Dialer {
+	if w.dialer == nil {
+		return nil
+	}
+	return w.dialer(cluster)
+}
