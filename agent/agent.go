@@ -11,13 +11,10 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"net"
 	"net/http"
-	"runtime/pprof"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -32,7 +29,6 @@ import (
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/election"
-	"github.com/kswitch/kswitch/internal/dynconfig"
 	"github.com/kswitch/kswitch/internal/etcdclient"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/internal/refused"
@@ -208,14 +204,6 @@ type Agent struct {
 	signalsApplied atomic.Int64
 }
 
-// sessionState is the agent's standing in etcd.
-type sessionState struct {
-	registered bool
-	lease      clientv3.LeaseID
-	revision   int64  // etcd revision of the registration's write
-	reason     string // why not registered
-}
-
 // New checks cfg and returns an agent that is not started. cfg is copied.
 func New(cfg config.Config, opts Options) (*Agent, error) {
 	if err := cfg.Validate(); err != nil {
@@ -265,24 +253,35 @@ func (a *Agent) ID() string { return a.id }
 // starts the agent's loops. It does not wait for etcd: an agent whose etcd
 // is unreachable runs, reports itself unready, and keeps retrying. ctx
 // only bounds Start itself; use Stop or Abort to end the agent.
-func (a *Agent) Start(ctx context.Context) error {
+func (a *Agent) Start(ctx context.Context) (err error) {
 	if a.cancel != nil {
 		return errors.New("agent: already started")
 	}
 	a.started = time.Now()
+	// undo holds what Start has opened, closed in reverse if a later step
+	// fails: one cleanup path for every error.
+	var undo []func()
+	defer func() {
+		if err != nil {
+			for _, f := range slices.Backward(undo) {
+				f()
+			}
+		}
+	}()
 	ln, err := a.listenHTTP()
 	if err != nil {
 		return err
 	}
+	undo = append(undo, func() { ln.Close() })
 	// The client's own logs are errors only: it logs every retry at warn,
 	// and the agent reports etcd trouble itself, once, through readiness.
 	client := a.opts.Etcd
 	if client == nil {
 		if client, err = etcdclient.New(context.WithoutCancel(ctx), a.cfg.Etcd, a.log); err != nil {
-			ln.Close()
 			return fmt.Errorf("agent: %w", err)
 		}
 	}
+	undo = append(undo, func() { a.closeOwnClient(client) })
 	a.mlog = &memberlistLog{log: a.log.Named("gossip")}
 	a.gossip = &gossipState{dead: make(chan string, 64), dropped: func() { a.metrics.gossipDropped.Inc() }}
 	healthChanged := make(chan struct{}, 1)
@@ -294,22 +293,16 @@ func (a *Agent) Start(ctx context.Context) error {
 	})
 	keys, fromEtcd, err := a.startingGossipKeys()
 	if err != nil {
-		a.closeOwnClient(client)
-		ln.Close()
 		return fmt.Errorf("agent: %w", err)
 	}
 	ml, keyring, err := newMemberlist(gossipOptions{id: a.id, bind: a.cfg.Agent.Gossip, advertise: a.cfg.Agent.GossipAdvertise,
 		label: "kswitch/" + a.cfg.Fleet, keys: keys}, a.mlog, a.gossip, &healthMeta{views: a.prober.view})
 	if err != nil {
-		a.closeOwnClient(client)
-		ln.Close()
 		return err
 	}
+	undo = append(undo, func() { _ = ml.Shutdown() })
 	cand, err := election.NewCandidate(election.Config{Prefix: a.keys.Election(), ID: a.id, Logger: a.log})
 	if err != nil {
-		ml.Shutdown()
-		a.closeOwnClient(client)
-		ln.Close()
 		return err
 	}
 	a.client, a.ml, a.httpLn, a.cand = client, ml, ln, cand
@@ -325,9 +318,6 @@ func (a *Agent) Start(ctx context.Context) error {
 	a.signals.OnRefused(func(signals.Refusal) { a.metrics.badValues.WithLabelValues(refused.Signal).Inc() })
 	if a.leader, err = coordinator.NewLeader(a.cfg, client, fleetView{a}, coordinator.LeaderOptions{Background: &a.wg, Logger: a.log,
 		Dialer: a.opts.hooks.KafkaDialer, Metrics: a.leaderMetrics, BreakBeforeMake: a.opts.hooks.BreakBeforeMake}); err != nil {
-		ml.Shutdown()
-		a.closeOwnClient(client)
-		ln.Close()
 		return err
 	}
 	a.httpSrv = a.newHTTPServer()
@@ -360,30 +350,6 @@ func (a *Agent) Start(ctx context.Context) error {
 	a.log.Info("agent started", zap.String("http", a.HTTPAddr()), zap.String("gossip", a.GossipAddr()),
 		zap.Strings("etcd", a.cfg.Etcd.Endpoints), zap.String("version", version.Version))
 	return nil
-}
-
-// startingGossipKeys returns the keys gossip starts with: the key file's;
-// none with agent.gossip_encryption off; else (fromEtcd) a placeholder
-// alone, a key nobody else has, until gossipKeyLoop puts the fleet's key
-// from etcd in its place. It makes a.gossipKeyed, closed unless the
-// fleet's key is still to be read.
-func (a *Agent) startingGossipKeys() (keys [][]byte, fromEtcd bool, err error) {
-	a.gossipKeyed = make(chan struct{})
-	switch keys, err = a.cfg.Agent.GossipKeys(); {
-	case err != nil:
-		return nil, false, err
-	case keys != nil:
-	case a.cfg.Agent.GossipEncryption == "off":
-		a.log.Warn("gossip is not encrypted (agent.gossip_encryption: off): whoever reaches the gossip port can forge views and deaths")
-	default:
-		placeholder, err := newGossipKey()
-		if err != nil {
-			return nil, false, err
-		}
-		return [][]byte{placeholder}, true, nil
-	}
-	close(a.gossipKeyed)
-	return keys, false, nil
 }
 
 func (a *Agent) goRun(f func()) {
@@ -477,567 +443,5 @@ func (a *Agent) stop(ctx context.Context, abort bool) error {
 func (a *Agent) closeOwnClient(c *clientv3.Client) {
 	if a.opts.Etcd == nil {
 		c.Close()
-	}
-}
-
-// Signals returns the signals in force as this agent has read them from
-// etcd: what the routing sink pauses channels by. Call it from the
-// handler or after Start returned; before Start no signal is in force.
-func (a *Agent) Signals() signals.State {
-	if a.signals == nil {
-		return signals.State{}
-	}
-	return a.signals.State()
-}
-
-// HTTPAddr returns the address the HTTP listener is bound to (useful when
-// agent.http has port 0). Valid after Start.
-func (a *Agent) HTTPAddr() string { return a.httpLn.Addr().String() }
-
-// httpAdvertised is the HTTP address other agents use to reach this one,
-// written in its registration: the bound address, or, when it is bound to
-// every interface (0.0.0.0:8080, the usual setting in a container), the
-// same port on the host gossip advertises (agent.gossip_advertise, else
-// the private address memberlist picked). A wildcard address in the
-// registration would make the leader, asking an agent who it is, ask
-// itself.
-func (a *Agent) httpAdvertised() string {
-	bound := a.HTTPAddr()
-	host, port, err := net.SplitHostPort(bound)
-	if err != nil {
-		return bound
-	}
-	if ip := net.ParseIP(host); host != "" && (ip == nil || !ip.IsUnspecified()) {
-		return bound
-	}
-	ghost, _, err := net.SplitHostPort(a.GossipAddr())
-	if err != nil || ghost == "" {
-		return bound
-	}
-	return net.JoinHostPort(ghost, port)
-}
-
-// GossipAddr returns the host:port other agents use to reach this agent's
-// gossip. Valid after Start.
-func (a *Agent) GossipAddr() string { return a.gossipAddr }
-
-// Ready reports whether the agent is connected to etcd and registered, and
-// why not otherwise.
-func (a *Agent) Ready() (bool, string) {
-	s := a.session.Load()
-	if e := *a.etcdErr.Load(); e != "" {
-		return false, e
-	}
-	if !s.registered {
-		return false, s.reason
-	}
-	if e := a.gossipKeyErr.Load(); e != nil && *e != "" {
-		return false, *e
-	}
-	if r := a.stuck.Load(); r != nil && *r != "" {
-		return false, *r
-	}
-	if p := a.deliveryProblem(); p != "" {
-		return false, p
-	}
-	if h := a.hold.Load(); h != nil {
-		if since := h.failingSince(); !since.IsZero() {
-			return false, fmt.Sprintf("commits to etcd have not succeeded for %s: delivery held, so that a crash now delivers no more records again",
-				time.Since(since).Round(time.Millisecond))
-		}
-	}
-	if p := a.active.Load(); p != nil && a.prober != nil {
-		view := a.prober.view()
-		if v, ok := view[*p]; ok && !v.Reachable {
-			return false, fmt.Sprintf("cannot reach the active cluster %s: %s", *p, v.Error)
-		}
-		for _, c := range slices.Sorted(maps.Keys(a.OwnedByCluster())) {
-			if v, ok := view[c]; ok && !v.Reachable && c != *p {
-				return false, fmt.Sprintf("cannot reach cluster %s, where topics this agent consumes are placed: %s", c, v.Error)
-			}
-		}
-	}
-	return true, ""
-}
-
-// deliveryProblem is why the handler's records do not reach where they
-// go, or "".
-func (a *Agent) deliveryProblem() string {
-	f := a.opts.DeliveryProblem
-	if f == nil {
-		dr, ok := a.opts.Handler.(interface{ DeliveryProblem(time.Duration) string })
-		if !ok {
-			return ""
-		}
-		f = dr.DeliveryProblem
-	}
-	if p := f(a.opts.StuckAfter); p != "" {
-		return "records do not reach their channels: " + p
-	}
-	return ""
-}
-
-// Leading reports whether this agent leads the fleet now.
-func (a *Agent) Leading() bool { return a.cand != nil && a.cand.Leading() }
-
-// LeaderView returns who leads, as this agent sees it.
-func (a *Agent) LeaderView() LeaderView {
-	l, ok := a.observer.Leader()
-	return leaderView(a.id, a.Leading(), l, ok)
-}
-
-// leaderView is LeaderView of agent id, whose leader work runs (leading)
-// or not, when etcd's election names l (ok) or nobody. An agent leads when
-// its leader work runs and etcd does not name another: a leader whose term
-// etcd has ended (its lease expired while it was stopped or cut off) can
-// see its successor's election key before its own work notices the end,
-// and must not claim the successor's term meanwhile (its writes are
-// fenced already).
-func leaderView(id string, leading bool, l election.Leader, ok bool) LeaderView {
-	v := LeaderView{Agent: id, Self: leading && (!ok || l.ID == id)}
-	if ok {
-		v.Leader, v.FencingToken = l.ID, l.Token
-	}
-	return v
-}
-
-// Status returns the agent's view of the fleet.
-func (a *Agent) Status() Status {
-	ok, reason := a.Ready()
-	s := a.session.Load()
-	st := Status{
-		Agent: a.id, Fleet: a.cfg.Fleet, Version: version.Version, Started: a.started,
-		Ready: ok, ReadyReason: reason,
-		Leader: a.LeaderView(),
-		Agents: a.registry.list(),
-		Gossip: a.gossip.members(),
-		Etcd: EtcdStatus{
-			Endpoints: a.cfg.Etcd.Endpoints, Reachable: *a.etcdErr.Load() == "",
-			LastError: *a.etcdErr.Load(), LeaseID: int64(s.lease),
-		},
-		Clusters:       a.gossip.views(),
-		Signals:        a.signals.State(),
-		SignalsApplied: a.SignalsApplied(),
-		Active:         deref(a.active.Load()),
-		Config:         a.dyn.status(),
-		ConfigDigest:   a.digest,
-	}
-	st.ConfigDisagree = CompareConfigs(st.Agents, st.Leader.Leader)
-	for c, tps := range a.OwnedByCluster() {
-		if c == st.Active {
-			st.Owned = tps
-			continue
-		}
-		if st.OwnedOn == nil {
-			st.OwnedOn = map[string][]coordinator.TopicPartition{}
-		}
-		st.OwnedOn[c] = tps
-	}
-	if a.Leading() {
-		st.Coordinator = a.leader.Status()
-	}
-	if a.opts.HandlerStatus != nil {
-		st.Handler = a.opts.HandlerStatus()
-	}
-	return st
-}
-
-func deref(p *string) string {
-	if p == nil {
-		return ""
-	}
-	return *p
-}
-
-// GossipMembers returns the live and suspect gossip members.
-func (a *Agent) GossipMembers() []GossipMember { return a.gossip.members() }
-
-// Registered returns the agents registered in etcd, as this agent sees them.
-func (a *Agent) Registered() []Registration { return a.registry.list() }
-
-// SignalsApplied returns the etcd revision of the pause/start signals that
-// every partition this agent runs obeys: once it is at least the revision
-// of a pause's write, no record of the paused scope is handed to the
-// handler any more.
-func (a *Agent) SignalsApplied() int64 { return a.signalsApplied.Load() }
-
-// Owned returns the partitions this agent consumes now, on every cluster,
-// sorted (OwnedByCluster tells them apart).
-func (a *Agent) Owned() []coordinator.TopicPartition {
-	var out []coordinator.TopicPartition
-	for _, tps := range a.OwnedByCluster() {
-		out = append(out, tps...)
-	}
-	slices.SortFunc(out, coordinator.TopicPartition.Compare)
-	return out
-}
-
-// OwnedByCluster returns the partitions this agent consumes now, by
-// cluster, each list sorted.
-func (a *Agent) OwnedByCluster() map[string][]coordinator.TopicPartition {
-	if p := a.owned.Load(); p != nil {
-		return maps.Clone(*p)
-	}
-	return nil
-}
-
-// Metrics returns the agent's metrics registry.
-func (a *Agent) Metrics() *prometheus.Registry { return a.reg }
-
-func (a *Agent) setSession(s sessionState) {
-	a.session.Store(&s)
-	a.updateReady()
-}
-
-func (a *Agent) updateReady() {
-	ok, _ := a.Ready()
-	if ok {
-		a.metrics.ready.Set(1)
-	} else {
-		a.metrics.ready.Set(0)
-	}
-}
-
-// sessionLoop keeps the agent registered and campaigning: one etcd session
-// at a time; when it ends (lease expired or revoked, etcd unreachable past
-// the TTL) the agent is unready until a new session is registered.
-func (a *Agent) sessionLoop(ctx context.Context) {
-	backoff := 100 * time.Millisecond
-	for ctx.Err() == nil {
-		began := time.Now()
-		err := a.runSession(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		a.setSession(sessionState{reason: err.Error()})
-		a.log.Warn("etcd session ended; re-registering", zap.Error(err), zap.Duration("backoff", backoff))
-		if time.Since(began) > a.cfg.Etcd.SessionTTL {
-			backoff = 100 * time.Millisecond // the session had worked
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, a.cfg.Etcd.SessionTTL/2)
-	}
-}
-
-// runSession grants a lease, registers on it and campaigns until the
-// session or ctx ends. On a clean stop it resigns, deregisters and revokes
-// the lease; after Abort it leaves them to expire.
-func (a *Agent) runSession(ctx context.Context) error {
-	ttl := int64(a.cfg.Etcd.SessionTTL / time.Second)
-	gctx, cancel := context.WithTimeout(ctx, a.cfg.Etcd.RequestTimeout)
-	grant, err := a.client.Grant(gctx, ttl)
-	cancel()
-	if err != nil {
-		a.metrics.etcdErrors.WithLabelValues("grant").Inc()
-		return fmt.Errorf("etcd: grant session lease: %w", err)
-	}
-	// Granting the lease ourselves keeps the grant under our timeout; the
-	// session then only keeps it alive.
-	s, err := concurrency.NewSession(a.client, concurrency.WithTTL(int(ttl)), concurrency.WithLease(grant.ID))
-	if err != nil {
-		return fmt.Errorf("etcd: session on lease %x: %w", grant.ID, err)
-	}
-	defer func() {
-		if a.aborted.Load() {
-			s.Orphan()
-			return
-		}
-		// Revoking the lease deletes the registration and any leader key.
-		if err := s.Close(); err != nil {
-			a.log.Debug("revoke session lease", zap.Error(err))
-		}
-	}()
-	if a.opts.hooks.Registering != nil {
-		a.opts.hooks.Registering()
-	}
-	regRev, err := a.register(ctx, s.Lease())
-	if err != nil {
-		return err
-	}
-	a.current.Store(s)
-	defer a.current.Store(nil)
-	a.setSession(sessionState{registered: true, lease: s.Lease(), revision: regRev})
-	a.log.Info("registered", zap.String("key", a.keys.Agent(a.id)), zap.String("lease", fmt.Sprintf("%x", s.Lease())))
-
-	// The worker consumes while the session lives. On a clean stop it
-	// drains and commits before the deferred lease revocation above; when
-	// etcd refuses its commits for the lease, it ends the session.
-	wctx, wcancel := context.WithCancel(ctx)
-	stopW := context.AfterFunc(s.Ctx(), wcancel)
-	defer stopW()
-	w := a.newWorker(s)
-	wdone := make(chan struct{})
-	go func() {
-		defer close(wdone)
-		defer a.dyn.detach(w.reconf)
-		if err := w.run(wctx); errors.Is(err, errLeaseLost) {
-			s.Orphan()
-		}
-	}()
-	defer func() {
-		wcancel()
-		<-wdone
-	}()
-
-	for {
-		err := a.cand.Campaign(ctx, s, a.runLeader)
-		switch {
-		case ctx.Err() != nil:
-			return ctx.Err()
-		case errors.Is(err, election.ErrSessionDone) || s.Ctx().Err() != nil:
-			return errors.New("etcd session lease expired or was revoked")
-		case err != nil:
-			a.log.Warn("campaign failed; retrying", zap.Error(err))
-			select {
-			case <-ctx.Done():
-			case <-s.Done():
-			case <-time.After(time.Second):
-			}
-		}
-	}
-}
-
-// register writes agents/<id> on the lease and returns the etcd revision
-// of that write. It refuses to take over a registration held by another
-// live lease: two agents with one id would fight over partitions.
-func (a *Agent) register(ctx context.Context, lease clientv3.LeaseID) (int64, error) {
-	digest := a.digest
-	reg := Registration{ID: a.id, HTTP: a.httpAdvertised(), Gossip: a.GossipAddr(), Version: version.Version, Started: a.started, Config: &digest}
-	val, err := json.Marshal(reg)
-	if err != nil {
-		return 0, fmt.Errorf("agent: encode registration: %w", err)
-	}
-	key := a.keys.Agent(a.id)
-	rctx, cancel := context.WithTimeout(ctx, a.cfg.Etcd.RequestTimeout)
-	defer cancel()
-	resp, err := a.client.Txn(rctx).
-		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, string(val), clientv3.WithLease(lease))).
-		Else(clientv3.OpGet(key)).Commit()
-	if err != nil {
-		a.metrics.etcdErrors.WithLabelValues("register").Inc()
-		return 0, fmt.Errorf("etcd: register %s: %w", key, etcdclient.Explain(err, a.cfg.Etcd, "write "+key))
-	}
-	if !resp.Succeeded {
-		kvs := resp.Responses[0].GetResponseRange().Kvs
-		if len(kvs) > 0 {
-			return 0, fmt.Errorf("agent id %q is already registered by another process (lease %x); "+
-				"give every agent a unique agent.id, or wait up to etcd.session_ttl (%s) after a crash",
-				a.id, kvs[0].Lease, a.cfg.Etcd.SessionTTL)
-		}
-		return 0, fmt.Errorf("etcd: register %s: raced with a delete; retrying", key)
-	}
-	return resp.Header.Revision, nil
-}
-
-// runLeader is the leader work of one term. Its goroutines, and those
-// they start, carry the profiler labels kswitch_agent=<id> and
-// kswitch_role=leader, so that a CPU profile of a process shows what
-// leading costs.
-func (a *Agent) runLeader(ctx context.Context, term election.Term) {
-	pprof.Do(ctx, pprof.Labels("kswitch_agent", a.id, "kswitch_role", "leader"), func(ctx context.Context) {
-		a.lead(ctx, term)
-	})
-}
-
-func (a *Agent) lead(ctx context.Context, term election.Term) {
-	a.metrics.isLeader.Set(1)
-	defer a.metrics.isLeader.Set(0)
-	log := a.log.With(zap.Int64("fencing_token", term.Rev))
-	log.Info("leading the fleet")
-	// The gate validates the dynamic configuration for the length of the
-	// term, beside the leader's work.
-	gctx, gcancel := context.WithCancel(ctx)
-	gate := &dynconfig.Gate{File: a.cfg, Etcd: a.client, Log: log.Named("config"), Live: a.registry.Live, Check: a.leader.CheckConfig,
-		OnRefused: func(dynconfig.Refusal) { a.metrics.badValues.WithLabelValues(refused.Config).Inc() }}
-	gateDone := make(chan struct{})
-	go func() {
-		defer close(gateDone)
-		if err := gate.Run(gctx, term); err != nil && gctx.Err() == nil {
-			log.Warn("configuration gate ended", zap.Error(err))
-		}
-	}()
-	// Agents whose files differ from the fleet's are flagged while this
-	// agent leads.
-	agreeDone := make(chan struct{})
-	go func() {
-		defer close(agreeDone)
-		a.flagConfigDisagreement(gctx, log)
-	}()
-	// The registrations are asked for their proofs while this agent
-	// leads (coordinator's silence plans only on members).
-	vouchDone := make(chan struct{})
-	go func() {
-		defer close(vouchDone)
-		a.vouch.run(gctx, a.registry.list, a.registry.subscribe(gctx))
-	}()
-	defer func() { gcancel(); <-gateDone; <-agreeDone; <-vouchDone }()
-	if err := a.leader.Run(ctx, term); err != nil && ctx.Err() == nil {
-		log.Warn("leader work ended", zap.Error(err))
-	}
-	log.Info("leadership ended")
-}
-
-// deadLetters returns the handler's dead-letter counts
-// (Options.DeadLetters, else a record.DeadLetterCounter handler's), nil
-// when it has none.
-func (a *Agent) deadLetters() func() map[string]int64 {
-	if a.opts.DeadLetters != nil {
-		return a.opts.DeadLetters
-	}
-	if dl, ok := a.opts.Handler.(record.DeadLetterCounter); ok {
-		return dl.DeadLettered
-	}
-	return nil
-}
-
-// fleetView is what the leader work sees of the fleet through this agent:
-// registrations from etcd, deaths from gossip.
-type fleetView struct{ a *Agent }
-
-func (f fleetView) Live() []string                              { return f.a.registry.Live() }
-func (f fleetView) Lease(id string) (clientv3.LeaseID, bool)    { return f.a.registry.Lease(id) }
-func (f fleetView) Dead() <-chan string                         { return f.a.gossip.dead }
-func (f fleetView) GossipAlive(id string) bool                  { return f.a.gossip.alive(id) }
-func (f fleetView) Answers(ctx context.Context, id string) bool { return f.a.answers(ctx, id) }
-func (f fleetView) Views() coordinator.AgentViews               { return f.a.memberViews(time.Now()) }
-func (f fleetView) Vouched(id string) (coordinator.Proof, string) {
-	r, ok := f.a.registry.get(id)
-	return f.a.vouch.vouched(r, ok)
-}
-
-// Subscribe tells of changes of the registrations and of the gossip views.
-func (f fleetView) Subscribe(ctx context.Context) <-chan struct{} {
-	ch := f.a.registry.subscribe(ctx)
-	f.a.gossip.viewsChanged.Attach(ctx, ch)
-	f.a.vouch.changed.Attach(ctx, ch)
-	return ch
-}
-
-func (a *Agent) newWorker(s *concurrency.Session) *worker {
-	reconf := make(chan configUpdate, 1)
-	version, cfg := a.dyn.attach(reconf)
-	hold := newCommitHold(holdBound(a.cfg.Source.CommitInterval), a.opts.hooks.NoCommitHold)
-	a.hold.Store(hold)
-	none := ""
-	a.stuck.Store(&none)
-	budget := newByteBudget(int64(a.cfg.Source.MaxInFlightMiB) << 20)
-	a.budget.Store(budget)
-	return &worker{
-		hold:   hold,
-		budget: budget,
-		stuck:  &a.stuck, stuckAfter: a.opts.StuckAfter,
-		reachable: func(cluster string) bool {
-			v, ok := a.prober.view()[cluster]
-			return !ok || v.Reachable
-		},
-		leaderToken: func() (int64, bool) {
-			l, ok := a.observer.Leader()
-			return l.Token, ok
-		},
-		reconf: reconf, configVersion: version, clusters: cfg.Clusters, initial: cfg.Source.InitialOffset,
-		cfg: a.cfg, id: a.id, keys: a.keys, log: a.log, etcd: a.client, store: a.store,
-		handler: a.opts.Handler, released: a.opts.Released, deadLetters: a.deadLetters(), rate: &a.rate, metrics: a.metrics, drain: a.opts.DrainTimeout,
-		lease:          s.Lease(),
-		sessionAlive:   func() bool { return s.Ctx().Err() == nil },
-		owned:          &a.owned,
-		dialer:         a.opts.hooks.KafkaDialer,
-		restartFails:   a.opts.hooks.RestartFails,
-		ackFails:       a.opts.hooks.AckFails,
-		naming:         coordinator.NewNaming(cfg),
-		signals:        a.signals,
-		signalsApplied: &a.signalsApplied,
-		active:         &a.active,
-	}
-}
-
-// probeEtcdLoop checks that etcd answers, every third of the session TTL
-// (at most every second), so readiness reflects an outage long before the
-// lease would expire.
-func (a *Agent) probeEtcdLoop(ctx context.Context) {
-	interval := min(a.cfg.Etcd.SessionTTL/3, time.Second)
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	fails := 0
-	for {
-		pctx, cancel := context.WithTimeout(ctx, a.cfg.Etcd.RequestTimeout)
-		resp, err := a.client.Get(pctx, a.keys.Agent(a.id), clientv3.WithCountOnly())
-		cancel()
-		if a.opts.hooks.EtcdProbed != nil {
-			a.opts.hooks.EtcdProbed(err == nil && resp.Count > 0)
-		}
-		if ctx.Err() != nil {
-			return
-		}
-		if err == nil && resp.Count == 0 {
-			// A read served before the registration was written (the
-			// probe raced the registration) says nothing about it.
-			if s, st := a.current.Load(), a.session.Load(); s != nil && st.registered && resp.Header.Revision >= st.revision {
-				// The leader evicted us (gossip thought us dead) or an
-				// operator deleted the key: our commits are refused from
-				// now on, so end this session and register again.
-				a.log.Warn("this agent's registration was deleted; ending the session and registering again")
-				s.Orphan()
-			}
-		}
-		msg := ""
-		if err != nil {
-			a.metrics.etcdErrors.WithLabelValues("probe").Inc()
-			fails++
-			// One failed request is not an outage: with several
-			// endpoints, the client may just be moving off a member that
-			// died while the others hold quorum. Refused credentials or
-			// access are reported as such, at once.
-			switch {
-			case etcdclient.AccessDenied(err):
-				msg = etcdclient.Explain(err, a.cfg.Etcd, "read "+a.keys.Agent(a.id)).Error()
-			case fails >= 2:
-				msg = fmt.Sprintf("etcd unreachable at %v: %v", a.cfg.Etcd.Endpoints, err)
-			}
-		} else {
-			fails = 0
-		}
-		if prev := *a.etcdErr.Swap(&msg); prev != msg {
-			if msg != "" {
-				a.log.Warn("etcd check failed", zap.String("error", msg))
-			} else {
-				a.log.Info("etcd reachable")
-			}
-		}
-		a.updateReady()
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
-// leaderChangeLoop logs leader changes and keeps the gauges of the fleet
-// view fresh.
-func (a *Agent) leaderChangeLoop(ctx context.Context) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-a.observer.Changes():
-			l, ok := a.observer.Leader()
-			if ok && l != a.lastLeader {
-				a.metrics.leaderChanges.Inc()
-				a.log.Info("leader changed", zap.String("leader", l.ID), zap.Int64("fencing_token", l.Token))
-				a.lastLeader = l
-			} else if !ok {
-				a.log.Info("no leader")
-			}
-		case <-t.C:
-		}
-		a.metrics.agents.Set(float64(len(a.registry.list())))
-		a.metrics.gossipMembers.Set(float64(a.ml.NumMembers()))
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -14,9 +15,12 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap/zaptest"
+
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/devstack"
+	"github.com/kswitch/kswitch/internal/freeport"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
 )
@@ -444,4 +448,67 @@ func TestRegistrationNamesAnAddressOthersReach(t *testing.T) {
 	if body.Agent != "agent-1" || body.Lease != fmt.Sprintf("%x", lease) {
 		t.Errorf("/healthz says agent %q lease %q; the registration is agent-1 on lease %x", body.Agent, body.Lease, lease)
 	}
+}
+
+// A Start that fails part way closes what it had opened: the HTTP port is
+// free again and none of its goroutines (its etcd client's) is left.
+func TestStartFailureClosesWhatItOpened(t *testing.T) {
+	e := testenv.StartEtcdT(t)
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	port, err := freeport.Port()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(e, "a1")
+	cfg.Agent.HTTP = fmt.Sprintf("127.0.0.1:%d", port)
+	cfg.Agent.Gossip = taken.Addr().String() // memberlist cannot bind it
+	before := etcdClientGoroutines()
+	a, err := agent.New(cfg, agent.Options{Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(context.Background()); err == nil {
+		a.Abort()
+		t.Fatal("Start succeeded with the gossip port taken")
+	} else if !strings.Contains(err.Error(), taken.Addr().String()) && !strings.Contains(err.Error(), "gossip") {
+		t.Errorf("Start's error does not say what failed: %v", err)
+	}
+	ln, err := net.Listen("tcp", cfg.Agent.HTTP)
+	if err != nil {
+		t.Fatalf("the HTTP port is still held after a failed Start: %v", err)
+	}
+	ln.Close()
+	wait.For(t, 10*time.Second, "the failed Start's etcd client to close", func() error {
+		if n := etcdClientGoroutines(); n > before {
+			return fmt.Errorf("%d goroutines of an etcd client, %d before Start", n, before)
+		}
+		return nil
+	})
+}
+
+// etcdClientGoroutines counts the goroutines running an etcd client's
+// code or its gRPC connection's (the embedded server's own are not
+// counted).
+func etcdClientGoroutines() int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	count := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "go.etcd.io/etcd/client/v3") || strings.Contains(g, "grpc.(*addrConn)") || strings.Contains(g, "grpc.(*ClientConn)") ||
+			strings.Contains(g, "grpcsync.(*CallbackSerializer)") {
+			count++
+		}
+	}
+	return count
 }

@@ -215,3 +215,27 @@ func keyIDs(keys [][]byte) []string {
 	}
 	return out
 }
+
+// startingGossipKeys returns the keys gossip starts with: the key file's;
+// none with agent.gossip_encryption off; else (fromEtcd) a placeholder
+// alone, a key nobody else has, until gossipKeyLoop puts the fleet's key
+// from etcd in its place. It makes a.gossipKeyed, closed unless the
+// fleet's key is still to be read.
+func (a *Agent) startingGossipKeys() (keys [][]byte, fromEtcd bool, err error) {
+	a.gossipKeyed = make(chan struct{})
+	switch keys, err = a.cfg.Agent.GossipKeys(); {
+	case err != nil:
+		return nil, false, err
+	case keys != nil:
+	case a.cfg.Agent.GossipEncryption == "off":
+		a.log.Warn("gossip is not encrypted (agent.gossip_encryption: off): whoever reaches the gossip port can forge views and deaths")
+	default:
+		placeholder, err := newGossipKey()
+		if err != nil {
+			return nil, false, err
+		}
+		return [][]byte{placeholder}, true, nil
+	}
+	close(a.gossipKeyed)
+	return keys, false, nil
+}
