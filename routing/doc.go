@@ -82,7 +82,10 @@
 // producer's unfinished records, a partition's next owner consuming what
 // was not acknowledged), so it can arrive twice; the order of a source
 // partition's records on a channel is kept. An exactly_once cluster gets
-// each record once (txn.go).
+// each record once (txn.go: the design; txnset.go, the producers by
+// stream; txnproducer.go and txncommit.go, one stream's transactions;
+// txnposition.go, the positions topic; txnalign.go, a copy's alignment;
+// txnwire.go, the wire).
 //
 // # Producers
 //
@@ -95,7 +98,7 @@
 // records are acknowledged, once no channel that a rule, the default
 // route or the dead-letter of the version in force names is on it. An
 // exactly_once cluster has one transactional Producer of its own, with a
-// kafka.TxnStream per source partition's stream (txn.go, txn_direct.go).
+// kafka.TxnStream per source partition's stream (txnwire.go).
 // sarama remains the protocol layer (requests, Broker, Client); no sarama
 // AsyncProducer is on the record path.
 package routing

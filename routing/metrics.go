@@ -157,3 +157,9 @@ func (c inFlightCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(c.r.m.deadRun, prometheus.GaugeValue, c.r.health.deadRunFor(now).Seconds())
 }
+
+// countTxn counts a transaction's outcome on cluster (committed, aborted,
+// failed, fenced).
+func (r *Router) countTxn(cluster, outcome string) {
+	r.m.txns.WithLabelValues(cluster, outcome).Inc()
+}
