@@ -377,7 +377,7 @@ func (r *leaderRun) doSwitch(ctx context.Context, dec decision) error {
 	if st := r.stages; st != nil && st.Running() && t.active.Phase != PhaseSwitching {
 		reason += fmt.Sprintf(" (overrides the staged move to %s at stage %d of %d)", st.Plan.To, st.Stage+1, len(st.Plan.Stages))
 	}
-	ev, err := r.switchTo(ctx, t, dec.to, reason, dec.auto, planned, r.staying(dec.to))
+	ev, err := r.switchTo(ctx, t, switchRequest{to: dec.to, reason: reason, auto: dec.auto, planned: planned, stay: r.staying(dec.to)})
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
@@ -699,4 +699,26 @@ func (r *leaderRun) wait(ctx context.Context) error {
 		r.takeLists()
 	}
 	return nil
+}
+
+// term is the state of one leader term that the switch and the planning
+// loop share. Only the Run goroutine touches it.
+type term struct {
+	election.Term
+	log        *zap.Logger
+	active     Active
+	activeRev  int64
+	current    Assignment
+	currentRev int64
+	acks       *acks
+	// found are the source partitions on the target of the last switch,
+	// listed by its translation: the first assignment there needs no
+	// discovery round.
+	found []TopicPartition
+	// failback is the failback check this term last wrote to
+	// state/failback.
+	failback *FailbackCheck
+	// stalled is the set of partitions the term last wrote to
+	// state/stalled (nil: not written yet in this term).
+	stalled *string
 }

@@ -201,7 +201,8 @@ func (r *leaderRun) topicSwitch(ctx context.Context, t *term, mv *topicMove) (Sw
 
 	// 3. Translate the topics' positions.
 	planned := r.h.quorumUpNow(mv.from)
-	ops, err := r.translateAll(ctx, t, &ev, nil, planned, func(logical string) bool { return slices.Contains(mv.topics, logical) }, log)
+	ops, err := r.translateAll(ctx, t, &ev, translateJob{from: ev.From, to: ev.To, planned: planned, log: log,
+		only: func(logical string) bool { return slices.Contains(mv.topics, logical) }})
 	if err != nil {
 		return fail(err)
 	}
