@@ -128,9 +128,9 @@ func (a *Agent) gossipKeyLoop(ctx context.Context, kr *memberlist.Keyring) {
 		backoff = min(2*backoff, time.Second)
 	}
 	f := &gossipKeyFollower{a: a, kr: kr, key: key}
-	_ = etcdwatch.Follow(ctx, a.client, key, false, a.cfg.Etcd.RequestTimeout, f, func(err error) {
+	_ = etcdwatch.Follow(ctx, a.client, etcdwatch.Target{Key: key, Timeout: a.cfg.Etcd.RequestTimeout, OnError: func(err error) {
 		a.log.Debug("following the fleet's gossip key: watch broken, reading it again", zap.Error(err))
-	})
+	}}, f)
 }
 
 // gossipKeyFollower applies the changes of the fleet's gossip key to the

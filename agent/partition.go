@@ -147,16 +147,29 @@ func (g *gate) wait(ctx context.Context) error {
 // partition instead of growing memory.
 const maxInFlight = 4096
 
-// startPartition starts consuming tp under generation gen of the term
-// whose fencing token is token, of topic id topicID, at start (an
-// offset >= 0, resolved by the caller) and returns the running partition.
-// A start out of the partition's range is moved (intoRange) when the
-// partition's previous run ended out of range (ended), as the Fetcher
-// finds it out only when it fetches. The agent's byte budget is charged
-// by the Fetcher, per response, not per record.
-func (w *worker) startPartition(ctx context.Context, k *kafkaConn, token, gen int64, tp coordinator.TopicPartition, start int64, paused bool, topicID string, ended error) (*partitionRun, error) {
+// partitionStart is a partition to start, and how.
+type partitionStart struct {
+	tp coordinator.TopicPartition
+	// gen and token are the generation it runs under and the fencing
+	// token of the leader's term that made it.
+	gen, token int64
+	// offset is where it starts (>= 0, resolved by the caller).
+	offset  int64
+	topicID string
+	paused  bool
+	// ended is why the partition's previous run ended (nil: none).
+	ended error
+}
+
+// startPartition starts consuming ps.tp of k's cluster and returns the
+// running partition. A start out of the partition's range is moved
+// (intoRange) when the partition's previous run ended out of range, as
+// the Fetcher finds it out only when it fetches. The agent's byte budget
+// is charged by the Fetcher, per response, not per record.
+func (w *worker) startPartition(ctx context.Context, k *kafkaConn, ps partitionStart) (*partitionRun, error) {
+	tp, start := ps.tp, ps.offset
 	var err error
-	if errors.Is(ended, sarama.ErrOffsetOutOfRange) {
+	if errors.Is(ps.ended, sarama.ErrOffsetOutOfRange) {
 		if start, err = w.intoRange(k, tp, start); err != nil {
 			return nil, err
 		}
@@ -167,9 +180,9 @@ func (w *worker) startPartition(ctx context.Context, k *kafkaConn, token, gen in
 	}
 	pctx, cancel := context.WithCancel(ctx)
 	s := w.naming.Stream(k.name, tp.Topic)
-	r := &partitionRun{tp: tp, cluster: k.name, logical: s.Logical, origin: s.Origin, topicID: topicID, generation: gen, token: token, fp: fp,
-		t: newTracker(start, maxInFlight), cancel: cancel, done: make(chan struct{}), gate: newGate(paused)}
-	if paused {
+	r := &partitionRun{tp: tp, cluster: k.name, logical: s.Logical, origin: s.Origin, topicID: ps.topicID, generation: ps.gen, token: ps.token, fp: fp,
+		t: newTracker(start, maxInFlight), cancel: cancel, done: make(chan struct{}), gate: newGate(ps.paused)}
+	if ps.paused {
 		// Stop fetching too, so a long pause holds no records in memory.
 		r.fp.Pause()
 	}

@@ -182,9 +182,9 @@ func (r *registry) subscribe(ctx context.Context) chan struct{} { return r.subs.
 
 // run follows agents/ until ctx ends.
 func (r *registry) run(ctx context.Context) {
-	_ = etcdwatch.Follow(ctx, r.client, r.keys.Agents(), true, r.timeout, r, func(err error) {
+	_ = etcdwatch.Follow(ctx, r.client, etcdwatch.Target{Key: r.keys.Agents(), Prefix: true, Timeout: r.timeout, OnError: func(err error) {
 		r.log.Debug("agents watch interrupted; relisting", zap.Error(err))
-	})
+	}}, r)
 }
 
 // Reset implements etcdwatch.Follower.

@@ -219,7 +219,8 @@ func (w *worker) startOn(ctx context.Context, cluster string, tps []coordinator.
 					return
 				}
 			}
-			r, err := w.startPartition(ctx, k, w.applied.Token, w.applied.Generation, tp, start, paused[tp], ids[tp.Topic], dead.cause)
+			r, err := w.startPartition(ctx, k, partitionStart{tp: tp, gen: w.applied.Generation, token: w.applied.Token,
+				offset: start, topicID: ids[tp.Topic], paused: paused[tp], ended: dead.cause})
 			results <- started{tp, r, err}
 		}()
 	}

@@ -119,7 +119,7 @@ func (l *Leader) late(ctx context.Context, ev *SwitchEvent, log *zap.Logger) boo
 			if c == nil || from < 0 {
 				return
 			}
-			k, first, cut, err := translate.CountBefore(ctx, c, topic, ps.Partition, from, stop, before, lateLimit)
+			k, first, cut, err := translate.CountBefore(ctx, c, translate.Span{Topic: topic, Partition: ps.Partition, From: from, Stop: stop, Limit: lateLimit}, before)
 			if err != nil {
 				log.Warn("cannot count the unmirrored tail", zap.String("topic", topic), zap.Int32("partition", ps.Partition), zap.Error(err))
 			}

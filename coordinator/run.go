@@ -137,12 +137,22 @@ func (l *Leader) newRun(et election.Term) *leaderRun {
 // state/active, control/pin) on wg, and subscribes to the membership.
 func (r *leaderRun) follow(ctx context.Context, wg *sync.WaitGroup) {
 	timeout := r.cfg.Etcd.RequestTimeout
-	wg.Go(func() { _ = etcdwatch.Follow(ctx, r.etcd, r.keys.Acks(), true, timeout, r.ak, nil) })
-	wg.Go(func() { _ = etcdwatch.Follow(ctx, r.etcd, r.keys.Assignment(), false, timeout, r.asg, nil) })
-	wg.Go(func() { _ = etcdwatch.Follow(ctx, r.etcd, r.keys.Active(), false, timeout, r.act, nil) })
-	wg.Go(func() { _ = etcdwatch.Follow(ctx, r.etcd, r.keys.Pin(), false, timeout, r.pn, nil) })
-	wg.Go(func() { _ = etcdwatch.Follow(ctx, r.etcd, r.keys.TopicPins(), true, timeout, r.tp, nil) })
-	wg.Go(func() { _ = etcdwatch.Follow(ctx, r.etcd, r.keys.Stages(), false, timeout, r.sp, nil) })
+	wg.Go(func() {
+		_ = etcdwatch.Follow(ctx, r.etcd, etcdwatch.Target{Key: r.keys.Acks(), Prefix: true, Timeout: timeout}, r.ak)
+	})
+	wg.Go(func() {
+		_ = etcdwatch.Follow(ctx, r.etcd, etcdwatch.Target{Key: r.keys.Assignment(), Timeout: timeout}, r.asg)
+	})
+	wg.Go(func() {
+		_ = etcdwatch.Follow(ctx, r.etcd, etcdwatch.Target{Key: r.keys.Active(), Timeout: timeout}, r.act)
+	})
+	wg.Go(func() { _ = etcdwatch.Follow(ctx, r.etcd, etcdwatch.Target{Key: r.keys.Pin(), Timeout: timeout}, r.pn) })
+	wg.Go(func() {
+		_ = etcdwatch.Follow(ctx, r.etcd, etcdwatch.Target{Key: r.keys.TopicPins(), Prefix: true, Timeout: timeout}, r.tp)
+	})
+	wg.Go(func() {
+		_ = etcdwatch.Follow(ctx, r.etcd, etcdwatch.Target{Key: r.keys.Stages(), Timeout: timeout}, r.sp)
+	})
 	r.memb = r.members.Subscribe(ctx)
 	r.probe = time.NewTicker(r.cfg.Failover.ProbeInterval)
 	context.AfterFunc(ctx, r.probe.Stop)

@@ -125,7 +125,7 @@ func (r *leaderRun) switchTo(ctx context.Context, t *term, req switchRequest) (S
 	if !listed {
 		return fail(fmt.Errorf("coordinator: activate %s: the partitions of %s are not listed yet", to, strings.Join(inUse(active), ", ")))
 	}
-	if err := r.activate(ctx, t, active, ops, parts, live(), r.cutOffAll(time.Now())); err != nil {
+	if err := r.activate(ctx, t, active, ops, parts); err != nil {
 		return fail(err)
 	}
 	ev.Phases["activate"] = time.Since(ta).Seconds()
@@ -153,13 +153,14 @@ const maxSwitchOps = 100
 // activate completes a switch in one transaction, fenced by the term and
 // the revisions of state/active and state/assignment: the translated
 // positions (ops), state/active := a, and the next generation over the
-// live agents not cut off (by cluster), planned on parts: by cluster, the
+// agents live now and not cut off (by cluster), planned on parts: by cluster, the
 // partitions consumed there under a (those the translation listed on the
 // target among them). Agents start on the new cluster the moment the
 // switch is visible, at the positions written with it. Positions too many
 // for one transaction are written first, fenced the same way: harmless,
 // as nobody consumes the target before state/active says so.
-func (l *Leader) activate(ctx context.Context, t *term, a Active, ops []clientv3.Op, parts map[string][]TopicPartition, live []string, cut map[string][]string) error {
+func (r *leaderRun) activate(ctx context.Context, t *term, a Active, ops []clientv3.Op, parts map[string][]TopicPartition) error {
+	l, live, cut := r.Leader, r.liveNow(), r.cutOffAll(time.Now())
 	a.Leader, a.Token = t.ID, t.Rev
 	aval, err := json.Marshal(a)
 	if err != nil {

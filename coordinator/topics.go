@@ -229,7 +229,7 @@ func (r *leaderRun) topicSwitch(ctx context.Context, t *term, mv *topicMove) (Sw
 	if !listed {
 		return fail(fmt.Errorf("coordinator: topic switch: the partitions of %s are not listed yet", strings.Join(inUse(done), ", ")))
 	}
-	if err := r.activate(ctx, t, done, ops, parts, r.liveNow(), r.cutOffAll(time.Now())); err != nil {
+	if err := r.activate(ctx, t, done, ops, parts); err != nil {
 		return fail(err)
 	}
 	if r.lists[mv.to] == nil {

@@ -94,10 +94,10 @@ func (r *Router) Run(ctx context.Context) error {
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		_ = etcdwatch.Follow(ctx, c, r.keys.Routes(), false, r.timeout, &follower{r: r, rebuild: rebuild}, onErr("routes"))
+		_ = etcdwatch.Follow(ctx, c, etcdwatch.Target{Key: r.keys.Routes(), Timeout: r.timeout, OnError: onErr("routes")}, &follower{r: r, rebuild: rebuild})
 	})
 	wg.Go(func() {
-		_ = etcdwatch.Follow(ctx, c, r.keys.Channels(), true, r.timeout, &follower{r: r, rebuild: rebuild}, onErr("channels"))
+		_ = etcdwatch.Follow(ctx, c, etcdwatch.Target{Key: r.keys.Channels(), Prefix: true, Timeout: r.timeout, OnError: onErr("channels")}, &follower{r: r, rebuild: rebuild})
 	})
 	wg.Go(func() { // a change seen but not read (etcd failing) is read again
 		t := time.NewTicker(time.Second)

@@ -64,14 +64,14 @@ func (w *Watcher) Run(ctx context.Context) error {
 		return errors.New("signals: Watcher.Run called twice")
 	}
 	w.runCtx = ctx
-	return etcdwatch.Follow(ctx, w.client, w.keys.Signals(), true, w.timeout, (*follower)(w), func(err error) {
+	return etcdwatch.Follow(ctx, w.client, etcdwatch.Target{Key: w.keys.Signals(), Prefix: true, Timeout: w.timeout, OnError: func(err error) {
 		w.failures++
 		if w.failures == 1 {
 			w.log.Warn("signals watch interrupted; reading the signals again", zap.Error(err))
 		} else {
 			w.log.Debug("signals watch still interrupted", zap.Int("failures", w.failures), zap.Error(err))
 		}
-	})
+	}}, (*follower)(w))
 }
 
 // State returns the signals in force. Before the first read completes (see

@@ -434,7 +434,7 @@ func (c *translateCall) fingerprint(ctx context.Context) (Translation, error) {
 	sctx, cancel := stage(ctx, 0.5)
 	defer cancel()
 	limit := c.t.scanLimit()
-	s1, err := scanFingerprints(sctx, c.t.Target, req.Topic, req.Partition, start, c.end, limit, fps, start > c.oldest)
+	s1, err := scanFingerprints(sctx, c.t.Target, Span{Topic: req.Topic, Partition: req.Partition, From: start, Stop: c.end, Limit: int64(limit)}, fps, start > c.oldest)
 	if err != nil {
 		return Translation{}, fmt.Errorf("scan from %d: %w", start, err)
 	}
@@ -455,7 +455,7 @@ func (c *translateCall) fingerprint(ctx context.Context) (Translation, error) {
 			back = 4 * n
 		}
 		retry := max(c.oldest, start-back)
-		s2, err := scanFingerprints(sctx, c.t.Target, req.Topic, req.Partition, retry, max(s1.next, start), limit, fps, false)
+		s2, err := scanFingerprints(sctx, c.t.Target, Span{Topic: req.Topic, Partition: req.Partition, From: retry, Stop: max(s1.next, start), Limit: int64(limit)}, fps, false)
 		if err != nil {
 			return Translation{}, fmt.Errorf("%s; rescan from %d: %w", how, retry, err)
 		}
@@ -699,20 +699,29 @@ type fpMatch struct {
 	truncated bool
 }
 
-// scanFingerprints reads topic/partition from offset from until offset
-// stop or limit records, and returns the longest (then earliest) run of
-// consecutive records matching a suffix of fps. It stops early at a full
-// match and, if stopTruncated, at a truncated one (which a scan from
-// further back is to complete).
-func scanFingerprints(ctx context.Context, client sarama.Client, topic string, partition int32, from, stop int64, limit int, fps []offsets.Fingerprint, stopTruncated bool) (scan, error) {
-	s := scan{next: from}
+// Span is the records of one partition a reader reads: from offset From
+// until offset Stop (Stop < 0: the partition's end), at most Limit of
+// them.
+type Span struct {
+	Topic      string
+	Partition  int32
+	From, Stop int64
+	Limit      int64
+}
+
+// scanFingerprints reads sp (Stop >= 0) and returns the longest (then
+// earliest) run of consecutive records matching a suffix of fps. It stops
+// early at a full match and, if stopTruncated, at a truncated one (which
+// a scan from further back is to complete).
+func scanFingerprints(ctx context.Context, client sarama.Client, sp Span, fps []offsets.Fingerprint, stopTruncated bool) (scan, error) {
+	s := scan{next: sp.From}
 	n := len(fps)
 	window := make([]offsets.Fingerprint, 0, n) // the last n records' fingerprints
-	if from >= stop {
+	if sp.From >= sp.Stop {
 		return s, nil
 	}
-	_, err := kafka.ReadPartition(ctx, client, topic, partition, from, func(r kafka.Record) bool {
-		if r.Offset >= stop {
+	_, err := kafka.ReadPartition(ctx, client, sp.Topic, sp.Partition, sp.From, func(r kafka.Record) bool {
+		if r.Offset >= sp.Stop {
 			return false
 		}
 		if s.read == 0 {
@@ -738,27 +747,25 @@ func scanFingerprints(ctx context.Context, client sarama.Client, topic string, p
 				}
 			}
 		}
-		return s.best.matched < n && s.read < limit
+		return s.best.matched < n && int64(s.read) < sp.Limit
 	})
 	return s, err
 }
 
-// CountBefore reads topic/partition from offset from until offset stop
-// (stop < 0: its end) or the first record whose timestamp is not before
-// `before`, whichever comes first, and returns how many records it read
-// and the first one's timestamp. It reads at most limit records: more
-// says truncated. It counts the records of a replica's tail that were
-// written before a moment, such as the records a primary held at a
-// failover that its replica did not.
-func CountBefore(ctx context.Context, client sarama.Client, topic string, partition int32, from, stop int64, before time.Time, limit int64) (n int64, first time.Time, truncated bool, err error) {
-	if stop >= 0 && from >= stop {
+// CountBefore reads sp until the first record whose timestamp is not
+// before `before`, and returns how many records it read and the first
+// one's timestamp. More than sp.Limit records says truncated. It counts
+// the records of a replica's tail that were written before a moment, such
+// as the records a primary held at a failover that its replica did not.
+func CountBefore(ctx context.Context, client sarama.Client, sp Span, before time.Time) (n int64, first time.Time, truncated bool, err error) {
+	if sp.Stop >= 0 && sp.From >= sp.Stop {
 		return 0, time.Time{}, false, nil
 	}
-	_, err = kafka.ReadPartition(ctx, client, topic, partition, from, func(r kafka.Record) bool {
-		if (stop >= 0 && r.Offset >= stop) || !r.Timestamp.Before(before) {
+	_, err = kafka.ReadPartition(ctx, client, sp.Topic, sp.Partition, sp.From, func(r kafka.Record) bool {
+		if (sp.Stop >= 0 && r.Offset >= sp.Stop) || !r.Timestamp.Before(before) {
 			return false
 		}
-		if n == limit {
+		if n == sp.Limit {
 			truncated = true
 			return false
 		}

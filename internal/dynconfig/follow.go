@@ -34,9 +34,9 @@ type Applier interface {
 func Follow(ctx context.Context, c *clientv3.Client, file config.Config, timeout time.Duration, log *zap.Logger, a Applier) error {
 	k := keys.New(file.Fleet)
 	f := &follower{file: file, key: k.StateConfig(), a: a, log: log, last: -1}
-	return etcdwatch.Follow(ctx, c, k.StateConfig(), false, timeout, f, func(err error) {
+	return etcdwatch.Follow(ctx, c, etcdwatch.Target{Key: k.StateConfig(), Timeout: timeout, OnError: func(err error) {
 		log.Warn("watch of the configuration version interrupted; reading it again", zap.Error(err))
-	})
+	}}, f)
 }
 
 type follower struct {
@@ -96,7 +96,7 @@ func (f *follower) handle(val []byte, rev int64) {
 // report with the refusal in etcd (nil when there is none), after the
 // first read and after every change. It returns ctx.Err().
 func FollowRefusal(ctx context.Context, c *clientv3.Client, k keys.Fleet, timeout time.Duration, report func(*Refusal)) error {
-	return etcdwatch.Follow(ctx, c, k.ConfigRefusal(), false, timeout, refusalFollower(report), nil)
+	return etcdwatch.Follow(ctx, c, etcdwatch.Target{Key: k.ConfigRefusal(), Timeout: timeout}, refusalFollower(report))
 }
 
 type refusalFollower func(*Refusal)

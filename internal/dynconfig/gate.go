@@ -80,7 +80,7 @@ func (g *Gate) Run(ctx context.Context, term election.Term) error {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = etcdwatch.Follow(ctx, g.Etcd, k.Config(), true, timeout, notifier(notify), nil)
+		_ = etcdwatch.Follow(ctx, g.Etcd, etcdwatch.Target{Key: k.Config(), Prefix: true, Timeout: timeout}, notifier(notify))
 	}()
 	defer func() { <-done }()
 

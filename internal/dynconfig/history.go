@@ -135,7 +135,7 @@ func (g *Gate) record(ctx context.Context, k keys.Fleet, term election.Term, acc
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = etcdwatch.Follow(ctx, g.Etcd, k.ConfigAcks(), true, g.File.Etcd.RequestTimeout, seen, nil)
+		_ = etcdwatch.Follow(ctx, g.Etcd, etcdwatch.Target{Key: k.ConfigAcks(), Prefix: true, Timeout: g.File.Etcd.RequestTimeout}, seen)
 	}()
 	defer func() { <-done }()
 	timeout := g.AckTimeout

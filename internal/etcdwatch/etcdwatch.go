@@ -22,20 +22,30 @@ type Follower interface {
 	Apply(events []*clientv3.Event)
 }
 
-// Follow reads key (a prefix when prefix is set) and follows it until ctx
-// ends, re-reading after every break with a backoff up to 2 s. Each read
-// is bounded by timeout. onErr, when set, is told about each break. It
-// returns ctx.Err().
-func Follow(ctx context.Context, c *clientv3.Client, key string, prefix bool, timeout time.Duration, f Follower, onErr func(error)) error {
+// Target is what Follow follows, and how.
+type Target struct {
+	Key string
+	// Prefix: Key is a prefix, and every key under it is followed.
+	Prefix bool
+	// Timeout bounds each read.
+	Timeout time.Duration
+	// OnError, when set, is told about each break.
+	OnError func(error)
+}
+
+// Follow reads t's key (or keys) and follows it until ctx ends, reading
+// again after every break with a backoff up to 2 s. It returns
+// ctx.Err().
+func Follow(ctx context.Context, c *clientv3.Client, t Target, f Follower) error {
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		began := time.Now()
-		err := follow(ctx, c, key, prefix, timeout, f)
+		err := follow(ctx, c, t, f)
 		if ctx.Err() != nil {
 			break
 		}
-		if onErr != nil {
-			onErr(err)
+		if t.OnError != nil {
+			t.OnError(err)
 		}
 		if time.Since(began) > 10*time.Second {
 			backoff = 100 * time.Millisecond // it had worked for a while
@@ -49,9 +59,10 @@ func Follow(ctx context.Context, c *clientv3.Client, key string, prefix bool, ti
 	return ctx.Err()
 }
 
-func follow(ctx context.Context, c *clientv3.Client, key string, prefix bool, timeout time.Duration, f Follower) error {
+func follow(ctx context.Context, c *clientv3.Client, t Target, f Follower) error {
+	key, timeout := t.Key, t.Timeout
 	var opts []clientv3.OpOption
-	if prefix {
+	if t.Prefix {
 		opts = append(opts, clientv3.WithPrefix())
 	}
 	rctx, cancel := context.WithTimeout(ctx, timeout)
