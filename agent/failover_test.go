@@ -17,7 +17,7 @@ import (
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/devstack"
-	"github.com/kswitch/kswitch/internal/mirror"
+	"github.com/kswitch/kswitch/devstack/mirror"
 	"github.com/kswitch/kswitch/internal/testenv"
 	"github.com/kswitch/kswitch/internal/wait"
 	"github.com/kswitch/kswitch/keys"

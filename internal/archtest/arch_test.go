@@ -37,7 +37,7 @@ var layers = map[string]int{
 	// 4: translation between clusters; the routing sink.
 	"translate": 4, "routing": 4,
 	// 5: the leader's work; the demo's mirror.
-	"coordinator": 5, "internal/mirror": 5,
+	"coordinator": 5, "devstack/mirror": 5,
 	// 6: one agent.
 	"agent": 6,
 	// 7: an agent with the routing sink, as kswitch agent runs it.

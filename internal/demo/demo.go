@@ -35,7 +35,7 @@ import (
 	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/member"
-	"github.com/kswitch/kswitch/internal/mirror"
+	"github.com/kswitch/kswitch/devstack/mirror"
 	"github.com/kswitch/kswitch/keys"
 )
 

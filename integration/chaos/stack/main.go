@@ -56,7 +56,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/devstack"
-	"github.com/kswitch/kswitch/internal/mirror"
+	"github.com/kswitch/kswitch/devstack/mirror"
 )
 
 const (
