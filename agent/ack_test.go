@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/kswitch/kswitch/agent"
-	"github.com/kswitch/kswitch/internal/testenv"
-	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/internal/testkit/testenv"
+	"github.com/kswitch/kswitch/internal/testkit/wait"
 )
 
 // TestAFailedAckIsWrittenAgain: an agent whose acknowledgement of a

@@ -22,8 +22,8 @@ import (
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/coordinator"
-	"github.com/kswitch/kswitch/internal/testenv"
-	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/internal/testkit/testenv"
+	"github.com/kswitch/kswitch/internal/testkit/wait"
 )
 
 // forgedIncarnation is the incarnation of the next forged "alive": each

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/kswitch/kswitch/agent"
-	"github.com/kswitch/kswitch/internal/testenv"
-	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/internal/testkit/testenv"
+	"github.com/kswitch/kswitch/internal/testkit/wait"
 )
 
 // keptConn is a client's keep-alive connection to an agent's HTTP

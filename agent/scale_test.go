@@ -25,8 +25,8 @@ import (
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/devstack/mirror"
-	"github.com/kswitch/kswitch/internal/testenv"
-	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/internal/testkit/testenv"
+	"github.com/kswitch/kswitch/internal/testkit/wait"
 )
 
 // scaleFleet is a fleet over many partitions: topics of up to 20

@@ -8,7 +8,7 @@ import (
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/devstack"
-	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/internal/testkit/wait"
 )
 
 // TestMembershipShownInKeyedGossip: agents whose HTTPS endpoints require

@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/kswitch/kswitch/config"
-	"github.com/kswitch/kswitch/internal/testenv"
-	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/internal/testkit/testenv"
+	"github.com/kswitch/kswitch/internal/testkit/wait"
 )
 
 func TestMain(m *testing.M) { wait.VerifyTestMain(m, testenv.LeakOptions()...) }

@@ -7,7 +7,7 @@
 //
 // The API (StartEtcd, StartKafka and their methods) takes plain parameters
 // and returns errors; it does not import "testing". Test wrappers that fail
-// the test and register cleanups live in kswitch's internal/testenv.
+// the test and register cleanups live in kswitch's internal/testkit/testenv.
 //
 // Faults. Both services can be stopped and restarted on the same ports with
 // their data, which looks to clients like a process crash and recovery: the
@@ -20,6 +20,6 @@
 //
 // Goroutines. Every Stop waits until the service's own goroutines have been
 // told to exit; a few finish asynchronously within milliseconds, and some
-// libraries keep process-wide goroutines forever (see internal/testenv's
+// libraries keep process-wide goroutines forever (see internal/testkit/testenv's
 // LeakOptions).
 package devstack

@@ -12,7 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kswitch/kswitch/devstack"
-	"github.com/kswitch/kswitch/internal/testenv"
+	"github.com/kswitch/kswitch/internal/testkit/testenv"
 )
 
 func TestEtcdStopRestartKeepsDataAndClient(t *testing.T) {

@@ -14,7 +14,7 @@ import (
 
 	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/freeport"
-	"github.com/kswitch/kswitch/internal/testenv"
+	"github.com/kswitch/kswitch/internal/testkit/testenv"
 )
 
 func saramaConfig() *sarama.Config {

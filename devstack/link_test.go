@@ -10,7 +10,7 @@ import (
 
 	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/kafka"
-	"github.com/kswitch/kswitch/internal/testenv"
+	"github.com/kswitch/kswitch/internal/testkit/testenv"
 )
 
 // A devstack.Link is what the agent tests' Hooks.KafkaDialer hands out.

@@ -4,8 +4,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kswitch/kswitch/internal/testenv"
 	"go.uber.org/goleak"
+
+	"github.com/kswitch/kswitch/internal/testkit/testenv"
 )
 
 func TestMain(m *testing.M) {

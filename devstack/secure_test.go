@@ -6,10 +6,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kswitch/kswitch/devstack"
-	"github.com/kswitch/kswitch/internal/testenv"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kswitch/kswitch/devstack"
+	"github.com/kswitch/kswitch/internal/testkit/testenv"
 )
 
 // TestSecureEtcd: the server speaks TLS only to clients with a certificate

@@ -12,8 +12,8 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/kswitch/kswitch/election"
-	"github.com/kswitch/kswitch/internal/testenv"
-	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/internal/testkit/testenv"
+	"github.com/kswitch/kswitch/internal/testkit/wait"
 )
 
 func TestMain(m *testing.M) {

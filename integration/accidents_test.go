@@ -22,7 +22,7 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/internal/testkit/wait"
 )
 
 // Ordinary accidents of real clusters (issue 33), each judged from outside

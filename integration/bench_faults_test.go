@@ -16,7 +16,7 @@ import (
 	"github.com/IBM/sarama"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/internal/testkit/wait"
 )
 
 // Failover and failback (figures 2 and 3), rebalance after an agent's

@@ -20,7 +20,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kswitch/kswitch/integration/netfault"
-	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/internal/testkit/wait"
 	"github.com/kswitch/kswitch/keys"
 )
 

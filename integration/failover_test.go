@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/internal/testkit/wait"
 )
 
 // The fleet's timing in these tests (the agents' failover section).

@@ -22,7 +22,7 @@ import (
 	"time"
 
 	"github.com/kswitch/kswitch/internal/freeport"
-	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/internal/testkit/wait"
 )
 
 // binaries returns the kswitch binary and the directory holding etcd and

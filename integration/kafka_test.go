@@ -24,7 +24,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/kswitch/kswitch/internal/freeport"
-	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/internal/testkit/wait"
 )
 
 // This file runs Apache Kafka and MirrorMaker 2 as real processes, from the

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/internal/testkit/wait"
 )
 
 // A real data-centre outage: A goes away for everyone, its producers

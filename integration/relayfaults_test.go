@@ -19,7 +19,7 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/internal/testkit/wait"
 )
 
 // docs/RELAY.md §6, rows R1 and R2: a broker of the channel's cluster

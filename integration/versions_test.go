@@ -19,7 +19,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/kswitch/kswitch/internal/kafka"
-	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/internal/testkit/wait"
 )
 
 // docs/RELAY.md §5 and §6, row R3: the relay and a failover across two

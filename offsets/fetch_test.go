@@ -10,7 +10,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/kswitch/kswitch/devstack"
-	"github.com/kswitch/kswitch/internal/testenv"
+	"github.com/kswitch/kswitch/internal/testkit/testenv"
 )
 
 // commitAsAConsumer commits offsets to group as an assign() consumer

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/kswitch/kswitch/config"
-	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/internal/testkit/wait"
 	"github.com/kswitch/kswitch/keys"
 )
 

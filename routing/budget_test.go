@@ -13,7 +13,7 @@ import (
 	"github.com/expr-lang/expr"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/internal/testkit/wait"
 	"github.com/kswitch/kswitch/record"
 )
 

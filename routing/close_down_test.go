@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/internal/testkit/wait"
 )
 
 // goroutinesOf returns the stacks of the goroutines running code of any

@@ -3,8 +3,8 @@ package routing
 import (
 	"testing"
 
-	"github.com/kswitch/kswitch/internal/testenv"
-	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/internal/testkit/testenv"
+	"github.com/kswitch/kswitch/internal/testkit/wait"
 	"github.com/kswitch/kswitch/keys"
 )
 

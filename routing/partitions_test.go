@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/internal/testkit/wait"
 )
 
 // timedFeed offers records of one source topic to a router, a goroutine

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/internal/testkit/wait"
 	"github.com/kswitch/kswitch/keys"
 )
 

@@ -15,8 +15,8 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 	"google.golang.org/grpc/connectivity"
 
-	"github.com/kswitch/kswitch/internal/testenv"
-	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/internal/testkit/testenv"
+	"github.com/kswitch/kswitch/internal/testkit/wait"
 )
 
 // applyDeadline is how long a test waits for a change to be applied. The

@@ -14,7 +14,7 @@ import (
 	"golang.org/x/net/proxy"
 
 	"github.com/kswitch/kswitch/integration/netfault"
-	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/internal/testkit/wait"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

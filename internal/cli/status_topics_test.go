@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/kswitch/kswitch/coordinator"
-	"github.com/kswitch/kswitch/internal/testenv"
+	"github.com/kswitch/kswitch/internal/testkit/testenv"
 	"github.com/kswitch/kswitch/keys"
 )
 

@@ -34,8 +34,8 @@ import (
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/devstack"
-	"github.com/kswitch/kswitch/internal/member"
 	"github.com/kswitch/kswitch/devstack/mirror"
+	"github.com/kswitch/kswitch/internal/member"
 	"github.com/kswitch/kswitch/keys"
 )
 

@@ -20,8 +20,8 @@ import (
 	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/integration/netfault"
 	"github.com/kswitch/kswitch/internal/kafka"
-	"github.com/kswitch/kswitch/internal/testenv"
-	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/internal/testkit/testenv"
+	"github.com/kswitch/kswitch/internal/testkit/wait"
 )
 
 // closeBound bounds how long a Close of something blocked on a hung broker

@@ -24,8 +24,8 @@ import (
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/kafka"
-	"github.com/kswitch/kswitch/internal/testenv"
-	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/internal/testkit/testenv"
+	"github.com/kswitch/kswitch/internal/testkit/wait"
 )
 
 // The producer's tests: every record carries its partition and its

@@ -13,7 +13,7 @@ import (
 	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/integration/netfault"
 	"github.com/kswitch/kswitch/internal/kafka"
-	"github.com/kswitch/kswitch/internal/testenv"
+	"github.com/kswitch/kswitch/internal/testkit/testenv"
 )
 
 // proxied starts a 3-broker cluster and a SOCKS5 server whose link "P"

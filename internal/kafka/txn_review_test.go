@@ -15,7 +15,7 @@ import (
 
 	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/kafka"
-	"github.com/kswitch/kswitch/internal/testenv"
+	"github.com/kswitch/kswitch/internal/testkit/testenv"
 )
 
 // TestTxnCommitAfterAnotherStreamLostTheConnection: two streams share the

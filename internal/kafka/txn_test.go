@@ -20,8 +20,8 @@ import (
 
 	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/kafka"
-	"github.com/kswitch/kswitch/internal/testenv"
-	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/internal/testkit/testenv"
+	"github.com/kswitch/kswitch/internal/testkit/wait"
 )
 
 // The transactional stream's tests (docs/RELAY.md §4, F10, F11 at package

@@ -13,7 +13,7 @@ import (
 
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/internal/kafka"
-	"github.com/kswitch/kswitch/internal/wait"
+	"github.com/kswitch/kswitch/internal/testkit/wait"
 )
 
 // produceTagged writes records tag+i, i in [0, n), keyed by i, to A's

@@ -24,14 +24,14 @@ const module = "github.com/kswitch/kswitch/"
 var layers = map[string]int{
 	// 0: leaves, no import of the module.
 	"record": 0, "keys": 0, "election": 0, "internal/etcdwatch": 0, "internal/freeport": 0,
-	"internal/logx": 0, "internal/refused": 0, "internal/version": 0, "internal/wait": 0, "internal/archtest": 0,
+	"internal/logx": 0, "internal/refused": 0, "internal/version": 0, "internal/testkit/wait": 0, "internal/testkit/archtest": 0,
 	"internal/notify": 0,
 	// deploy has tests only (the deployment files against the code).
 	"deploy": 0,
 	// 1: the configuration; the embedded stack.
 	"config": 1, "devstack": 1,
 	// 2: clients of Kafka and etcd; signals; the test wrappers.
-	"internal/kafka": 2, "internal/etcdclient": 2, "signals": 2, "internal/testenv": 2,
+	"internal/kafka": 2, "internal/etcdclient": 2, "signals": 2, "internal/testkit/testenv": 2,
 	// 3: the fenced offset store; the dynamic configuration.
 	"offsets": 3, "internal/dynconfig": 3,
 	// 4: translation between clusters; the routing sink.
@@ -58,7 +58,7 @@ type pkg struct {
 func list(t *testing.T, patterns ...string) []pkg {
 	t.Helper()
 	cmd := exec.Command("go", append([]string{"list", "-json"}, patterns...)...)
-	cmd.Dir = "../.."
+	cmd.Dir = "../../.."
 	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("go list %v: %v", patterns, err)
@@ -87,7 +87,7 @@ func TestImportsGoDownTheLayers(t *testing.T) {
 		}
 		l, ok := layers[name]
 		if !ok {
-			t.Errorf("%s has no layer: add it to layers in internal/archtest/arch_test.go and to docs/ARCHITECTURE.md", name)
+			t.Errorf("%s has no layer: add it to layers in internal/testkit/archtest/arch_test.go and to docs/ARCHITECTURE.md", name)
 			continue
 		}
 		for _, imp := range p.Imports {
@@ -110,7 +110,7 @@ func TestBinaryLinksNoTestCode(t *testing.T) {
 		pkg       string
 		forbidden []string
 	}{
-		{"./cmd/kswitch", []string{"testing", "go.uber.org/goleak", module + "internal/testenv"}},
+		{"./cmd/kswitch", []string{"testing", "go.uber.org/goleak", module + "internal/testkit/testenv", module + "internal/testkit/wait"}},
 		{"./routing", []string{module + "agent"}},
 		{"./record", nil}, // checked below: no kswitch import at all
 	} {
