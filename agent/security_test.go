@@ -26,9 +26,9 @@ import (
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/devstack"
+	"github.com/kswitch/kswitch/fleet"
 	"github.com/kswitch/kswitch/internal/etcdclient"
 	"github.com/kswitch/kswitch/internal/kafka"
-	"github.com/kswitch/kswitch/internal/member"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
 	"github.com/kswitch/kswitch/internal/testkit/wait"
 	"github.com/kswitch/kswitch/keys"
@@ -258,7 +258,7 @@ func TestSecureFleet(t *testing.T) {
 			Channels: map[string]config.RoutingChannel{"out": {Cluster: "A", Topic: "delivered"}},
 			Default:  []string{"out"},
 		}
-		m, err := member.New(cfg, agent.Options{Logger: w.logger(id)})
+		m, err := fleet.NewMember(cfg, agent.Options{Logger: w.logger(id)})
 		if err != nil {
 			t.Fatal(err)
 		}

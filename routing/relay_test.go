@@ -10,7 +10,7 @@ import (
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/devstack"
-	"github.com/kswitch/kswitch/internal/member"
+	"github.com/kswitch/kswitch/fleet"
 )
 
 // relayConfig is the configuration of a relay from topic orders on src
@@ -33,9 +33,9 @@ func relayConfig(e *devstack.Etcd, src, dst *devstack.Kafka) config.Config {
 
 // startRelay starts a member of cfg's fleet as 'kswitch agent' runs it: an
 // agent whose handler is a routing.Router. The caller stops it.
-func startRelay(tb testing.TB, cfg config.Config, log *zap.Logger) *member.Member {
+func startRelay(tb testing.TB, cfg config.Config, log *zap.Logger) *fleet.Member {
 	tb.Helper()
-	m, err := member.New(cfg, agent.Options{Logger: log})
+	m, err := fleet.NewMember(cfg, agent.Options{Logger: log})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -46,7 +46,7 @@ func startRelay(tb testing.TB, cfg config.Config, log *zap.Logger) *member.Membe
 }
 
 // stopRelay stops m within 15 s.
-func stopRelay(tb testing.TB, m *member.Member) {
+func stopRelay(tb testing.TB, m *fleet.Member) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	if err := m.Stop(ctx); err != nil {

@@ -12,8 +12,8 @@ import (
 
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/fleet"
 	"github.com/kswitch/kswitch/internal/logx"
-	"github.com/kswitch/kswitch/internal/member"
 )
 
 func newAgentCmd(g *globals) *cobra.Command {
@@ -111,18 +111,12 @@ func applyMemoryLimit(mib int, environ []string, log *zap.Logger) {
 }
 
 // runAgent runs an agent whose records go to the routing sink (see
-// member.New) until ctx ends, then stops the agent and, after it, the
+// fleet.New) until ctx ends, then stops the agent and, after it, the
 // router, within stopTimeout.
 func runAgent(ctx context.Context, cfg config.Config, log *zap.Logger, stopTimeout time.Duration) error {
-	m, err := member.New(cfg, agent.Options{Logger: log})
+	m, err := fleet.NewMember(cfg, agent.Options{Logger: log})
 	if err != nil {
 		return err
 	}
-	if err := m.Start(ctx); err != nil {
-		return err
-	}
-	<-ctx.Done()
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopTimeout)
-	defer cancel()
-	return m.Stop(sctx)
+	return m.Run(ctx, stopTimeout)
 }

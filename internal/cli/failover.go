@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/coordinator"
@@ -102,7 +101,7 @@ An automatic failover or a fleet pin overrides a move in progress. --auto
 			return err
 		}
 		defer cn.close()
-		cfg, c, ctx, k := cn.cfg, cn.client, cn.ctx, cn.keys
+		cfg, ctx, k := cn.cfg, cn.ctx, cn.keys
 		if topic != "" {
 			if err := keys.ValidName(topic); err != nil {
 				return fmt.Errorf("--topic %q: %v", topic, err)
@@ -119,12 +118,13 @@ An automatic failover or a fleet pin overrides a move in progress. --auto
 				return fmt.Errorf("--to %q: not the primary or standby cluster of %s", to, ef.file)
 			}
 		}
+		op, w := cn.op, cmd.OutOrStdout()
 		switch {
 		case staged && auto:
-			if _, err := c.Delete(ctx, k.Stages()); err != nil {
-				return fmt.Errorf("delete %s: %w", k.Stages(), err)
+			if err := op.EndStagedMove(ctx); err != nil {
+				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "deleted %s: the staged move ends, its topics go back to the fleet's cluster\n", k.Stages())
+			fmt.Fprintf(w, "deleted %s: the staged move ends, its topics go back to the fleet's cluster\n", k.Stages())
 		case staged:
 			for _, st := range plan.Stages {
 				for _, t := range st.Topics {
@@ -133,40 +133,38 @@ An automatic failover or a fleet pin overrides a move in progress. --auto
 					}
 				}
 			}
-			if _, err := c.Put(ctx, k.Stages(), coordinator.FormatStagePlan(plan)); err != nil {
-				return fmt.Errorf("put %s: %w", k.Stages(), err)
+			if err := op.MoveInStages(ctx, plan); err != nil {
+				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "put %s: the leader moves %d stages to %s, each held and checked for %s; follow it with 'kswitch status'\n",
+			fmt.Fprintf(w, "put %s: the leader moves %d stages to %s, each held and checked for %s; follow it with 'kswitch status'\n",
 				k.Stages(), len(plan.Stages), to, check)
 		case topic != "" && auto:
-			if _, err := c.Delete(ctx, k.TopicPin(topic)); err != nil {
-				return fmt.Errorf("delete %s: %w", k.TopicPin(topic), err)
+			if err := op.UnpinTopic(ctx, topic); err != nil {
+				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "deleted %s: %s goes back to the fleet's cluster\n", k.TopicPin(topic), topic)
+			fmt.Fprintf(w, "deleted %s: %s goes back to the fleet's cluster\n", k.TopicPin(topic), topic)
 		case topic != "":
-			if _, err := c.Put(ctx, k.TopicPin(topic), to); err != nil {
-				return fmt.Errorf("put %s: %w", k.TopicPin(topic), err)
+			if err := op.PinTopic(ctx, topic, to); err != nil {
+				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "put %s = %s: the leader moves %s alone to %s and keeps it there until 'kswitch failover --auto --topic %s'\n",
+			fmt.Fprintf(w, "put %s = %s: the leader moves %s alone to %s and keeps it there until 'kswitch failover --auto --topic %s'\n",
 				k.TopicPin(topic), to, topic, to, topic)
 		case auto:
-			if _, err := c.Delete(ctx, k.Pin()); err != nil {
-				return fmt.Errorf("delete %s: %w", k.Pin(), err)
+			if err := op.Unpin(ctx); err != nil {
+				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "deleted %s: automatic failover and failback\n", k.Pin())
+			fmt.Fprintf(w, "deleted %s: automatic failover and failback\n", k.Pin())
 		default:
-			if _, err := c.Put(ctx, k.Pin(), to); err != nil {
-				return fmt.Errorf("put %s: %w", k.Pin(), err)
+			if err := op.Pin(ctx, to); err != nil {
+				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "put %s = %s: the leader switches to %s and stays there until 'kswitch failover --auto'\n", k.Pin(), to, to)
+			fmt.Fprintf(w, "put %s = %s: the leader switches to %s and stays there until 'kswitch failover --auto'\n", k.Pin(), to, to)
 		}
-		if resp, err := c.Get(ctx, k.Active(), clientv3.WithSerializable()); err == nil && len(resp.Kvs) > 0 {
-			if a, err := coordinator.ParseActive(resp.Kvs[0].Value); err == nil {
-				fmt.Fprintf(cmd.OutOrStdout(), "now: cluster %s, epoch %d, %s (%s)\n", a.Cluster, a.Epoch, a.Phase, a.Reason)
-				for _, t := range slices.Sorted(maps.Keys(a.Topics)) {
-					e := a.Topics[t]
-					fmt.Fprintf(cmd.OutOrStdout(), "now: topic %s on %s, epoch %d, %s (%s)\n", t, e.Cluster, e.Epoch, e.Phase, e.Reason)
-				}
+		if a, ok, err := op.Active(ctx); err == nil && ok {
+			fmt.Fprintf(w, "now: cluster %s, epoch %d, %s (%s)\n", a.Cluster, a.Epoch, a.Phase, a.Reason)
+			for _, t := range slices.Sorted(maps.Keys(a.Topics)) {
+				e := a.Topics[t]
+				fmt.Fprintf(w, "now: topic %s on %s, epoch %d, %s (%s)\n", t, e.Cluster, e.Epoch, e.Phase, e.Reason)
 			}
 		}
 		return nil

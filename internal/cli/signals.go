@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kswitch/kswitch/fleet"
 	"github.com/kswitch/kswitch/keys"
 	"github.com/kswitch/kswitch/signals"
 )
@@ -169,8 +170,16 @@ topic or its agent) is paused; resume prints the scopes still paused.`
 		defer c.Close()
 		ctx, cancel := context.WithTimeout(cmd.Context(), f.etcd.timeout)
 		defer cancel()
-		k := keys.New(f.etcd.fleet)
-		if err := signals.Write(ctx, c, k, scope, pause, note); err != nil {
+		op, err := fleet.NewOperator(c, f.etcd.fleet)
+		if err != nil {
+			return err
+		}
+		k := op.Keys()
+		write := op.Resume
+		if pause {
+			write = op.Pause
+		}
+		if err := write(ctx, scope, note); err != nil {
 			return fmt.Errorf("%s %s (etcd %v): %w", verb, scope, f.etcd.endpoints, err)
 		}
 		w := cmd.OutOrStdout()
@@ -182,7 +191,7 @@ topic or its agent) is paused; resume prints the scopes still paused.`
 		}
 		// Tell the operator what still holds; the write is done, so a
 		// failure here is only a warning.
-		s, err := signals.Read(ctx, c, k)
+		s, err := op.Signals(ctx)
 		if err != nil {
 			fmt.Fprintf(cmd.ErrOrStderr(), "warning: could not read the other signals: %v\n", err)
 			return nil
@@ -228,8 +237,7 @@ of its last valid value, which is what the table shows.`,
 	ef.bind(cmd)
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
 	cmd.RunE = ef.runWith(g.environ, &output, []string{"table", "json"}, func(cmd *cobra.Command, cn *conn) error {
-		c, ctx := cn.client, cn.ctx
-		s, err := signals.Read(ctx, c, keys.New(ef.fleet))
+		s, err := cn.op.Signals(cn.ctx)
 		if err != nil {
 			return fmt.Errorf("read signals of fleet %q from etcd %v: %w", ef.fleet, ef.endpoints, err)
 		}

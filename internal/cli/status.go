@@ -13,12 +13,11 @@ import (
 
 	"github.com/spf13/cobra"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/coordinator"
-	"github.com/kswitch/kswitch/internal/etcdclient"
+	"github.com/kswitch/kswitch/fleet"
 	"github.com/kswitch/kswitch/keys"
 )
 
@@ -81,6 +80,7 @@ func (f *etcdFlags) resolve(environ []string) (config.Config, error) {
 type conn struct {
 	cfg    config.Config // what --config and the environment say (defaults without them)
 	client *clientv3.Client
+	op     *fleet.Operator // the fleet's, over client
 	keys   keys.Fleet
 	ctx    context.Context // bounded by --timeout
 	cancel context.CancelFunc
@@ -102,8 +102,13 @@ func (f *etcdFlags) open(cmd *cobra.Command, environ []string) (*conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	op, err := fleet.NewOperator(c, f.fleet)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(cmd.Context(), f.timeout)
-	return &conn{cfg: cfg, client: c, keys: keys.New(f.fleet), ctx: ctx, cancel: cancel}, nil
+	return &conn{cfg: cfg, client: c, op: op, keys: op.Keys(), ctx: ctx, cancel: cancel}, nil
 }
 
 // checkOutput refuses an --output value not among allowed.
@@ -134,7 +139,7 @@ func checkOutput(output string, allowed ...string) error {
 // credentials come from --config and KSWITCH_ETCD_* (an operator's own
 // user, see docs/SECURITY.md).
 func (f *etcdFlags) client() (*clientv3.Client, error) {
-	return etcdclient.New(context.Background(), f.etcd, zap.NewNop())
+	return fleet.OpenEtcd(context.Background(), f.etcd, nil)
 }
 
 func newStatusCmd(g *globals) *cobra.Command {
@@ -169,7 +174,7 @@ shows the lag; otherwise the lag column shows '-'.`,
 	cmd.Flags().BoolVar(&ask, "ask", true, "ask each agent's /readyz (1 s each, in parallel) for the READY column; --ask=false reads etcd alone")
 	cmd.RunE = ef.runWith(g.environ, &output, []string{"table", "json"}, func(cmd *cobra.Command, cn *conn) error {
 		cfg, c, ctx := cn.cfg, cn.client, cn.ctx
-		v, err := agent.ReadFleet(ctx, c, ef.fleet)
+		v, err := cn.op.Status(ctx)
 		if err != nil {
 			return fmt.Errorf("read fleet %q from etcd %v: %w", ef.fleet, ef.endpoints, err)
 		}

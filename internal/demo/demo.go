@@ -4,7 +4,7 @@
 // outage (A's orders is A.orders on B, B's orders is B.orders on A); a
 // producer writing numbered records to A, which moves to B while A is
 // down and back when it returns; and a fleet of agents, each run as
-// 'kswitch agent' runs it (see internal/member), routing every record to
+// 'kswitch agent' runs it (see fleet.Member), routing every record to
 // a channel on C. A scripted story is narrated as a timeline: a pause and
 // start through an etcd key, A's data centre failing for everyone with an
 // unmirrored tail (failover to B with translated offsets), an agent
@@ -35,7 +35,7 @@ import (
 	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/devstack/mirror"
-	"github.com/kswitch/kswitch/internal/member"
+	"github.com/kswitch/kswitch/fleet"
 	"github.com/kswitch/kswitch/keys"
 )
 
@@ -61,7 +61,7 @@ type Options struct {
 }
 
 const (
-	fleet      = "demo"
+	fleetName  = "demo"
 	topic      = "orders"     // on A and on B; A.orders on B and B.orders on A are the mirrors' copies
 	partitions = 6            // of orders, and of outTopic on C
 	channel    = "out"        // the routing channel on C
@@ -170,7 +170,7 @@ type demo struct {
 
 // fleetMember is one agent with its router.
 type fleetMember struct {
-	m *member.Member
+	m *fleet.Member
 }
 
 func (f *fleetMember) agent() *agent.Agent { return f.m.Agent() }
@@ -257,7 +257,7 @@ func (d *demo) producers() []*producer {
 // config is the configuration of agent id.
 func (d *demo) config(id string) config.Config {
 	cfg := config.Default()
-	cfg.Fleet = fleet
+	cfg.Fleet = fleetName
 	cfg.Agent.ID = id
 	cfg.Agent.HTTP = "127.0.0.1:0"
 	cfg.Agent.Gossip = "127.0.0.1:0"
@@ -277,7 +277,7 @@ func (d *demo) config(id string) config.Config {
 		cfg.Clusters["C"] = c
 	}
 	cfg.Source.Topics = []string{topic}
-	cfg.Source.Group = fleet
+	cfg.Source.Group = fleetName
 	cfg.Source.CommitInterval = 200 * time.Millisecond
 	cfg.Failover.ProbeInterval = 250 * time.Millisecond
 	cfg.Failover.ProbeTimeout = 500 * time.Millisecond
@@ -293,7 +293,7 @@ func (d *demo) config(id string) config.Config {
 }
 
 func (d *demo) startMember(ctx context.Context, id string) error {
-	m, err := member.New(d.config(id), agent.Options{Logger: d.o.Logger.Named(id)})
+	m, err := fleet.NewMember(d.config(id), agent.Options{Logger: d.o.Logger.Named(id)})
 	if err != nil {
 		return err
 	}
@@ -357,7 +357,7 @@ func (d *demo) consuming(cluster string) bool {
 }
 
 func (d *demo) story(ctx context.Context) error {
-	k := keys.New(fleet)
+	k := keys.New(fleetName)
 	etcdctl := "etcdctl --endpoints " + d.etcd.Endpoints()[0]
 
 	// 1. Steady state.
@@ -508,7 +508,7 @@ func (d *demo) story(ctx context.Context) error {
 	// The leader counts the tail after the switch, beside its loop, and
 	// records the count in the switch's history entry.
 	if err := d.await(ctx, 30*time.Second, "the unmirrored tail counted", func() bool {
-		resp, err := d.cli.Get(ctx, keys.New(fleet).HistoryEvent(ev.Epoch))
+		resp, err := d.cli.Get(ctx, keys.New(fleetName).HistoryEvent(ev.Epoch))
 		return err == nil && len(resp.Kvs) == 1 && json.Unmarshal(resp.Kvs[0].Value, &ev) == nil && ev.LateCounted
 	}); err != nil {
 		return err
@@ -558,7 +558,7 @@ func owned(a *agent.Agent) string {
 func (d *demo) printSwitch(ctx context.Context, to string) coordinator.SwitchEvent {
 	var ev coordinator.SwitchEvent
 	err := d.await(ctx, 10*time.Second, "the switch to "+to+" in history/", func() bool {
-		resp, err := d.cli.Get(ctx, keys.New(fleet).SwitchHistory(), clientv3.WithLastKey()...)
+		resp, err := d.cli.Get(ctx, keys.New(fleetName).SwitchHistory(), clientv3.WithLastKey()...)
 		if err != nil || len(resp.Kvs) == 0 || json.Unmarshal(resp.Kvs[0].Value, &ev) != nil {
 			return false
 		}
@@ -656,7 +656,7 @@ func measured(t time.Duration) string {
 // keepRunning writes again and prints what to try, until ctx ends.
 func (d *demo) keepRunning(ctx context.Context) {
 	d.moveProducer(d.a, d.prod.next())
-	k := keys.New(fleet)
+	k := keys.New(fleetName)
 	etcdctl := "etcdctl --endpoints " + d.etcd.Endpoints()[0]
 	out := d.o.Out
 	fmt.Fprintf(out, "\nEverything keeps running, and the producer writes again. Try:\n")
@@ -673,7 +673,7 @@ func (d *demo) keepRunning(ctx context.Context) {
 	} {
 		fmt.Fprintf(out, "  # %s\n  %s %s\n", l[0], etcdctl, l[1])
 	}
-	fmt.Fprintf(out, "  # what etcd says about the fleet\n  kswitch status --etcd %s --fleet %s\n", d.etcd.Endpoints()[0], fleet)
+	fmt.Fprintf(out, "  # what etcd says about the fleet\n  kswitch status --etcd %s --fleet %s\n", d.etcd.Endpoints()[0], fleetName)
 	fmt.Fprintln(out, "Press Ctrl-C to stop.")
 	<-ctx.Done()
 }

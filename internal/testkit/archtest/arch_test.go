@@ -41,7 +41,7 @@ var layers = map[string]int{
 	// 6: one agent.
 	"agent": 6,
 	// 7: an agent with the routing sink, as kswitch agent runs it.
-	"internal/member": 7,
+	"fleet": 7,
 	// 8: the demo; 9: the commands; 10: the binary.
 	"internal/demo": 8, "internal/cli": 9, "cmd/kswitch": 10,
 }

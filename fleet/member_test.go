@@ -1,4 +1,4 @@
-package member
+package fleet
 
 import (
 	"context"
@@ -132,7 +132,7 @@ func (w *world) waitDelivered(t *testing.T, n int64) {
 // start starts a member of w's configuration.
 func (w *world) start(t *testing.T) *Member {
 	t.Helper()
-	m, err := New(w.cfg, agent.Options{Logger: zaptest.NewLogger(t)})
+	m, err := NewMember(w.cfg, agent.Options{Logger: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +193,7 @@ func TestAbortAndStopBeforeStartEndEverything(t *testing.T) {
 	m.Abort()
 	m.Abort()
 
-	idle, err := New(w.cfg, agent.Options{})
+	idle, err := NewMember(w.cfg, agent.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +209,7 @@ func TestAbortAndStopBeforeStartEndEverything(t *testing.T) {
 // Before, it answered 200 throughout while the channel took nothing.
 func TestReadinessSaysWhenRecordsReachNoChannel(t *testing.T) {
 	w := newWorld(t)
-	m, err := New(w.cfg, agent.Options{Logger: zaptest.NewLogger(t), StuckAfter: 2 * time.Second})
+	m, err := NewMember(w.cfg, agent.Options{Logger: zaptest.NewLogger(t), StuckAfter: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

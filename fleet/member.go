@@ -1,8 +1,4 @@
-// Package member runs one member of a fleet as 'kswitch agent' does: an
-// agent whose handler is the routing sink, and the router's own followers
-// of etcd, started and stopped in the order they need. 'kswitch agent' and
-// 'kswitch demo' both run their agents through it.
-package member
+package fleet
 
 import (
 	"context"
@@ -55,7 +51,8 @@ type Member struct {
 	stopErr  error
 }
 
-// New builds the agent of cfg and its router; nothing runs until Start
+// NewMember builds the agent of cfg and its router, and opens their etcd
+// client (it makes no request); nothing runs until Start
 // except the router's background loop, so a Member that is not started
 // must still be stopped. opts are the agent's; its Handler,
 // HandlerStatus, DeadLetters, Released and DeliveryProblem are the router's (any given are
@@ -70,7 +67,7 @@ type Member struct {
 // restarted agent never routes by the file what etcd routes otherwise. It
 // follows routes and channels/ with the agent's etcd client; its metrics
 // are on the agent's registry (/metrics).
-func New(cfg config.Config, opts agent.Options) (*Member, error) {
+func NewMember(cfg config.Config, opts agent.Options) (*Member, error) {
 	log := opts.Logger
 	if log == nil {
 		log = zap.NewNop()
@@ -170,4 +167,16 @@ func (m *Member) stop(ctx context.Context, abort bool) error {
 		m.stopErr = err
 	})
 	return m.stopErr
+}
+
+// Run starts the member, runs it until ctx ends, then stops it (Stop)
+// within stopTimeout.
+func (m *Member) Run(ctx context.Context, stopTimeout time.Duration) error {
+	if err := m.Start(ctx); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopTimeout)
+	defer cancel()
+	return m.Stop(sctx)
 }
