@@ -43,7 +43,7 @@ const deadLetterInterval = time.Second
 // publishDeadLetters writes the handler's dead-letter counts to
 // deadletters/<id> on the session lease whenever they changed, at most
 // every deadLetterInterval, until ctx ends: a staged move's check reads
-// them (coordinator.ParseDeadLetters).
+// them (state.ParseDeadLetters).
 func (w *worker) publishDeadLetters(ctx context.Context, counts func() map[string]int64) {
 	tick := time.NewTicker(deadLetterInterval)
 	defer tick.Stop()

@@ -37,6 +37,7 @@ import (
 	"github.com/kswitch/kswitch/offsets"
 	"github.com/kswitch/kswitch/record"
 	"github.com/kswitch/kswitch/signals"
+	"github.com/kswitch/kswitch/state"
 )
 
 // Options are the parts of an agent that are not configuration.
@@ -118,7 +119,7 @@ type hooks struct {
 	// ended (or whose topic was created again) starts again: an error
 	// fails that start as a failed ListOffsets would, so the partition
 	// stays dead and its start is tried again at the next commit tick.
-	RestartFails func(cluster string, tp coordinator.TopicPartition) error
+	RestartFails func(cluster string, tp state.TopicPartition) error
 	// AckFails, when set, is asked before each write of an
 	// acknowledgement: an error fails that write as etcd would.
 	AckFails func(gen int64) error
@@ -189,12 +190,12 @@ type Agent struct {
 	etcdErr    atomic.Pointer[string] // last etcd probe error; nil or "" = reachable
 	session    atomic.Pointer[sessionState]
 	lastLeader election.Leader
-	owned      atomic.Pointer[map[string][]coordinator.TopicPartition] // by cluster; set by the worker
-	budget     atomic.Pointer[byteBudget]                              // the current worker's bytes in flight
-	current    atomic.Pointer[concurrency.Session]                     // while registered
-	active     atomic.Pointer[string]                                  // cluster of the applied assignment
-	hold       atomic.Pointer[commitHold]                              // the current worker's
-	stuck      atomic.Pointer[string]                                  // the current worker's stuck partitions, "" if none
+	owned      atomic.Pointer[map[string][]state.TopicPartition] // by cluster; set by the worker
+	budget     atomic.Pointer[byteBudget]                        // the current worker's bytes in flight
+	current    atomic.Pointer[concurrency.Session]               // while registered
+	active     atomic.Pointer[string]                            // cluster of the applied assignment
+	hold       atomic.Pointer[commitHold]                        // the current worker's
+	stuck      atomic.Pointer[string]                            // the current worker's stuck partitions, "" if none
 	// dyn is the dynamic configuration version in force.
 	dyn dynConfig
 	// rate measures the records handed to the handler per second.

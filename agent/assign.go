@@ -9,7 +9,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/kswitch/kswitch/coordinator"
+	"github.com/kswitch/kswitch/state"
 )
 
 // applyNewest applies the newest value of state/assignment among evs that
@@ -47,7 +47,7 @@ func (w *worker) applyNewest(ctx context.Context, evs []*clientv3.Event) {
 // start is taken whatever its term: a leader does not republish an
 // assignment it keeps. It reports whether it applied the value.
 func (w *worker) applyValue(ctx context.Context, val []byte, rev int64, changed bool) bool {
-	a, err := coordinator.ParseAssignment(val)
+	a, err := state.ParseAssignment(val)
 	if err != nil {
 		w.log.Warn("refusing malformed state/assignment; keeping the last good one", zap.Error(err),
 			zap.Int64("applied_generation", w.applied.Generation))
@@ -130,7 +130,7 @@ func (w *worker) applyPending(ctx context.Context, now time.Time) {
 // stopped, drained and committed under a (which allows it), new ones are
 // started at their committed offsets, then the generation is
 // acknowledged.
-func (w *worker) apply(ctx context.Context, a coordinator.Assignment, rev int64) {
+func (w *worker) apply(ctx context.Context, a state.Assignment, rev int64) {
 	log := w.log.With(zap.Int64("generation", a.Generation), zap.String("cluster", a.Cluster))
 	want := map[cpart]bool{}
 	for c, tps := range a.OwnedBy(w.id) {
@@ -201,7 +201,7 @@ func (w *worker) apply(ctx context.Context, a coordinator.Assignment, rev int64)
 // consumes nor warms is closed; a warm-up of a.Warm starts if none is
 // open or in flight. It reports whether a's acknowledgement waits for
 // that warm-up.
-func (w *worker) followWarm(ctx context.Context, a coordinator.Assignment) bool {
+func (w *worker) followWarm(ctx context.Context, a state.Assignment) bool {
 	if w.warm != nil && w.conns[w.warm.name] == nil && w.wants(a, w.warm.name) {
 		w.conns[w.warm.name] = w.warm
 		w.log.Info("consuming through the connection warmed ahead of the switch", zap.String("cluster", w.warm.name))
@@ -260,7 +260,7 @@ func (w *worker) warmDone(ctx context.Context, res warmResult) {
 }
 
 // wants reports whether a gives this agent partitions of cluster.
-func (w *worker) wants(a coordinator.Assignment, cluster string) bool {
+func (w *worker) wants(a state.Assignment, cluster string) bool {
 	return len(a.Section(cluster).Owned[w.id]) > 0
 }
 
@@ -273,16 +273,16 @@ func (w *worker) dropWarm() {
 }
 
 // readAssignment reads state/assignment and its revision.
-func (w *worker) readAssignment(ctx context.Context) (coordinator.Assignment, int64, error) {
+func (w *worker) readAssignment(ctx context.Context) (state.Assignment, int64, error) {
 	rctx, cancel := context.WithTimeout(ctx, w.cfg.Etcd.RequestTimeout)
 	defer cancel()
 	resp, err := w.etcd.Get(rctx, w.keys.Assignment())
 	if err != nil {
-		return coordinator.Assignment{}, 0, err
+		return state.Assignment{}, 0, err
 	}
 	if len(resp.Kvs) == 0 {
-		return coordinator.Assignment{}, 0, errors.New("state/assignment is absent")
+		return state.Assignment{}, 0, errors.New("state/assignment is absent")
 	}
-	a, err := coordinator.ParseAssignment(resp.Kvs[0].Value)
+	a, err := state.ParseAssignment(resp.Kvs[0].Value)
 	return a, resp.Kvs[0].ModRevision, err
 }

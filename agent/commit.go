@@ -7,8 +7,8 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/offsets"
+	"github.com/kswitch/kswitch/state"
 )
 
 // commit writes the positions of tps that moved since their last commit,
@@ -50,7 +50,7 @@ func (w *worker) commitDue(ctx context.Context, now time.Time) error {
 // sharePacer gives the pacer the agent's share of the fleet's commit
 // budget under a: that of the mine partitions it owns among all that a
 // assigns.
-func (w *worker) sharePacer(a coordinator.Assignment, mine int) {
+func (w *worker) sharePacer(a state.Assignment, mine int) {
 	total := 0
 	for _, c := range a.Sections() {
 		for _, tps := range a.Section(c).Owned {
@@ -63,7 +63,7 @@ func (w *worker) sharePacer(a coordinator.Assignment, mine int) {
 
 // commitUnder is commit fenced by assignment a at revision rev, which
 // must let this agent commit tps (Assignment.MayCommit).
-func (w *worker) commitUnder(ctx context.Context, tps []cpart, a coordinator.Assignment, rev int64) error {
+func (w *worker) commitUnder(ctx context.Context, tps []cpart, a state.Assignment, rev int64) error {
 	var commits []offsets.Commit
 	for _, tp := range tps {
 		r := w.parts[tp]

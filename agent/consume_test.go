@@ -16,27 +16,27 @@ import (
 
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
 	"github.com/kswitch/kswitch/internal/testkit/wait"
 	"github.com/kswitch/kswitch/keys"
 	"github.com/kswitch/kswitch/offsets"
 	"github.com/kswitch/kswitch/record"
+	"github.com/kswitch/kswitch/state"
 )
 
 // ledger records every record every agent handled, and checks the
 // ownership invariants as records arrive (not by sampling at the end).
 type ledger struct {
 	mu         sync.Mutex
-	seen       map[string]int                        // record id -> times handled
-	first      map[string]string                     // record id -> agent that handled it first
-	lastGen    map[coordinator.TopicPartition]holder // partition -> newest (token, generation) delivered, and by whom
-	genHolder  map[string]string                     // "topic/partition@token.generation" -> agent
-	lastOffset map[string]int64                      // "agent/session topic/partition@generation" -> last offset
-	gen        map[string]int64                      // record id -> generation it was first handled under
-	firstAt    map[string]time.Time                  // record id -> when it was first handled
-	perGen     map[int64]int                         // generation -> deliveries under it
+	seen       map[string]int                  // record id -> times handled
+	first      map[string]string               // record id -> agent that handled it first
+	lastGen    map[state.TopicPartition]holder // partition -> newest (token, generation) delivered, and by whom
+	genHolder  map[string]string               // "topic/partition@token.generation" -> agent
+	lastOffset map[string]int64                // "agent/session topic/partition@generation" -> last offset
+	gen        map[string]int64                // record id -> generation it was first handled under
+	firstAt    map[string]time.Time            // record id -> when it was first handled
+	perGen     map[int64]int                   // generation -> deliveries under it
 	// deliveries are every delivery of each record id: what a duplicate
 	// is explained with (dupDeliveries).
 	deliveries map[string][]delivery
@@ -47,7 +47,7 @@ type ledger struct {
 type delivery struct {
 	agent      string
 	cluster    string
-	tp         coordinator.TopicPartition
+	tp         state.TopicPartition
 	offset     int64
 	generation int64
 	session    int64
@@ -74,7 +74,7 @@ func (h holder) before(token, gen int64) bool {
 func newLedger() *ledger {
 	return &ledger{
 		seen: map[string]int{}, first: map[string]string{},
-		lastGen:   map[coordinator.TopicPartition]holder{},
+		lastGen:   map[state.TopicPartition]holder{},
 		genHolder: map[string]string{}, lastOffset: map[string]int64{}, gen: map[string]int64{},
 		firstAt: map[string]time.Time{}, perGen: map[int64]int{}, deliveries: map[string][]delivery{},
 	}
@@ -99,7 +99,7 @@ func (l *ledger) handler(id string) record.Handler {
 func (l *ledger) record(id string, r *record.Record) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	tp := coordinator.TopicPartition{Topic: r.Topic, Partition: r.Partition}
+	tp := state.TopicPartition{Topic: r.Topic, Partition: r.Partition}
 	key := string(r.Value)
 	l.seen[key]++
 	l.perGen[r.Generation]++
@@ -509,7 +509,7 @@ func (l *ledger) generationOf(id string) int64 {
 
 // groupOffsets reads the Kafka group's committed offsets of topic's
 // partitions [0, n).
-func groupOffsets(k *devstack.Kafka, group string, n int32) (map[coordinator.TopicPartition]int64, error) {
+func groupOffsets(k *devstack.Kafka, group string, n int32) (map[state.TopicPartition]int64, error) {
 	sc := sarama.NewConfig()
 	sc.Version = sarama.V3_6_0_0
 	adm, err := sarama.NewClusterAdmin(k.Brokers(), sc)
@@ -525,7 +525,7 @@ func groupOffsets(k *devstack.Kafka, group string, n int32) (map[coordinator.Top
 	if err != nil {
 		return nil, err
 	}
-	out := map[coordinator.TopicPartition]int64{}
+	out := map[state.TopicPartition]int64{}
 	for _, p := range ps {
 		b := resp.GetBlock("orders", p)
 		if b == nil {
@@ -534,29 +534,29 @@ func groupOffsets(k *devstack.Kafka, group string, n int32) (map[coordinator.Top
 		if b.Err != sarama.ErrNoError {
 			return nil, fmt.Errorf("orders/%d: %w", p, b.Err)
 		}
-		out[coordinator.TopicPartition{Topic: "orders", Partition: p}] = b.Offset
+		out[state.TopicPartition{Topic: "orders", Partition: p}] = b.Offset
 	}
 	return out, nil
 }
 
 // committed reads the fleet's committed offsets of a cluster from etcd.
-func committed(cli *clientv3.Client, cluster, topic string, n int32) (map[coordinator.TopicPartition]int64, error) {
+func committed(cli *clientv3.Client, cluster, topic string, n int32) (map[state.TopicPartition]int64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	ps, _, err := offsets.NewStore(cli, keys.New("orders")).List(ctx, cluster)
 	if err != nil {
 		return nil, err
 	}
-	out := map[coordinator.TopicPartition]int64{}
+	out := map[state.TopicPartition]int64{}
 	for _, p := range ps {
 		if p.Topic == topic && p.Partition < n {
-			out[coordinator.TopicPartition{Topic: p.Topic, Partition: p.Partition}] = p.Offset
+			out[state.TopicPartition{Topic: p.Topic, Partition: p.Partition}] = p.Offset
 		}
 	}
 	return out, nil
 }
 
-func sum(m map[coordinator.TopicPartition]int64) int64 {
+func sum(m map[state.TopicPartition]int64) int64 {
 	var s int64
 	for _, v := range m {
 		s += v
@@ -641,16 +641,16 @@ func TestAReleaseOutlivedByItsGenerationStillCommits(t *testing.T) {
 		}
 		return nil
 	})
-	assignment := func() (coordinator.Assignment, error) {
+	assignment := func() (state.Assignment, error) {
 		resp, err := cli.Get(context.Background(), fleetKeys.Assignment())
 		if err != nil || len(resp.Kvs) == 0 {
-			return coordinator.Assignment{}, fmt.Errorf("no state/assignment (%v)", err)
+			return state.Assignment{}, fmt.Errorf("no state/assignment (%v)", err)
 		}
-		return coordinator.ParseAssignment(resp.Kvs[0].Value)
+		return state.ParseAssignment(resp.Kvs[0].Value)
 	}
 	// A second agent: agent-1 releases two partitions (and drains).
 	a2 := startConsumer(t, consumeConfig(e, k, "agent-2"), l.handler("agent-2"))
-	var revoked coordinator.Assignment
+	var revoked state.Assignment
 	wait.For(t, 20*time.Second, "agent-1 releasing", func() error {
 		a, err := assignment()
 		if err != nil || len(a.Revoking["agent-1"]) == 0 {

@@ -16,11 +16,11 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kswitch/kswitch/agent"
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
 	"github.com/kswitch/kswitch/internal/testkit/wait"
 	"github.com/kswitch/kswitch/record"
+	"github.com/kswitch/kswitch/state"
 )
 
 // The tests of the Fetcher's path into the agent (docs/RELAY.md §2, §7
@@ -258,7 +258,7 @@ type release struct {
 // now, oldest first, read back from etcd's history (the test's etcd does
 // not compact): each generation with the time its leader published it,
 // whenever a watcher would have seen it.
-func assignmentHistory(t *testing.T, e *devstack.Etcd) []coordinator.Assignment {
+func assignmentHistory(t *testing.T, e *devstack.Etcd) []state.Assignment {
 	t.Helper()
 	cli := testenv.EtcdClientT(t, e)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
@@ -271,14 +271,14 @@ func assignmentHistory(t *testing.T, e *devstack.Etcd) []coordinator.Assignment 
 		t.Fatalf("no %s: no assignment is published", fleetKeys.Assignment())
 	}
 	last := now.Kvs[0].ModRevision
-	var out []coordinator.Assignment
+	var out []state.Assignment
 	for resp := range cli.Watch(clientv3.WithRequireLeader(ctx), fleetKeys.Assignment(), clientv3.WithRev(1)) {
 		if err := resp.Err(); err != nil {
 			t.Fatalf("read the history of %s: %v", fleetKeys.Assignment(), err)
 		}
 		for _, ev := range resp.Events {
 			if ev.Type == clientv3.EventTypePut {
-				a, err := coordinator.ParseAssignment(ev.Kv.Value)
+				a, err := state.ParseAssignment(ev.Kv.Value)
 				if err != nil {
 					t.Fatalf("%s at revision %d: %v", fleetKeys.Assignment(), ev.Kv.ModRevision, err)
 				}
@@ -295,14 +295,14 @@ func assignmentHistory(t *testing.T, e *devstack.Etcd) []coordinator.Assignment 
 
 // revokingGeneration returns the first generation of history after the one
 // o was started under that does not give o's partition to agent.
-func revokingGeneration(history []coordinator.Assignment, agent string, o record.Owned) (coordinator.Assignment, bool) {
-	tp := coordinator.TopicPartition{Topic: o.Topic, Partition: o.Partition}
+func revokingGeneration(history []state.Assignment, agent string, o record.Owned) (state.Assignment, bool) {
+	tp := state.TopicPartition{Topic: o.Topic, Partition: o.Partition}
 	for _, a := range history {
 		if a.Generation > o.Generation && !slices.Contains(a.Section(o.Cluster).Owned[agent], tp) {
 			return a, true
 		}
 	}
-	return coordinator.Assignment{}, false
+	return state.Assignment{}, false
 }
 
 // holdingHandler holds every record handed to it until

@@ -24,7 +24,6 @@ import (
 
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/cli"
 	"github.com/kswitch/kswitch/internal/kafka"
@@ -32,6 +31,7 @@ import (
 	"github.com/kswitch/kswitch/internal/testkit/wait"
 	"github.com/kswitch/kswitch/keys"
 	"github.com/kswitch/kswitch/record"
+	"github.com/kswitch/kswitch/state"
 )
 
 var fleetKeys = keys.New("orders")
@@ -100,21 +100,21 @@ func leaderOf(t testing.TB, agents ...*agent.Agent) *agent.Agent {
 }
 
 // readActive reads state/active.
-func readActive(cli *clientv3.Client) (coordinator.Active, error) {
+func readActive(cli *clientv3.Client) (state.Active, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	resp, err := cli.Get(ctx, fleetKeys.Active())
 	if err != nil {
-		return coordinator.Active{}, err
+		return state.Active{}, err
 	}
 	if len(resp.Kvs) == 0 {
-		return coordinator.Active{}, fmt.Errorf("no state/active")
+		return state.Active{}, fmt.Errorf("no state/active")
 	}
-	return coordinator.ParseActive(resp.Kvs[0].Value)
+	return state.ParseActive(resp.Kvs[0].Value)
 }
 
 // readHistory reads history/, oldest first.
-func readHistory(t testing.TB, cli *clientv3.Client) []coordinator.SwitchEvent {
+func readHistory(t testing.TB, cli *clientv3.Client) []state.SwitchEvent {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
@@ -122,23 +122,23 @@ func readHistory(t testing.TB, cli *clientv3.Client) []coordinator.SwitchEvent {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []coordinator.SwitchEvent
+	var out []state.SwitchEvent
 	for _, kv := range resp.Kvs {
-		var ev coordinator.SwitchEvent
+		var ev state.SwitchEvent
 		if err := json.Unmarshal(kv.Value, &ev); err != nil {
 			t.Fatalf("history %s: %v", kv.Key, err)
 		}
-		if err := coordinator.LoadPartitions(ctx, cli, fleetKeys, &ev); err != nil {
+		if err := state.LoadPartitions(ctx, cli, fleetKeys, &ev); err != nil {
 			t.Fatalf("history %s: %v", kv.Key, err)
 		}
 		out = append(out, ev)
 	}
-	slices.SortFunc(out, func(a, b coordinator.SwitchEvent) int { return int(a.Epoch - b.Epoch) })
+	slices.SortFunc(out, func(a, b state.SwitchEvent) int { return int(a.Epoch - b.Epoch) })
 	return out
 }
 
 // methods summarises how a switch translated each partition.
-func methods(ev coordinator.SwitchEvent) map[string]int {
+func methods(ev state.SwitchEvent) map[string]int {
 	out := map[string]int{}
 	for _, p := range ev.Partitions {
 		out[p.Method]++
@@ -146,7 +146,7 @@ func methods(ev coordinator.SwitchEvent) map[string]int {
 	return out
 }
 
-func logEvents(t *testing.T, evs []coordinator.SwitchEvent) {
+func logEvents(t *testing.T, evs []state.SwitchEvent) {
 	t.Helper()
 	for _, ev := range evs {
 		t.Logf("switch epoch %d %s→%s in %v (%s): %v, phases %v", ev.Epoch, ev.From, ev.To,
@@ -182,7 +182,7 @@ func staysOn(t *testing.T, cli *clientv3.Client, d time.Duration, cluster, what 
 		if err != nil {
 			return err
 		}
-		if a.Cluster != cluster || a.Phase != coordinator.PhaseActive || a.Epoch != before.Epoch {
+		if a.Cluster != cluster || a.Phase != state.PhaseActive || a.Epoch != before.Epoch {
 			return fmt.Errorf("state/active %+v, was %+v", a, before)
 		}
 		return nil
@@ -582,7 +582,7 @@ func TestAgentCutOffFromTheActiveClusterGivesItsPartitionsAway(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if a.Cluster != "A" || a.Epoch != before.Epoch || a.Phase != coordinator.PhaseActive {
+		if a.Cluster != "A" || a.Epoch != before.Epoch || a.Phase != state.PhaseActive {
 			return fmt.Errorf("state/active %+v, was %+v", a, before)
 		}
 		if n := len(victim.Owned()); n != 0 {
@@ -737,15 +737,15 @@ func stallAll(t *testing.T, gates map[string]*gate) {
 
 // waitSwitching waits, after the active cluster failed, until state/active
 // is in phase switching, and returns it.
-func waitSwitching(t *testing.T, cli *clientv3.Client, window time.Duration) coordinator.Active {
+func waitSwitching(t *testing.T, cli *clientv3.Client, window time.Duration) state.Active {
 	t.Helper()
-	var switching coordinator.Active
+	var switching state.Active
 	wait.For(t, window+5*time.Second, "state/active in phase switching", func() error {
 		a, err := readActive(cli)
 		if err != nil {
 			return err
 		}
-		if a.Phase != coordinator.PhaseSwitching {
+		if a.Phase != state.PhaseSwitching {
 			return fmt.Errorf("state/active %+v", a)
 		}
 		switching = a
@@ -835,7 +835,7 @@ func TestLeaderKilledMidSwitchIsResumedByTheNext(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.Cluster != "B" || a.Phase != coordinator.PhaseActive || a.Epoch != switching.Epoch {
+	if a.Cluster != "B" || a.Phase != state.PhaseActive || a.Epoch != switching.Epoch {
 		t.Errorf("state/active %+v, want B active in the switch's epoch %d", a, switching.Epoch)
 	}
 	evs := readHistory(t, cli)
@@ -1036,7 +1036,7 @@ func TestSwitchIsAbandonedWhenItsTargetDies(t *testing.T) {
 		}
 		return nil
 	})
-	if a, err := readActive(cli); err != nil || a.Phase != coordinator.PhaseSwitching {
+	if a, err := readActive(cli); err != nil || a.Phase != state.PhaseSwitching {
 		t.Fatalf("state/active %+v (%v), want the switch still in progress", a, err)
 	}
 
@@ -1049,7 +1049,7 @@ func TestSwitchIsAbandonedWhenItsTargetDies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.Cluster != "A" || a.Phase != coordinator.PhaseActive || !strings.Contains(a.Reason, "abandoned") {
+	if a.Cluster != "A" || a.Phase != state.PhaseActive || !strings.Contains(a.Reason, "abandoned") {
 		t.Errorf("state/active %+v, want A active after an abandoned switch", a)
 	}
 	evs := readHistory(t, cli)

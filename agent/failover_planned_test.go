@@ -11,12 +11,12 @@ import (
 
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
 	"github.com/kswitch/kswitch/internal/testkit/wait"
 	"github.com/kswitch/kswitch/record"
+	"github.com/kswitch/kswitch/state"
 )
 
 // gapMeter follows which cluster the fleet's records come from, as the
@@ -297,7 +297,7 @@ func TestLeaderKilledWhilePreparingASwitch(t *testing.T) {
 		if err != nil || len(resp.Kvs) == 0 {
 			return fmt.Errorf("no state/assignment (%v)", err)
 		}
-		as, err := coordinator.ParseAssignment(resp.Kvs[0].Value)
+		as, err := state.ParseAssignment(resp.Kvs[0].Value)
 		if err != nil || as.Warm != "B" {
 			return fmt.Errorf("state/assignment generation %d warms %q (%v)", as.Generation, as.Warm, err)
 		}
@@ -305,7 +305,7 @@ func TestLeaderKilledWhilePreparingASwitch(t *testing.T) {
 	})
 	leader.Abort()
 	killed := time.Now()
-	if a, err := readActive(cli); err != nil || a.Cluster != "A" || a.Phase != coordinator.PhaseActive {
+	if a, err := readActive(cli); err != nil || a.Cluster != "A" || a.Phase != state.PhaseActive {
 		t.Fatalf("state/active %+v (%v) when the leader was killed, want A active: the kill missed the preparation", a, err)
 	}
 	dialers[slow.ID()].release()

@@ -15,12 +15,12 @@ import (
 
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/devstack/mirror"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
 	"github.com/kswitch/kswitch/internal/testkit/wait"
 	"github.com/kswitch/kswitch/keys"
+	"github.com/kswitch/kswitch/state"
 )
 
 // dc is two Kafka clusters, A and its replica B, kept by the in-process
@@ -347,7 +347,7 @@ func logHistory(t *testing.T, e *devstack.Etcd) (lagged int64) {
 	}
 	for _, kv := range resp.Kvs {
 		t.Logf("history %s", kv.Value)
-		var ev coordinator.SwitchEvent
+		var ev state.SwitchEvent
 		if err := json.Unmarshal(kv.Value, &ev); err != nil {
 			t.Fatalf("history %s: %v", kv.Key, err)
 		}

@@ -24,6 +24,7 @@ import (
 	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
 	"github.com/kswitch/kswitch/internal/testkit/wait"
+	"github.com/kswitch/kswitch/state"
 )
 
 // forgedIncarnation is the incarnation of the next forged "alive": each
@@ -142,7 +143,7 @@ func joinGossip(t *testing.T, to, name string, keys ...[]byte) error {
 // intervals (the leader looks at the views at each change and probe
 // interval: dozens of turns). It returns the switch history when the
 // fleet switched, at once, or nil when it stayed on A all along.
-func forgedViewsSwitch(t *testing.T, encryption string) []coordinator.SwitchEvent {
+func forgedViewsSwitch(t *testing.T, encryption string) []state.SwitchEvent {
 	d := startDC(t)
 	cli := testenv.EtcdClientT(t, d.etcd)
 	l, agents, p := flowingFleet(t, d, func(c *config.Config) { c.Agent.GossipEncryption = encryption })

@@ -10,8 +10,8 @@ import (
 	"github.com/IBM/sarama"
 	"go.uber.org/zap"
 
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/offsets"
+	"github.com/kswitch/kswitch/state"
 )
 
 // enqueueMirror queues job for mirrorLoop, merged with the job already
@@ -68,7 +68,7 @@ func mergeJobs(older, newer mirrorJob) mirrorJob {
 
 // mergeCommits keeps, per partition, the newest position.
 func mergeCommits(old, newer []offsets.Commit) []offsets.Commit {
-	byTP := map[coordinator.TopicPartition]offsets.Commit{}
+	byTP := map[state.TopicPartition]offsets.Commit{}
 	for _, c := range old {
 		byTP[c.TopicPartition()] = c
 	}

@@ -17,13 +17,13 @@ import (
 
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/refused"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
 	"github.com/kswitch/kswitch/internal/testkit/wait"
 	"github.com/kswitch/kswitch/offsets"
 	"github.com/kswitch/kswitch/record"
+	"github.com/kswitch/kswitch/state"
 )
 
 // committedSum is the sum of the fleet's committed offsets on cluster.
@@ -270,7 +270,7 @@ func TestGhostRegistrationsAreNeverPlannedOn(t *testing.T) {
 	wctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	published, last := 0, now.Kvs[0].ModRevision
-	if a, err := coordinator.ParseAssignment(now.Kvs[0].Value); err != nil || len(a.Owned) == 0 {
+	if a, err := state.ParseAssignment(now.Kvs[0].Value); err != nil || len(a.Owned) == 0 {
 		t.Fatalf("state/assignment: %v %v", a, err)
 	}
 	// When nothing was published since (from >= last), the one in force,
@@ -283,7 +283,7 @@ func TestGhostRegistrationsAreNeverPlannedOn(t *testing.T) {
 			for _, ev := range wr.Events {
 				published++
 				from = ev.Kv.ModRevision
-				a, err := coordinator.ParseAssignment(ev.Kv.Value)
+				a, err := state.ParseAssignment(ev.Kv.Value)
 				if err != nil {
 					continue
 				}
@@ -298,7 +298,7 @@ func TestGhostRegistrationsAreNeverPlannedOn(t *testing.T) {
 			}
 		}
 	}
-	cur, err = coordinator.ParseAssignment(now.Kvs[0].Value)
+	cur, err = state.ParseAssignment(now.Kvs[0].Value)
 	for _, id := range strangers {
 		if err != nil || len(cur.OwnedBy(id)) > 0 {
 			t.Errorf("the assignment in force, generation %d, places %s (%v)", cur.Generation, id, err)
@@ -398,8 +398,8 @@ func TestForgedActiveStatesInTheLeaderlessWindowMoveNothing(t *testing.T) {
 		from      string
 		abandoned bool
 	}{
-		{name: "active", phase: coordinator.PhaseActive},
-		{name: "switching", phase: coordinator.PhaseSwitching, from: "A", abandoned: true},
+		{name: "active", phase: state.PhaseActive},
+		{name: "switching", phase: state.PhaseSwitching, from: "A", abandoned: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := startDC(t)
@@ -412,7 +412,7 @@ func TestForgedActiveStatesInTheLeaderlessWindowMoveNothing(t *testing.T) {
 			leader := leaderOf(t, agents...)
 			leader.Abort() // its lease lives on for the TTL: nobody leads meanwhile
 			rest := slices.DeleteFunc(slices.Clone(agents), func(a *agent.Agent) bool { return a == leader })
-			forged, err := json.Marshal(coordinator.Active{Cluster: "B", From: tc.from, Epoch: before.Epoch + 1, Phase: tc.phase,
+			forged, err := json.Marshal(state.Active{Cluster: "B", From: tc.from, Epoch: before.Epoch + 1, Phase: tc.phase,
 				Reason: "forged", Since: time.Now().UTC(), Leader: leader.ID(), Token: before.Token})
 			if err != nil {
 				t.Fatal(err)
@@ -429,7 +429,7 @@ func TestForgedActiveStatesInTheLeaderlessWindowMoveNothing(t *testing.T) {
 				if err != nil {
 					return err
 				}
-				if a.Cluster != "A" || a.Phase != coordinator.PhaseActive || a.Leader != next.ID() {
+				if a.Cluster != "A" || a.Phase != state.PhaseActive || a.Leader != next.ID() {
 					return fmt.Errorf("state/active %+v", a)
 				}
 				return nil
@@ -564,11 +564,11 @@ func TestAnAssignmentOfATermNobodyHoldsIsNotApplied(t *testing.T) {
 	}
 	forged := before
 	forged.Token, forged.Generation = before.Token+1000, before.Generation+1000
-	forged.Owned, forged.Revoking = map[string][]coordinator.TopicPartition{}, nil
+	forged.Owned, forged.Revoking = map[string][]state.TopicPartition{}, nil
 	for _, tps := range before.Owned {
 		forged.Owned["agent-3"] = append(forged.Owned["agent-3"], tps...)
 	}
-	slices.SortFunc(forged.Owned["agent-3"], coordinator.TopicPartition.Compare)
+	slices.SortFunc(forged.Owned["agent-3"], state.TopicPartition.Compare)
 	putAssignment(t, cli, forged)
 	wait.For(t, 20*time.Second, "the leader's repair", func() error {
 		a, err := readAssignment(cli)
@@ -588,13 +588,13 @@ func TestAnAssignmentOfATermNobodyHoldsIsNotApplied(t *testing.T) {
 
 // putAssignment writes a as state/assignment, as a stranger would; a must
 // be well formed (agents refuse anything else before the tests' point).
-func putAssignment(t *testing.T, cli *clientv3.Client, a coordinator.Assignment) {
+func putAssignment(t *testing.T, cli *clientv3.Client, a state.Assignment) {
 	t.Helper()
 	val, err := json.Marshal(a)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := coordinator.ParseAssignment(val); err != nil {
+	if _, err := state.ParseAssignment(val); err != nil {
 		t.Fatalf("the forged value must be well formed: %v", err)
 	}
 	if _, err := cli.Put(t.Context(), fleetKeys.Assignment(), string(val)); err != nil {
@@ -602,17 +602,17 @@ func putAssignment(t *testing.T, cli *clientv3.Client, a coordinator.Assignment)
 	}
 }
 
-func readAssignment(cli *clientv3.Client) (coordinator.Assignment, error) {
+func readAssignment(cli *clientv3.Client) (state.Assignment, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	resp, err := cli.Get(ctx, fleetKeys.Assignment())
 	if err != nil {
-		return coordinator.Assignment{}, err
+		return state.Assignment{}, err
 	}
 	if len(resp.Kvs) == 0 {
-		return coordinator.Assignment{}, fmt.Errorf("no state/assignment")
+		return state.Assignment{}, fmt.Errorf("no state/assignment")
 	}
-	return coordinator.ParseAssignment(resp.Kvs[0].Value)
+	return state.ParseAssignment(resp.Kvs[0].Value)
 }
 
 // firstHandled returns when record id was first handled.
@@ -856,11 +856,11 @@ func TestAnOlderTermsAssignmentIsIgnored(t *testing.T) {
 	}
 	forged := cur
 	forged.Generation, forged.Token = cur.Generation+1, cur.Token-1
-	var all []coordinator.TopicPartition
+	var all []state.TopicPartition
 	for _, tps := range cur.Owned {
 		all = append(all, tps...)
 	}
-	forged.Owned = map[string][]coordinator.TopicPartition{"agent-1": all}
+	forged.Owned = map[string][]state.TopicPartition{"agent-1": all}
 	val, err := json.Marshal(forged)
 	if err != nil {
 		t.Fatal(err)

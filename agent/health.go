@@ -10,8 +10,8 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/internal/kafka"
+	"github.com/kswitch/kswitch/state"
 )
 
 // checkStuck notes, for readiness and kswitch_stuck_partitions /
@@ -48,7 +48,7 @@ func (w *worker) checkStuck(ctx context.Context, now time.Time) {
 		// partitions all stand still).
 		ends, _ := kafka.EndOffsets(w.conns[c].client, tps)
 		for tp, end := range ends {
-			if r := w.parts[cpart{Cluster: c, TopicPartition: coordinator.TopicPartition{Topic: tp.Topic, Partition: tp.Partition}}]; r != nil {
+			if r := w.parts[cpart{Cluster: c, TopicPartition: state.TopicPartition{Topic: tp.Topic, Partition: tp.Partition}}]; r != nil {
 				r.end = end
 			}
 		}
@@ -110,7 +110,7 @@ func (w *worker) checkIdle(ctx context.Context, now time.Time) string {
 		w.idleReason = ""
 		return ""
 	}
-	st, err := coordinator.ParseStalled(resp.Kvs[0].Value)
+	st, err := state.ParseStalled(resp.Kvs[0].Value)
 	if err != nil {
 		w.idleReason = ""
 		return ""
@@ -124,7 +124,7 @@ func (w *worker) checkIdle(ctx context.Context, now time.Time) string {
 		return ""
 	}
 	w.idleReason = fmt.Sprintf("this agent owns no partition while %d have had no consumer for over %s (state/stalled, by %s): %s",
-		len(st.Partitions), coordinator.StalledAfter, st.Leader, st.String(now))
+		len(st.Partitions), state.StalledAfter, st.Leader, st.String(now))
 	return w.idleReason
 }
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/signals"
+	"github.com/kswitch/kswitch/state"
 )
 
 // LeaderView is the body of GET /leader.
@@ -52,8 +53,8 @@ type Status struct {
 	// Owned are the partitions this agent consumes on the active cluster;
 	// OwnedOn those it consumes on the clusters topics are placed on
 	// (Active.Topics), by cluster.
-	Owned   []coordinator.TopicPartition            `json:"owned"`
-	OwnedOn map[string][]coordinator.TopicPartition `json:"owned_on,omitempty"`
+	Owned   []state.TopicPartition            `json:"owned"`
+	OwnedOn map[string][]state.TopicPartition `json:"owned_on,omitempty"`
 	// Signals are the pause/start signals in force and the refused ones.
 	Signals signals.State `json:"signals"`
 	// SignalsApplied is the etcd revision of the signals every partition

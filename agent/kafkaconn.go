@@ -10,10 +10,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/config"
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/offsets"
 	"github.com/kswitch/kswitch/record"
+	"github.com/kswitch/kswitch/state"
 )
 
 // kafkaConn is the worker's connection to a cluster it consumes: a
@@ -80,7 +80,7 @@ func (w *worker) fetchConfig(cluster string) kafka.FetchConfig {
 }
 
 // resolve turns sarama.OffsetOldest or OffsetNewest into an offset.
-func (k *kafkaConn) resolve(tp coordinator.TopicPartition, which int64) (int64, error) {
+func (k *kafkaConn) resolve(tp state.TopicPartition, which int64) (int64, error) {
 	off, err := k.client.GetOffset(tp.Topic, tp.Partition, which)
 	if err != nil {
 		return 0, fmt.Errorf("kafka: list offsets of %s on cluster %s: %w", tp, k.name, err)
@@ -95,7 +95,7 @@ func (k *kafkaConn) close() {
 
 // knows reports whether the client's metadata holds every partition of
 // tps, without asking the cluster.
-func (k *kafkaConn) knows(tps []coordinator.TopicPartition) bool {
+func (k *kafkaConn) knows(tps []state.TopicPartition) bool {
 	topics, err := k.client.Topics() // the cached list
 	if err != nil {
 		return false

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-
 	"fmt"
 	"maps"
 	"slices"
@@ -16,6 +15,7 @@ import (
 	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/offsets"
 	"github.com/kswitch/kswitch/record"
+	"github.com/kswitch/kswitch/state"
 )
 
 // A source topic's life goes on under its consumers: it can be deleted and
@@ -85,7 +85,7 @@ type deadPart struct {
 // position is p (ok: there is one) and whose topic's id is id now, starts
 // at the topic's start: its position is of an earlier topic of the same
 // name, or the worker found its topic re-created under its consumer.
-func (l *lifecycle) fromStart(cluster string, tp coordinator.TopicPartition, p offsets.Position, ok bool, id string) bool {
+func (l *lifecycle) fromStart(cluster string, tp state.TopicPartition, p offsets.Position, ok bool, id string) bool {
 	return l.recreated[cpart{Cluster: cluster, TopicPartition: tp}] || (ok && !record.SameTopic(p.TopicID, id))
 }
 
@@ -105,7 +105,7 @@ func (l *lifecycle) deadReason(now time.Time) string {
 
 // topicIDs returns the ids of the topics of tps on k's cluster ("" or
 // absent: unknown), asked in one Metadata request; nil when it fails.
-func (k *kafkaConn) topicIDs(log *zap.Logger, tps []coordinator.TopicPartition) map[string]string {
+func (k *kafkaConn) topicIDs(log *zap.Logger, tps []state.TopicPartition) map[string]string {
 	topics := map[string]bool{}
 	for _, tp := range tps {
 		topics[tp.Topic] = true
@@ -129,7 +129,7 @@ func (k *kafkaConn) topicIDs(log *zap.Logger, tps []coordinator.TopicPartition) 
 // created again since its position p (ok: there is one) was committed:
 // the new topic's log start, whatever source.initial_offset says, since
 // all of its records are new.
-func (w *worker) recreatedStart(k *kafkaConn, tp coordinator.TopicPartition, p offsets.Position, ok bool, id string) (int64, error) {
+func (w *worker) recreatedStart(k *kafkaConn, tp state.TopicPartition, p offsets.Position, ok bool, id string) (int64, error) {
 	start, err := k.resolve(tp, sarama.OffsetOldest)
 	if err != nil {
 		return 0, err
@@ -153,7 +153,7 @@ func (w *worker) recreatedStart(k *kafkaConn, tp coordinator.TopicPartition, p o
 // lost), so it starts at the log start. Before its log start, retention
 // deleted records never consumed: source.initial_offset decides, with a
 // warning.
-func (w *worker) intoRange(k *kafkaConn, tp coordinator.TopicPartition, start int64) (int64, error) {
+func (w *worker) intoRange(k *kafkaConn, tp state.TopicPartition, start int64) (int64, error) {
 	oldest, err := k.resolve(tp, sarama.OffsetOldest)
 	if err != nil {
 		return 0, err
@@ -264,7 +264,7 @@ func (w *worker) restart(ctx context.Context, now time.Time, restart map[cpart]e
 func (w *worker) checkTopicIDs() {
 	type check struct {
 		k       *kafkaConn
-		tps     []coordinator.TopicPartition
+		tps     []state.TopicPartition
 		started map[cpart]string
 	}
 	checks := map[string]*check{}

@@ -13,11 +13,11 @@ import (
 
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
 	"github.com/kswitch/kswitch/internal/testkit/wait"
 	"github.com/kswitch/kswitch/keys"
+	"github.com/kswitch/kswitch/state"
 )
 
 // recreate deletes topic on k through a DeleteTopics request and creates
@@ -61,12 +61,12 @@ func handledTagged(t *testing.T, l *ledger, timeout time.Duration, tag string, n
 }
 
 // topicEvents reads the fleet's history/topics/.
-func topicEvents(t *testing.T, e *devstack.Etcd) []coordinator.TopicEvent {
+func topicEvents(t *testing.T, e *devstack.Etcd) []state.TopicEvent {
 	t.Helper()
 	cli := testenv.EtcdClientT(t, e)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	evs, bad, err := coordinator.ReadTopicEvents(ctx, cli, keys.New("orders"), 100)
+	evs, bad, err := state.ReadTopicEvents(ctx, cli, keys.New("orders"), 100)
 	if err != nil || len(bad) > 0 {
 		t.Fatalf("history/topics/: %v %v", err, bad)
 	}
@@ -99,7 +99,7 @@ func TestRecreatedTopicIsConsumedFromItsStart(t *testing.T) {
 
 	wait.For(t, 10*time.Second, "the re-creation in history/topics/", func() error {
 		for _, ev := range topicEvents(t, e) {
-			if ev.Kind == coordinator.TopicRecreated && ev.Topic == "orders" && ev.NewPartitions == 10 {
+			if ev.Kind == state.TopicRecreated && ev.Topic == "orders" && ev.NewPartitions == 10 {
 				t.Logf("history: %s", ev)
 				return nil
 			}
@@ -195,10 +195,10 @@ func TestNewPartitionsAreConsumedWithinThreeSeconds(t *testing.T) {
 	for _, step := range []struct {
 		what string
 		make func() error
-		tp   coordinator.TopicPartition
+		tp   state.TopicPartition
 	}{
-		{"orders grown to 16 partitions", func() error { return k.AddPartitions("orders", 16) }, coordinator.TopicPartition{Topic: "orders", Partition: 15}},
-		{"orders-v2 created", func() error { return k.CreateTopic("orders-v2", 4) }, coordinator.TopicPartition{Topic: "orders-v2", Partition: 3}},
+		{"orders grown to 16 partitions", func() error { return k.AddPartitions("orders", 16) }, state.TopicPartition{Topic: "orders", Partition: 15}},
+		{"orders-v2 created", func() error { return k.CreateTopic("orders-v2", 4) }, state.TopicPartition{Topic: "orders-v2", Partition: 3}},
 	} {
 		began := time.Now()
 		if err := step.make(); err != nil {
@@ -232,7 +232,7 @@ func TestReadyNamesAPartitionWhileItsConsumerIsDead(t *testing.T) {
 	var failing atomic.Bool
 	var refused atomic.Int64
 	failing.Store(true)
-	hooks := agent.Hooks{RestartFails: func(cluster string, tp coordinator.TopicPartition) error {
+	hooks := agent.Hooks{RestartFails: func(cluster string, tp state.TopicPartition) error {
 		if !failing.Load() {
 			return nil
 		}

@@ -12,12 +12,12 @@ import (
 
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/devstack/mirror"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
 	"github.com/kswitch/kswitch/internal/testkit/wait"
 	"github.com/kswitch/kswitch/record"
+	"github.com/kswitch/kswitch/state"
 )
 
 // A real data-centre outage: A is gone for everyone, so its producers move
@@ -231,7 +231,7 @@ func TestOutageProducersMoveAndMirrorBothWays(t *testing.T) {
 
 	all := d.written(t)
 	waitAllHandled(t, l, all, 30*time.Second)
-	var evs []coordinator.SwitchEvent
+	var evs []state.SwitchEvent
 	wait.For(t, 30*time.Second, "the failback's tail counted", func() error {
 		evs = readHistory(t, cli)
 		if len(evs) < 2 || !evs[1].LateCounted {
@@ -372,7 +372,7 @@ func TestOutageLeaderKilledMidSwitchThenASecondOutage(t *testing.T) {
 
 // lagged sums what the switches' targets lacked of what the fleet had
 // consumed: records delivered again once the replicator copies them.
-func lagged(evs []coordinator.SwitchEvent) int64 {
+func lagged(evs []state.SwitchEvent) int64 {
 	var n int64
 	for _, ev := range evs {
 		for _, ps := range ev.Partitions {

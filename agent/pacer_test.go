@@ -7,11 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kswitch/kswitch/coordinator"
+	"github.com/kswitch/kswitch/state"
 )
 
 func pcpart(p int32) cpart {
-	return cpart{Cluster: "A", TopicPartition: coordinator.TopicPartition{Topic: "orders", Partition: p}}
+	return cpart{Cluster: "A", TopicPartition: state.TopicPartition{Topic: "orders", Partition: p}}
 }
 
 // TestPacerKeepsTheShareWhateverThePartitionCount: an agent with 10, 100

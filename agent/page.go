@@ -20,6 +20,7 @@ import (
 
 	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/internal/version"
+	"github.com/kswitch/kswitch/state"
 )
 
 // The status page at / on every agent: the fleet as etcd records it (what
@@ -69,7 +70,7 @@ type pageData struct {
 	// TopicEvents are the last maxTopicEvents of history/topics/ (source
 	// topics re-created, partitions added or removed), oldest first, and
 	// TopicEventsBad what could not be read of them.
-	TopicEvents    []coordinator.TopicEvent
+	TopicEvents    []state.TopicEvent
 	TopicEventsBad []string
 }
 
@@ -101,7 +102,7 @@ type pageTimeline struct {
 
 type pageSwitch struct {
 	Y          int
-	Ev         coordinator.SwitchEvent
+	Ev         state.SwitchEvent
 	Label      string
 	Took       string
 	Phases     []pageRect
@@ -174,7 +175,7 @@ func (a *Agent) page(ctx context.Context) pageData {
 		}
 	}
 	d.Timeline = timeline(a.switches(ctx))
-	evs, bad, err := coordinator.ReadTopicEvents(ctx, a.client, a.keys, maxTopicEvents)
+	evs, bad, err := state.ReadTopicEvents(ctx, a.client, a.keys, maxTopicEvents)
 	d.TopicEvents = evs
 	for _, err := range append(bad, err) {
 		if err != nil {
@@ -223,15 +224,15 @@ func (a *Agent) leaderStatus(ctx context.Context, v FleetView) (*coordinator.Lea
 
 // switches returns the last maxTimeline switches of history/, oldest
 // first.
-func (a *Agent) switches(ctx context.Context) []coordinator.SwitchEvent {
+func (a *Agent) switches(ctx context.Context) []state.SwitchEvent {
 	resp, err := a.client.Get(ctx, a.keys.SwitchHistory(), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend),
 		clientv3.WithLimit(maxTimeline))
 	if err != nil {
 		return nil
 	}
-	var out []coordinator.SwitchEvent
+	var out []state.SwitchEvent
 	for _, kv := range resp.Kvs {
-		if ev, err := coordinator.ParseSwitchEvent(kv.Value); err == nil {
+		if ev, err := state.ParseSwitchEvent(kv.Value); err == nil {
 			out = append(out, ev)
 		}
 	}
@@ -252,7 +253,7 @@ const (
 
 var phaseOrder = []string{"prepare", "revoke", "translate", "activate"}
 
-func timeline(evs []coordinator.SwitchEvent) pageTimeline {
+func timeline(evs []state.SwitchEvent) pageTimeline {
 	tl := pageTimeline{Width: tlLabel + tlBar + 20, Height: max(1, len(evs))*tlRow + 10}
 	longest := 0.001
 	for _, ev := range evs {

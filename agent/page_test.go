@@ -17,11 +17,11 @@ import (
 	"time"
 
 	"github.com/kswitch/kswitch/agent"
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
 	"github.com/kswitch/kswitch/internal/testkit/wait"
 	"github.com/kswitch/kswitch/keys"
 	"github.com/kswitch/kswitch/record"
+	"github.com/kswitch/kswitch/state"
 )
 
 // chromium returns the headless browser's path, or skips t saying how to
@@ -213,22 +213,22 @@ func TestLagMetricFollowsASlowHandler(t *testing.T) {
 // wide as each method's share. Nothing is drawn past the timeline's width.
 func TestTimelineScalesToManyPartitions(t *testing.T) {
 	at := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
-	ev := func(epoch int64, n int) coordinator.SwitchEvent {
-		e := coordinator.SwitchEvent{Epoch: epoch, From: "A", To: "B", Started: at, Finished: at.Add(time.Second),
+	ev := func(epoch int64, n int) state.SwitchEvent {
+		e := state.SwitchEvent{Epoch: epoch, From: "A", To: "B", Started: at, Finished: at.Add(time.Second),
 			Phases: map[string]float64{"revoke": 0.2, "translate": 0.7, "activate": 0.1}}
 		for p := range n {
 			method := "fingerprint"
 			if p%4 == 3 {
 				method = "timestamp"
 			}
-			e.Partitions = append(e.Partitions, coordinator.PartitionSwitch{Topic: "orders", Partition: int32(p), Method: method})
+			e.Partitions = append(e.Partitions, state.PartitionSwitch{Topic: "orders", Partition: int32(p), Method: method})
 		}
 		return e
 	}
 	chunked := ev(4, 0)
 	chunked.PartitionChunks, chunked.PartitionCount = 8, 8000
 	chunked.Methods = map[string]int{"fingerprint": 6000, "checkpoint": 2000}
-	tl := agent.Timeline([]coordinator.SwitchEvent{ev(2, 12), ev(3, 600), chunked})
+	tl := agent.Timeline([]state.SwitchEvent{ev(2, 12), ev(3, 600), chunked})
 
 	for _, row := range tl.Rows {
 		for _, r := range append(row.Phases, row.Partitions...) {
@@ -281,9 +281,9 @@ func TestStatusPageListsTopicEvents(t *testing.T) {
 	cli := testenv.EtcdClientT(t, e)
 	k := keys.New("orders")
 	at := time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC)
-	for _, ev := range []coordinator.TopicEvent{
-		{At: at, Kind: coordinator.TopicPartitionsAdded, Cluster: "A", Topic: "orders", OldPartitions: 12, NewPartitions: 16},
-		{At: at.Add(time.Minute), Kind: coordinator.TopicRecreated, Cluster: "A", Topic: "orders", OldID: "id-old", NewID: "id-new",
+	for _, ev := range []state.TopicEvent{
+		{At: at, Kind: state.TopicPartitionsAdded, Cluster: "A", Topic: "orders", OldPartitions: 12, NewPartitions: 16},
+		{At: at.Add(time.Minute), Kind: state.TopicRecreated, Cluster: "A", Topic: "orders", OldID: "id-old", NewID: "id-new",
 			OldPartitions: 16, NewPartitions: 10},
 	} {
 		b, err := json.Marshal(ev)

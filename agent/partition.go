@@ -12,15 +12,15 @@ import (
 	"github.com/IBM/sarama"
 	"go.uber.org/zap"
 
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/record"
+	"github.com/kswitch/kswitch/state"
 )
 
 // partitionRun consumes one partition and hands its records to the
 // handler. Its goroutine is owned by the worker, which stops it with stop.
 type partitionRun struct {
-	tp         coordinator.TopicPartition
+	tp         state.TopicPartition
 	cluster    string
 	generation int64
 	token      int64  // the fencing token of generation's term
@@ -149,7 +149,7 @@ const maxInFlight = 4096
 
 // partitionStart is a partition to start, and how.
 type partitionStart struct {
-	tp coordinator.TopicPartition
+	tp state.TopicPartition
 	// gen and token are the generation it runs under and the fencing
 	// token of the leader's term that made it.
 	gen, token int64

@@ -20,7 +20,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/config"
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/election"
 	"github.com/kswitch/kswitch/internal/dynconfig"
 	"github.com/kswitch/kswitch/internal/etcdwatch"
@@ -29,6 +28,7 @@ import (
 	"github.com/kswitch/kswitch/keys"
 	"github.com/kswitch/kswitch/offsets"
 	"github.com/kswitch/kswitch/signals"
+	"github.com/kswitch/kswitch/state"
 )
 
 // Registration is what an agent writes under agents/<id> on its session
@@ -246,9 +246,9 @@ type FleetView struct {
 	Token  int64          `json:"fencing_token"`
 	Agents []Registration `json:"agents"`
 	// Active is the active cluster; nil before the first leader wrote it.
-	Active *coordinator.Active `json:"active,omitempty"`
+	Active *state.Active `json:"active,omitempty"`
 	// Assignment is nil when none was published yet.
-	Assignment *coordinator.Assignment `json:"assignment,omitempty"`
+	Assignment *state.Assignment `json:"assignment,omitempty"`
 	// Partitions are the assigned partitions of every cluster consumed
 	// (the assignment's, and those topics are placed on) with their
 	// committed positions there, by cluster.
@@ -262,16 +262,16 @@ type FleetView struct {
 	Config dynconfig.State `json:"config"`
 	// Failback is the leader's last failback check while the fleet is
 	// on the standby (nil otherwise): why it does not fail back yet.
-	Failback *coordinator.FailbackCheck `json:"failback,omitempty"`
+	Failback *state.FailbackCheck `json:"failback,omitempty"`
 	// Stages is the staged move's progress (state/stages), nil when
 	// there is none.
-	Stages *coordinator.StageState `json:"stages,omitempty"`
+	Stages *state.StageState `json:"stages,omitempty"`
 	// StageSteps are the steps of that move (history/stages/), oldest
 	// first.
-	StageSteps []coordinator.StageStep `json:"stage_steps,omitempty"`
+	StageSteps []state.StageStep `json:"stage_steps,omitempty"`
 	// Stalled is the leader's list of partitions that no agent has
-	// consumed for over coordinator.StalledAfter (nil: none).
-	Stalled *coordinator.Stalled `json:"stalled,omitempty"`
+	// consumed for over state.StalledAfter (nil: none).
+	Stalled *state.Stalled `json:"stalled,omitempty"`
 	// ConfigDisagree are the agents whose configuration digest differs
 	// from the fleet's (CompareConfigs, the leader's digest breaking a
 	// tie), nil when they agree.
@@ -334,7 +334,7 @@ type PartitionView struct {
 	// Cluster is the cluster the partition is consumed on: the
 	// assignment's, or the one its topic is placed on.
 	Cluster string `json:"cluster"`
-	coordinator.TopicPartition
+	state.TopicPartition
 	Owner string `json:"owner"`
 	// Revoking is true while the owner is releasing it.
 	Revoking bool `json:"revoking,omitempty"`
@@ -376,7 +376,7 @@ func ReadFleet(ctx context.Context, c *clientv3.Client, fleet string) (FleetView
 	if resp, err := c.Get(ctx, k.Active()); err != nil {
 		return v, fmt.Errorf("agent: read %s: %w", k.Active(), err)
 	} else if len(resp.Kvs) > 0 {
-		if a, err := coordinator.ParseActive(resp.Kvs[0].Value); err != nil {
+		if a, err := state.ParseActive(resp.Kvs[0].Value); err != nil {
 			v.Refused = append(v.Refused, err.Error())
 		} else {
 			v.Active = &a
@@ -385,16 +385,16 @@ func ReadFleet(ctx context.Context, c *clientv3.Client, fleet string) (FleetView
 	if resp, err := c.Get(ctx, k.Failback()); err != nil {
 		return v, fmt.Errorf("agent: read %s: %w", k.Failback(), err)
 	} else if len(resp.Kvs) > 0 && v.Active != nil {
-		if fb, err := coordinator.ParseFailbackCheck(resp.Kvs[0].Value); err != nil {
+		if fb, err := state.ParseFailbackCheck(resp.Kvs[0].Value); err != nil {
 			v.Refused = append(v.Refused, err.Error())
-		} else if fb.Standby == v.Active.Cluster && fb.Epoch == v.Active.Epoch && v.Active.Phase == coordinator.PhaseActive {
+		} else if fb.Standby == v.Active.Cluster && fb.Epoch == v.Active.Epoch && v.Active.Phase == state.PhaseActive {
 			v.Failback = &fb
 		}
 	}
 	if resp, err := c.Get(ctx, k.StagesState()); err != nil {
 		return v, fmt.Errorf("agent: read %s: %w", k.StagesState(), err)
 	} else if len(resp.Kvs) > 0 {
-		if st, err := coordinator.ParseStageState(resp.Kvs[0].Value); err != nil {
+		if st, err := state.ParseStageState(resp.Kvs[0].Value); err != nil {
 			v.Refused = append(v.Refused, err.Error())
 		} else {
 			v.Stages = &st
@@ -406,7 +406,7 @@ func ReadFleet(ctx context.Context, c *clientv3.Client, fleet string) (FleetView
 	if resp, err := c.Get(ctx, k.Stalled()); err != nil {
 		return v, fmt.Errorf("agent: read %s: %w", k.Stalled(), err)
 	} else if len(resp.Kvs) > 0 {
-		if st, err := coordinator.ParseStalled(resp.Kvs[0].Value); err != nil {
+		if st, err := state.ParseStalled(resp.Kvs[0].Value); err != nil {
 			v.Refused = append(v.Refused, err.Error())
 		} else {
 			v.Stalled = &st
@@ -419,7 +419,7 @@ func ReadFleet(ctx context.Context, c *clientv3.Client, fleet string) (FleetView
 	if len(resp.Kvs) == 0 {
 		return v, nil
 	}
-	a, err := coordinator.ParseAssignment(resp.Kvs[0].Value)
+	a, err := state.ParseAssignment(resp.Kvs[0].Value)
 	if err != nil {
 		v.Refused = append(v.Refused, err.Error())
 		return v, nil
@@ -434,12 +434,12 @@ func ReadFleet(ctx context.Context, c *clientv3.Client, fleet string) (FleetView
 		for _, b := range bad {
 			v.Refused = append(v.Refused, b.Error())
 		}
-		byTP := map[coordinator.TopicPartition]offsets.Position{}
+		byTP := map[state.TopicPartition]offsets.Position{}
 		for _, p := range positions {
 			byTP[p.TopicPartition()] = p
 		}
 		sec := a.Section(cluster)
-		for _, m := range []map[string][]coordinator.TopicPartition{sec.Owned, sec.Revoking} {
+		for _, m := range []map[string][]state.TopicPartition{sec.Owned, sec.Revoking} {
 			for owner, tps := range m {
 				for _, tp := range tps {
 					pv := PartitionView{Cluster: cluster, TopicPartition: tp, Owner: owner, Revoking: slices.Contains(sec.Revoking[owner], tp),
@@ -453,8 +453,8 @@ func ReadFleet(ctx context.Context, c *clientv3.Client, fleet string) (FleetView
 		}
 	}
 	slices.SortFunc(v.Partitions, func(x, y PartitionView) int {
-		return coordinator.ClusterPartition{Cluster: x.Cluster, TopicPartition: x.TopicPartition}.Compare(
-			coordinator.ClusterPartition{Cluster: y.Cluster, TopicPartition: y.TopicPartition})
+		return state.ClusterPartition{Cluster: x.Cluster, TopicPartition: x.TopicPartition}.Compare(
+			state.ClusterPartition{Cluster: y.Cluster, TopicPartition: y.TopicPartition})
 	})
 	return v, nil
 }
@@ -465,15 +465,15 @@ const maxStageSteps = 200
 
 // readStageSteps reads the steps of the staged move written at revision
 // rev, oldest first; a step that does not decode is added to refused.
-func readStageSteps(ctx context.Context, c *clientv3.Client, k keys.Fleet, rev int64, refused *[]string) ([]coordinator.StageStep, error) {
+func readStageSteps(ctx context.Context, c *clientv3.Client, k keys.Fleet, rev int64, refused *[]string) ([]state.StageStep, error) {
 	resp, err := c.Get(ctx, k.StageEvents(rev), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend),
 		clientv3.WithLimit(maxStageSteps))
 	if err != nil {
 		return nil, fmt.Errorf("agent: read %s: %w", k.StageEvents(rev), err)
 	}
-	var steps []coordinator.StageStep
+	var steps []state.StageStep
 	for _, kv := range resp.Kvs {
-		st, err := coordinator.ParseStageStep(kv.Value)
+		st, err := state.ParseStageStep(kv.Value)
 		if err != nil {
 			*refused = append(*refused, fmt.Sprintf("%s: %v", kv.Key, err))
 			continue

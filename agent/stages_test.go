@@ -14,10 +14,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kswitch/kswitch/agent"
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
 	"github.com/kswitch/kswitch/internal/testkit/wait"
 	"github.com/kswitch/kswitch/record"
+	"github.com/kswitch/kswitch/state"
 )
 
 // stagedTopics are the four topics of the staged moves, in their stages.
@@ -125,9 +125,9 @@ func (f *stagedFleet) stages(t *testing.T, check time.Duration) {
 }
 
 // waitStages waits until state/stages is in phase, and returns it.
-func (f *stagedFleet) waitStages(t *testing.T, timeout time.Duration, stage int, phase string) coordinator.StageState {
+func (f *stagedFleet) waitStages(t *testing.T, timeout time.Duration, stage int, phase string) state.StageState {
 	t.Helper()
-	var st coordinator.StageState
+	var st state.StageState
 	wait.For(t, timeout, fmt.Sprintf("state/stages at stage %d, %s", stage+1, phase), func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
@@ -135,7 +135,7 @@ func (f *stagedFleet) waitStages(t *testing.T, timeout time.Duration, stage int,
 		if err != nil || len(resp.Kvs) == 0 {
 			return fmt.Errorf("state/stages: %v (%d keys)", err, len(resp.Kvs))
 		}
-		if st, err = coordinator.ParseStageState(resp.Kvs[0].Value); err != nil {
+		if st, err = state.ParseStageState(resp.Kvs[0].Value); err != nil {
 			return err
 		}
 		if st.Stage != stage || st.Phase != phase {
@@ -147,7 +147,7 @@ func (f *stagedFleet) waitStages(t *testing.T, timeout time.Duration, stage int,
 }
 
 // stageSteps reads history/stages/.
-func (f *stagedFleet) stageSteps(t *testing.T) []coordinator.StageStep {
+func (f *stagedFleet) stageSteps(t *testing.T) []state.StageStep {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
@@ -155,9 +155,9 @@ func (f *stagedFleet) stageSteps(t *testing.T) []coordinator.StageStep {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []coordinator.StageStep
+	var out []state.StageStep
 	for _, kv := range resp.Kvs {
-		var s coordinator.StageStep
+		var s state.StageStep
 		if err := json.Unmarshal(kv.Value, &s); err != nil {
 			t.Fatalf("%s: %v", kv.Key, err)
 		}
@@ -249,7 +249,7 @@ func TestStagedMoveUnderLoad(t *testing.T) {
 	}
 	check := 2 * time.Second
 	f.stages(t, check)
-	f.waitStages(t, 60*time.Second, 1, coordinator.StageDone)
+	f.waitStages(t, 60*time.Second, 1, state.StageDone)
 	f.placedOn(t, "B", stagedTopics...)
 	status := kswitch(t, "status", "--ask=false", "--etcd", strings.Join(f.d.etcd.Endpoints(), ","), "--fleet", "orders")
 	if !strings.Contains(status, "stages:  to B, stage 2 of 2 done") || !strings.Contains(status, "audit,clicks; *orders,payments") {
@@ -280,7 +280,7 @@ func TestStagedMoveUnderLoad(t *testing.T) {
 	if held := steps[2].At.Sub(steps[1].At); held < check {
 		t.Errorf("stage 1 was checked for %v, under the check interval %v", held, check)
 	}
-	var switches []coordinator.SwitchEvent
+	var switches []state.SwitchEvent
 	for _, ev := range readHistory(t, f.cli) {
 		if len(ev.Topics) > 0 {
 			switches = append(switches, ev)
@@ -313,7 +313,7 @@ func TestStagedMoveUnderLoad(t *testing.T) {
 	type window struct {
 		baseFrom, baseTo time.Time
 		from, to         time.Time
-		move             coordinator.SwitchEvent
+		move             state.SwitchEvent
 	}
 	for topic, window := range map[string]window{
 		"orders":   {baseFrom, began, stage1, stage2, switches[0]},
@@ -358,7 +358,7 @@ func TestStagedMoveSurvivesItsLeaderAndRollsBackAnUnhealthyStage(t *testing.T) {
 	// do once they have owners again (a partition without progress for a
 	// whole check fails it, which is what the check is for).
 	f.stages(t, 12*time.Second)
-	f.waitStages(t, 30*time.Second, 0, coordinator.StageChecking)
+	f.waitStages(t, 30*time.Second, 0, state.StageChecking)
 	leader := leaderOf(t, f.agents...)
 	t.Logf("stage 1 on B, being checked: killing the leader %s", leader.ID())
 	leader.Abort()
@@ -368,7 +368,7 @@ func TestStagedMoveSurvivesItsLeaderAndRollsBackAnUnhealthyStage(t *testing.T) {
 			rest = append(rest, a)
 		}
 	}
-	rolled := f.waitStages(t, 90*time.Second, 1, coordinator.StageRolledBack)
+	rolled := f.waitStages(t, 90*time.Second, 1, state.StageRolledBack)
 	t.Logf("stage 2 rolled back: %s", rolled.Reason)
 	if !strings.Contains(rolled.Reason, "dead-lettered") {
 		t.Errorf("the rollback's reason %q does not name the dead letters", rolled.Reason)
@@ -387,7 +387,7 @@ func TestStagedMoveSurvivesItsLeaderAndRollsBackAnUnhealthyStage(t *testing.T) {
 	if steps[2].Leader != next.ID() || steps[1].Leader != leader.ID() {
 		t.Errorf("stage 1 was checked by %s and passed by %s, want the killed %s and then %s", steps[1].Leader, steps[2].Leader, leader.ID(), next.ID())
 	}
-	var back *coordinator.SwitchEvent
+	var back *state.SwitchEvent
 	for _, ev := range readHistory(t, f.cli) {
 		if len(ev.Topics) > 0 && ev.To == "A" {
 			back = &ev
@@ -476,9 +476,9 @@ func (f *stagedFleet) deadCounts() map[string]int64 {
 func TestFailoverOverridesAStagedMove(t *testing.T) {
 	f := startStagedFleet(t)
 	f.stages(t, time.Minute)
-	f.waitStages(t, 30*time.Second, 0, coordinator.StageChecking)
+	f.waitStages(t, 30*time.Second, 0, state.StageChecking)
 	f.d.a.Stop()
-	st := f.waitStages(t, 30*time.Second, 0, coordinator.StageOverridden)
+	st := f.waitStages(t, 30*time.Second, 0, state.StageOverridden)
 	t.Logf("state/stages: %s", st.Reason)
 	if !strings.Contains(st.Reason, "overridden by the fleet switch of epoch") || !strings.Contains(st.Reason, "failover") {
 		t.Errorf("the override's reason %q names no failover", st.Reason)
@@ -488,7 +488,7 @@ func TestFailoverOverridesAStagedMove(t *testing.T) {
 		t.Errorf("state/active after the failover: %+v (%v), want every topic with the fleet on B", a, err)
 	}
 	steps := f.stageSteps(t)
-	if last := steps[len(steps)-1]; last.Phase != coordinator.StageOverridden {
+	if last := steps[len(steps)-1]; last.Phase != state.StageOverridden {
 		t.Errorf("the last step in history/stages/ is %+v, want the override", last)
 	}
 	for _, ev := range readHistory(t, f.cli) {

@@ -11,9 +11,9 @@ import (
 	"github.com/IBM/sarama"
 	"go.uber.org/zap"
 
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/offsets"
+	"github.com/kswitch/kswitch/state"
 )
 
 // maxLoggedStarts bounds the partitions a start's log line lists by name:
@@ -42,9 +42,9 @@ const maxLoggedStarts = 20
 // tries again rather than guess. A refusal that stays (the group's ACL,
 // say) is logged and the partitions start at source.initial_offset, as
 // before the group was read.
-func (w *worker) groupStarts(ctx context.Context, k *kafkaConn, cluster string, tps []coordinator.TopicPartition,
-	positions map[coordinator.TopicPartition]offsets.Position) (map[coordinator.TopicPartition]int64, error) {
-	var without []coordinator.TopicPartition
+func (w *worker) groupStarts(ctx context.Context, k *kafkaConn, cluster string, tps []state.TopicPartition,
+	positions map[state.TopicPartition]offsets.Position) (map[state.TopicPartition]int64, error) {
+	var without []state.TopicPartition
 	for _, tp := range tps {
 		if _, ok := positions[tp]; !ok {
 			without = append(without, tp)
@@ -69,7 +69,7 @@ func (w *worker) groupStarts(ctx context.Context, k *kafkaConn, cluster string, 
 	}
 	// Bounded as the group's read is (dialKafka).
 	lctx, cancel := context.WithTimeout(ctx, w.cfg.Etcd.RequestTimeout)
-	bounds, err := logBounds(lctx, k.client, slices.SortedFunc(maps.Keys(committed), coordinator.TopicPartition.Compare))
+	bounds, err := logBounds(lctx, k.client, slices.SortedFunc(maps.Keys(committed), state.TopicPartition.Compare))
 	cancel()
 	if err != nil {
 		// A leader moved: the retry asks the new one.
@@ -80,9 +80,9 @@ func (w *worker) groupStarts(ctx context.Context, k *kafkaConn, cluster string, 
 		_ = k.client.RefreshMetadata(slices.Sorted(maps.Keys(topics))...)
 		return nil, fmt.Errorf("kafka: log bounds on cluster %s of the partitions source.group %q has offsets for: %w", cluster, group, err)
 	}
-	starts := make(map[coordinator.TopicPartition]int64, len(committed))
+	starts := make(map[state.TopicPartition]int64, len(committed))
 	var used, outside []string
-	for _, tp := range slices.SortedFunc(maps.Keys(committed), coordinator.TopicPartition.Compare) {
+	for _, tp := range slices.SortedFunc(maps.Keys(committed), state.TopicPartition.Compare) {
 		off, b := committed[tp], bounds[tp]
 		if off < b.start || off > b.end {
 			outside = append(outside, fmt.Sprintf("%s=%d (log %d-%d)", tp, off, b.start, b.end))
@@ -117,8 +117,8 @@ type logBound struct{ start, end int64 }
 // logBounds returns the log start and end offsets of tps: one ListOffsets
 // request per partition leader for the starts and one for the ends,
 // bounded by ctx. Any error fails the whole call, naming the partitions.
-func logBounds(ctx context.Context, client sarama.Client, tps []coordinator.TopicPartition) (map[coordinator.TopicPartition]logBound, error) {
-	byLeader := map[*sarama.Broker][]coordinator.TopicPartition{}
+func logBounds(ctx context.Context, client sarama.Client, tps []state.TopicPartition) (map[state.TopicPartition]logBound, error) {
+	byLeader := map[*sarama.Broker][]state.TopicPartition{}
 	for _, tp := range tps {
 		leader, err := client.Leader(tp.Topic, tp.Partition)
 		if err != nil {
@@ -126,7 +126,7 @@ func logBounds(ctx context.Context, client sarama.Client, tps []coordinator.Topi
 		}
 		byLeader[leader] = append(byLeader[leader], tp)
 	}
-	out := make(map[coordinator.TopicPartition]logBound, len(tps))
+	out := make(map[state.TopicPartition]logBound, len(tps))
 	for leader, tps := range byLeader {
 		for _, at := range []int64{sarama.OffsetOldest, sarama.OffsetNewest} {
 			req := &sarama.OffsetRequest{Version: 1}

@@ -16,24 +16,24 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/kswitch/kswitch/agent"
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
 	"github.com/kswitch/kswitch/internal/testkit/wait"
 	"github.com/kswitch/kswitch/offsets"
 	"github.com/kswitch/kswitch/record"
+	"github.com/kswitch/kswitch/state"
 )
 
 // offsetLedger records the offsets handled per partition.
 type offsetLedger struct {
 	mu   sync.Mutex
-	seen map[coordinator.TopicPartition]map[int64]int
+	seen map[state.TopicPartition]map[int64]int
 }
 
 func (l *offsetLedger) handler() record.Handler {
 	return record.HandlerFunc(func(_ context.Context, r *record.Record) error {
 		l.mu.Lock()
-		tp := coordinator.TopicPartition{Topic: r.Topic, Partition: r.Partition}
+		tp := state.TopicPartition{Topic: r.Topic, Partition: r.Partition}
 		if l.seen[tp] == nil {
 			l.seen[tp] = map[int64]int{}
 		}
@@ -46,7 +46,7 @@ func (l *offsetLedger) handler() record.Handler {
 
 // check compares the offsets handled with want: each partition's offsets
 // [from, to), each once at least.
-func (l *offsetLedger) check(want map[coordinator.TopicPartition][2]int64) error {
+func (l *offsetLedger) check(want map[state.TopicPartition][2]int64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var errs []string
@@ -87,8 +87,8 @@ func TestAFleetWithoutPositionsStartsAtTheGroupsOffsets(t *testing.T) {
 	e := testenv.StartEtcdT(t)
 	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 4}})
 	produce(t, k, "orders", 0, 400) // round robin: offsets 0-99 on each partition
-	tp := func(p int32) coordinator.TopicPartition {
-		return coordinator.TopicPartition{Topic: "orders", Partition: p}
+	tp := func(p int32) state.TopicPartition {
+		return state.TopicPartition{Topic: "orders", Partition: p}
 	}
 
 	// The other fleet mirrored its commits to the group: orders/0 at 60,
@@ -113,9 +113,9 @@ func TestAFleetWithoutPositionsStartsAtTheGroupsOffsets(t *testing.T) {
 
 	core, logs := observer.New(zap.InfoLevel)
 	log := zap.New(zapcore.NewTee(core, zaptest.NewLogger(t).Core()))
-	l := &offsetLedger{seen: map[coordinator.TopicPartition]map[int64]int{}}
+	l := &offsetLedger{seen: map[state.TopicPartition]map[int64]int{}}
 	a := startFleetAgent(t, consumeConfig(e, k, "agent-1"), agent.Options{Handler: l.handler(), Logger: log})
-	want := map[coordinator.TopicPartition][2]int64{tp(0): {60, 100}, tp(1): {70, 100}, tp(2): {0, 100}, tp(3): {0, 100}}
+	want := map[state.TopicPartition][2]int64{tp(0): {60, 100}, tp(1): {70, 100}, tp(2): {0, 100}, tp(3): {0, 100}}
 	wait.For(t, 15*time.Second, "the records from the group's offsets handled", func() error { return l.check(want) })
 
 	// What is produced after the start is handled too: 0 lost.

@@ -9,16 +9,16 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/offsets"
 	"github.com/kswitch/kswitch/record"
+	"github.com/kswitch/kswitch/state"
 )
 
 // release stops tps, waits for their records to be acknowledged, commits
 // their final positions and tells the handler (Options.Released). The
 // partitions stop concurrently: each waits for its own records'
 // acknowledgements.
-func (w *worker) release(ctx context.Context, tps []cpart, a coordinator.Assignment) {
+func (w *worker) release(ctx context.Context, tps []cpart, a state.Assignment) {
 	var wg sync.WaitGroup
 	for _, tp := range tps {
 		r := w.parts[tp]
@@ -92,7 +92,7 @@ func (w *worker) startPending(ctx context.Context) {
 	if len(w.pending) == 0 {
 		return
 	}
-	byCluster := map[string][]coordinator.TopicPartition{}
+	byCluster := map[string][]state.TopicPartition{}
 	for _, cp := range w.pending {
 		byCluster[cp.Cluster] = append(byCluster[cp.Cluster], cp.TopicPartition)
 	}
@@ -109,7 +109,7 @@ func (w *worker) startPending(ctx context.Context) {
 
 // startOn starts partitions tps of cluster, and returns those that could
 // not start.
-func (w *worker) startOn(ctx context.Context, cluster string, tps []coordinator.TopicPartition) (still []coordinator.TopicPartition) {
+func (w *worker) startOn(ctx context.Context, cluster string, tps []state.TopicPartition) (still []state.TopicPartition) {
 	// A cluster this agent's probe cannot reach would hold the loop for a
 	// client's whole retry budget per attempt, while the next assignment
 	// (a switch away from that cluster, often) waits to be applied: the
@@ -172,17 +172,17 @@ func (w *worker) startOn(ctx context.Context, cluster string, tps []coordinator.
 	// Partitions start concurrently: each may need a ListOffsets round
 	// trip (a start out of range), which one by one would add up.
 	type started struct {
-		tp  coordinator.TopicPartition
+		tp  state.TopicPartition
 		r   *partitionRun
 		err error
 	}
 	results := make(chan started, len(tps))
 	// Signals hold across rebalances and switches: a partition starts
 	// paused when a signal in force pauses it.
-	state := w.signals.State()
-	paused := map[coordinator.TopicPartition]bool{}
+	sigs := w.signals.State()
+	paused := map[state.TopicPartition]bool{}
 	for _, tp := range tps {
-		paused[tp], _ = state.Paused(w.naming.Logical(cluster, tp.Topic), w.id)
+		paused[tp], _ = sigs.Paused(w.naming.Logical(cluster, tp.Topic), w.id)
 	}
 	// The topics' ids tell a position of a topic deleted and created
 	// again since (lifecycle.go).
@@ -244,12 +244,12 @@ func (w *worker) startOn(ctx context.Context, cluster string, tps []coordinator.
 // publishOwned makes the running partitions visible to Agent.Owned and
 // the metrics.
 func (w *worker) publishOwned() {
-	on := map[string][]coordinator.TopicPartition{}
+	on := map[string][]state.TopicPartition{}
 	for cp := range w.parts {
 		on[cp.Cluster] = append(on[cp.Cluster], cp.TopicPartition)
 	}
 	for _, tps := range on {
-		slices.SortFunc(tps, coordinator.TopicPartition.Compare)
+		slices.SortFunc(tps, state.TopicPartition.Compare)
 	}
 	w.owned.Store(&on)
 	w.metrics.ownedPartitions.Set(float64(len(w.parts)))

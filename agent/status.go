@@ -12,11 +12,11 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/election"
 	"github.com/kswitch/kswitch/internal/etcdclient"
 	"github.com/kswitch/kswitch/internal/version"
 	"github.com/kswitch/kswitch/signals"
+	"github.com/kswitch/kswitch/state"
 )
 
 // Signals returns the signals in force as this agent has read them from
@@ -168,7 +168,7 @@ func (a *Agent) Status() Status {
 			continue
 		}
 		if st.OwnedOn == nil {
-			st.OwnedOn = map[string][]coordinator.TopicPartition{}
+			st.OwnedOn = map[string][]state.TopicPartition{}
 		}
 		st.OwnedOn[c] = tps
 	}
@@ -202,18 +202,18 @@ func (a *Agent) SignalsApplied() int64 { return a.signalsApplied.Load() }
 
 // Owned returns the partitions this agent consumes now, on every cluster,
 // sorted (OwnedByCluster tells them apart).
-func (a *Agent) Owned() []coordinator.TopicPartition {
-	var out []coordinator.TopicPartition
+func (a *Agent) Owned() []state.TopicPartition {
+	var out []state.TopicPartition
 	for _, tps := range a.OwnedByCluster() {
 		out = append(out, tps...)
 	}
-	slices.SortFunc(out, coordinator.TopicPartition.Compare)
+	slices.SortFunc(out, state.TopicPartition.Compare)
 	return out
 }
 
 // OwnedByCluster returns the partitions this agent consumes now, by
 // cluster, each list sorted.
-func (a *Agent) OwnedByCluster() map[string][]coordinator.TopicPartition {
+func (a *Agent) OwnedByCluster() map[string][]state.TopicPartition {
 	if p := a.owned.Load(); p != nil {
 		return maps.Clone(*p)
 	}

@@ -13,12 +13,12 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kswitch/kswitch/agent"
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/devstack/mirror"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
 	"github.com/kswitch/kswitch/internal/testkit/wait"
 	"github.com/kswitch/kswitch/record"
+	"github.com/kswitch/kswitch/state"
 )
 
 // topicMeter follows, per logical topic, the deliveries the handlers see:
@@ -186,9 +186,9 @@ func (f *topicsFleet) pin(t *testing.T, topic, cluster string) {
 
 // waitTopicOn waits until logical topic's records come from cluster and
 // state/active says so, and returns the topic switch's history entry.
-func (f *topicsFleet) waitTopicOn(t *testing.T, topic, cluster string, after int64) coordinator.SwitchEvent {
+func (f *topicsFleet) waitTopicOn(t *testing.T, topic, cluster string, after int64) state.SwitchEvent {
 	t.Helper()
-	var ev coordinator.SwitchEvent
+	var ev state.SwitchEvent
 	wait.For(t, 30*time.Second, topic+" consumed on "+cluster, func() error {
 		a, err := readActive(f.cli)
 		if err != nil {
@@ -301,7 +301,7 @@ func TestTopicPinMovesOneTopicAlone(t *testing.T) {
 	back := f.waitTopicOn(t, "audit", "A", toB.Epoch)
 	during := f.m.reset()
 
-	for _, ev := range []coordinator.SwitchEvent{toB, back} {
+	for _, ev := range []state.SwitchEvent{toB, back} {
 		t.Logf("topic switch epoch %d %s→%s of %v in %v (%s): phases %v", ev.Epoch, ev.From, ev.To, ev.Topics,
 			ev.Finished.Sub(ev.Started).Round(time.Millisecond), ev.Reason, ev.Phases)
 		for _, ps := range ev.Partitions {
@@ -386,7 +386,7 @@ func TestFleetFailoverKeepsAPlacedTopic(t *testing.T) {
 	cancel()
 	f.d.a.Stop()
 	waitFleetOn(t, f.cli, "B", 30*time.Second)
-	var fo coordinator.SwitchEvent
+	var fo state.SwitchEvent
 	for _, ev := range readHistory(t, f.cli) {
 		if ev.Epoch > toB.Epoch && len(ev.Topics) == 0 && ev.To == "B" {
 			fo = ev
@@ -420,7 +420,7 @@ func TestFleetFailoverKeepsAPlacedTopic(t *testing.T) {
 	waitFleetOn(t, f.cli, "A", 60*time.Second)
 	// The failback leaves audit, pinned, on B: it is not translated, and
 	// its partitions are not restarted.
-	var fb coordinator.SwitchEvent
+	var fb state.SwitchEvent
 	for _, ev := range readHistory(t, f.cli) {
 		if ev.Epoch > fo.Epoch {
 			if len(ev.Topics) != 0 || fb.Epoch != 0 {
@@ -435,7 +435,7 @@ func TestFleetFailoverKeepsAPlacedTopic(t *testing.T) {
 			t.Errorf("the failback translated audit's %s/%d, which stays on B", ps.FromTopic, ps.Partition)
 		}
 	}
-	if a, err := readActive(f.cli); err != nil || a.Topics["audit"].Cluster != "B" || a.Topics["audit"].Phase != coordinator.PhaseActive {
+	if a, err := readActive(f.cli); err != nil || a.Topics["audit"].Cluster != "B" || a.Topics["audit"].Phase != state.PhaseActive {
 		t.Errorf("state/active after the failback: %+v (%v), want audit placed on B", a, err)
 	}
 	if got := f.m.generations("audit"); !maps.Equal(got, auditGens) {
@@ -458,7 +458,7 @@ func waitFleetOn(t *testing.T, cli *clientv3.Client, cluster string, timeout tim
 		if err != nil {
 			return err
 		}
-		if a.Cluster != cluster || a.Phase != coordinator.PhaseActive {
+		if a.Cluster != cluster || a.Phase != state.PhaseActive {
 			return fmt.Errorf("state/active %s %s (%s)", a.Cluster, a.Phase, a.Reason)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -481,7 +481,7 @@ func waitFleetOn(t *testing.T, cli *clientv3.Client, cluster string, timeout tim
 // switch). The 500 ms is the noise of 2 cores running the race detector
 // and other packages' tests beside this one: a CI run failed on 150 ms.
 // A topic held for a stage's check (2 s and more) still fails.
-func notPaused(gap, base time.Duration, evs ...coordinator.SwitchEvent) bool {
+func notPaused(gap, base time.Duration, evs ...state.SwitchEvent) bool {
 	longest := time.Duration(0)
 	for _, ev := range evs {
 		longest = max(longest, ev.Finished.Sub(ev.Started))

@@ -18,11 +18,12 @@ import (
 	"github.com/kswitch/kswitch/offsets"
 	"github.com/kswitch/kswitch/record"
 	"github.com/kswitch/kswitch/signals"
+	"github.com/kswitch/kswitch/state"
 )
 
 // cpart names a partition of one cluster: the worker's partitions are
 // keyed so, as A's orders/0 and B's orders/0 are different streams.
-type cpart = coordinator.ClusterPartition
+type cpart = state.ClusterPartition
 
 // worker applies the fleet's assignment to this agent: it consumes the
 // partitions the agent owns, commits their positions (fenced) and
@@ -55,7 +56,7 @@ type worker struct {
 	sessionAlive func() bool
 	// owned is where the worker publishes the partitions it runs, by
 	// cluster.
-	owned  *atomic.Pointer[map[string][]coordinator.TopicPartition]
+	owned  *atomic.Pointer[map[string][]state.TopicPartition]
 	naming coordinator.Naming
 	// active publishes the cluster of the applied assignment, for
 	// readiness.
@@ -71,7 +72,7 @@ type worker struct {
 	// dialer, when set, opens this agent's connections to a cluster.
 	dialer func(cluster string) kafka.Dialer
 	// restartFails is hooks.RestartFails.
-	restartFails func(cluster string, tp coordinator.TopicPartition) error
+	restartFails func(cluster string, tp state.TopicPartition) error
 	// ackFails is hooks.AckFails.
 	ackFails func(gen int64) error
 	// pendingAsg is a state/assignment value of a term this agent has
@@ -138,7 +139,7 @@ type worker struct {
 	parts      map[cpart]*partitionRun
 	committed  map[cpart]int64
 	pending    []cpart // owned but not started (Kafka trouble): retried
-	applied    coordinator.Assignment
+	applied    state.Assignment
 	appliedRev int64
 	// pacer keeps the periodic commits within the agent's share of the
 	// fleet's etcd budget.
@@ -154,7 +155,7 @@ type worker struct {
 // producers write on the standby (an outage's records, and their copies
 // on the primary), which start at their oldest offset: a copy that
 // appears in the middle of a run is consumed from its start.
-func (w *worker) initialOffset(cluster string, tp coordinator.TopicPartition) int64 {
+func (w *worker) initialOffset(cluster string, tp state.TopicPartition) int64 {
 	if w.initial == "newest" && !w.naming.FromStandby(w.naming.Stream(cluster, tp.Topic)) {
 		return sarama.OffsetNewest
 	}

@@ -11,10 +11,11 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/internal/refused"
+	"github.com/kswitch/kswitch/state"
 )
 
 // writeActive publishes a, fenced by the term and the revision it replaces.
-func (l *Leader) writeActive(ctx context.Context, t *term, a Active) error {
+func (l *Leader) writeActive(ctx context.Context, t *term, a state.Active) error {
 	a.Leader, a.Token = t.ID, t.Rev
 	val, err := json.Marshal(a)
 	if err != nil {
@@ -34,22 +35,21 @@ func (l *Leader) writeActive(ctx context.Context, t *term, a Active) error {
 // readActive reads state/active. When it is absent, malformed, names a
 // cluster this configuration lacks, or is not a value a leader wrote
 // (believable), the active cluster and epoch are recovered from what else
-// the fleet recorded (recoverActive), and the result is marked to be
-// written back at once.
-func (l *Leader) readActive(ctx context.Context) (Active, int64, error) {
+// the fleet recorded (recoverActive), and recovered says to write the
+// result back at once.
+func (l *Leader) readActive(ctx context.Context) (a state.Active, rev int64, recovered bool, err error) {
 	rctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
 	defer cancel()
 	// One snapshot of both keys: a switch writes them together.
 	resp, err := l.etcd.Txn(rctx).Then(clientv3.OpGet(l.keys.Active()), clientv3.OpGet(l.keys.Assignment())).Commit()
 	if err != nil {
-		return Active{}, 0, err
+		return state.Active{}, 0, false, err
 	}
 	act, asg := resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs
-	var rev int64
 	why := "absent"
 	if len(act) > 0 {
 		rev = act[0].ModRevision
-		a, err := ParseActive(act[0].Value)
+		a, err := state.ParseActive(act[0].Value)
 		_, known := l.conf().clusters[a.Cluster]
 		switch {
 		case err != nil:
@@ -58,23 +58,23 @@ func (l *Leader) readActive(ctx context.Context) (Active, int64, error) {
 			why = "names cluster " + a.Cluster + ", which this configuration lacks"
 		default:
 			if why, err = l.believable(rctx, a, rev, asg); err != nil {
-				return Active{}, 0, err
+				return state.Active{}, 0, false, err
 			}
 			if why == "" {
-				return a, rev, nil
+				return a, rev, false, nil
 			}
 			l.metrics.refusedValue(refused.Active)
 		}
 	}
-	a, err := l.recoverActive(rctx)
+	a, err = l.recoverActive(rctx)
 	if err != nil {
-		return Active{}, 0, err
+		return state.Active{}, 0, false, err
 	}
 	if rev != 0 || a.Epoch > 1 {
 		l.log.Warn("state/active is unusable; recovered the active cluster and epoch from state/assignment and history/",
 			zap.String("found", why), zap.String("active", a.Cluster), zap.Int64("epoch", a.Epoch))
 	}
-	return a, rev, nil
+	return a, rev, true, nil
 }
 
 // believable returns "" when a, found in state/active at revision rev at
@@ -89,13 +89,13 @@ func (l *Leader) readActive(ctx context.Context) (Active, int64, error) {
 // would consume a cluster with no switch, no translation and no history
 // entry (from offset 0 of a cluster never consumed). asg is
 // state/assignment in the same snapshot as a.
-func (l *Leader) believable(ctx context.Context, a Active, rev int64, asg []*mvccpb.KeyValue) (string, error) {
+func (l *Leader) believable(ctx context.Context, a state.Active, rev int64, asg []*mvccpb.KeyValue) (string, error) {
 	on, err := l.lastFleetCluster(ctx)
 	if err != nil {
 		return "", err
 	}
 	switch a.Phase {
-	case PhaseSwitching:
+	case state.PhaseSwitching:
 		if a.From != on {
 			return fmt.Sprintf("is a switch from %s to %s (epoch %d), but history/ leaves the fleet on %s: a switch starts where the fleet is",
 				a.From, a.Cluster, a.Epoch, on), nil
@@ -105,7 +105,7 @@ func (l *Leader) believable(ctx context.Context, a Active, rev int64, asg []*mvc
 			return "", nil
 		}
 		if len(asg) > 0 && asg[0].ModRevision == rev {
-			if g, err := ParseAssignment(asg[0].Value); err == nil && g.Cluster == a.Cluster {
+			if g, err := state.ParseAssignment(asg[0].Value); err == nil && g.Cluster == a.Cluster {
 				return "", nil // a switch activated, its history not yet written
 			}
 		}
@@ -132,7 +132,7 @@ func (l *Leader) lastFleetCluster(ctx context.Context) (string, error) {
 			return "", err
 		}
 		for _, kv := range resp.Kvs {
-			ev, err := ParseSwitchEvent(kv.Value)
+			ev, err := state.ParseSwitchEvent(kv.Value)
 			if err != nil || len(ev.Topics) > 0 {
 				continue
 			}
@@ -149,20 +149,20 @@ func (l *Leader) lastFleetCluster(ctx context.Context) (string, error) {
 }
 
 // recoverActive returns the fleet's active cluster and epoch as the rest
-// of its state records them, marked to be written: the cluster of
+// of its state records them, for the leader to write: the cluster of
 // state/assignment (where agents consume now), else the target of the
 // last switch in history/, else the primary; the epoch of the last switch
 // in history/ (1 if none), so that the next switch takes the epoch after
 // every recorded one and never overwrites an entry.
-func (l *Leader) recoverActive(ctx context.Context) (Active, error) {
+func (l *Leader) recoverActive(ctx context.Context) (state.Active, error) {
 	conf := l.conf()
-	a := Active{Cluster: conf.primary, Epoch: 1, Phase: PhaseActive, Reason: "initial", Since: time.Now().UTC(), unwritten: true}
+	a := state.Active{Cluster: conf.primary, Epoch: 1, Phase: state.PhaseActive, Reason: "initial", Since: time.Now().UTC()}
 	resp, err := l.etcd.Get(ctx, l.keys.SwitchHistory(), clientv3.WithLastKey()...)
 	if err != nil {
 		return a, err
 	}
 	if len(resp.Kvs) > 0 {
-		if ev, err := ParseSwitchEvent(resp.Kvs[0].Value); err == nil && ev.Epoch > 0 {
+		if ev, err := state.ParseSwitchEvent(resp.Kvs[0].Value); err == nil && ev.Epoch > 0 {
 			a.Epoch = ev.Epoch
 			switch {
 			case len(ev.Topics) > 0:
@@ -178,7 +178,7 @@ func (l *Leader) recoverActive(ctx context.Context) (Active, error) {
 		return a, err
 	}
 	if len(resp.Kvs) > 0 {
-		if asg, err := ParseAssignment(resp.Kvs[0].Value); err == nil && asg.Cluster != "" {
+		if asg, err := state.ParseAssignment(resp.Kvs[0].Value); err == nil && asg.Cluster != "" {
 			a.Cluster, a.Reason = asg.Cluster, "recovered from state/assignment"
 			a.Topics = recoverPlaced(asg, a, conf)
 		}
@@ -193,20 +193,20 @@ func (l *Leader) recoverActive(ctx context.Context) (Active, error) {
 // its own (its placed sections), placed there in a: their positions are
 // there, and treating them as on a.Cluster would consume them again from
 // older positions.
-func recoverPlaced(asg Assignment, a Active, conf *dynamic) map[string]TopicActive {
-	var out map[string]TopicActive
+func recoverPlaced(asg state.Assignment, a state.Active, conf *dynamic) map[string]state.TopicActive {
+	var out map[string]state.TopicActive
 	for _, c := range asg.Sections()[1:] {
 		if _, ok := conf.clusters[c]; !ok || c == a.Cluster {
 			continue
 		}
 		sec := asg.Section(c)
-		for _, m := range []map[string][]TopicPartition{sec.Owned, sec.Revoking} {
+		for _, m := range []map[string][]state.TopicPartition{sec.Owned, sec.Revoking} {
 			for _, tps := range m {
 				for _, tp := range tps {
 					if out == nil {
-						out = map[string]TopicActive{}
+						out = map[string]state.TopicActive{}
 					}
-					out[conf.naming.Logical(c, tp.Topic)] = TopicActive{Cluster: c, Phase: PhaseActive, Epoch: a.Epoch,
+					out[conf.naming.Logical(c, tp.Topic)] = state.TopicActive{Cluster: c, Phase: state.PhaseActive, Epoch: a.Epoch,
 						Reason: "recovered from state/assignment", Since: a.Since}
 				}
 			}

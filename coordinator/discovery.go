@@ -15,6 +15,7 @@ import (
 	"github.com/kswitch/kswitch/election"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/record"
+	"github.com/kswitch/kswitch/state"
 )
 
 // discoverLoop lists the source partitions now, every refresh interval
@@ -22,13 +23,13 @@ import (
 // the last to found (keeping only the latest), telling listed. It records
 // the lifecycle events of the topics it lists (lifecycle.go) under
 // history/topics/, fenced by the term.
-func (r *leaderRun) discoverLoop(ctx context.Context, cluster string, log *zap.Logger, found chan []TopicPartition, listed chan<- struct{}) {
+func (r *leaderRun) discoverLoop(ctx context.Context, cluster string, log *zap.Logger, found chan []state.TopicPartition, listed chan<- struct{}) {
 	d := &discovery{leader: r.Leader, cluster: cluster, log: log, term: r.t.Term}
 	defer d.close()
 	t := time.NewTicker(r.cfg.Source.RefreshInterval)
 	defer t.Stop()
 	rediscover := r.rediscover.Subscribe(ctx)
-	var last []TopicPartition
+	var last []state.TopicPartition
 	for {
 		ps, err := d.partitions(ctx, r.conf())
 		switch {
@@ -82,7 +83,7 @@ func (d *discovery) close() {
 // partitions returns the partitions of the configured topics and of the
 // topics matching the regex, sorted. The Kafka calls are bounded by the
 // client's timeouts (internal/kafka).
-func (d *discovery) partitions(ctx context.Context, conf *dynamic) ([]TopicPartition, error) {
+func (d *discovery) partitions(ctx context.Context, conf *dynamic) ([]state.TopicPartition, error) {
 	def := conf.clusters[d.cluster]
 	if d.client != nil && !reflect.DeepEqual(def, d.def) {
 		d.log.Info("cluster definition changed; discovery reconnects", zap.String("cluster", d.cluster))
@@ -114,7 +115,7 @@ func (d *discovery) partitions(ctx context.Context, conf *dynamic) ([]TopicParti
 	for _, t := range conf.source.Topics {
 		want[t] = false
 	}
-	var out []TopicPartition
+	var out []state.TopicPartition
 	listed := map[string]TopicMeta{}
 	for t, meta := range all {
 		logical := conf.naming.Logical(d.cluster, t)
@@ -126,7 +127,7 @@ func (d *discovery) partitions(ctx context.Context, conf *dynamic) ([]TopicParti
 		want[logical] = true
 		listed[t] = meta
 		for _, p := range meta.Partitions {
-			out = append(out, TopicPartition{Topic: t, Partition: p})
+			out = append(out, state.TopicPartition{Topic: t, Partition: p})
 		}
 	}
 	d.lifecycle(ctx, listed)
@@ -141,7 +142,7 @@ func (d *discovery) partitions(ctx context.Context, conf *dynamic) ([]TopicParti
 		}
 		d.missing[t] = !found
 	}
-	slices.SortFunc(out, TopicPartition.Compare)
+	slices.SortFunc(out, state.TopicPartition.Compare)
 	return out, nil
 }
 
@@ -164,11 +165,11 @@ func (d *discovery) lifecycle(ctx context.Context, listed map[string]TopicMeta) 
 		if first || !seen {
 			continue
 		}
-		ev := TopicEvent{At: time.Now(), Cluster: d.cluster, Topic: t, OldID: before.ID, NewID: now.ID,
+		ev := state.TopicEvent{At: time.Now(), Cluster: d.cluster, Topic: t, OldID: before.ID, NewID: now.ID,
 			OldPartitions: len(before.Partitions), NewPartitions: len(now.Partitions), Leader: d.leader.cfg.Agent.ID}
 		switch {
 		case !record.SameTopic(before.ID, now.ID):
-			ev.Kind = TopicRecreated
+			ev.Kind = state.TopicRecreated
 			d.log.Warn("source topic was deleted and created again: its partitions are consumed from their start",
 				zap.String("cluster", d.cluster), zap.String("topic", t), zap.String("old_id", before.ID), zap.String("new_id", now.ID),
 				zap.Int("old_partitions", ev.OldPartitions), zap.Int("new_partitions", ev.NewPartitions))
@@ -177,9 +178,9 @@ func (d *discovery) lifecycle(ctx context.Context, listed map[string]TopicMeta) 
 			}
 		case len(now.Partitions) != len(before.Partitions):
 			change := "added"
-			ev.Kind = TopicPartitionsAdded
+			ev.Kind = state.TopicPartitionsAdded
 			if len(now.Partitions) < len(before.Partitions) {
-				ev.Kind, change = TopicPartitionsRemoved, "removed"
+				ev.Kind, change = state.TopicPartitionsRemoved, "removed"
 			}
 			d.log.Info("source topic's partitions changed", zap.String("cluster", d.cluster), zap.String("topic", t),
 				zap.Int("old_partitions", ev.OldPartitions), zap.Int("new_partitions", ev.NewPartitions))

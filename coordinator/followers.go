@@ -14,6 +14,7 @@ import (
 
 	"github.com/kswitch/kswitch/internal/refused"
 	"github.com/kswitch/kswitch/keys"
+	"github.com/kswitch/kswitch/state"
 )
 
 // The leader's followers of etcd keys besides state/: acks/ and control/pin.
@@ -77,9 +78,9 @@ func (a *acks) Apply(evs []*clientv3.Event) {
 func (a *acks) put(m map[string]ack, kv *mvccpb.KeyValue) {
 	id := strings.TrimPrefix(string(kv.Key), a.keys.Acks())
 	g, err := strconv.ParseInt(strings.TrimSpace(string(kv.Value)), 10, 64)
-	if err != nil || g < 0 || g > maxGeneration || kv.Lease == 0 {
+	if err != nil || g < 0 || g > state.MaxGeneration || kv.Lease == 0 {
 		// An agent acknowledges a generation it applied (never above
-		// maxGeneration: it refuses those) on its session lease: any
+		// state.MaxGeneration: it refuses those) on its session lease: any
 		// other value was written by hand, and must not move
 		// generations.
 		a.log.Warn("ignoring malformed acknowledgement (a generation up to 2^53, on the agent's lease)", zap.String("key", string(kv.Key)),

@@ -13,6 +13,7 @@ import (
 	"github.com/kswitch/kswitch/election"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
 	"github.com/kswitch/kswitch/keys"
+	"github.com/kswitch/kswitch/state"
 )
 
 // TestASwitchOfManyPartitionsIsRecorded: a failover of 8000 partitions
@@ -27,8 +28,8 @@ func TestASwitchOfManyPartitionsIsRecorded(t *testing.T) {
 	defer cancel()
 	term := leadT(t, ctx, cli, k)
 
-	event := func(epoch int64, n int) SwitchEvent {
-		ev := SwitchEvent{Epoch: epoch, From: "A", To: "B", Reason: "failover: A unreachable", Started: time.Now().UTC(), Finished: time.Now().UTC(),
+	event := func(epoch int64, n int) state.SwitchEvent {
+		ev := state.SwitchEvent{Epoch: epoch, From: "A", To: "B", Reason: "failover: A unreachable", Started: time.Now().UTC(), Finished: time.Now().UTC(),
 			Phases: map[string]float64{"revoke": 0.1, "translate": 0.3, "activate": 0.05}, Leader: term.ID, Token: term.Rev, Automatic: true}
 		for i := range n {
 			topic := fmt.Sprintf("t%03d", i/20)
@@ -36,7 +37,7 @@ func TestASwitchOfManyPartitionsIsRecorded(t *testing.T) {
 			if i%100 == 7 {
 				method = "timestamp"
 			}
-			ev.Partitions = append(ev.Partitions, PartitionSwitch{Topic: topic, Origin: "A", FromTopic: topic, ToTopic: "A." + topic, Partition: int32(i % 20),
+			ev.Partitions = append(ev.Partitions, state.PartitionSwitch{Topic: topic, Origin: "A", FromTopic: topic, ToTopic: "A." + topic, Partition: int32(i % 20),
 				FromOffset: int64(1000 + i), ToOffset: int64(1100 + i), Method: method, Rewound: 0, Lagged: int64(i % 3), ToEnd: int64(1200 + i),
 				Detail: "the last 8 records committed found on the target by fingerprint"})
 		}
@@ -54,7 +55,7 @@ func TestASwitchOfManyPartitionsIsRecorded(t *testing.T) {
 		if err != nil || len(resp.Kvs) != 1 {
 			t.Fatalf("%d partitions: history/%d not written: %v", c.n, want.Epoch, err)
 		}
-		got, err := ParseSwitchEvent(resp.Kvs[0].Value)
+		got, err := state.ParseSwitchEvent(resp.Kvs[0].Value)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -64,7 +65,7 @@ func TestASwitchOfManyPartitionsIsRecorded(t *testing.T) {
 		if c.chunks > 0 && (len(got.Partitions) != 0 || got.PartitionCount != c.n || got.Methods["fingerprint"] != 7920 || got.Methods["timestamp"] != 80) {
 			t.Errorf("%d partitions: the event holds %d partitions, counts %d, methods %v", c.n, len(got.Partitions), got.PartitionCount, got.Methods)
 		}
-		if err := LoadPartitions(ctx, cli, k, &got); err != nil {
+		if err := state.LoadPartitions(ctx, cli, k, &got); err != nil {
 			t.Fatal(err)
 		}
 		if !reflect.DeepEqual(got.Partitions, want.Partitions) {
@@ -76,7 +77,7 @@ func TestASwitchOfManyPartitionsIsRecorded(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, kv := range all.Kvs {
-			if _, err := ParseSwitchEvent(mustGet(t, ctx, cli, string(kv.Key))); err != nil {
+			if _, err := state.ParseSwitchEvent(mustGet(t, ctx, cli, string(kv.Key))); err != nil {
 				t.Errorf("%s under history/0: %v", kv.Key, err)
 			}
 		}
@@ -84,7 +85,7 @@ func TestASwitchOfManyPartitionsIsRecorded(t *testing.T) {
 
 	// A stranger's count of chunks is refused before anything is
 	// allocated for it.
-	if _, err := ParseSwitchEvent([]byte(`{"epoch":9,"to":"B","partition_chunks":1000000000,"partition_count":1000000000}`)); err == nil {
+	if _, err := state.ParseSwitchEvent([]byte(`{"epoch":9,"to":"B","partition_chunks":1000000000,"partition_count":1000000000}`)); err == nil {
 		t.Error("an event claiming a billion chunks was accepted")
 	}
 
@@ -93,11 +94,11 @@ func TestASwitchOfManyPartitionsIsRecorded(t *testing.T) {
 	if _, err := cli.Delete(ctx, k.HistoryPartitionChunk(8000, 3)); err != nil {
 		t.Fatal(err)
 	}
-	ev, err := ParseSwitchEvent(mustGet(t, ctx, cli, k.HistoryEvent(8000)))
+	ev, err := state.ParseSwitchEvent(mustGet(t, ctx, cli, k.HistoryEvent(8000)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := LoadPartitions(ctx, cli, k, &ev); err == nil || len(ev.Partitions) != 0 {
+	if err := state.LoadPartitions(ctx, cli, k, &ev); err == nil || len(ev.Partitions) != 0 {
 		t.Errorf("a chunk deleted: read %d partitions, error %v; want an error", len(ev.Partitions), err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kswitch/kswitch/election"
 	"github.com/kswitch/kswitch/internal/kafka"
+	"github.com/kswitch/kswitch/state"
 	"github.com/kswitch/kswitch/translate"
 )
 
@@ -35,7 +36,7 @@ const lateTimeout = 30 * time.Second
 // primary) that ends the failover recorded just before it, in a goroutine
 // of l.bg that ends with the term; when done it writes history/<epoch>
 // again with the count and LateCounted set.
-func (l *Leader) countLate(ctx context.Context, term election.Term, ev SwitchEvent, log *zap.Logger) {
+func (l *Leader) countLate(ctx context.Context, term election.Term, ev state.SwitchEvent, log *zap.Logger) {
 	if conf := l.conf(); ev.To != conf.primary || ev.From == "" || ev.From == ev.To {
 		return
 	}
@@ -79,7 +80,7 @@ func (a atFailover) counted(standbyPos, primaryPos int64) int64 {
 // failover's start, less the records consumed on the primary before the
 // failover that the standby lacked (lagged: delivered, not late;
 // atFailover.counted).
-func (l *Leader) late(ctx context.Context, ev *SwitchEvent, log *zap.Logger) bool {
+func (l *Leader) late(ctx context.Context, ev *state.SwitchEvent, log *zap.Logger) bool {
 	conf := l.conf()
 	ctx, cancel := context.WithTimeout(ctx, lateTimeout)
 	defer cancel()
@@ -87,10 +88,10 @@ func (l *Leader) late(ctx context.Context, ev *SwitchEvent, log *zap.Logger) boo
 	if !ok || prev.From != ev.To || prev.To != ev.From || prev.Abandoned != "" || len(prev.Topics) > 0 {
 		return false
 	}
-	failover := map[TopicPartition]atFailover{}
+	failover := map[state.TopicPartition]atFailover{}
 	for _, ps := range prev.Partitions {
 		if ps.Origin == ev.To && ps.Method != "none" {
-			failover[TopicPartition{Topic: ps.ToTopic, Partition: ps.Partition}] = atFailover{ps.ToEnd, ps.Lagged, ps.FromOffset}
+			failover[state.TopicPartition{Topic: ps.ToTopic, Partition: ps.Partition}] = atFailover{ps.ToEnd, ps.Lagged, ps.FromOffset}
 		}
 	}
 	open := func(cluster string) sarama.Client {
@@ -133,7 +134,7 @@ func (l *Leader) late(ctx context.Context, ev *SwitchEvent, log *zap.Logger) boo
 				}
 			}
 		}
-		at, ok := failover[TopicPartition{Topic: ps.FromTopic, Partition: ps.Partition}]
+		at, ok := failover[state.TopicPartition{Topic: ps.FromTopic, Partition: ps.Partition}]
 		if ok {
 			count(standby, ps.FromTopic, at.end, ps.FromOffset) // copied after the failover, consumed on the standby
 		}
@@ -156,16 +157,16 @@ func (l *Leader) late(ctx context.Context, ev *SwitchEvent, log *zap.Logger) boo
 }
 
 // readEvent reads history/<epoch>.
-func (l *Leader) readEvent(ctx context.Context, epoch int64) (SwitchEvent, bool) {
+func (l *Leader) readEvent(ctx context.Context, epoch int64) (state.SwitchEvent, bool) {
 	rctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
 	defer cancel()
 	resp, err := l.etcd.Get(rctx, l.keys.HistoryEvent(epoch))
 	if err != nil || len(resp.Kvs) == 0 {
-		return SwitchEvent{}, false
+		return state.SwitchEvent{}, false
 	}
-	ev, err := ParseSwitchEvent(resp.Kvs[0].Value)
+	ev, err := state.ParseSwitchEvent(resp.Kvs[0].Value)
 	if err == nil {
-		err = LoadPartitions(rctx, l.etcd, l.keys, &ev)
+		err = state.LoadPartitions(rctx, l.etcd, l.keys, &ev)
 	}
 	return ev, err == nil
 }

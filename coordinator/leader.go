@@ -23,6 +23,7 @@ import (
 	"github.com/kswitch/kswitch/internal/refused"
 	"github.com/kswitch/kswitch/keys"
 	"github.com/kswitch/kswitch/offsets"
+	"github.com/kswitch/kswitch/state"
 	"github.com/kswitch/kswitch/translate"
 )
 
@@ -179,7 +180,7 @@ func (l *Leader) CheckConfig(next, current config.Config) error {
 	switch {
 	case st == nil:
 		return fmt.Errorf("the standby changes from %q to %q, and the leader has not read the fleet's state yet; apply it again in a moment", was, now)
-	case st.Active.Cluster != primary || st.Active.Phase != PhaseActive:
+	case st.Active.Cluster != primary || st.Active.Phase != state.PhaseActive:
 		return fmt.Errorf("the standby changes from %q to %q while the fleet consumes %s (%s): it can change only while the fleet consumes the primary %s",
 			was, now, st.Active.Cluster, st.Active.Phase, primary)
 	}
@@ -188,16 +189,16 @@ func (l *Leader) CheckConfig(next, current config.Config) error {
 
 // LeaderStatus is what the leader last decided, for /status.
 type LeaderStatus struct {
-	Active  Active    `json:"active"`
-	Verdict string    `json:"verdict,omitempty"`
-	Pin     string    `json:"pin,omitempty"`
-	Breaker time.Time `json:"breaker_open_until,omitzero"`
-	CutOff  []string  `json:"cut_off,omitempty"`
+	Active  state.Active `json:"active"`
+	Verdict string       `json:"verdict,omitempty"`
+	Pin     string       `json:"pin,omitempty"`
+	Breaker time.Time    `json:"breaker_open_until,omitzero"`
+	CutOff  []string     `json:"cut_off,omitempty"`
 	// TopicPins are the topic pins in force (control/pin/topic/), by
 	// logical topic; CutOffOn the agents cut off, by cluster in use.
 	TopicPins map[string]string `json:"topic_pins,omitempty"`
 	// Stages is the staged move's progress (state/stages), if any.
-	Stages   *StageState         `json:"stages,omitempty"`
+	Stages   *state.StageState   `json:"stages,omitempty"`
 	CutOffOn map[string][]string `json:"cut_off_on,omitempty"`
 	// Unassigned lists the discovered partitions that no agent consumes
 	// or is releasing, with how long: the fleet's stalled partitions.
@@ -223,8 +224,8 @@ const maxSwitchRetry = 5 * time.Second
 
 // reread reloads state/active and state/assignment after a failed write.
 func (l *Leader) reread(ctx context.Context, t *term, ak *acks, log *zap.Logger) {
-	if a, rev, err := l.readActive(ctx); err == nil {
-		t.active, t.activeRev = a, rev
+	if a, rev, recovered, err := l.readActive(ctx); err == nil {
+		t.active, t.activeRev, t.activeUnwritten = a, rev, recovered
 	} else {
 		log.Warn("cannot re-read state/active", zap.Error(err))
 	}
@@ -250,9 +251,9 @@ func (l *Leader) restoreBreaker(ctx context.Context, br *breaker) error {
 		return err
 	}
 	since := time.Now().Add(-l.cfg.Failover.BreakerWindow - l.cfg.Failover.BreakerCooldown)
-	var evs []SwitchEvent
+	var evs []state.SwitchEvent
 	for _, kv := range resp.Kvs {
-		ev, err := ParseSwitchEvent(kv.Value)
+		ev, err := state.ParseSwitchEvent(kv.Value)
 		if err != nil {
 			l.log.Warn("refusing a malformed history/ entry; the breaker is restored without it",
 				zap.String("key", string(kv.Key)), zap.Error(err))
@@ -264,7 +265,7 @@ func (l *Leader) restoreBreaker(ctx context.Context, br *breaker) error {
 		}
 		evs = append(evs, ev)
 	}
-	slices.SortFunc(evs, func(a, b SwitchEvent) int { return a.Finished.Compare(b.Finished) })
+	slices.SortFunc(evs, func(a, b state.SwitchEvent) int { return a.Finished.Compare(b.Finished) })
 	for _, ev := range evs {
 		br.record(ev.Finished, ev.Abandoned != "")
 	}
@@ -272,7 +273,7 @@ func (l *Leader) restoreBreaker(ctx context.Context, br *breaker) error {
 }
 
 // generationsSpent ends a term whose next generation would pass
-// maxGeneration. It matches election.ErrNotLeader: the term leads no
+// state.MaxGeneration. It matches election.ErrNotLeader: the term leads no
 // further, and the next term's first generation is 1, ordered above every
 // earlier one by the term's token.
 type generationsSpent struct{ next int64 }
@@ -284,7 +285,7 @@ func (e generationsSpent) Error() string {
 func (generationsSpent) Is(target error) bool { return target == election.ErrNotLeader }
 
 // publishTerm publishes a as the term's next generation.
-func (l *Leader) publishTerm(ctx context.Context, t *term, a Assignment) error {
+func (l *Leader) publishTerm(ctx context.Context, t *term, a state.Assignment) error {
 	// A term's first value goes above every generation an agent applied
 	// (agents keep the numbers running across terms). Later ones follow
 	// the term's own: an ack above them is from before the generations
@@ -294,7 +295,7 @@ func (l *Leader) publishTerm(ctx context.Context, t *term, a Assignment) error {
 	if m := maxAck(t.acks); first && a.Generation <= m {
 		a.Generation = m + 1
 	}
-	if a.Generation > maxGeneration {
+	if a.Generation > state.MaxGeneration {
 		// Agents refuse generations past the bound. Values near it
 		// were written by someone else (a leader adds one at a time).
 		// This term's first value starts a new run of generations at 1:
@@ -306,7 +307,7 @@ func (l *Leader) publishTerm(ctx context.Context, t *term, a Assignment) error {
 			return generationsSpent{next: a.Generation}
 		}
 		t.log.Warn("generations near the bound (written by someone else): this term starts them again at 1",
-			zap.Int64("would_be", a.Generation), zap.Int64("bound", maxGeneration))
+			zap.Int64("would_be", a.Generation), zap.Int64("bound", state.MaxGeneration))
 		a.Generation = 1
 	}
 	a.Leader, a.Token, a.Published = t.ID, t.Rev, time.Now().UTC()
@@ -332,7 +333,7 @@ func (l *Leader) publishTerm(ctx context.Context, t *term, a Assignment) error {
 func (l *Leader) caughtUp(ctx context.Context, t *term, log *zap.Logger) (bool, string) {
 	ok, why, behind := l.checkCaughtUp(ctx, t, log)
 	l.metrics.failbackBehind(behind)
-	c := FailbackCheck{Standby: t.active.Cluster, Epoch: t.active.Epoch, CaughtUp: ok, Reason: why, Behind: behind}
+	c := state.FailbackCheck{Standby: t.active.Cluster, Epoch: t.active.Epoch, CaughtUp: ok, Reason: why, Behind: behind}
 	if last := t.failback; last == nil || last.Standby != c.Standby || last.Epoch != c.Epoch || last.CaughtUp != ok || last.Reason != why {
 		c.Checked, c.Leader = time.Now().UTC(), t.ID
 		if val, err := json.Marshal(c); err == nil {
@@ -369,18 +370,18 @@ func (l *Leader) checkCaughtUp(ctx context.Context, t *term, log *zap.Logger) (b
 	if err != nil {
 		return false, err.Error(), -1
 	}
-	maps.DeleteFunc(positions, func(tp TopicPartition, _ offsets.Position) bool {
+	maps.DeleteFunc(positions, func(tp state.TopicPartition, _ offsets.Position) bool {
 		return !onStandby(conf.naming.Logical(standby, tp.Topic))
 	})
 	parts, _, terr := l.translate(ctx, x, positions, nil)
-	exact := map[TopicPartition]bool{}
+	exact := map[state.TopicPartition]bool{}
 	for _, ps := range parts {
 		if ps.Method == string(translate.MethodFingerprint) && ps.Lagged == 0 {
-			exact[TopicPartition{Topic: ps.ToTopic, Partition: ps.Partition}] = true
+			exact[state.TopicPartition{Topic: ps.ToTopic, Partition: ps.Partition}] = true
 		}
 	}
 	var behind []string
-	for _, tp := range slices.SortedFunc(maps.Keys(positions), TopicPartition.Compare) {
+	for _, tp := range slices.SortedFunc(maps.Keys(positions), state.TopicPartition.Compare) {
 		if len(positions[tp].Fingerprints) == 0 {
 			continue // nothing consumed there
 		}
@@ -455,30 +456,30 @@ func (l *Leader) evictLease(ctx context.Context, term election.Term, id string, 
 // does not parse, or none, is replaced by the next publication; its
 // generation is taken past every acknowledged one so agents never see a
 // generation go backwards.
-func (l *Leader) readAssignment(ctx context.Context, ak *acks) (Assignment, int64, error) {
+func (l *Leader) readAssignment(ctx context.Context, ak *acks) (state.Assignment, int64, error) {
 	rctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
 	defer cancel()
 	resp, err := l.etcd.Get(rctx, l.keys.Assignment())
 	if err != nil {
-		return Assignment{}, 0, err
+		return state.Assignment{}, 0, err
 	}
 	if len(resp.Kvs) == 0 {
 		// Never written, or deleted: the next generation is above every
 		// one an agent applied, which agents would otherwise ignore.
-		return Assignment{Generation: maxAck(ak)}, 0, nil
+		return state.Assignment{Generation: maxAck(ak)}, 0, nil
 	}
 	kv := resp.Kvs[0]
-	a, err := ParseAssignment(kv.Value)
+	a, err := state.ParseAssignment(kv.Value)
 	if err != nil {
 		l.log.Warn("state/assignment is malformed; the next generation replaces it", zap.Error(err))
-		return Assignment{Generation: maxAck(ak)}, kv.ModRevision, nil
+		return state.Assignment{Generation: maxAck(ak)}, kv.ModRevision, nil
 	}
 	return a, kv.ModRevision, nil
 }
 
 // publish writes a, fenced by the term and by the revision of the value it
 // replaces, and returns the new revision.
-func (l *Leader) publish(ctx context.Context, term election.Term, a Assignment, rev int64) (int64, error) {
+func (l *Leader) publish(ctx context.Context, term election.Term, a state.Assignment, rev int64) (int64, error) {
 	val, err := json.Marshal(a)
 	if err != nil {
 		return 0, err

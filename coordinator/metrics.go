@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kswitch/kswitch/internal/refused"
+	"github.com/kswitch/kswitch/state"
 )
 
 // Metrics are the leader's measurements. Register them once per agent.
@@ -118,7 +119,7 @@ func (m *Metrics) refusedValue(kind string) {
 	}
 }
 
-func (m *Metrics) observe(views AgentViews, a Active) {
+func (m *Metrics) observe(views AgentViews, a state.Active) {
 	m.reachable.Reset()
 	for agent, vs := range views {
 		for cluster, v := range vs {
@@ -130,7 +131,7 @@ func (m *Metrics) observe(views AgentViews, a Active) {
 		}
 	}
 	m.activeCluster.Reset()
-	if a.Phase == PhaseActive {
+	if a.Phase == state.PhaseActive {
 		m.activeCluster.WithLabelValues(a.Cluster).Set(1)
 	}
 	m.topicActive.Reset()
@@ -139,7 +140,7 @@ func (m *Metrics) observe(views AgentViews, a Active) {
 			continue // joining the fleet's cluster in a fleet switch
 		}
 		val := 0.0
-		if e.Phase == PhaseActive {
+		if e.Phase == state.PhaseActive {
 			val = 1
 		}
 		m.topicActive.WithLabelValues(topic, e.Cluster).Set(val)
@@ -168,7 +169,7 @@ func (m *Metrics) repaired(key string) {
 }
 
 // lateRecords counts a failback's unmirrored tail. m may be nil.
-func (m *Metrics) lateRecords(ev SwitchEvent) {
+func (m *Metrics) lateRecords(ev state.SwitchEvent) {
 	if m != nil && ev.Late > 0 {
 		m.late.Add(float64(ev.Late))
 		m.lateBy.Set(ev.LateBySeconds)
@@ -190,7 +191,7 @@ func (m *Metrics) breaker(until time.Time) {
 	}
 }
 
-func (m *Metrics) switched(ev SwitchEvent, took time.Duration, err error) {
+func (m *Metrics) switched(ev state.SwitchEvent, took time.Duration, err error) {
 	if err != nil {
 		m.switchFailures.Inc()
 		return

@@ -4,6 +4,7 @@ import (
 	"strings"
 
 	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/state"
 )
 
 // Naming maps source topics between clusters. A logical topic (orders) is
@@ -77,8 +78,8 @@ func (n Naming) Logical(cluster, topic string) string {
 
 // PartitionOn maps a partition of a topic on cluster `from` to cluster
 // `to`: the same stream's physical topic there.
-func (n Naming) PartitionOn(from, to string, tp TopicPartition) TopicPartition {
-	return TopicPartition{Topic: n.TopicOn(to, n.Stream(from, tp.Topic)), Partition: tp.Partition}
+func (n Naming) PartitionOn(from, to string, tp state.TopicPartition) state.TopicPartition {
+	return state.TopicPartition{Topic: n.TopicOn(to, n.Stream(from, tp.Topic)), Partition: tp.Partition}
 }
 
 // Flow says how a switch from `from` to `to` translates the positions of

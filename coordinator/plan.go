@@ -3,6 +3,8 @@ package coordinator
 import (
 	"maps"
 	"slices"
+
+	"github.com/kswitch/kswitch/state"
 )
 
 // Balance returns the assignment the fleet should converge to: every
@@ -24,22 +26,22 @@ import (
 // of current that are not in partitions (deleted topics) are ignored, as
 // are agents of current not in agents. Only agents given at least one
 // partition appear in the result; its lists are sorted.
-func Balance(partitions []TopicPartition, agents []string, current map[string][]TopicPartition) map[string][]TopicPartition {
-	out := map[string][]TopicPartition{}
+func Balance(partitions []state.TopicPartition, agents []string, current map[string][]state.TopicPartition) map[string][]state.TopicPartition {
+	out := map[string][]state.TopicPartition{}
 	agents = sortedUnique(agents)
 	if len(agents) == 0 {
 		return out
 	}
 	parts := sortedPartitions(partitions)
-	exists := make(map[TopicPartition]bool, len(parts))
+	exists := make(map[state.TopicPartition]bool, len(parts))
 	for _, tp := range parts {
 		exists[tp] = true
 	}
 
 	// held[i]: what agents[i] has now and may keep. A partition listed under
 	// two agents (never in a valid assignment) is held by the first by id.
-	held := make([][]TopicPartition, len(agents))
-	claimed := map[TopicPartition]bool{}
+	held := make([][]state.TopicPartition, len(agents))
+	claimed := map[state.TopicPartition]bool{}
 	for i, a := range agents {
 		for _, tp := range sortedPartitions(current[a]) {
 			if exists[tp] && !claimed[tp] {
@@ -82,11 +84,11 @@ func Balance(partitions []TopicPartition, agents []string, current map[string][]
 	for _, tp := range parts {
 		perTopic[tp.Topic]++
 	}
-	lists := make([][]TopicPartition, k)
+	lists := make([][]state.TopicPartition, k)
 	owned := make([]map[string]int, k) // owned[i][topic]: lists[i]'s partitions of topic
 	atCeil := map[string]int{}         // agents holding more than the topic's floor
-	kept := map[TopicPartition]bool{}
-	keep := func(i int, tp TopicPartition) {
+	kept := map[state.TopicPartition]bool{}
+	keep := func(i int, tp state.TopicPartition) {
 		lists[i] = append(lists[i], tp)
 		kept[tp] = true
 		if owned[i][tp.Topic]++; owned[i][tp.Topic] == perTopic[tp.Topic]/k+1 {
@@ -105,18 +107,18 @@ func Balance(partitions []TopicPartition, agents []string, current map[string][]
 		if len(held[i]) <= quota[i] {
 			continue
 		}
-		slices.SortStableFunc(held[i], func(a, b TopicPartition) int {
+		slices.SortStableFunc(held[i], func(a, b state.TopicPartition) int {
 			if a.Partition != b.Partition {
 				return int(a.Partition) - int(b.Partition)
 			}
 			return a.Compare(b)
 		})
-		for _, pass := range []func(TopicPartition) bool{
-			func(tp TopicPartition) bool { return owned[i][tp.Topic] < perTopic[tp.Topic]/k },
-			func(tp TopicPartition) bool {
+		for _, pass := range []func(state.TopicPartition) bool{
+			func(tp state.TopicPartition) bool { return owned[i][tp.Topic] < perTopic[tp.Topic]/k },
+			func(tp state.TopicPartition) bool {
 				return owned[i][tp.Topic] == perTopic[tp.Topic]/k && atCeil[tp.Topic] < perTopic[tp.Topic]%k
 			},
-			func(TopicPartition) bool { return true },
+			func(state.TopicPartition) bool { return true },
 		} {
 			for _, tp := range held[i] {
 				if len(lists[i]) < quota[i] && !kept[tp] && pass(tp) {
@@ -145,7 +147,7 @@ func Balance(partitions []TopicPartition, agents []string, current map[string][]
 	}
 	for i, a := range agents {
 		if len(lists[i]) > 0 {
-			slices.SortFunc(lists[i], TopicPartition.Compare)
+			slices.SortFunc(lists[i], state.TopicPartition.Compare)
 			out[a] = lists[i]
 		}
 	}
@@ -156,8 +158,8 @@ func Balance(partitions []TopicPartition, agents []string, current map[string][]
 // differs: the partitions a rebalance from one to the other takes away from
 // a consumer. Partitions only in one of them (created, deleted) are not
 // moves. Each partition is expected at most once per map.
-func Moves(from, to map[string][]TopicPartition) int {
-	owner := map[TopicPartition]string{}
+func Moves(from, to map[string][]state.TopicPartition) int {
+	owner := map[state.TopicPartition]string{}
 	for a, tps := range to {
 		for _, tp := range tps {
 			owner[tp] = a
@@ -178,9 +180,9 @@ func Moves(from, to map[string][]TopicPartition) int {
 type PlanInput struct {
 	// Current is the last published assignment (zero value: none yet,
 	// Generation 0). It is trusted to be valid, as ParseAssignment checks.
-	Current Assignment
+	Current state.Assignment
 	// Partitions are all source partitions of Cluster.
-	Partitions []TopicPartition
+	Partitions []state.TopicPartition
 	// Cluster is the cluster to consume from.
 	Cluster string
 	// Live are the agents that are registered (their session lease
@@ -227,7 +229,7 @@ type PlanInput struct {
 // in.Cluster; Leader, Token and Published are for the caller to fill.
 // Owned and Revoking are non-nil, hold only agents with partitions, and
 // their lists are sorted.
-func Plan(in PlanInput) (next Assignment, changed bool) {
+func Plan(in PlanInput) (next state.Assignment, changed bool) {
 	cur := in.Current
 	gen := cur.Generation
 	live := map[string]bool{}
@@ -238,15 +240,15 @@ func Plan(in PlanInput) (next Assignment, changed bool) {
 	ready := slices.DeleteFunc(slices.Clone(in.Live), func(a string) bool { return slices.Contains(in.CutOff, a) })
 	acked := func(a string) bool { return in.Acks[a] >= gen }
 	switching := gen > 0 && in.Cluster != cur.Cluster
-	exists := map[TopicPartition]bool{}
+	exists := map[state.TopicPartition]bool{}
 	for _, tp := range in.Partitions {
 		exists[tp] = true
 	}
 
-	owned := map[string][]TopicPartition{}
-	revoking := map[string][]TopicPartition{}
-	taken := map[TopicPartition]bool{}
-	take := func(m map[string][]TopicPartition, a string, tp TopicPartition) {
+	owned := map[string][]state.TopicPartition{}
+	revoking := map[string][]state.TopicPartition{}
+	taken := map[state.TopicPartition]bool{}
+	take := func(m map[string][]state.TopicPartition, a string, tp state.TopicPartition) {
 		taken[tp] = true
 		m[a] = append(m[a], tp)
 	}
@@ -267,13 +269,13 @@ func Plan(in PlanInput) (next Assignment, changed bool) {
 
 	// What live owners have is the sticky base of the target.
 	holders := slices.Sorted(maps.Keys(cur.Owned))
-	holding := map[string][]TopicPartition{}
+	holding := map[string][]state.TopicPartition{}
 	for _, o := range holders {
 		if live[o] {
 			holding[o] = cur.Owned[o]
 		}
 	}
-	target := map[TopicPartition]string{}
+	target := map[state.TopicPartition]string{}
 	for a, tps := range Balance(in.Partitions, ready, holding) {
 		for _, tp := range tps {
 			target[tp] = a
@@ -310,15 +312,15 @@ func Plan(in PlanInput) (next Assignment, changed bool) {
 		}
 	}
 
-	for _, m := range []map[string][]TopicPartition{owned, revoking} {
+	for _, m := range []map[string][]state.TopicPartition{owned, revoking} {
 		for _, tps := range m {
-			slices.SortFunc(tps, TopicPartition.Compare)
+			slices.SortFunc(tps, state.TopicPartition.Compare)
 		}
 	}
 	if cur.Cluster == in.Cluster && sameOwners(cur.Owned, owned) && sameOwners(cur.Revoking, revoking) {
 		return cur, false
 	}
-	return Assignment{
+	return state.Assignment{
 		Generation: gen + 1,
 		Cluster:    in.Cluster,
 		Owned:      owned,
@@ -328,8 +330,8 @@ func Plan(in PlanInput) (next Assignment, changed bool) {
 
 // sameOwners reports whether a and b give the same partitions to the same
 // agents, ignoring list order and agents without partitions.
-func sameOwners(a, b map[string][]TopicPartition) bool {
-	count := func(m map[string][]TopicPartition) int {
+func sameOwners(a, b map[string][]state.TopicPartition) bool {
+	count := func(m map[string][]state.TopicPartition) int {
 		n := 0
 		for _, tps := range m {
 			if len(tps) > 0 {
@@ -353,9 +355,9 @@ func sameOwners(a, b map[string][]TopicPartition) bool {
 }
 
 // sortedPartitions returns a sorted copy of tps without duplicates.
-func sortedPartitions(tps []TopicPartition) []TopicPartition {
+func sortedPartitions(tps []state.TopicPartition) []state.TopicPartition {
 	s := slices.Clone(tps)
-	slices.SortFunc(s, TopicPartition.Compare)
+	slices.SortFunc(s, state.TopicPartition.Compare)
 	return slices.Compact(s)
 }
 
@@ -370,13 +372,13 @@ func sortedUnique(ss []string) []string {
 // several clusters: the fleet's own and those topics are placed on.
 type SectionsInput struct {
 	// Current is the last published assignment, as for Plan.
-	Current Assignment
+	Current state.Assignment
 	// Cluster is the assignment's own cluster: the fleet's.
 	Cluster string
 	// Partitions are, by cluster, the source partitions to consume there.
 	// A cluster absent here gets none: every section of Current that is
 	// not listed is released.
-	Partitions map[string][]TopicPartition
+	Partitions map[string][]state.TopicPartition
 	// Live, as for Plan.
 	Live []string
 	// CutOff are, by cluster, the live agents that get no partitions
@@ -400,7 +402,7 @@ type SectionsInput struct {
 //
 // When changed, next has Generation = Current.Generation+1, Cluster =
 // in.Cluster and Placed holding only sections with partitions.
-func PlanSections(in SectionsInput) (next Assignment, changed bool) {
+func PlanSections(in SectionsInput) (next state.Assignment, changed bool) {
 	cur := in.Current
 	clusters := map[string]bool{in.Cluster: true}
 	for c := range in.Partitions {
@@ -411,14 +413,14 @@ func PlanSections(in SectionsInput) (next Assignment, changed bool) {
 			clusters[c] = true
 		}
 	}
-	next = Assignment{Generation: cur.Generation + 1, Cluster: in.Cluster}
+	next = state.Assignment{Generation: cur.Generation + 1, Cluster: in.Cluster}
 	changed = cur.Cluster != in.Cluster
 	for _, c := range slices.Sorted(maps.Keys(clusters)) {
 		sec := cur.Section(c)
 		if cur.Generation == 0 {
-			sec = Placement{}
+			sec = state.Placement{}
 		}
-		was := Assignment{Generation: cur.Generation, Cluster: c, Owned: sec.Owned, Revoking: sec.Revoking}
+		was := state.Assignment{Generation: cur.Generation, Cluster: c, Owned: sec.Owned, Revoking: sec.Revoking}
 		p, ch := Plan(PlanInput{Current: was, Partitions: in.Partitions[c], Cluster: c, Live: in.Live, CutOff: in.CutOff[c], Acks: in.Acks})
 		changed = changed || ch
 		owned, revoking := nonEmpty(p.Owned), nonEmpty(p.Revoking)
@@ -428,31 +430,31 @@ func PlanSections(in SectionsInput) (next Assignment, changed bool) {
 		}
 		if len(owned) > 0 || len(revoking) > 0 {
 			if next.Placed == nil {
-				next.Placed = map[string]Placement{}
+				next.Placed = map[string]state.Placement{}
 			}
-			next.Placed[c] = Placement{Owned: owned, Revoking: revoking}
+			next.Placed[c] = state.Placement{Owned: owned, Revoking: revoking}
 		}
 	}
 	if !changed {
 		return cur, false
 	}
 	if next.Owned == nil {
-		next.Owned = map[string][]TopicPartition{}
+		next.Owned = map[string][]state.TopicPartition{}
 	}
 	if next.Revoking == nil {
-		next.Revoking = map[string][]TopicPartition{}
+		next.Revoking = map[string][]state.TopicPartition{}
 	}
 	return next, true
 }
 
 // nonEmpty returns m without the agents that have no partitions, nil when
 // none has any.
-func nonEmpty(m map[string][]TopicPartition) map[string][]TopicPartition {
-	var out map[string][]TopicPartition
+func nonEmpty(m map[string][]state.TopicPartition) map[string][]state.TopicPartition {
+	var out map[string][]state.TopicPartition
 	for a, tps := range m {
 		if len(tps) > 0 {
 			if out == nil {
-				out = map[string][]TopicPartition{}
+				out = map[string][]state.TopicPartition{}
 			}
 			out[a] = tps
 		}

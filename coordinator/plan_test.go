@@ -15,39 +15,40 @@ import (
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
 	"github.com/kswitch/kswitch/internal/testkit/wait"
+	"github.com/kswitch/kswitch/state"
 )
 
 func TestMain(m *testing.M) { wait.VerifyTestMain(m, testenv.LeakOptions()...) }
 
 // owners is agent id → partitions, as in Assignment.Owned.
-type owners = map[string][]TopicPartition
+type owners = map[string][]state.TopicPartition
 
 // tps parses "topic/partition" names.
-func tps(names ...string) []TopicPartition {
-	out := make([]TopicPartition, 0, len(names))
+func tps(names ...string) []state.TopicPartition {
+	out := make([]state.TopicPartition, 0, len(names))
 	for _, n := range names {
 		i := strings.LastIndexByte(n, '/')
 		p, err := strconv.Atoi(n[i+1:])
 		if i < 0 || err != nil {
 			panic("bad partition name " + n)
 		}
-		out = append(out, TopicPartition{Topic: n[:i], Partition: int32(p)})
+		out = append(out, state.TopicPartition{Topic: n[:i], Partition: int32(p)})
 	}
 	return out
 }
 
 // span returns topic/from … topic/to-1.
-func span(topic string, from, to int) []TopicPartition {
-	var out []TopicPartition
+func span(topic string, from, to int) []state.TopicPartition {
+	var out []state.TopicPartition
 	for p := from; p < to; p++ {
-		out = append(out, TopicPartition{Topic: topic, Partition: int32(p)})
+		out = append(out, state.TopicPartition{Topic: topic, Partition: int32(p)})
 	}
 	return out
 }
 
 // checkBalanced fails t unless got gives every partition to exactly one of
 // agents, with counts differing by at most one and sorted lists.
-func checkBalanced(t *testing.T, got owners, partitions []TopicPartition, agents []string) {
+func checkBalanced(t *testing.T, got owners, partitions []state.TopicPartition, agents []string) {
 	t.Helper()
 	agents = sortedUnique(agents)
 	parts := sortedPartitions(partitions)
@@ -57,14 +58,14 @@ func checkBalanced(t *testing.T, got owners, partitions []TopicPartition, agents
 		}
 		return
 	}
-	seen := map[TopicPartition]string{}
+	seen := map[state.TopicPartition]string{}
 	lo, hi := len(parts), 0
 	for _, a := range agents {
 		tps := got[a]
 		if tps != nil && len(tps) == 0 {
 			t.Errorf("agent %s listed without partitions", a)
 		}
-		if !slices.IsSortedFunc(tps, TopicPartition.Compare) {
+		if !slices.IsSortedFunc(tps, state.TopicPartition.Compare) {
 			t.Errorf("agent %s: list not sorted: %v", a, tps)
 		}
 		for _, tp := range tps {
@@ -97,9 +98,9 @@ func checkBalanced(t *testing.T, got owners, partitions []TopicPartition, agents
 // agents can make from current, found by trying every choice of the
 // n mod k agents that get the larger share. current must be valid (each
 // partition at most once).
-func minMoves(partitions []TopicPartition, agents []string, current owners) int {
+func minMoves(partitions []state.TopicPartition, agents []string, current owners) int {
 	agents = sortedUnique(agents)
-	exists := map[TopicPartition]bool{}
+	exists := map[state.TopicPartition]bool{}
 	for _, tp := range partitions {
 		exists[tp] = true
 	}
@@ -159,7 +160,7 @@ func TestBalance(t *testing.T) {
 	}
 	tests := []struct {
 		name       string
-		partitions []TopicPartition
+		partitions []state.TopicPartition
 		agents     []string
 		current    owners
 		want       owners
@@ -358,7 +359,7 @@ func TestBalanceAgentsComeAndGo(t *testing.T) {
 
 // randomOwners gives each partition of universe, with probability pOwned,
 // to one random agent of pool.
-func randomOwners(rng *rand.Rand, universe []TopicPartition, pool []string, pOwned float64) owners {
+func randomOwners(rng *rand.Rand, universe []state.TopicPartition, pool []string, pOwned float64) owners {
 	o := owners{}
 	for _, tp := range universe {
 		if rng.Float64() < pOwned {
@@ -488,7 +489,7 @@ func TestMoves(t *testing.T) {
 func TestPlan(t *testing.T) {
 	published := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	p4 := span("t", 0, 4)
-	stable := Assignment{
+	stable := state.Assignment{
 		Generation: 5, Cluster: "A", Leader: "a", Token: 7, Published: published,
 		Owned: owners{"a": tps("t/0", "t/2"), "b": tps("t/1", "t/3")},
 	}
@@ -496,12 +497,12 @@ func TestPlan(t *testing.T) {
 		name string
 		in   PlanInput
 		// want is the next generation; nil-valued means unchanged.
-		want *Assignment
+		want *state.Assignment
 	}{
 		{
 			name: "first assignment from nothing, on any cluster, assigns at once",
 			in:   PlanInput{Partitions: p4, Cluster: "A", Live: []string{"b", "a"}},
-			want: &Assignment{Generation: 1, Cluster: "A",
+			want: &state.Assignment{Generation: 1, Cluster: "A",
 				Owned: owners{"a": tps("t/0", "t/2"), "b": tps("t/1", "t/3")}, Revoking: owners{}},
 		},
 		{
@@ -519,66 +520,66 @@ func TestPlan(t *testing.T) {
 		{
 			name: "unsorted lists and empty entries compare by content",
 			in: PlanInput{
-				Current:    Assignment{Generation: 2, Cluster: "A", Owned: owners{"a": tps("t/3", "t/1"), "b": nil}, Revoking: owners{}},
+				Current:    state.Assignment{Generation: 2, Cluster: "A", Owned: owners{"a": tps("t/3", "t/1"), "b": nil}, Revoking: owners{}},
 				Partitions: tps("t/1", "t/3"), Cluster: "A", Live: []string{"a"},
 			},
 		},
 		{
 			name: "agent joins: moved partitions are only revoked, nobody gets them yet",
 			in: PlanInput{
-				Current:    Assignment{Generation: 3, Cluster: "A", Leader: "a", Token: 2, Published: published, Owned: owners{"a": p4}},
+				Current:    state.Assignment{Generation: 3, Cluster: "A", Leader: "a", Token: 2, Published: published, Owned: owners{"a": p4}},
 				Partitions: p4, Cluster: "A", Live: []string{"a", "b"}, Acks: map[string]int64{"a": 3},
 			},
-			want: &Assignment{Generation: 4, Cluster: "A",
+			want: &state.Assignment{Generation: 4, Cluster: "A",
 				Owned: owners{"a": tps("t/0", "t/1")}, Revoking: owners{"a": tps("t/2", "t/3")}},
 		},
 		{
 			name: "release acknowledged: the partitions go to their new owner",
 			in: PlanInput{
-				Current:    Assignment{Generation: 4, Cluster: "A", Owned: owners{"a": tps("t/0", "t/1")}, Revoking: owners{"a": tps("t/2", "t/3")}},
+				Current:    state.Assignment{Generation: 4, Cluster: "A", Owned: owners{"a": tps("t/0", "t/1")}, Revoking: owners{"a": tps("t/2", "t/3")}},
 				Partitions: p4, Cluster: "A", Live: []string{"a", "b"}, Acks: map[string]int64{"a": 4, "b": 4},
 			},
-			want: &Assignment{Generation: 5, Cluster: "A",
+			want: &state.Assignment{Generation: 5, Cluster: "A",
 				Owned: owners{"a": tps("t/0", "t/1"), "b": tps("t/2", "t/3")}, Revoking: owners{}},
 		},
 		{
 			name: "release acknowledged only for an older generation holds the partitions",
 			in: PlanInput{
-				Current:    Assignment{Generation: 4, Cluster: "A", Owned: owners{"a": tps("t/0", "t/1")}, Revoking: owners{"a": tps("t/2", "t/3")}},
+				Current:    state.Assignment{Generation: 4, Cluster: "A", Owned: owners{"a": tps("t/0", "t/1")}, Revoking: owners{"a": tps("t/2", "t/3")}},
 				Partitions: p4, Cluster: "A", Live: []string{"a", "b"}, Acks: map[string]int64{"a": 3, "b": 4},
 			},
 		},
 		{
 			name: "no ack at all holds the partitions",
 			in: PlanInput{
-				Current:    Assignment{Generation: 4, Cluster: "A", Owned: owners{"a": tps("t/0", "t/1")}, Revoking: owners{"a": tps("t/2", "t/3")}},
+				Current:    state.Assignment{Generation: 4, Cluster: "A", Owned: owners{"a": tps("t/0", "t/1")}, Revoking: owners{"a": tps("t/2", "t/3")}},
 				Partitions: p4, Cluster: "A", Live: []string{"a", "b"},
 			},
 		},
 		{
 			name: "only the acknowledging agent's releases are reassigned",
 			in: PlanInput{
-				Current: Assignment{Generation: 4, Cluster: "A",
+				Current: state.Assignment{Generation: 4, Cluster: "A",
 					Owned:    owners{"a": tps("t/0"), "b": tps("t/2")},
 					Revoking: owners{"a": tps("t/1"), "b": tps("t/3")}},
 				Partitions: p4, Cluster: "A", Live: []string{"a", "b", "c", "d"}, Acks: map[string]int64{"a": 4, "b": 3},
 			},
-			want: &Assignment{Generation: 5, Cluster: "A",
+			want: &state.Assignment{Generation: 5, Cluster: "A",
 				Owned:    owners{"a": tps("t/0"), "b": tps("t/2"), "c": tps("t/1")},
 				Revoking: owners{"b": tps("t/3")}},
 		},
 		{
 			name: "releasing agent dies before its ack: its partitions are freed at once",
 			in: PlanInput{
-				Current:    Assignment{Generation: 4, Cluster: "A", Owned: owners{"a": tps("t/0", "t/1")}, Revoking: owners{"a": tps("t/2", "t/3")}},
+				Current:    state.Assignment{Generation: 4, Cluster: "A", Owned: owners{"a": tps("t/0", "t/1")}, Revoking: owners{"a": tps("t/2", "t/3")}},
 				Partitions: p4, Cluster: "A", Live: []string{"b"}, Acks: map[string]int64{"a": 3, "b": 4},
 			},
-			want: &Assignment{Generation: 5, Cluster: "A", Owned: owners{"b": p4}, Revoking: owners{}},
+			want: &state.Assignment{Generation: 5, Cluster: "A", Owned: owners{"b": p4}, Revoking: owners{}},
 		},
 		{
 			name: "owner dies: the survivors take its partitions at once",
 			in:   PlanInput{Current: stable, Partitions: p4, Cluster: "A", Live: []string{"a"}, Acks: map[string]int64{"a": 5, "b": 5}},
-			want: &Assignment{Generation: 6, Cluster: "A", Owned: owners{"a": p4}, Revoking: owners{}},
+			want: &state.Assignment{Generation: 6, Cluster: "A", Owned: owners{"a": p4}, Revoking: owners{}},
 		},
 		{
 			// It may still be consuming, and only its release commits
@@ -586,133 +587,133 @@ func TestPlan(t *testing.T) {
 			name: "owner cut off but live: its partitions are revoked, nobody gets them yet",
 			in: PlanInput{Current: stable, Partitions: p4, Cluster: "A", Live: []string{"a", "b"}, CutOff: []string{"b"},
 				Acks: map[string]int64{"a": 5, "b": 5}},
-			want: &Assignment{Generation: 6, Cluster: "A", Owned: owners{"a": tps("t/0", "t/2")}, Revoking: owners{"b": tps("t/1", "t/3")}},
+			want: &state.Assignment{Generation: 6, Cluster: "A", Owned: owners{"a": tps("t/0", "t/2")}, Revoking: owners{"b": tps("t/1", "t/3")}},
 		},
 		{
 			name: "cut-off owner acknowledged its release: the others take its partitions, it gets none",
 			in: PlanInput{
-				Current:    Assignment{Generation: 6, Cluster: "A", Owned: owners{"a": tps("t/0", "t/2")}, Revoking: owners{"b": tps("t/1", "t/3")}},
+				Current:    state.Assignment{Generation: 6, Cluster: "A", Owned: owners{"a": tps("t/0", "t/2")}, Revoking: owners{"b": tps("t/1", "t/3")}},
 				Partitions: p4, Cluster: "A", Live: []string{"a", "b"}, CutOff: []string{"b"}, Acks: map[string]int64{"a": 6, "b": 6},
 			},
-			want: &Assignment{Generation: 7, Cluster: "A", Owned: owners{"a": p4}, Revoking: owners{}},
+			want: &state.Assignment{Generation: 7, Cluster: "A", Owned: owners{"a": p4}, Revoking: owners{}},
 		},
 		{
 			name: "no live agent: nothing is owned",
 			in:   PlanInput{Current: stable, Partitions: p4, Cluster: "A", Acks: map[string]int64{"a": 5, "b": 5}},
-			want: &Assignment{Generation: 6, Cluster: "A", Owned: owners{}, Revoking: owners{}},
+			want: &state.Assignment{Generation: 6, Cluster: "A", Owned: owners{}, Revoking: owners{}},
 		},
 		{
 			name: "releasing agent whose partition is targeted back at it gets it once acknowledged",
 			in: PlanInput{
-				Current:    Assignment{Generation: 4, Cluster: "A", Owned: owners{"a": tps("t/0", "t/1")}, Revoking: owners{"a": tps("t/2", "t/3")}},
+				Current:    state.Assignment{Generation: 4, Cluster: "A", Owned: owners{"a": tps("t/0", "t/1")}, Revoking: owners{"a": tps("t/2", "t/3")}},
 				Partitions: p4, Cluster: "A", Live: []string{"a"}, Acks: map[string]int64{"a": 4},
 			},
-			want: &Assignment{Generation: 5, Cluster: "A", Owned: owners{"a": p4}, Revoking: owners{}},
+			want: &state.Assignment{Generation: 5, Cluster: "A", Owned: owners{"a": p4}, Revoking: owners{}},
 		},
 		{
 			name: "new partitions go straight to the least loaded",
 			in:   PlanInput{Current: stable, Partitions: span("t", 0, 6), Cluster: "A", Live: []string{"a", "b"}, Acks: map[string]int64{"a": 5, "b": 5}},
-			want: &Assignment{Generation: 6, Cluster: "A",
+			want: &state.Assignment{Generation: 6, Cluster: "A",
 				Owned: owners{"a": tps("t/0", "t/2", "t/4"), "b": tps("t/1", "t/3", "t/5")}, Revoking: owners{}},
 		},
 		{
 			name: "free partitions are assigned at once while moved ones are only revoked",
 			in: PlanInput{
-				Current:    Assignment{Generation: 3, Cluster: "A", Owned: owners{"a": p4}},
+				Current:    state.Assignment{Generation: 3, Cluster: "A", Owned: owners{"a": p4}},
 				Partitions: span("t", 0, 6), Cluster: "A", Live: []string{"a", "b"}, Acks: map[string]int64{"a": 3},
 			},
-			want: &Assignment{Generation: 4, Cluster: "A",
+			want: &state.Assignment{Generation: 4, Cluster: "A",
 				Owned: owners{"a": tps("t/0", "t/1", "t/2"), "b": tps("t/4", "t/5")}, Revoking: owners{"a": tps("t/3")}},
 		},
 		{
 			name: "owned partition that no longer exists is released, not silently dropped",
 			in: PlanInput{
-				Current:    Assignment{Generation: 2, Cluster: "A", Owned: owners{"a": tps("t/0", "t/1", "x/0")}},
+				Current:    state.Assignment{Generation: 2, Cluster: "A", Owned: owners{"a": tps("t/0", "t/1", "x/0")}},
 				Partitions: tps("t/0", "t/1"), Cluster: "A", Live: []string{"a"}, Acks: map[string]int64{"a": 2},
 			},
-			want: &Assignment{Generation: 3, Cluster: "A", Owned: owners{"a": tps("t/0", "t/1")}, Revoking: owners{"a": tps("x/0")}},
+			want: &state.Assignment{Generation: 3, Cluster: "A", Owned: owners{"a": tps("t/0", "t/1")}, Revoking: owners{"a": tps("x/0")}},
 		},
 		{
 			name: "partition that no longer exists stays revoking until acknowledged",
 			in: PlanInput{
-				Current:    Assignment{Generation: 3, Cluster: "A", Owned: owners{"a": tps("t/0", "t/1")}, Revoking: owners{"a": tps("x/0")}},
+				Current:    state.Assignment{Generation: 3, Cluster: "A", Owned: owners{"a": tps("t/0", "t/1")}, Revoking: owners{"a": tps("x/0")}},
 				Partitions: tps("t/0", "t/1"), Cluster: "A", Live: []string{"a"}, Acks: map[string]int64{"a": 2},
 			},
 		},
 		{
 			name: "partition that no longer exists is dropped once its release is acknowledged",
 			in: PlanInput{
-				Current:    Assignment{Generation: 3, Cluster: "A", Owned: owners{"a": tps("t/0", "t/1")}, Revoking: owners{"a": tps("x/0")}},
+				Current:    state.Assignment{Generation: 3, Cluster: "A", Owned: owners{"a": tps("t/0", "t/1")}, Revoking: owners{"a": tps("x/0")}},
 				Partitions: tps("t/0", "t/1"), Cluster: "A", Live: []string{"a"}, Acks: map[string]int64{"a": 3},
 			},
-			want: &Assignment{Generation: 4, Cluster: "A", Owned: owners{"a": tps("t/0", "t/1")}, Revoking: owners{}},
+			want: &state.Assignment{Generation: 4, Cluster: "A", Owned: owners{"a": tps("t/0", "t/1")}, Revoking: owners{}},
 		},
 		{
 			name: "partition of a dead agent that no longer exists is dropped",
 			in: PlanInput{
-				Current:    Assignment{Generation: 3, Cluster: "A", Owned: owners{"a": tps("t/0"), "b": tps("x/0")}, Revoking: owners{"b": tps("x/1")}},
+				Current:    state.Assignment{Generation: 3, Cluster: "A", Owned: owners{"a": tps("t/0"), "b": tps("x/0")}, Revoking: owners{"b": tps("x/1")}},
 				Partitions: tps("t/0"), Cluster: "A", Live: []string{"a"}, Acks: map[string]int64{"a": 3},
 			},
-			want: &Assignment{Generation: 4, Cluster: "A", Owned: owners{"a": tps("t/0")}, Revoking: owners{}},
+			want: &state.Assignment{Generation: 4, Cluster: "A", Owned: owners{"a": tps("t/0")}, Revoking: owners{}},
 		},
 		{
 			name: "cluster switch revokes everything and assigns nothing",
 			in:   PlanInput{Current: stable, Partitions: p4, Cluster: "B", Live: []string{"a", "b"}, Acks: map[string]int64{"a": 5, "b": 5}},
-			want: &Assignment{Generation: 6, Cluster: "B",
+			want: &state.Assignment{Generation: 6, Cluster: "B",
 				Owned: owners{}, Revoking: owners{"a": tps("t/0", "t/2"), "b": tps("t/1", "t/3")}},
 		},
 		{
 			name: "cluster switch revokes old-cluster partitions the new cluster lacks",
 			in:   PlanInput{Current: stable, Partitions: tps("t/0"), Cluster: "B", Live: []string{"a", "b"}},
-			want: &Assignment{Generation: 6, Cluster: "B",
+			want: &state.Assignment{Generation: 6, Cluster: "B",
 				Owned: owners{}, Revoking: owners{"a": tps("t/0", "t/2"), "b": tps("t/1", "t/3")}},
 		},
 		{
 			name: "cluster switch does not assign a dead owner's partitions yet",
 			in:   PlanInput{Current: stable, Partitions: p4, Cluster: "B", Live: []string{"a"}, Acks: map[string]int64{"a": 5}},
-			want: &Assignment{Generation: 6, Cluster: "B", Owned: owners{}, Revoking: owners{"a": tps("t/0", "t/2")}},
+			want: &state.Assignment{Generation: 6, Cluster: "B", Owned: owners{}, Revoking: owners{"a": tps("t/0", "t/2")}},
 		},
 		{
 			name: "cluster switch keeps an unacknowledged release from before the switch",
 			in: PlanInput{
-				Current:    Assignment{Generation: 5, Cluster: "A", Owned: owners{"a": tps("t/0")}, Revoking: owners{"b": tps("t/1")}},
+				Current:    state.Assignment{Generation: 5, Cluster: "A", Owned: owners{"a": tps("t/0")}, Revoking: owners{"b": tps("t/1")}},
 				Partitions: p4, Cluster: "B", Live: []string{"a", "b"}, Acks: map[string]int64{"a": 5, "b": 4},
 			},
-			want: &Assignment{Generation: 6, Cluster: "B", Owned: owners{}, Revoking: owners{"a": tps("t/0"), "b": tps("t/1")}},
+			want: &state.Assignment{Generation: 6, Cluster: "B", Owned: owners{}, Revoking: owners{"a": tps("t/0"), "b": tps("t/1")}},
 		},
 		{
 			name: "cluster switch with nothing owned publishes the new cluster alone",
 			in: PlanInput{
-				Current:    Assignment{Generation: 3, Cluster: "A", Owned: owners{"gone": p4}},
+				Current:    state.Assignment{Generation: 3, Cluster: "A", Owned: owners{"gone": p4}},
 				Partitions: p4, Cluster: "B", Live: []string{"a"},
 			},
-			want: &Assignment{Generation: 4, Cluster: "B", Owned: owners{}, Revoking: owners{}},
+			want: &state.Assignment{Generation: 4, Cluster: "B", Owned: owners{}, Revoking: owners{}},
 		},
 		{
 			name: "after the switch, acknowledged releases are assigned on the new cluster",
 			in: PlanInput{
-				Current:    Assignment{Generation: 6, Cluster: "B", Owned: owners{}, Revoking: owners{"a": tps("t/0", "t/1"), "b": tps("t/2", "t/3")}},
+				Current:    state.Assignment{Generation: 6, Cluster: "B", Owned: owners{}, Revoking: owners{"a": tps("t/0", "t/1"), "b": tps("t/2", "t/3")}},
 				Partitions: p4, Cluster: "B", Live: []string{"a", "b"}, Acks: map[string]int64{"a": 6, "b": 6},
 			},
-			want: &Assignment{Generation: 7, Cluster: "B",
+			want: &state.Assignment{Generation: 7, Cluster: "B",
 				Owned: owners{"a": tps("t/0", "t/2"), "b": tps("t/1", "t/3")}, Revoking: owners{}},
 		},
 		{
 			name: "after the switch, an unacknowledged release holds back only its partitions",
 			in: PlanInput{
-				Current:    Assignment{Generation: 6, Cluster: "B", Owned: owners{}, Revoking: owners{"a": tps("t/0", "t/1"), "b": tps("t/2", "t/3")}},
+				Current:    state.Assignment{Generation: 6, Cluster: "B", Owned: owners{}, Revoking: owners{"a": tps("t/0", "t/1"), "b": tps("t/2", "t/3")}},
 				Partitions: p4, Cluster: "B", Live: []string{"a", "b"}, Acks: map[string]int64{"a": 6, "b": 5},
 			},
-			want: &Assignment{Generation: 7, Cluster: "B",
+			want: &state.Assignment{Generation: 7, Cluster: "B",
 				Owned: owners{"a": tps("t/0"), "b": tps("t/1")}, Revoking: owners{"b": tps("t/2", "t/3")}},
 		},
 		{
 			name: "lists come out sorted and only agents with partitions are listed",
 			in: PlanInput{
-				Current:    Assignment{Generation: 2, Cluster: "A", Owned: owners{"a": tps("t/3", "t/1"), "b": {}}, Revoking: owners{"c": {}}},
+				Current:    state.Assignment{Generation: 2, Cluster: "A", Owned: owners{"a": tps("t/3", "t/1"), "b": {}}, Revoking: owners{"c": {}}},
 				Partitions: tps("t/3", "t/2", "t/1"), Cluster: "A", Live: []string{"a", "b", "c"},
 			},
-			want: &Assignment{Generation: 3, Cluster: "A",
+			want: &state.Assignment{Generation: 3, Cluster: "A",
 				Owned: owners{"a": tps("t/1"), "b": tps("t/2")}, Revoking: owners{"a": tps("t/3")}},
 		},
 	}
@@ -741,7 +742,7 @@ func TestPlan(t *testing.T) {
 
 // mayConsume returns the live agent that may be consuming tp under in:
 // it owns tp, or is revoking it and has not acknowledged; "" if none.
-func mayConsume(in PlanInput, tp TopicPartition) string {
+func mayConsume(in PlanInput, tp state.TopicPartition) string {
 	live := func(a string) bool { return slices.Contains(in.Live, a) }
 	for a, list := range in.Current.Owned {
 		if live(a) && slices.Contains(list, tp) {
@@ -757,7 +758,7 @@ func mayConsume(in PlanInput, tp TopicPartition) string {
 }
 
 // checkStep checks the guarantees of one Plan step.
-func checkStep(t *testing.T, in PlanInput, next Assignment, changed bool) {
+func checkStep(t *testing.T, in PlanInput, next state.Assignment, changed bool) {
 	t.Helper()
 	if !changed {
 		if !reflect.DeepEqual(next, in.Current) {
@@ -771,7 +772,7 @@ func checkStep(t *testing.T, in PlanInput, next Assignment, changed bool) {
 	if next.Leader != "" || next.Token != 0 || !next.Published.IsZero() {
 		t.Fatalf("Plan filled the caller's fields: %+v", next)
 	}
-	holder := map[TopicPartition]string{}
+	holder := map[state.TopicPartition]string{}
 	for _, m := range []owners{next.Owned, next.Revoking} {
 		for a, list := range m {
 			if len(list) == 0 {
@@ -780,7 +781,7 @@ func checkStep(t *testing.T, in PlanInput, next Assignment, changed bool) {
 			if !slices.Contains(in.Live, a) {
 				t.Errorf("agent %s is not live, yet holds %v", a, list)
 			}
-			if !slices.IsSortedFunc(list, TopicPartition.Compare) {
+			if !slices.IsSortedFunc(list, state.TopicPartition.Compare) {
 				t.Errorf("agent %s: list not sorted: %v", a, list)
 			}
 			for _, tp := range list {
@@ -825,12 +826,12 @@ func checkStep(t *testing.T, in PlanInput, next Assignment, changed bool) {
 			}
 		}
 	}
-	if _, err := ParseAssignment(mustJSON(t, next)); err != nil {
+	if _, err := state.ParseAssignment(mustJSON(t, next)); err != nil {
 		t.Errorf("agents would refuse the next generation: %v", err)
 	}
 }
 
-func mustJSON(t *testing.T, a Assignment) []byte {
+func mustJSON(t *testing.T, a state.Assignment) []byte {
 	t.Helper()
 	b, err := json.Marshal(a)
 	if err != nil {
@@ -845,9 +846,9 @@ func mustJSON(t *testing.T, a Assignment) []byte {
 func randomPlanInput(rng *rand.Rand) PlanInput {
 	pool := []string{"a", "b", "c", "d", "e"}
 	universe := slices.Concat(span("t", 0, 8), span("u", 0, 4))
-	var cur Assignment
+	var cur state.Assignment
 	if gen := int64(rng.IntN(6)); gen > 0 {
-		cur = Assignment{Generation: gen, Cluster: []string{"A", "B"}[rng.IntN(2)], Owned: owners{}, Revoking: owners{}}
+		cur = state.Assignment{Generation: gen, Cluster: []string{"A", "B"}[rng.IntN(2)], Owned: owners{}, Revoking: owners{}}
 		for _, tp := range universe {
 			a := pool[rng.IntN(len(pool))]
 			switch r := rng.Float64(); {
@@ -928,36 +929,6 @@ func TestPlanProperties(t *testing.T) {
 	}
 }
 
-func TestParseAssignmentRefusesDuplicates(t *testing.T) {
-	tests := []struct {
-		name    string
-		val     string
-		wantErr string
-	}{
-		{"owned by two agents", `{"generation":3,"owned":{"a":[{"topic":"t","partition":0}],"b":[{"topic":"t","partition":0}]}}`, "gives t/0 to both"},
-		{"owned by one, revoked from another", `{"generation":3,"owned":{"a":[{"topic":"t","partition":0}]},"revoking":{"b":[{"topic":"t","partition":0}]}}`, "gives t/0 to both"},
-		{"owned and revoked by the same agent", `{"generation":3,"owned":{"a":[{"topic":"t","partition":0}]},"revoking":{"a":[{"topic":"t","partition":0}]}}`, "gives t/0 to both a and a"},
-		{"listed twice for one agent", `{"generation":3,"owned":{"a":[{"topic":"t","partition":1},{"topic":"t","partition":1}]}}`, "gives t/1 to both a and a"},
-		{"valid", `{"generation":3,"owned":{"a":[{"topic":"t","partition":0}]},"revoking":{"b":[{"topic":"t","partition":1}]}}`, ""},
-		{"placed twice on B", `{"generation":3,"cluster":"A","placed":{"B":{"owned":{"a":[{"topic":"t","partition":0}],"b":[{"topic":"t","partition":0}]}}}}`, "gives B:t/0 to both"},
-		{"same partition on A and on B", `{"generation":3,"cluster":"A","owned":{"a":[{"topic":"t","partition":0}]},"placed":{"B":{"owned":{"b":[{"topic":"t","partition":0}]}}}}`, ""},
-		{"placed on its own cluster", `{"generation":3,"cluster":"A","placed":{"A":{"owned":{}}}}`, "places partitions on its own cluster A"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			_, err := ParseAssignment([]byte(tt.val))
-			switch {
-			case tt.wantErr == "" && err != nil:
-				t.Fatalf("refused a valid assignment: %v", err)
-			case tt.wantErr != "" && err == nil:
-				t.Fatal("accepted an assignment that gives a partition twice")
-			case tt.wantErr != "" && !strings.Contains(err.Error(), tt.wantErr):
-				t.Fatalf("error %q does not say %q", err, tt.wantErr)
-			}
-		})
-	}
-}
-
 // TestPlanSections: each cluster's section is planned by Plan on its own
 // partitions under one generation: a topic that leaves one cluster is
 // released there while nothing else moves, it is assigned on the other
@@ -965,13 +936,17 @@ func TestParseAssignmentRefusesDuplicates(t *testing.T) {
 // cluster it leaves releases that section and keeps the owners of the
 // target's.
 func TestPlanSections(t *testing.T) {
-	tp := func(topic string, p int32) TopicPartition { return TopicPartition{Topic: topic, Partition: p} }
-	orders := []TopicPartition{tp("orders", 0), tp("orders", 1)}
-	audit := []TopicPartition{tp("audit", 0), tp("audit", 1)}
+	tp := func(topic string, p int32) state.TopicPartition {
+		return state.TopicPartition{Topic: topic, Partition: p}
+	}
+	orders := []state.TopicPartition{tp("orders", 0), tp("orders", 1)}
+	audit := []state.TopicPartition{tp("audit", 0), tp("audit", 1)}
 	live := []string{"a1", "a2"}
 	all := append(slices.Clone(orders), audit...)
-	acked := func(a Assignment) map[string]int64 { return map[string]int64{"a1": a.Generation, "a2": a.Generation} }
-	settle := func(cur Assignment, parts map[string][]TopicPartition, cluster string) Assignment {
+	acked := func(a state.Assignment) map[string]int64 {
+		return map[string]int64{"a1": a.Generation, "a2": a.Generation}
+	}
+	settle := func(cur state.Assignment, parts map[string][]state.TopicPartition, cluster string) state.Assignment {
 		t.Helper()
 		for range 4 {
 			next, changed := PlanSections(SectionsInput{Current: cur, Cluster: cluster, Partitions: parts, Live: live, Acks: acked(cur)})
@@ -982,7 +957,7 @@ func TestPlanSections(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := ParseAssignment(val); err != nil {
+			if _, err := state.ParseAssignment(val); err != nil {
 				t.Fatalf("PlanSections made an assignment ParseAssignment refuses: %v", err)
 			}
 			cur = next
@@ -990,12 +965,12 @@ func TestPlanSections(t *testing.T) {
 		t.Fatalf("no fixed point after 4 generations: %+v", cur)
 		return cur
 	}
-	start := settle(Assignment{}, map[string][]TopicPartition{"A": all}, "A")
+	start := settle(state.Assignment{}, map[string][]state.TopicPartition{"A": all}, "A")
 	if len(start.Placed) != 0 || len(start.Owned["a1"])+len(start.Owned["a2"]) != 4 {
 		t.Fatalf("start: %+v", start)
 	}
 	// audit leaves A: released in one generation, orders untouched.
-	rel, changed := PlanSections(SectionsInput{Current: start, Cluster: "A", Partitions: map[string][]TopicPartition{"A": orders},
+	rel, changed := PlanSections(SectionsInput{Current: start, Cluster: "A", Partitions: map[string][]state.TopicPartition{"A": orders},
 		Live: live, Acks: acked(start)})
 	if !changed {
 		t.Fatal("no generation releases audit")
@@ -1017,7 +992,7 @@ func TestPlanSections(t *testing.T) {
 	}
 	// audit arrives on B once translated: assigned at once there; A keeps
 	// its owners.
-	placed := settle(rel, map[string][]TopicPartition{"A": orders, "B": audit}, "A")
+	placed := settle(rel, map[string][]state.TopicPartition{"A": orders, "B": audit}, "A")
 	if got := len(placed.Section("B").Owned["a1"]) + len(placed.Section("B").Owned["a2"]); got != 2 {
 		t.Fatalf("audit on B: %d partitions owned: %+v", got, placed.Placed)
 	}
@@ -1031,7 +1006,7 @@ func TestPlanSections(t *testing.T) {
 	}
 	// The fleet moves to B: A's section is released, B's owners of audit
 	// keep it (relabelled as the assignment's own cluster).
-	sw, changed := PlanSections(SectionsInput{Current: placed, Cluster: "B", Partitions: map[string][]TopicPartition{"B": audit},
+	sw, changed := PlanSections(SectionsInput{Current: placed, Cluster: "B", Partitions: map[string][]state.TopicPartition{"B": audit},
 		Live: live, Acks: acked(placed)})
 	if !changed || sw.Cluster != "B" {
 		t.Fatalf("fleet switch to B: changed %v, %+v", changed, sw)
@@ -1044,7 +1019,7 @@ func TestPlanSections(t *testing.T) {
 			t.Errorf("%s's audit partitions moved in the switch: %v → %v", agent, placed.Section("B").Owned[agent], sw.Owned[agent])
 		}
 	}
-	done := settle(sw, map[string][]TopicPartition{"B": all}, "B")
+	done := settle(sw, map[string][]state.TopicPartition{"B": all}, "B")
 	if len(done.Placed) != 0 || len(done.Owned["a1"])+len(done.Owned["a2"]) != 4 {
 		t.Errorf("after the switch: %+v", done)
 	}
@@ -1065,7 +1040,7 @@ func TestParseActiveTopics(t *testing.T) {
 		{"on the target of a fleet switch", `{"cluster":"B","epoch":3,"phase":"switching","from":"A","topics":{"audit":{"cluster":"B","phase":"active","epoch":2}}}`, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			a, err := ParseActive([]byte(tc.val))
+			a, err := state.ParseActive([]byte(tc.val))
 			switch {
 			case tc.wantErr == "" && err != nil:
 				t.Fatalf("refused: %v", err)
@@ -1076,9 +1051,9 @@ func TestParseActiveTopics(t *testing.T) {
 			}
 		})
 	}
-	a := Active{Cluster: "A", Epoch: 4, Phase: PhaseActive, Topics: map[string]TopicActive{
-		"audit":  {Cluster: "B", Phase: PhaseActive, Epoch: 3},
-		"clicks": {Cluster: "B", Phase: PhaseSwitching, From: "A", Epoch: 4},
+	a := state.Active{Cluster: "A", Epoch: 4, Phase: state.PhaseActive, Topics: map[string]state.TopicActive{
+		"audit":  {Cluster: "B", Phase: state.PhaseActive, Epoch: 3},
+		"clicks": {Cluster: "B", Phase: state.PhaseSwitching, From: "A", Epoch: 4},
 	}}
 	for topic, want := range map[string]string{"audit": "B", "clicks": "A", "orders": "A"} {
 		if got := a.PositionsOf(topic); got != want {
@@ -1088,13 +1063,13 @@ func TestParseActiveTopics(t *testing.T) {
 	if c, moving := a.TopicCluster("clicks"); c != "B" || !moving {
 		t.Errorf("clicks: %s moving %v", c, moving)
 	}
-	if got := throughSwitch(a, "B", nil, 5, time.Now()); len(got) != 1 || got["audit"].Phase != PhaseActive {
+	if got := throughSwitch(a, "B", nil, 5, time.Now()); len(got) != 1 || got["audit"].Phase != state.PhaseActive {
 		t.Errorf("a fleet switch to B keeps %v on B, want audit only", got)
 	}
 	// A topic pinned to A stays there through a fleet switch to B; one
 	// placed on B joins the fleet there; clicks, moving, follows it.
 	got := throughSwitch(a, "B", []string{"orders"}, 5, time.Now())
-	if len(got) != 2 || got["orders"].Cluster != "A" || got["orders"].Phase != PhaseActive || got["orders"].Epoch != 5 || got["audit"].Cluster != "B" {
+	if len(got) != 2 || got["orders"].Cluster != "A" || got["orders"].Phase != state.PhaseActive || got["orders"].Epoch != 5 || got["audit"].Cluster != "B" {
 		t.Errorf("a fleet switch to B with orders staying: %+v", got)
 	}
 }
@@ -1109,19 +1084,19 @@ func TestRecoveredActiveKeepsPlacements(t *testing.T) {
 		"B": {Role: config.RoleStandby},
 	}}
 	conf := &dynamic{cfg: cfg, clusters: cfg.Clusters, naming: NewNaming(cfg), primary: "A", standby: "B"}
-	asg := Assignment{Generation: 7, Cluster: "A",
-		Owned: map[string][]TopicPartition{"agent-1": {{Topic: "orders", Partition: 0}}},
-		Placed: map[string]Placement{"B": {
-			Owned:    map[string][]TopicPartition{"agent-1": {{Topic: "A.audit", Partition: 0}}},
-			Revoking: map[string][]TopicPartition{"agent-2": {{Topic: "clicks", Partition: 1}}},
+	asg := state.Assignment{Generation: 7, Cluster: "A",
+		Owned: map[string][]state.TopicPartition{"agent-1": {{Topic: "orders", Partition: 0}}},
+		Placed: map[string]state.Placement{"B": {
+			Owned:    map[string][]state.TopicPartition{"agent-1": {{Topic: "A.audit", Partition: 0}}},
+			Revoking: map[string][]state.TopicPartition{"agent-2": {{Topic: "clicks", Partition: 1}}},
 		}},
 	}
-	a := Active{Cluster: "A", Epoch: 9, Phase: PhaseActive}
+	a := state.Active{Cluster: "A", Epoch: 9, Phase: state.PhaseActive}
 	got := recoverPlaced(asg, a, conf)
-	if len(got) != 2 || got["audit"].Cluster != "B" || got["clicks"].Cluster != "B" || got["audit"].Phase != PhaseActive || got["audit"].Epoch != 9 {
+	if len(got) != 2 || got["audit"].Cluster != "B" || got["clicks"].Cluster != "B" || got["audit"].Phase != state.PhaseActive || got["audit"].Epoch != 9 {
 		t.Fatalf("recovered placements %+v, want audit and clicks on B, active, epoch 9", got)
 	}
-	if got := recoverPlaced(Assignment{Cluster: "A"}, a, conf); got != nil {
+	if got := recoverPlaced(state.Assignment{Cluster: "A"}, a, conf); got != nil {
 		t.Errorf("an assignment without placed sections recovers %+v", got)
 	}
 }
@@ -1131,13 +1106,13 @@ func TestRecoveredActiveKeepsPlacements(t *testing.T) {
 // was published, and not at all when nothing is outstanding.
 func TestHandoverHold(t *testing.T) {
 	now := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
-	tp := TopicPartition{Topic: "orders", Partition: 1}
-	cur := Assignment{Generation: 7, Cluster: "A", Published: now.Add(-100 * time.Millisecond),
-		Owned:    map[string][]TopicPartition{"b": {{Topic: "orders", Partition: 0}}},
-		Revoking: map[string][]TopicPartition{"a": {tp}}}
+	tp := state.TopicPartition{Topic: "orders", Partition: 1}
+	cur := state.Assignment{Generation: 7, Cluster: "A", Published: now.Add(-100 * time.Millisecond),
+		Owned:    map[string][]state.TopicPartition{"b": {{Topic: "orders", Partition: 0}}},
+		Revoking: map[string][]state.TopicPartition{"a": {tp}}}
 	for _, c := range []struct {
 		what string
-		cur  func(Assignment) Assignment
+		cur  func(state.Assignment) state.Assignment
 		live []string
 		acks map[string]int64
 		want time.Duration
@@ -1145,12 +1120,12 @@ func TestHandoverHold(t *testing.T) {
 		{"a revoker has not acknowledged", nil, []string{"a", "b", "c"}, map[string]int64{"a": 6, "b": 7}, handoverWait - 100*time.Millisecond},
 		{"every revoker acknowledged", nil, []string{"a", "b", "c"}, map[string]int64{"a": 7}, 0},
 		{"the revoker is gone", nil, []string{"b", "c"}, map[string]int64{}, 0},
-		{"the wait is over", func(a Assignment) Assignment { a.Published = now.Add(-handoverWait); return a }, []string{"a"}, nil, 0},
-		{"published in this clock's future", func(a Assignment) Assignment { a.Published = now.Add(time.Hour); return a }, []string{"a"}, nil, 0},
-		{"nothing revoked", func(a Assignment) Assignment { a.Revoking = nil; return a }, []string{"a", "b"}, nil, 0},
-		{"a revoke in a placed section", func(a Assignment) Assignment {
+		{"the wait is over", func(a state.Assignment) state.Assignment { a.Published = now.Add(-handoverWait); return a }, []string{"a"}, nil, 0},
+		{"published in this clock's future", func(a state.Assignment) state.Assignment { a.Published = now.Add(time.Hour); return a }, []string{"a"}, nil, 0},
+		{"nothing revoked", func(a state.Assignment) state.Assignment { a.Revoking = nil; return a }, []string{"a", "b"}, nil, 0},
+		{"a revoke in a placed section", func(a state.Assignment) state.Assignment {
 			a.Revoking = nil
-			a.Placed = map[string]Placement{"B": {Revoking: map[string][]TopicPartition{"a": {tp}}}}
+			a.Placed = map[string]state.Placement{"B": {Revoking: map[string][]state.TopicPartition{"a": {tp}}}}
 			return a
 		}, []string{"a"}, nil, handoverWait - 100*time.Millisecond},
 	} {
@@ -1171,10 +1146,10 @@ func TestHandoverHold(t *testing.T) {
 // moves (before, a kept the first topics by name: all of audit, so
 // audit's move left a with two partitions and two others moved to it).
 func TestBalanceKeepsTopicsMixed(t *testing.T) {
-	var all, rest []TopicPartition
+	var all, rest []state.TopicPartition
 	for _, topic := range []string{"audit", "clicks", "orders", "payments"} {
 		for p := range int32(4) {
-			tp := TopicPartition{Topic: topic, Partition: p}
+			tp := state.TopicPartition{Topic: topic, Partition: p}
 			all = append(all, tp)
 			if topic != "audit" {
 				rest = append(rest, tp)
@@ -1182,10 +1157,10 @@ func TestBalanceKeepsTopicsMixed(t *testing.T) {
 		}
 	}
 	agents := []string{"a", "b", "c"}
-	joined := Balance(all, agents, map[string][]TopicPartition{"a": all})
-	withoutAudit := map[string][]TopicPartition{}
+	joined := Balance(all, agents, map[string][]state.TopicPartition{"a": all})
+	withoutAudit := map[string][]state.TopicPartition{}
 	for a, tps := range joined {
-		withoutAudit[a] = slices.DeleteFunc(slices.Clone(tps), func(tp TopicPartition) bool { return tp.Topic == "audit" })
+		withoutAudit[a] = slices.DeleteFunc(slices.Clone(tps), func(tp state.TopicPartition) bool { return tp.Topic == "audit" })
 	}
 	moved := Balance(rest, agents, withoutAudit)
 	if n := Moves(withoutAudit, moved); n != 0 {
@@ -1206,10 +1181,10 @@ func TestBalanceKeepsTopicsMixed(t *testing.T) {
 // leaves it one partition over; any pair moves at most one.
 func TestBalanceSpreadsTopicsAcrossJoins(t *testing.T) {
 	topics := []string{"audit", "clicks", "orders", "payments"}
-	var all []TopicPartition
+	var all []state.TopicPartition
 	for _, topic := range topics {
 		for p := range int32(4) {
-			all = append(all, TopicPartition{Topic: topic, Partition: p})
+			all = append(all, state.TopicPartition{Topic: topic, Partition: p})
 		}
 	}
 	agents := []string{"a", "b", "c"}
@@ -1221,23 +1196,23 @@ func TestBalanceSpreadsTopicsAcrossJoins(t *testing.T) {
 		{{"c"}, {"b", "c"}, {"a", "b", "c"}},
 	} {
 		t.Run(fmt.Sprint(joins), func(t *testing.T) {
-			var owned map[string][]TopicPartition
+			var owned map[string][]state.TopicPartition
 			for _, present := range joins {
 				owned = Balance(all, present, owned)
 			}
 			for _, topic := range topics {
 				var counts []int
 				for _, a := range agents {
-					counts = append(counts, len(slices.DeleteFunc(slices.Clone(owned[a]), func(tp TopicPartition) bool { return tp.Topic != topic })))
+					counts = append(counts, len(slices.DeleteFunc(slices.Clone(owned[a]), func(tp state.TopicPartition) bool { return tp.Topic != topic })))
 				}
 				if slices.Max(counts)-slices.Min(counts) > 1 {
 					t.Errorf("topic %s spread %v over a, b, c: %v", topic, counts, owned)
 				}
 			}
 			for _, moved := range [][2]string{{"audit", "clicks"}, {"audit", "orders"}, {"audit", "payments"}, {"clicks", "orders"}, {"clicks", "payments"}, {"orders", "payments"}} {
-				left, rest := map[string][]TopicPartition{}, []TopicPartition(nil)
+				left, rest := map[string][]state.TopicPartition{}, []state.TopicPartition(nil)
 				for a, tps := range owned {
-					left[a] = slices.DeleteFunc(slices.Clone(tps), func(tp TopicPartition) bool { return tp.Topic == moved[0] || tp.Topic == moved[1] })
+					left[a] = slices.DeleteFunc(slices.Clone(tps), func(tp state.TopicPartition) bool { return tp.Topic == moved[0] || tp.Topic == moved[1] })
 					rest = append(rest, left[a]...)
 				}
 				want := 1

@@ -6,6 +6,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/kswitch/kswitch/state"
 	"github.com/kswitch/kswitch/translate"
 )
 
@@ -24,12 +25,12 @@ type prepared struct {
 	// hints are the pre-translated positions, by partition on the target: where
 	// the positions committed during the preparation continue on the
 	// target, found by fingerprint.
-	hints map[TopicPartition]*translate.Hint
+	hints map[state.TopicPartition]*translate.Hint
 }
 
 // use returns the translation and hints prepared for a switch from → to,
 // or nil when p prepared another switch or nothing.
-func (p *prepared) use(from, to string) (*translation, map[TopicPartition]*translate.Hint) {
+func (p *prepared) use(from, to string) (*translation, map[state.TopicPartition]*translate.Hint) {
 	if p == nil || p.x == nil || p.x.from != from || p.x.to != to {
 		return nil, nil
 	}
@@ -100,10 +101,10 @@ func (l *Leader) prepare(ctx context.Context, t *term, to string, live func() []
 		// Partial results are fine: a partition without a hint is
 		// translated from scratch.
 		parts, _, _ := l.translate(pctx, x, positions, nil)
-		p.hints = map[TopicPartition]*translate.Hint{}
+		p.hints = map[state.TopicPartition]*translate.Hint{}
 		for _, ps := range parts {
 			if ps.Method == string(translate.MethodFingerprint) && ps.Lagged == 0 {
-				p.hints[TopicPartition{Topic: ps.ToTopic, Partition: ps.Partition}] = &translate.Hint{SourceOffset: ps.FromOffset, TargetOffset: ps.ToOffset}
+				p.hints[state.TopicPartition{Topic: ps.ToTopic, Partition: ps.Partition}] = &translate.Hint{SourceOffset: ps.FromOffset, TargetOffset: ps.ToOffset}
 			}
 		}
 	}()

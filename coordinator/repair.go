@@ -13,6 +13,8 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/kswitch/kswitch/state"
 )
 
 // The leader owns state/assignment and state/active: only its term's
@@ -94,8 +96,8 @@ func (l *Leader) repairState(ctx context.Context, t *term, ak *acks, asg, act *k
 		}
 		l.metrics.repaired("assignment")
 	}
-	if t.active.unwritten || act.foreign(t.activeRev) {
-		t.active.unwritten = false
+	if t.activeUnwritten || act.foreign(t.activeRev) {
+		t.activeUnwritten = false
 		rctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
 		resp, err := l.etcd.Get(rctx, l.keys.Active())
 		cancel()
@@ -130,7 +132,7 @@ func maxAck(ak *acks) int64 {
 // stalled follows the discovered partitions that no agent consumes or
 // releases: the leader's fleet-level verdict of what is not moving.
 type stalled struct {
-	since   map[ClusterPartition]time.Time
+	since   map[state.ClusterPartition]time.Time
 	metrics *Metrics
 }
 
@@ -139,26 +141,26 @@ type stalled struct {
 // agent in cannot[cluster], which cannot reach that cluster) and returns
 // them with how long, sorted. Partitions of a's own cluster are named
 // without it.
-func (s *stalled) note(now time.Time, discovered map[string][]TopicPartition, a Assignment, cannot map[string]map[string]bool) []string {
-	held := map[ClusterPartition]bool{}
+func (s *stalled) note(now time.Time, discovered map[string][]state.TopicPartition, a state.Assignment, cannot map[string]map[string]bool) []string {
+	held := map[state.ClusterPartition]bool{}
 	for _, c := range a.Sections() {
 		sec := a.Section(c)
-		for _, m := range []map[string][]TopicPartition{sec.Owned, sec.Revoking} {
+		for _, m := range []map[string][]state.TopicPartition{sec.Owned, sec.Revoking} {
 			for id, tps := range m {
 				if cannot[c][id] {
 					continue
 				}
 				for _, tp := range tps {
-					held[ClusterPartition{c, tp}] = true
+					held[state.ClusterPartition{Cluster: c, TopicPartition: tp}] = true
 				}
 			}
 		}
 	}
 	var out []string
-	seen := map[ClusterPartition]bool{}
+	seen := map[state.ClusterPartition]bool{}
 	for _, c := range slices.Sorted(maps.Keys(discovered)) {
 		for _, tp := range discovered[c] {
-			cp := ClusterPartition{c, tp}
+			cp := state.ClusterPartition{Cluster: c, TopicPartition: tp}
 			if held[cp] {
 				continue
 			}
@@ -178,72 +180,17 @@ func (s *stalled) note(now time.Time, discovered map[string][]TopicPartition, a 
 	return out
 }
 
-// StalledAfter is how long a discovered partition may have no consumer
-// before the leader lists it in state/stalled: longer than a rebalance
-// takes, so that the key changes only when something is wrong.
-const StalledAfter = 5 * time.Second
-
-// Stalled is the value of state/stalled: the leader's fleet-level verdict
-// of the partitions nobody consumes, for kswitch status and for agents
-// that own nothing (their /readyz says so). The key is advisory: the
-// leader writes it when the set changes and deletes it when empty.
-type Stalled struct {
-	Leader     string             `json:"leader"`
-	Noted      time.Time          `json:"noted"`
-	Partitions []StalledPartition `json:"partitions"`
-	// Silent are the registered agents the leader plans without because
-	// they do not acknowledge, with why (coordinator's silence).
-	Silent map[string]string `json:"silent,omitempty"`
-}
-
-// StalledPartition is a partition without a consumer since Since. Cluster
-// is set for a partition of a cluster a topic is placed on, not the
-// fleet's.
-type StalledPartition struct {
-	TopicPartition
-	Cluster string    `json:"cluster,omitempty"`
-	Since   time.Time `json:"since"`
-}
-
-// name is the partition's name, prefixed by its cluster when it has one.
-func (p StalledPartition) name() string {
-	return ClusterPartition{p.Cluster, p.TopicPartition}.On("")
-}
-
-// ParseStalled decodes a state/stalled value.
-func ParseStalled(val []byte) (Stalled, error) {
-	var s Stalled
-	if len(val) > 1<<20 {
-		return s, fmt.Errorf("coordinator: state/stalled is %d bytes, over the 1 MiB limit", len(val))
-	}
-	if err := json.Unmarshal(val, &s); err != nil {
-		return s, fmt.Errorf("coordinator: state/stalled: %w", err)
-	}
-	return s, nil
-}
-
-// String lists the partitions with how long they have had no consumer at
-// now, the longest first.
-func (s Stalled) String(now time.Time) string {
-	parts := slices.SortedFunc(slices.Values(s.Partitions), func(a, b StalledPartition) int { return a.Since.Compare(b.Since) })
-	out := make([]string, len(parts))
-	for i, p := range parts {
-		out[i] = fmt.Sprintf("%s for %s", p.name(), now.Sub(p.Since).Round(time.Second))
-	}
-	return strings.Join(out, ", ")
-}
-
 // over returns the partitions without a consumer for longer than
 // StalledAfter at now, sorted; those of fleet's cluster without a cluster.
-func (s *stalled) over(now time.Time, fleet string) []StalledPartition {
-	var out []StalledPartition
-	for _, cp := range slices.SortedFunc(maps.Keys(s.since), ClusterPartition.Compare) {
-		if since := s.since[cp]; now.Sub(since) > StalledAfter {
+func (s *stalled) over(now time.Time, fleet string) []state.StalledPartition {
+	var out []state.StalledPartition
+	for _, cp := range slices.SortedFunc(maps.Keys(s.since), state.ClusterPartition.Compare) {
+		if since := s.since[cp]; now.Sub(since) > state.StalledAfter {
 			c := cp.Cluster
 			if c == fleet {
 				c = ""
 			}
-			out = append(out, StalledPartition{TopicPartition: cp.TopicPartition, Cluster: c, Since: since.UTC()})
+			out = append(out, state.StalledPartition{TopicPartition: cp.TopicPartition, Cluster: c, Since: since.UTC()})
 		}
 	}
 	return out
@@ -256,7 +203,7 @@ func (l *Leader) publishStalled(ctx context.Context, t *term, s *stalled, silent
 	over := s.over(now, t.active.Cluster)
 	names := make([]string, len(over))
 	for i, p := range over {
-		names[i] = p.name()
+		names[i] = p.Name()
 	}
 	quiet := slices.Sorted(maps.Keys(silent))
 	set := strings.Join(names, ",") + ";" + strings.Join(quiet, ",")
@@ -265,13 +212,13 @@ func (l *Leader) publishStalled(ctx context.Context, t *term, s *stalled, silent
 	}
 	op := clientv3.OpDelete(l.keys.Stalled())
 	if len(over) > 0 || len(silent) > 0 {
-		val, err := json.Marshal(Stalled{Leader: t.ID, Noted: now.UTC(), Partitions: over, Silent: silent})
+		val, err := json.Marshal(state.Stalled{Leader: t.ID, Noted: now.UTC(), Partitions: over, Silent: silent})
 		if err != nil {
 			return
 		}
 		op = clientv3.OpPut(l.keys.Stalled(), string(val))
 		if len(over) > 0 {
-			log.Warn("partitions have no consumer", zap.Strings("partitions", names), zap.Duration("over", StalledAfter))
+			log.Warn("partitions have no consumer", zap.Strings("partitions", names), zap.Duration("over", state.StalledAfter))
 		}
 	}
 	wctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)

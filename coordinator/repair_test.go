@@ -4,6 +4,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/kswitch/kswitch/state"
 )
 
 // TestStalledPartitions: the leader's verdict lists the discovered
@@ -11,10 +13,10 @@ import (
 // the cluster), with how long, and forgets them once they have a consumer;
 // over StalledAfter they are the value of state/stalled.
 func TestStalledPartitions(t *testing.T) {
-	s := &stalled{since: map[ClusterPartition]time.Time{}}
-	tp := func(p int32) TopicPartition { return TopicPartition{Topic: "orders", Partition: p} }
-	found := map[string][]TopicPartition{"A": {tp(0), tp(1), tp(2)}}
-	a := Assignment{Cluster: "A", Owned: map[string][]TopicPartition{"agent-1": {tp(0)}}, Revoking: map[string][]TopicPartition{"agent-2": {tp(1)}}}
+	s := &stalled{since: map[state.ClusterPartition]time.Time{}}
+	tp := func(p int32) state.TopicPartition { return state.TopicPartition{Topic: "orders", Partition: p} }
+	found := map[string][]state.TopicPartition{"A": {tp(0), tp(1), tp(2)}}
+	a := state.Assignment{Cluster: "A", Owned: map[string][]state.TopicPartition{"agent-1": {tp(0)}}, Revoking: map[string][]state.TopicPartition{"agent-2": {tp(1)}}}
 	t0 := time.Unix(1000, 0)
 	if got := s.note(t0, found, a, nil); !slices.Equal(got, []string{"orders/2 for 0s"}) || len(s.over(t0, "A")) != 0 {
 		t.Fatalf("at first: %v, over the bound %v", got, s.over(t0, "A"))
@@ -32,11 +34,11 @@ func TestStalledPartitions(t *testing.T) {
 	}
 	// A topic placed on B: B's partitions are named with their cluster,
 	// and A's orders/0 owned does not hold B's.
-	found["B"] = []TopicPartition{tp(0)}
+	found["B"] = []state.TopicPartition{tp(0)}
 	if got := s.note(t0.Add(14*time.Second), found, a, nil); !slices.Equal(got, []string{"B:orders/0 for 0s"}) {
 		t.Fatalf("B's orders/0 without an owner: %v", got)
 	}
-	a.Placed = map[string]Placement{"B": {Owned: map[string][]TopicPartition{"agent-2": {tp(0)}}}}
+	a.Placed = map[string]state.Placement{"B": {Owned: map[string][]state.TopicPartition{"agent-2": {tp(0)}}}}
 	if got := s.note(t0.Add(15*time.Second), found, a, map[string]map[string]bool{"B": {"agent-1": true}}); len(got) != 0 {
 		t.Fatalf("B's orders/0 owned by agent-2, agent-1 cut off from B: %v", got)
 	}

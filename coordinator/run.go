@@ -15,6 +15,7 @@ import (
 	"github.com/kswitch/kswitch/election"
 	"github.com/kswitch/kswitch/internal/etcdwatch"
 	"github.com/kswitch/kswitch/internal/refused"
+	"github.com/kswitch/kswitch/state"
 )
 
 // Run does the leader's work until ctx ends (leadership ended). Every
@@ -65,7 +66,7 @@ type leaderRun struct {
 	sp    *stagePlan
 	// stages is state/stages as this term wrote or found it (nil: no
 	// staged move).
-	stages *StageState
+	stages *state.StageState
 	// foundJudged is set once the first turn judged a switch in progress
 	// found at the term's start (uncalledFor).
 	foundJudged bool
@@ -80,7 +81,7 @@ type leaderRun struct {
 	// (discovery.go); lists[c] is nil until c's first list, and listed
 	// receives a value when any discovery has a new one.
 	disc   map[string]*discoveryRun
-	lists  map[string][]TopicPartition
+	lists  map[string][]state.TopicPartition
 	listed chan struct{}
 
 	// A switch that failed is retried after a backoff; failedEpoch is the
@@ -110,8 +111,8 @@ func (l *Leader) newRun(et election.Term) *leaderRun {
 	ak := newAcks(l.keys, l.members.Lease, func() { l.metrics.refusedValue(refused.Ack) }, log)
 	r := &leaderRun{Leader: l, log: log, ak: ak, quiet: newSilence(silentAfter(l.cfg.Etcd.SessionTTL), log), asg: newKeyWatch(), act: newKeyWatch(),
 		t: &term{Term: et, log: log, acks: ak}, h: newHealth(), br: &breaker{cfg: l.cfg.Failover},
-		disc: map[string]*discoveryRun{}, lists: map[string][]TopicPartition{}, listed: make(chan struct{}, 1), failedEpoch: -1,
-		caughtUpWhy: "not checked yet", unowned: &stalled{since: map[ClusterPartition]time.Time{}, metrics: l.metrics}}
+		disc: map[string]*discoveryRun{}, lists: map[string][]state.TopicPartition{}, listed: make(chan struct{}, 1), failedEpoch: -1,
+		caughtUpWhy: "not checked yet", unowned: &stalled{since: map[state.ClusterPartition]time.Time{}, metrics: l.metrics}}
 	r.tp = &topicPins{prefix: l.keys.TopicPins(), vals: map[string]string{}, changed: make(chan struct{}, 1), log: log,
 		refused: func() { l.metrics.refusedValue(refused.Pin) }, valid: func(c string) bool {
 			conf := l.conf()
@@ -178,7 +179,7 @@ func (r *leaderRun) readState(ctx context.Context) error {
 	}
 	for {
 		var err error
-		if t.active, t.activeRev, err = r.readActive(ctx); err == nil {
+		if t.active, t.activeRev, t.activeUnwritten, err = r.readActive(ctx); err == nil {
 			t.current, t.currentRev, err = r.readAssignment(ctx, r.ak)
 		}
 		if err == nil {
@@ -191,11 +192,11 @@ func (r *leaderRun) readState(ctx context.Context) error {
 		case <-time.After(time.Second):
 		}
 	}
-	if !t.active.unwritten {
+	if !t.activeUnwritten {
 		return nil
 	}
 	repair := t.activeRev != 0 // a value was there: unusable
-	t.active.unwritten = false
+	t.activeUnwritten = false
 	if err := r.writeActive(ctx, t, t.active); err != nil {
 		return err
 	}
@@ -239,7 +240,7 @@ func (r *leaderRun) turn(ctx context.Context) (again bool, err error) {
 	// A switch in progress (ours or a predecessor's) goes first.
 	dec, why := verdict(verdictInput{now: now, active: r.t.active, primary: conf.primary, standby: conf.standby, pin: r.pn.get(),
 		live: live, h: r.h, b: r.br, cfg: r.cfg.Failover, caughtUp: func() (bool, string) { return r.caughtUpGate(ctx) }})
-	switching := r.t.active.Phase == PhaseSwitching
+	switching := r.t.active.Phase == state.PhaseSwitching
 	found := switching && !r.foundJudged
 	r.foundJudged = true
 	if found {
@@ -363,7 +364,7 @@ func (r *leaderRun) whileRetrying(ctx context.Context) error {
 // every topic along).
 func (r *leaderRun) staying(to string) []string {
 	from := r.t.active.Cluster
-	if r.t.active.Phase == PhaseSwitching || !r.h.quorumUpNow(from) {
+	if r.t.active.Phase == state.PhaseSwitching || !r.h.quorumUpNow(from) {
 		return nil
 	}
 	var out []string
@@ -384,7 +385,7 @@ func (r *leaderRun) doSwitch(ctx context.Context, dec decision) error {
 	// the switch can be made before it is broken.
 	planned := r.h.quorumUpNow(t.active.Cluster) && r.h.quorumUpNow(dec.to)
 	reason := dec.reason
-	if st := r.stages; st != nil && st.Running() && t.active.Phase != PhaseSwitching {
+	if st := r.stages; st != nil && st.Running() && t.active.Phase != state.PhaseSwitching {
 		reason += fmt.Sprintf(" (overrides the staged move to %s at stage %d of %d)", st.Plan.To, st.Stage+1, len(st.Plan.Stages))
 	}
 	ev, err := r.switchTo(ctx, t, switchRequest{to: dec.to, reason: reason, auto: dec.auto, planned: planned, stay: r.staying(dec.to)})
@@ -439,7 +440,7 @@ func (b *retrying) set(err error, base time.Duration) {
 // counted counts a switch's outcome with the breaker (an automatic one
 // that succeeded; a failed one once per epoch, however many attempts;
 // epoch 0: it failed before it took an epoch) and the metrics.
-func (r *leaderRun) counted(ev SwitchEvent, err error, auto bool, epoch int64) {
+func (r *leaderRun) counted(ev state.SwitchEvent, err error, auto bool, epoch int64) {
 	tripped := false
 	switch {
 	case err == nil && auto:
@@ -532,7 +533,7 @@ const handoverWait = 500 * time.Millisecond
 // handoverWait after cur was published. Zero when nothing is revoked, or
 // the wait is over (or cur's publication time is not of this clock's
 // past: a hold never outlasts handoverWait).
-func handoverHold(cur Assignment, live []string, acks map[string]int64, now time.Time) time.Duration {
+func handoverHold(cur state.Assignment, live []string, acks map[string]int64, now time.Time) time.Duration {
 	since := now.Sub(cur.Published)
 	if since < 0 || since >= handoverWait {
 		return 0
@@ -547,7 +548,7 @@ func handoverHold(cur Assignment, live []string, acks map[string]int64, now time
 
 // discoveryRun is the discovery of one cluster's partitions.
 type discoveryRun struct {
-	found chan []TopicPartition
+	found chan []state.TopicPartition
 	stop  context.CancelFunc
 }
 
@@ -570,7 +571,7 @@ func (r *leaderRun) discoverInUse(ctx context.Context) {
 			continue
 		}
 		dctx, dcancel := context.WithCancel(ctx)
-		d := &discoveryRun{found: make(chan []TopicPartition, 1), stop: dcancel}
+		d := &discoveryRun{found: make(chan []state.TopicPartition, 1), stop: dcancel}
 		r.disc[c] = d
 		r.bg.Add(1)
 		go func() {
@@ -604,14 +605,14 @@ func (r *leaderRun) takeLists() {
 
 // inUse returns the clusters a has partitions consumed on or moving to:
 // its own first.
-func inUse(a Active) []string { return append([]string{a.Cluster}, a.Placed()...) }
+func inUse(a state.Active) []string { return append([]string{a.Cluster}, a.Placed()...) }
 
 // consumed returns, by cluster in use, the listed partitions consumed there
 // under a: those of the topics a places there, not in a switch of their
 // own. ok is false while a cluster in use has not been listed: planning
 // without its list would release what is consumed there.
-func consumed(a Active, lists map[string][]TopicPartition, naming Naming) (parts map[string][]TopicPartition, ok bool) {
-	parts = map[string][]TopicPartition{}
+func consumed(a state.Active, lists map[string][]state.TopicPartition, naming Naming) (parts map[string][]state.TopicPartition, ok bool) {
+	parts = map[string][]state.TopicPartition{}
 	for _, c := range inUse(a) {
 		ps := lists[c]
 		if ps == nil && c != a.Cluster && !consumesOn(a, c) {
@@ -625,7 +626,7 @@ func consumed(a Active, lists map[string][]TopicPartition, naming Naming) (parts
 			parts[c] = ps
 			continue
 		}
-		var keep []TopicPartition
+		var keep []state.TopicPartition
 		for _, tp := range ps {
 			if tc, moving := a.TopicCluster(naming.Logical(c, tp.Topic)); tc == c && !moving {
 				keep = append(keep, tp)
@@ -638,9 +639,9 @@ func consumed(a Active, lists map[string][]TopicPartition, naming Naming) (parts
 
 // consumesOn reports whether a places a topic on cluster c, other than
 // its own, that is consumed there now (not moving there).
-func consumesOn(a Active, c string) bool {
+func consumesOn(a state.Active, c string) bool {
 	for _, e := range a.Topics {
-		if e.Cluster == c && e.Phase == PhaseActive {
+		if e.Cluster == c && e.Phase == state.PhaseActive {
 			return true
 		}
 	}
@@ -715,19 +716,22 @@ func (r *leaderRun) wait(ctx context.Context) error {
 // loop share. Only the Run goroutine touches it.
 type term struct {
 	election.Term
-	log        *zap.Logger
-	active     Active
-	activeRev  int64
-	current    Assignment
-	currentRev int64
-	acks       *acks
+	log       *zap.Logger
+	active    state.Active
+	activeRev int64
+	// activeUnwritten: active was recovered (state/active absent or
+	// unusable), not read; the leader writes it at once.
+	activeUnwritten bool
+	current         state.Assignment
+	currentRev      int64
+	acks            *acks
 	// found are the source partitions on the target of the last switch,
 	// listed by its translation: the first assignment there needs no
 	// discovery round.
-	found []TopicPartition
+	found []state.TopicPartition
 	// failback is the failback check this term last wrote to
 	// state/failback.
-	failback *FailbackCheck
+	failback *state.FailbackCheck
 	// stalled is the set of partitions the term last wrote to
 	// state/stalled (nil: not written yet in this term).
 	stalled *string

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/kswitch/kswitch/state"
 )
 
 // silentAfter is how long a registered agent may owe an acknowledgement
@@ -86,7 +88,7 @@ const (
 // live returns the registered agents that are members and not silent,
 // given the current assignment, what each acknowledged, and each one's
 // proof, at now.
-func (s *silence) live(now time.Time, registered []string, cur Assignment, acks map[string]int64, proof func(id string) (Proof, string)) []string {
+func (s *silence) live(now time.Time, registered []string, cur state.Assignment, acks map[string]int64, proof func(id string) (Proof, string)) []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// An agent that left is forgotten, and counted afresh if it
@@ -154,7 +156,7 @@ func (s *silence) live(now time.Time, registered []string, cur Assignment, acks 
 
 // placesAnyone reports whether a gives any agent a partition to consume
 // or to release.
-func placesAnyone(a Assignment) bool {
+func placesAnyone(a state.Assignment) bool {
 	for _, c := range a.Sections() {
 		if sec := a.Section(c); len(sec.Owned) > 0 || len(sec.Revoking) > 0 {
 			return true

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/kswitch/kswitch/state"
 )
 
 // shown vouches for every agent.
@@ -20,7 +22,7 @@ func TestSilence(t *testing.T) {
 	t0 := time.Date(2026, 12, 5, 6, 0, 0, 0, time.UTC)
 	after := 30 * time.Second
 	s := newSilence(after, zap.NewNop())
-	cur := Assignment{Generation: 5, Cluster: "A"}
+	cur := state.Assignment{Generation: 5, Cluster: "A"}
 	reg := []string{"a", "b", "c"}
 	acks := map[string]int64{"a": 5, "b": 4, "c": 4}
 	if got := s.live(t0, reg, cur, acks, shown); !slices.Equal(got, reg) {
@@ -69,7 +71,7 @@ func TestSilence(t *testing.T) {
 func TestMembershipIsEarned(t *testing.T) {
 	t0 := time.Date(2026, 12, 5, 6, 0, 0, 0, time.UTC)
 	after := 30 * time.Second
-	tp := TopicPartition{Topic: "orders", Partition: 0}
+	tp := state.TopicPartition{Topic: "orders", Partition: 0}
 	proofs := map[string]Proof{"leader": ProofShown, "new": ProofShown, "placed": ProofUnknown, "ghost": ProofUnknown, "liar": ProofRefuted}
 	proof := func(id string) (Proof, string) {
 		if proofs[id] == ProofRefuted {
@@ -82,19 +84,19 @@ func TestMembershipIsEarned(t *testing.T) {
 	// The fleet's first assignment is planned on every registration not
 	// refuted (a fleet starting together is not all asked yet).
 	s := newSilence(after, zap.NewNop())
-	if got := s.live(t0, reg, Assignment{}, map[string]int64{}, proof); !slices.Equal(got, []string{"ghost", "leader", "new", "placed"}) {
+	if got := s.live(t0, reg, state.Assignment{}, map[string]int64{}, proof); !slices.Equal(got, []string{"ghost", "leader", "new", "placed"}) {
 		t.Fatalf("before the first assignment: live %v", got)
 	}
 	// The first generation placed them; they have not acknowledged it
 	// yet: still members (else the next turn would take their
 	// partitions away without a revoke).
-	first := Assignment{Generation: 1, Cluster: "A", Owned: map[string][]TopicPartition{"new": {tp}}}
+	first := state.Assignment{Generation: 1, Cluster: "A", Owned: map[string][]state.TopicPartition{"new": {tp}}}
 	if got := s.live(t0.Add(time.Millisecond), reg, first, map[string]int64{}, proof); !slices.Equal(got, []string{"ghost", "leader", "new", "placed"}) {
 		t.Fatalf("before their first acknowledgement: live %v", got)
 	}
 
 	s = newSilence(after, zap.NewNop())
-	cur := Assignment{Generation: 5, Cluster: "A", Owned: map[string][]TopicPartition{"placed": {tp}}}
+	cur := state.Assignment{Generation: 5, Cluster: "A", Owned: map[string][]state.TopicPartition{"placed": {tp}}}
 	acks := map[string]int64{"leader": 5, "placed": 5, "ghost": 5, "liar": 5}
 	if got := s.live(t0, reg, cur, acks, proof); !slices.Equal(got, []string{"leader", "placed"}) {
 		t.Fatalf("live %v: want the leader and the placed agent (checked meanwhile); not the ghost (no proof), the liar, nor new (no ack)", got)

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/election"
+	"github.com/kswitch/kswitch/state"
 )
 
 // switchRequest is a switch the leader decided on.
@@ -48,7 +49,7 @@ type switchRequest struct {
 // Nobody consumes `to` before step 4: it assigns partitions there in the
 // same transaction that makes the phase active. So a leader that dies anywhere in 1–3
 // leaves a state the next leader resumes from, and re-translating is safe.
-func (r *leaderRun) switchTo(ctx context.Context, t *term, req switchRequest) (SwitchEvent, error) {
+func (r *leaderRun) switchTo(ctx context.Context, t *term, req switchRequest) (state.SwitchEvent, error) {
 	to, reason, auto, planned := req.to, req.reason, req.auto, req.planned
 	live := r.liveNow
 	began := time.Now()
@@ -56,15 +57,15 @@ func (r *leaderRun) switchTo(ctx context.Context, t *term, req switchRequest) (S
 	started := began.UTC()
 	var prep *prepared
 	defer func() { prep.close() }()
-	if t.active.Phase != PhaseSwitching && planned && !r.opts.BreakBeforeMake {
+	if t.active.Phase != state.PhaseSwitching && planned && !r.opts.BreakBeforeMake {
 		prep = r.prepare(ctx, t, to, live, t.log.With(zap.String("from", from), zap.String("to", to)))
 		if ctx.Err() != nil {
-			return SwitchEvent{Started: started, Finished: time.Now().UTC()}, ctx.Err()
+			return state.SwitchEvent{Started: started, Finished: time.Now().UTC()}, ctx.Err()
 		}
 	}
 	prepTook := time.Since(began)
 	began = time.Now()
-	if t.active.Phase == PhaseSwitching {
+	if t.active.Phase == state.PhaseSwitching {
 		// The event keeps the switch's own start: a resumed switch
 		// took from then, the leader's outage included.
 		from, to, auto, started = t.active.From, t.active.Cluster, t.active.Automatic, t.active.Since
@@ -76,14 +77,14 @@ func (r *leaderRun) switchTo(ctx context.Context, t *term, req switchRequest) (S
 		if sw := t.active.TopicSwitching(); len(sw) > 0 {
 			reason += fmt.Sprintf(" (overrides the switch of %s in progress)", strings.Join(sw, ", "))
 		}
-		next := Active{Cluster: to, Epoch: t.active.Epoch + 1, Phase: PhaseSwitching, From: from, Reason: reason, Since: started, Automatic: auto}
+		next := state.Active{Cluster: to, Epoch: t.active.Epoch + 1, Phase: state.PhaseSwitching, From: from, Reason: reason, Since: started, Automatic: auto}
 		next.Topics = throughSwitch(t.active, to, req.stay, next.Epoch, started)
 		if err := r.writeActive(ctx, t, next); err != nil {
-			return SwitchEvent{Started: started, Finished: time.Now().UTC()}, err
+			return state.SwitchEvent{Started: started, Finished: time.Now().UTC()}, err
 		}
 	}
-	ev := SwitchEvent{Epoch: t.active.Epoch, From: from, To: to, Reason: reason, Started: started, Phases: map[string]float64{}, Leader: t.ID, Token: t.Rev, Automatic: auto}
-	fail := func(err error) (SwitchEvent, error) {
+	ev := state.SwitchEvent{Epoch: t.active.Epoch, From: from, To: to, Reason: reason, Started: started, Phases: map[string]float64{}, Leader: t.ID, Token: t.Rev, Automatic: auto}
+	fail := func(err error) (state.SwitchEvent, error) {
 		ev.Finished = time.Now().UTC()
 		return ev, err
 	}
@@ -110,11 +111,11 @@ func (r *leaderRun) switchTo(ctx context.Context, t *term, req switchRequest) (S
 
 	// 4. Activate.
 	ta := time.Now()
-	active := Active{Cluster: to, Epoch: ev.Epoch, Phase: PhaseActive, From: from, Reason: reason, Since: time.Now().UTC(), Automatic: auto}
+	active := state.Active{Cluster: to, Epoch: ev.Epoch, Phase: state.PhaseActive, From: from, Reason: reason, Since: time.Now().UTC(), Automatic: auto}
 	for topic, e := range leaving.Topics {
 		if e.Cluster != to {
 			if active.Topics == nil {
-				active.Topics = map[string]TopicActive{}
+				active.Topics = map[string]state.TopicActive{}
 			}
 			active.Topics[topic] = e
 		}
@@ -138,7 +139,7 @@ func (r *leaderRun) switchTo(ctx context.Context, t *term, req switchRequest) (S
 
 // record writes ev to history/<epoch>, fenced by the term (writeHistory),
 // allowing etcd's request timeout for each of its writes.
-func (l *Leader) record(ctx context.Context, term election.Term, ev SwitchEvent, log *zap.Logger) {
+func (l *Leader) record(ctx context.Context, term election.Term, ev state.SwitchEvent, log *zap.Logger) {
 	hctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout*time.Duration(1+len(ev.Partitions)/historyChunk))
 	defer cancel()
 	if err := writeHistory(hctx, term, l.keys, ev); err != nil {
@@ -159,7 +160,7 @@ const maxSwitchOps = 100
 // switch is visible, at the positions written with it. Positions too many
 // for one transaction are written first, fenced the same way: harmless,
 // as nobody consumes the target before state/active says so.
-func (r *leaderRun) activate(ctx context.Context, t *term, a Active, ops []clientv3.Op, parts map[string][]TopicPartition) error {
+func (r *leaderRun) activate(ctx context.Context, t *term, a state.Active, ops []clientv3.Op, parts map[string][]state.TopicPartition) error {
 	l, live, cut := r.Leader, r.liveNow(), r.cutOffAll(time.Now())
 	a.Leader, a.Token = t.ID, t.Rev
 	aval, err := json.Marshal(a)
@@ -216,11 +217,11 @@ func (r *leaderRun) activate(ctx context.Context, t *term, a Active, ops []clien
 // again by the next switch there).
 func (l *Leader) abandonSwitch(ctx context.Context, t *term, why string) error {
 	from, to := t.active.From, t.active.Cluster
-	ev := SwitchEvent{Epoch: t.active.Epoch, From: from, To: to, Reason: t.active.Reason, Started: t.active.Since,
+	ev := state.SwitchEvent{Epoch: t.active.Epoch, From: from, To: to, Reason: t.active.Reason, Started: t.active.Since,
 		Phases: map[string]float64{}, Leader: t.ID, Token: t.Rev, Automatic: t.active.Automatic, Abandoned: why}
 	// The topics consumed on `to` before the switch stay placed there:
 	// their positions are there.
-	back := Active{Cluster: from, Epoch: t.active.Epoch, Phase: PhaseActive, Since: time.Now().UTC(),
+	back := state.Active{Cluster: from, Epoch: t.active.Epoch, Phase: state.PhaseActive, Since: time.Now().UTC(),
 		Reason: fmt.Sprintf("back on %s: the switch to %s was abandoned: %s", from, to, why), Topics: t.active.Topics}
 	if err := l.writeActive(ctx, t, back); err != nil {
 		return err
@@ -238,7 +239,7 @@ func (l *Leader) abandonSwitch(ctx context.Context, t *term, why string) error {
 // is consumed (topics placed on the target already, topics staying on
 // the cluster being left) stays with its owners: they are not paused.
 func (r *leaderRun) releaseAll(ctx context.Context, t *term, live func() []string, log *zap.Logger) error {
-	keep := map[string][]TopicPartition{}
+	keep := map[string][]state.TopicPartition{}
 	naming := r.conf().naming
 	for _, c := range t.current.Sections() {
 		for _, tps := range t.current.Section(c).Owned {
@@ -307,13 +308,13 @@ func (l *Leader) unacked(t *term, live []string) []string {
 // `to` already, which join the fleet there, and those of stay, pinned to
 // the cluster being left and consumed there now, which stay placed there.
 // Every other topic follows the fleet: its positions are translated.
-func throughSwitch(a Active, to string, stay []string, epoch int64, since time.Time) map[string]TopicActive {
-	out := map[string]TopicActive{}
+func throughSwitch(a state.Active, to string, stay []string, epoch int64, since time.Time) map[string]state.TopicActive {
+	out := map[string]state.TopicActive{}
 	for topic, e := range a.Topics {
 		if a.PositionsOf(topic) != to {
 			continue
 		}
-		e.Phase, e.From = PhaseActive, ""
+		e.Phase, e.From = state.PhaseActive, ""
 		out[topic] = e
 	}
 	for _, topic := range stay {
@@ -321,8 +322,8 @@ func throughSwitch(a Active, to string, stay []string, epoch int64, since time.T
 			continue
 		}
 		e, ok := a.Topics[topic]
-		if !ok || e.Phase != PhaseActive {
-			e = TopicActive{Cluster: a.Cluster, Phase: PhaseActive, Epoch: epoch, Since: since.UTC(),
+		if !ok || e.Phase != state.PhaseActive {
+			e = state.TopicActive{Cluster: a.Cluster, Phase: state.PhaseActive, Epoch: epoch, Since: since.UTC(),
 				Reason: fmt.Sprintf("pinned to %s: stays there while the fleet moves to %s", a.Cluster, to)}
 		}
 		out[topic] = e

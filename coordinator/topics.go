@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/election"
+	"github.com/kswitch/kswitch/state"
 )
 
 // Topic switches: one logical topic (or a few) moves to the other cluster
@@ -148,7 +149,7 @@ func (r *leaderRun) doTopicSwitch(ctx context.Context, mv *topicMove) error {
 //
 // Nobody consumes T on `to` before step 4, so a leader that dies in 1–3
 // leaves a state its successor resumes, and translating again is safe.
-func (r *leaderRun) topicSwitch(ctx context.Context, t *term, mv *topicMove) (SwitchEvent, error) {
+func (r *leaderRun) topicSwitch(ctx context.Context, t *term, mv *topicMove) (state.SwitchEvent, error) {
 	began := time.Now()
 	started := began.UTC()
 	if mv.resume {
@@ -162,20 +163,20 @@ func (r *leaderRun) topicSwitch(ctx context.Context, t *term, mv *topicMove) (Sw
 		next.Epoch++
 		next.Topics = maps.Clone(t.active.Topics)
 		if next.Topics == nil {
-			next.Topics = map[string]TopicActive{}
+			next.Topics = map[string]state.TopicActive{}
 		}
 		for _, topic := range mv.topics {
-			next.Topics[topic] = TopicActive{Cluster: mv.to, Phase: PhaseSwitching, From: mv.from, Epoch: next.Epoch,
+			next.Topics[topic] = state.TopicActive{Cluster: mv.to, Phase: state.PhaseSwitching, From: mv.from, Epoch: next.Epoch,
 				Reason: mv.reason, Since: started, Automatic: mv.auto}
 		}
 		if err := r.writeActive(ctx, t, next); err != nil {
-			return SwitchEvent{Started: started, Finished: time.Now().UTC()}, err
+			return state.SwitchEvent{Started: started, Finished: time.Now().UTC()}, err
 		}
 	}
 	epoch := t.active.Topics[mv.topics[0]].Epoch
-	ev := SwitchEvent{Epoch: epoch, From: mv.from, To: mv.to, Reason: mv.reason, Started: started, Phases: map[string]float64{},
+	ev := state.SwitchEvent{Epoch: epoch, From: mv.from, To: mv.to, Reason: mv.reason, Started: started, Phases: map[string]float64{},
 		Leader: t.ID, Token: t.Rev, Automatic: mv.auto, Topics: mv.topics}
-	fail := func(err error) (SwitchEvent, error) {
+	fail := func(err error) (state.SwitchEvent, error) {
 		ev.Finished = time.Now().UTC()
 		return ev, err
 	}
@@ -217,7 +218,7 @@ func (r *leaderRun) topicSwitch(ctx context.Context, t *term, mv *topicMove) (Sw
 			delete(done.Topics, topic)
 			continue
 		}
-		done.Topics[topic] = TopicActive{Cluster: mv.to, Phase: PhaseActive, Epoch: epoch, Reason: mv.reason,
+		done.Topics[topic] = state.TopicActive{Cluster: mv.to, Phase: state.PhaseActive, Epoch: epoch, Reason: mv.reason,
 			Since: time.Now().UTC(), Automatic: mv.auto}
 	}
 	if len(done.Topics) == 0 {

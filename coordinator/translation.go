@@ -14,6 +14,7 @@ import (
 
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/offsets"
+	"github.com/kswitch/kswitch/state"
 	"github.com/kswitch/kswitch/translate"
 )
 
@@ -40,7 +41,7 @@ type translation struct {
 	source *lazyClient
 	// all are the source partitions on `to`, sorted; tps those of them
 	// to translate (restrict).
-	all, tps []TopicPartition
+	all, tps []state.TopicPartition
 	// unconsumed is source.initial_offset: where a partition nothing was
 	// consumed from yet continues (translate.Request.Unconsumed).
 	unconsumed string
@@ -148,7 +149,7 @@ func (l *Leader) openTranslation(ctx context.Context, from, to string, fromDown 
 func (x *translation) restrict(only func(logical string) bool) {
 	x.tps = x.all
 	if only != nil {
-		x.tps = slices.DeleteFunc(slices.Clone(x.all), func(tp TopicPartition) bool { return !only(x.naming.Logical(x.to, tp.Topic)) })
+		x.tps = slices.DeleteFunc(slices.Clone(x.all), func(tp state.TopicPartition) bool { return !only(x.naming.Logical(x.to, tp.Topic)) })
 	}
 }
 
@@ -163,7 +164,7 @@ func (x *translation) close() {
 // request returns the translator and the request that translate position
 // pos of stream s from x.from to x.to, where the stream's partition is
 // tp on x.to.
-func (x *translation) request(s Stream, tp TopicPartition, pos offsets.Commit, group string, hint *translate.Hint) (*translate.Translator, translate.Request) {
+func (x *translation) request(s Stream, tp state.TopicPartition, pos offsets.Commit, group string, hint *translate.Hint) (*translate.Translator, translate.Request) {
 	req := translate.Request{From: x.from, To: x.to, Topic: tp.Topic, SourceTopic: x.naming.TopicOn(x.from, s),
 		Partition: tp.Partition, Position: pos, Hint: hint, Unconsumed: x.unconsumed}
 	if x.naming.FromStandby(s) {
@@ -181,7 +182,7 @@ func (x *translation) request(s Stream, tp TopicPartition, pos offsets.Commit, g
 
 // committed returns the positions committed on cluster, by physical
 // partition there.
-func (l *Leader) committed(ctx context.Context, cluster string, log *zap.Logger) (map[TopicPartition]offsets.Position, error) {
+func (l *Leader) committed(ctx context.Context, cluster string, log *zap.Logger) (map[state.TopicPartition]offsets.Position, error) {
 	lctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
 	positions, bad, err := l.store.List(lctx, cluster)
 	cancel()
@@ -191,9 +192,9 @@ func (l *Leader) committed(ctx context.Context, cluster string, log *zap.Logger)
 	for _, b := range bad {
 		log.Warn("ignoring malformed committed offset", zap.Error(b))
 	}
-	byPartition := make(map[TopicPartition]offsets.Position, len(positions))
+	byPartition := make(map[state.TopicPartition]offsets.Position, len(positions))
 	for _, p := range positions {
-		byPartition[TopicPartition{Topic: p.Topic, Partition: p.Partition}] = p
+		byPartition[state.TopicPartition{Topic: p.Topic, Partition: p.Partition}] = p
 	}
 	return byPartition, nil
 }
@@ -203,10 +204,10 @@ func (l *Leader) committed(ctx context.Context, cluster string, log *zap.Logger)
 // fingerprint scan from its hint (by partition on x.to) when there is one.
 // It returns each partition's outcome and the commits to write on x.to;
 // the error joins every partition's failure.
-func (l *Leader) translate(ctx context.Context, x *translation, positions map[TopicPartition]offsets.Position,
-	hints map[TopicPartition]*translate.Hint) ([]PartitionSwitch, []offsets.Commit, error) {
+func (l *Leader) translate(ctx context.Context, x *translation, positions map[state.TopicPartition]offsets.Position,
+	hints map[state.TopicPartition]*translate.Hint) ([]state.PartitionSwitch, []offsets.Commit, error) {
 	type result struct {
-		ps     PartitionSwitch
+		ps     state.PartitionSwitch
 		commit *offsets.Commit
 		err    error
 	}
@@ -215,8 +216,8 @@ func (l *Leader) translate(ctx context.Context, x *translation, positions map[To
 	sem := make(chan struct{}, 8)
 	for i, tp := range x.tps {
 		s := x.naming.Stream(x.to, tp.Topic)
-		fromTP := TopicPartition{Topic: x.naming.TopicOn(x.from, s), Partition: tp.Partition}
-		ps := PartitionSwitch{Topic: s.Logical, Origin: s.Origin, FromTopic: fromTP.Topic, ToTopic: tp.Topic, Partition: tp.Partition}
+		fromTP := state.TopicPartition{Topic: x.naming.TopicOn(x.from, s), Partition: tp.Partition}
+		ps := state.PartitionSwitch{Topic: s.Logical, Origin: s.Origin, FromTopic: fromTP.Topic, ToTopic: tp.Topic, Partition: tp.Partition}
 		pos, ok := positions[fromTP]
 		if !ok {
 			start := "source.initial_offset"
@@ -251,7 +252,7 @@ func (l *Leader) translate(ctx context.Context, x *translation, positions map[To
 	}
 	wg.Wait()
 	var commits []offsets.Commit
-	var parts []PartitionSwitch
+	var parts []state.PartitionSwitch
 	var errs []error
 	for _, r := range results {
 		if r.err != nil {
@@ -282,7 +283,7 @@ func (l *Leader) translate(ctx context.Context, x *translation, positions map[To
 // planned switch translates again, every lagPoll, until the target holds
 // every consumed record, for at most prepareTimeout; a failover cannot
 // wait for a replicator whose source is gone, and reports the lag.
-func (l *Leader) translateAll(ctx context.Context, t *term, ev *SwitchEvent, job translateJob) ([]clientv3.Op, error) {
+func (l *Leader) translateAll(ctx context.Context, t *term, ev *state.SwitchEvent, job translateJob) ([]clientv3.Op, error) {
 	began := time.Now()
 	parts, ops, waited, err := l.translateFrom(ctx, t, job)
 	ev.Partitions = parts
@@ -309,7 +310,7 @@ type translateJob struct {
 
 // translateFrom is translateAll's work.
 func (l *Leader) translateFrom(ctx context.Context, t *term, job translateJob) (
-	parts []PartitionSwitch, ops []clientv3.Op, replicaWait time.Duration, err error) {
+	parts []state.PartitionSwitch, ops []clientv3.Op, replicaWait time.Duration, err error) {
 	from, to, planned, log := job.from, job.to, job.planned, job.log
 	x, hints := job.prep.use(from, to)
 	if x == nil {
@@ -360,7 +361,7 @@ func (l *Leader) translateFrom(ctx context.Context, t *term, job translateJob) (
 const lagPoll = 20 * time.Millisecond
 
 // lagging returns how many consumed records the targets lacked in all.
-func lagging(parts []PartitionSwitch) int64 {
+func lagging(parts []state.PartitionSwitch) int64 {
 	var n int64
 	for _, ps := range parts {
 		n += ps.Lagged

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/state"
 )
 
 // health follows, on the leader's clock, how long each live agent has seen
@@ -220,7 +221,7 @@ type decision struct {
 // everything it needs is passed in.
 type verdictInput struct {
 	now              time.Time
-	active           Active
+	active           state.Active
 	primary, standby string
 	pin              string
 	live             []string
@@ -233,7 +234,7 @@ type verdictInput struct {
 }
 
 func verdict(in verdictInput) (decision, string) {
-	if in.active.Phase != PhaseActive {
+	if in.active.Phase != state.PhaseActive {
 		return decision{}, "a switch is in progress"
 	}
 	cur := in.active.Cluster

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/state"
 )
 
 func TestBreaker(t *testing.T) {
@@ -56,7 +57,7 @@ func TestVerdictPinAndBreaker(t *testing.T) {
 	h := newHealth()
 	h.observe(now.Add(-2*time.Second), live, down, []string{"A", "B"})
 	h.observe(now, live, down, []string{"A", "B"})
-	onA := Active{Cluster: "A", Epoch: 1, Phase: PhaseActive}
+	onA := state.Active{Cluster: "A", Epoch: 1, Phase: state.PhaseActive}
 	in := func(pin string, b *breaker) verdictInput {
 		return verdictInput{now: now, active: onA, primary: "A", standby: "B", pin: pin, live: live, h: h, b: b, cfg: cfg,
 			caughtUp: func() (bool, string) { return true, "" }}
@@ -78,7 +79,7 @@ func TestVerdictPinAndBreaker(t *testing.T) {
 		t.Errorf("pinned to the dead A: %+v %q, want to stay", d, why)
 	}
 	switching := in("", closed)
-	switching.active.Phase = PhaseSwitching
+	switching.active.Phase = state.PhaseSwitching
 	if d, why := verdict(switching); d.to != "" || why != "a switch is in progress" {
 		t.Errorf("during a switch: %+v %q", d, why)
 	}
@@ -152,7 +153,7 @@ func TestHardFailureHasTheShortWindow(t *testing.T) {
 		}
 		return v
 	}
-	onA := Active{Cluster: "A", Epoch: 1, Phase: PhaseActive}
+	onA := state.Active{Cluster: "A", Epoch: 1, Phase: state.PhaseActive}
 	decide := func(v AgentViews, after time.Duration, b *breaker) (decision, string) {
 		h := newHealth()
 		h.observe(t0, live, v, []string{"A", "B"})

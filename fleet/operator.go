@@ -8,9 +8,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kswitch/kswitch/agent"
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/keys"
 	"github.com/kswitch/kswitch/signals"
+	"github.com/kswitch/kswitch/state"
 )
 
 // Operator steers and reads one fleet through etcd, as an operator does
@@ -84,11 +84,11 @@ func (o *Operator) UnpinTopic(ctx context.Context, topic string) error {
 // MoveInStages starts a staged move (control/stages := plan): the leader
 // moves the first stage's topics to plan.To, holds them there for
 // plan.Check, and moves the next stage only if they are healthy there.
-// The plan is checked as the leader checks it (coordinator.ParseStagePlan)
+// The plan is checked as the leader checks it (state.ParseStagePlan)
 // and refused with the reason.
-func (o *Operator) MoveInStages(ctx context.Context, plan coordinator.StagePlan) error {
-	val := coordinator.FormatStagePlan(plan)
-	if _, err := coordinator.ParseStagePlan([]byte(val), nil); err != nil {
+func (o *Operator) MoveInStages(ctx context.Context, plan state.StagePlan) error {
+	val := state.FormatStagePlan(plan)
+	if _, err := state.ParseStagePlan([]byte(val), nil); err != nil {
 		return fmt.Errorf("fleet %s: staged move refused: %w", o.name, err)
 	}
 	return o.put(ctx, o.keys.Stages(), val)
@@ -103,16 +103,16 @@ func (o *Operator) EndStagedMove(ctx context.Context) error {
 // Active reads state/active: the cluster the fleet consumes, the switch in
 // progress if any, and the topics placed elsewhere. ok is false before a
 // leader has written it.
-func (o *Operator) Active(ctx context.Context) (a coordinator.Active, ok bool, err error) {
+func (o *Operator) Active(ctx context.Context) (a state.Active, ok bool, err error) {
 	resp, err := o.etcd.Get(ctx, o.keys.Active())
 	if err != nil {
-		return coordinator.Active{}, false, fmt.Errorf("fleet %s: read %s: %w", o.name, o.keys.Active(), err)
+		return state.Active{}, false, fmt.Errorf("fleet %s: read %s: %w", o.name, o.keys.Active(), err)
 	}
 	if len(resp.Kvs) == 0 {
-		return coordinator.Active{}, false, nil
+		return state.Active{}, false, nil
 	}
-	if a, err = coordinator.ParseActive(resp.Kvs[0].Value); err != nil {
-		return coordinator.Active{}, false, fmt.Errorf("fleet %s: %s: %w", o.name, o.keys.Active(), err)
+	if a, err = state.ParseActive(resp.Kvs[0].Value); err != nil {
+		return state.Active{}, false, fmt.Errorf("fleet %s: %s: %w", o.name, o.keys.Active(), err)
 	}
 	return a, true, nil
 }
@@ -148,16 +148,16 @@ func (o *Operator) Signals(ctx context.Context) (signals.State, error) {
 
 // Switches returns the last n cluster switches of history/, newest
 // first, and the values it could not read (each naming its key).
-func (o *Operator) Switches(ctx context.Context, n int64) ([]coordinator.SwitchEvent, []error, error) {
+func (o *Operator) Switches(ctx context.Context, n int64) ([]state.SwitchEvent, []error, error) {
 	resp, err := o.etcd.Get(ctx, o.keys.SwitchHistory(), clientv3.WithPrefix(),
 		clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(n))
 	if err != nil {
 		return nil, nil, fmt.Errorf("fleet %s: read %s: %w", o.name, o.keys.SwitchHistory(), err)
 	}
-	var evs []coordinator.SwitchEvent
+	var evs []state.SwitchEvent
 	var bad []error
 	for _, kv := range resp.Kvs {
-		ev, err := coordinator.ParseSwitchEvent(kv.Value)
+		ev, err := state.ParseSwitchEvent(kv.Value)
 		if err != nil {
 			bad = append(bad, fmt.Errorf("%s: %w", kv.Key, err))
 			continue

@@ -8,10 +8,10 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/fleet"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
 	"github.com/kswitch/kswitch/signals"
+	"github.com/kswitch/kswitch/state"
 )
 
 // operatorOn returns an operator of fleet "orders" on a fresh etcd, and
@@ -83,17 +83,17 @@ func TestOperatorRefusesABadStagedMove(t *testing.T) {
 	op, cli := operatorOn(t)
 	ctx := t.Context()
 	k := op.Keys()
-	if err := op.MoveInStages(ctx, coordinator.StagePlan{To: "B", Check: time.Minute}); err == nil {
+	if err := op.MoveInStages(ctx, state.StagePlan{To: "B", Check: time.Minute}); err == nil {
 		t.Fatal("a staged move without stages was accepted")
 	}
 	if v := value(t, cli, k.Stages()); v != "" {
 		t.Fatalf("a refused plan was written: %q", v)
 	}
-	plan := coordinator.StagePlan{To: "B", Check: 30 * time.Second, Stages: []coordinator.Stage{{Topics: []string{"audit"}}, {Topics: []string{"orders", "payments"}}}}
+	plan := state.StagePlan{To: "B", Check: 30 * time.Second, Stages: []state.Stage{{Topics: []string{"audit"}}, {Topics: []string{"orders", "payments"}}}}
 	if err := op.MoveInStages(ctx, plan); err != nil {
 		t.Fatal(err)
 	}
-	got, err := coordinator.ParseStagePlan([]byte(value(t, cli, k.Stages())), nil)
+	got, err := state.ParseStagePlan([]byte(value(t, cli, k.Stages())), nil)
 	if err != nil {
 		t.Fatalf("the plan written does not parse: %v", err)
 	}
@@ -155,14 +155,14 @@ func TestOperatorReadsActiveAndSwitches(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	put(k.Active(), coordinator.Active{Cluster: "B", Epoch: 2, Phase: coordinator.PhaseActive, From: "A", Reason: "pinned"})
+	put(k.Active(), state.Active{Cluster: "B", Epoch: 2, Phase: state.PhaseActive, From: "A", Reason: "pinned"})
 	a, ok, err := op.Active(ctx)
 	if err != nil || !ok || a.Cluster != "B" || a.Epoch != 2 {
 		t.Fatalf("Active = %+v, %v, %v; want cluster B, epoch 2", a, ok, err)
 	}
 	now := time.Now().UTC()
-	put(k.HistoryEvent(1), coordinator.SwitchEvent{Epoch: 1, From: "A", To: "B", Reason: "A down", Started: now, Finished: now})
-	put(k.HistoryEvent(2), coordinator.SwitchEvent{Epoch: 2, From: "B", To: "A", Reason: "failback", Started: now, Finished: now})
+	put(k.HistoryEvent(1), state.SwitchEvent{Epoch: 1, From: "A", To: "B", Reason: "A down", Started: now, Finished: now})
+	put(k.HistoryEvent(2), state.SwitchEvent{Epoch: 2, From: "B", To: "A", Reason: "failback", Started: now, Finished: now})
 	if _, err := cli.Put(ctx, k.HistoryEvent(3), "not json"); err != nil {
 		t.Fatal(err)
 	}

@@ -95,7 +95,7 @@ func (f Fleet) Assignment() string { return f.State() + "assignment" }
 func (f Fleet) Failback() string { return f.State() + "failback" }
 
 // Stalled lists the discovered partitions that no agent has consumed for
-// longer than the leader's bound (coordinator.Stalled); absent when none.
+// longer than the leader's bound (state.Stalled); absent when none.
 func (f Fleet) Stalled() string { return f.State() + "stalled" }
 
 // Acks is the prefix of the per-agent generation acknowledgements.

@@ -7,7 +7,7 @@
 //
 // The fleet consumes source partitions of one cluster at a time; an agent
 // consumes the partitions that a generation of state/assignment gives it
-// (see coordinator.Assignment). Its position in a partition is a Commit:
+// (see state.Assignment). Its position in a partition is a Commit:
 // the next offset to consume (Kafka's meaning: last consumed + 1), the
 // timestamp of the last consumed record and the Fingerprints of the last
 // few records, which let offset translation find the exact continuation

@@ -6,7 +6,7 @@ import (
 )
 
 // TopicPartition names one partition of a topic. It lives here, the lowest
-// layer that needs it; coordinator.TopicPartition is the same type.
+// layer that needs it; state.TopicPartition is the same type.
 type TopicPartition struct {
 	Topic     string `json:"topic"`
 	Partition int32  `json:"partition"`

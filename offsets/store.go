@@ -180,7 +180,7 @@ func NewStore(c *clientv3.Client, k keys.Fleet) *Store {
 // ErrLeaseLost or ErrStaleGeneration.
 //
 // The caller checks which partitions it may commit: only those it owns or
-// is revoking in the fenced generation (coordinator.Assignment.MayCommit).
+// is revoking in the fenced generation (state.Assignment.MayCommit).
 // The store checks the fence, not the assignment's content: the fence
 // proves the assignment has not changed since the caller checked it.
 //

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/kswitch/kswitch/coordinator"
+	"github.com/kswitch/kswitch/state"
 )
 
 // producerSession is the producer that wrote a record to C: its batch's
@@ -50,7 +50,7 @@ func (h *history) ownerships() []ownership {
 		now := map[key]bool{}
 		for _, c := range at.a.Sections() {
 			sec := at.a.Section(c)
-			for _, m := range []map[string][]coordinator.TopicPartition{sec.Owned, sec.Revoking} {
+			for _, m := range []map[string][]state.TopicPartition{sec.Owned, sec.Revoking} {
 				for agent, tps := range m {
 					for _, tp := range tps {
 						now[key{agent, clusterPart{c, tp.Topic, tp.Partition}}] = true

@@ -10,8 +10,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/keys"
+	"github.com/kswitch/kswitch/state"
 )
 
 // SwitchLeaderKill targets the leader mid-switch: the cluster the fleet
@@ -84,8 +84,8 @@ func (r *run) applySwitchLeaderKill(_ string, heal bool) error {
 		r.say("  switch-leader-kill: state/active unreadable (%v): skipped", err)
 		return nil
 	}
-	before, err := coordinator.ParseActive(resp.Kvs[0].Value)
-	if err != nil || before.Phase != coordinator.PhaseActive {
+	before, err := state.ParseActive(resp.Kvs[0].Value)
+	if err != nil || before.Phase != state.PhaseActive {
 		r.say("  switch-leader-kill: the fleet is not settled on a cluster (%+v, %v): skipped", before, err)
 		return nil
 	}
@@ -99,7 +99,7 @@ func (r *run) applySwitchLeaderKill(_ string, heal bool) error {
 	midSwitch.Unlock()
 	for w := range wch {
 		for _, ev := range w.Events {
-			a, err := coordinator.ParseActive(ev.Kv.Value)
+			a, err := state.ParseActive(ev.Kv.Value)
 			if err != nil || a.Epoch == before.Epoch {
 				continue
 			}

@@ -14,9 +14,9 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/keys"
 	"github.com/kswitch/kswitch/signals"
+	"github.com/kswitch/kswitch/state"
 )
 
 // history is etcd's history of the fleet's keys, followed by a watch from
@@ -55,7 +55,7 @@ type history struct {
 type assignmentAt struct {
 	rev  int64
 	seen time.Time
-	a    coordinator.Assignment
+	a    state.Assignment
 }
 
 // commitAt is one committed position, as offsets.Store wrote it.
@@ -139,7 +139,7 @@ func (h *history) add(evs []*clientv3.Event, seen time.Time) {
 		key := string(kv.Key)
 		switch {
 		case key == h.k.Assignment() && ev.Type == clientv3.EventTypePut:
-			a, err := coordinator.ParseAssignment(kv.Value)
+			a, err := state.ParseAssignment(kv.Value)
 			if err != nil {
 				h.malformed = append(h.malformed, fmt.Sprintf("%s at revision %d: %v", key, kv.ModRevision, err))
 				continue
@@ -282,7 +282,7 @@ func (h *history) checkCommits(r *run, res *Result) {
 		case c.generation != cur.a.Generation:
 			fenced = append(fenced, Violation{Invariant: "fenced-commit", At: at, Record: rec,
 				Detail: fmt.Sprintf("the assignment in force is generation %d (revision %d): the commit passed no fence", cur.a.Generation, cur.rev)})
-		case !cur.a.MayCommit(c.agent, c.part.cluster, coordinator.TopicPartition{Topic: c.part.topic, Partition: c.part.partition}):
+		case !cur.a.MayCommit(c.agent, c.part.cluster, state.TopicPartition{Topic: c.part.topic, Partition: c.part.partition}):
 			fenced = append(fenced, Violation{Invariant: "fenced-commit", At: at, Record: rec,
 				Detail: fmt.Sprintf("generation %d does not give %s to %s (neither owned nor revoking)", cur.a.Generation, c.part, c.agent)})
 		}

@@ -14,9 +14,9 @@ import (
 	"github.com/IBM/sarama"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/keys"
+	"github.com/kswitch/kswitch/state"
 )
 
 // agentStuckAfter is the agents' stall limit (agent.Options.StuckAfter):
@@ -271,7 +271,7 @@ func (f *fleetWatch) stillParts(id string, aliveSince time.Time) []stillPart {
 // ownedSince returns when agent id acknowledged the first generation of
 // its present ownership of tp on cluster (the generations since all give
 // it tp), or false if it has not acknowledged one. Called with h.mu held.
-func (h *history) ownedSince(id, cluster string, tp coordinator.TopicPartition) (time.Time, bool) {
+func (h *history) ownedSince(id, cluster string, tp state.TopicPartition) (time.Time, bool) {
 	first := int64(-1)
 	for i := len(h.assignments) - 1; i >= 0; i-- {
 		a := h.assignments[i].a

@@ -10,8 +10,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kswitch/kswitch/config"
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/keys"
+	"github.com/kswitch/kswitch/state"
 )
 
 func newFailoverCmd(g *globals) *cobra.Command {
@@ -77,9 +77,9 @@ An automatic failover or a fleet pin overrides a move in progress. --auto
 		if staged && topic != "" {
 			return fmt.Errorf("give --topic or --stages, not both")
 		}
-		var plan coordinator.StagePlan
+		var plan state.StagePlan
 		if staged && !auto {
-			plan = coordinator.StagePlan{To: to, Check: check}
+			plan = state.StagePlan{To: to, Check: check}
 			for i, st := range strings.Split(stages, ";") {
 				var ts []string
 				for _, t := range strings.Split(st, ",") {
@@ -90,9 +90,9 @@ An automatic failover or a fleet pin overrides a move in progress. --auto
 				if len(ts) == 0 {
 					return fmt.Errorf("--stages %q: stage %d has no topics (stages are separated by ';', topics by ',')", stages, i+1)
 				}
-				plan.Stages = append(plan.Stages, coordinator.Stage{Topics: ts})
+				plan.Stages = append(plan.Stages, state.Stage{Topics: ts})
 			}
-			if _, err := coordinator.ParseStagePlan([]byte(coordinator.FormatStagePlan(plan)), nil); err != nil {
+			if _, err := state.ParseStagePlan([]byte(state.FormatStagePlan(plan)), nil); err != nil {
 				return fmt.Errorf("--stages %q --check %s: %v", stages, check, err)
 			}
 		}

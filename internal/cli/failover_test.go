@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
 	"github.com/kswitch/kswitch/keys"
+	"github.com/kswitch/kswitch/state"
 )
 
 // TestFailoverWritesTopicPinsAndStages: kswitch failover --topic and
@@ -60,7 +60,7 @@ func TestFailoverWritesTopicPinsAndStages(t *testing.T) {
 	if !ok {
 		t.Fatalf("no %s", k.Stages())
 	}
-	plan, err := coordinator.ParseStagePlan([]byte(v), func(c string) bool { return c == "A" || c == "B" })
+	plan, err := state.ParseStagePlan([]byte(v), func(c string) bool { return c == "A" || c == "B" })
 	if err != nil || plan.To != "B" || plan.Check != 5*time.Second || len(plan.Stages) != 2 || strings.Join(plan.Stages[0].Topics, ",") != "audit,clicks" {
 		t.Errorf("%s = %q: %+v %v", k.Stages(), v, plan, err)
 	}

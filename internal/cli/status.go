@@ -16,9 +16,9 @@ import (
 
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/fleet"
 	"github.com/kswitch/kswitch/keys"
+	"github.com/kswitch/kswitch/state"
 )
 
 // etcdFlags are the flags of commands that talk to a fleet's etcd without
@@ -228,19 +228,19 @@ func printFleet(w io.Writer, v agent.FleetView, now time.Time) {
 	if a := v.Active; a != nil {
 		for _, t := range slices.Sorted(maps.Keys(a.Topics)) {
 			e := a.Topics[t]
-			state := "consumed there"
-			if e.Phase == coordinator.PhaseSwitching {
-				state = "moving there from " + e.From
+			where := "consumed there"
+			if e.Phase == state.PhaseSwitching {
+				where = "moving there from " + e.From
 			}
-			fmt.Fprintf(w, "topic:   %s on %s (epoch %d, %s since %s: %s)\n", t, e.Cluster, e.Epoch, state, e.Since.Format(time.RFC3339), e.Reason)
+			fmt.Fprintf(w, "topic:   %s on %s (epoch %d, %s since %s: %s)\n", t, e.Cluster, e.Epoch, where, e.Since.Format(time.RFC3339), e.Reason)
 		}
 	}
 	if fb := v.Failback; fb != nil {
-		state := "the primary holds everything consumed here"
+		verdict := "the primary holds everything consumed here"
 		if !fb.CaughtUp {
-			state = "waiting: " + fb.Reason
+			verdict = "waiting: " + fb.Reason
 		}
-		fmt.Fprintf(w, "failback: %s (checked %s)\n", state, fb.Checked.Format(time.RFC3339))
+		fmt.Fprintf(w, "failback: %s (checked %s)\n", verdict, fb.Checked.Format(time.RFC3339))
 	}
 	if st := v.Stages; st != nil {
 		var stages []string

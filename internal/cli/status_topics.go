@@ -10,8 +10,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kswitch/kswitch/agent"
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/keys"
+	"github.com/kswitch/kswitch/state"
 )
 
 // statusTopicEvents is how many of the last source topic lifecycle events
@@ -22,14 +22,14 @@ const statusTopicEvents = 10
 // lifecycle events of the fleet's source topics (re-created, partitions
 // added or removed), oldest first, and the values refused.
 type topicHistory struct {
-	events  []coordinator.TopicEvent
+	events  []state.TopicEvent
 	refused []error
 }
 
 // readTopicHistory reads the fleet's last topic events. A failed read is
 // a warning on warn: the rest of the status stands without them.
 func readTopicHistory(ctx context.Context, c *clientv3.Client, fleet string, warn io.Writer) topicHistory {
-	evs, bad, err := coordinator.ReadTopicEvents(ctx, c, keys.New(fleet), statusTopicEvents)
+	evs, bad, err := state.ReadTopicEvents(ctx, c, keys.New(fleet), statusTopicEvents)
 	if err != nil {
 		fmt.Fprintf(warn, "warning: %v\n", err)
 	}
@@ -40,7 +40,7 @@ func readTopicHistory(ctx context.Context, c *clientv3.Client, fleet string, war
 // events.
 type statusJSON struct {
 	agent.FleetView
-	TopicEvents []coordinator.TopicEvent `json:"topic_events,omitempty"`
+	TopicEvents []state.TopicEvent `json:"topic_events,omitempty"`
 }
 
 func (h topicHistory) json(v agent.FleetView) statusJSON {

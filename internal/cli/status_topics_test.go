@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
 	"github.com/kswitch/kswitch/keys"
+	"github.com/kswitch/kswitch/state"
 )
 
 // TestStatusListsTopicEvents: kswitch status shows the leader's record of
@@ -20,9 +20,9 @@ func TestStatusListsTopicEvents(t *testing.T) {
 	cli := testenv.EtcdClientT(t, e)
 	k := keys.New("orders")
 	at := time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC)
-	evs := []coordinator.TopicEvent{
-		{At: at, Kind: coordinator.TopicPartitionsAdded, Cluster: "A", Topic: "orders", OldPartitions: 12, NewPartitions: 16, Leader: "agent-1"},
-		{At: at.Add(time.Minute), Kind: coordinator.TopicRecreated, Cluster: "A", Topic: "orders", OldID: "id-old", NewID: "id-new",
+	evs := []state.TopicEvent{
+		{At: at, Kind: state.TopicPartitionsAdded, Cluster: "A", Topic: "orders", OldPartitions: 12, NewPartitions: 16, Leader: "agent-1"},
+		{At: at.Add(time.Minute), Kind: state.TopicRecreated, Cluster: "A", Topic: "orders", OldID: "id-old", NewID: "id-new",
 			OldPartitions: 16, NewPartitions: 10, Leader: "agent-2"},
 	}
 	for _, ev := range evs {
@@ -60,13 +60,13 @@ func TestStatusListsTopicEvents(t *testing.T) {
 		t.Fatalf("status -o json: exit %d: %s", code, stderr)
 	}
 	var got struct {
-		Fleet       string                   `json:"fleet"`
-		TopicEvents []coordinator.TopicEvent `json:"topic_events"`
+		Fleet       string             `json:"fleet"`
+		TopicEvents []state.TopicEvent `json:"topic_events"`
 	}
 	if err := json.Unmarshal([]byte(out), &got); err != nil {
 		t.Fatal(err)
 	}
-	if got.Fleet != "orders" || len(got.TopicEvents) != 2 || got.TopicEvents[1].Kind != coordinator.TopicRecreated ||
+	if got.Fleet != "orders" || len(got.TopicEvents) != 2 || got.TopicEvents[1].Kind != state.TopicRecreated ||
 		got.TopicEvents[1].NewID != "id-new" || !got.TopicEvents[0].At.Equal(at) {
 		t.Errorf("status -o json: fleet %q, topic_events %+v; want the fleet's view and both events, oldest first", got.Fleet, got.TopicEvents)
 	}

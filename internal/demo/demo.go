@@ -32,11 +32,11 @@ import (
 
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
-	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/devstack/mirror"
 	"github.com/kswitch/kswitch/fleet"
 	"github.com/kswitch/kswitch/keys"
+	"github.com/kswitch/kswitch/state"
 )
 
 // Options configure a demo run. The zero value plays the default demo.
@@ -555,8 +555,8 @@ func owned(a *agent.Agent) string {
 // printSwitch shows the switch to cluster to from history/: it waits for
 // the latest event to be a switch to to, newer than the last one shown.
 // The leader may write it a little after the agents consume to.
-func (d *demo) printSwitch(ctx context.Context, to string) coordinator.SwitchEvent {
-	var ev coordinator.SwitchEvent
+func (d *demo) printSwitch(ctx context.Context, to string) state.SwitchEvent {
+	var ev state.SwitchEvent
 	err := d.await(ctx, 10*time.Second, "the switch to "+to+" in history/", func() bool {
 		resp, err := d.cli.Get(ctx, keys.New(fleetName).SwitchHistory(), clientv3.WithLastKey()...)
 		if err != nil || len(resp.Kvs) == 0 || json.Unmarshal(resp.Kvs[0].Value, &ev) != nil {
@@ -566,7 +566,7 @@ func (d *demo) printSwitch(ctx context.Context, to string) coordinator.SwitchEve
 	})
 	if err != nil {
 		d.say("    (%v)", err)
-		return coordinator.SwitchEvent{}
+		return state.SwitchEvent{}
 	}
 	d.shown = ev.Epoch
 	d.say("    switch %s → %s (epoch %d): %s; revoke %.0f ms, translate %.0f ms", ev.From, ev.To, ev.Epoch, ev.Reason,

@@ -34,8 +34,9 @@ var layers = map[string]int{
 	"internal/kafka": 2, "internal/etcdclient": 2, "signals": 2, "internal/testkit/testenv": 2,
 	// 3: the fenced offset store; the dynamic configuration.
 	"offsets": 3, "internal/dynconfig": 3,
-	// 4: translation between clusters; the routing sink.
-	"translate": 4, "routing": 4,
+	// 4: translation between clusters; the routing sink; the schema of
+	// the fleet's etcd values.
+	"translate": 4, "routing": 4, "state": 4,
 	// 5: the leader's work; the demo's mirror.
 	"coordinator": 5, "devstack/mirror": 5,
 	// 6: one agent.
