@@ -146,7 +146,7 @@ type Agent struct {
 	leaderMetrics *coordinator.Metrics
 	// digest is what the registration says of the configuration;
 	// configDisagree the leader's count of agents whose digest differs.
-	digest         ConfigDigest
+	digest         state.ConfigDigest
 	configDisagree prometheus.Gauge
 
 	started time.Time
@@ -235,7 +235,7 @@ func New(cfg config.Config, opts Options) (*Agent, error) {
 		metrics: newMetrics(reg),
 	}
 	a.leaderMetrics = coordinator.NewMetrics(reg)
-	a.digest, a.configDisagree = DigestConfig(cfg), newConfigDisagreeGauge(reg)
+	a.digest, a.configDisagree = state.DigestConfig(cfg), newConfigDisagreeGauge(reg)
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kswitch_in_flight_bytes",
 		Help: "Bytes (keys, values, headers) of the records handed to the handler and not yet acknowledged; bounded by source.max_in_flight_mib.",

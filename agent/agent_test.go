@@ -23,6 +23,7 @@ import (
 	"github.com/kswitch/kswitch/internal/freeport"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
 	"github.com/kswitch/kswitch/internal/testkit/wait"
+	"github.com/kswitch/kswitch/state"
 )
 
 func TestMain(m *testing.M) {
@@ -259,7 +260,7 @@ func TestGossipMembershipFollowsAgents(t *testing.T) {
 		}
 		return out
 	}
-	regIDs := func(rs []agent.Registration) []string {
+	regIDs := func(rs []state.Registration) []string {
 		var out []string
 		for _, r := range rs {
 			out = append(out, r.ID)
@@ -424,7 +425,7 @@ func TestRegistrationNamesAnAddressOthersReach(t *testing.T) {
 	cfg.Agent.HTTP = "0.0.0.0:0"
 	a := startFleetAgent(t, cfg, agent.Options{})
 	cli := testenv.EtcdClientT(t, e)
-	var reg agent.Registration
+	var reg state.Registration
 	var lease int64
 	wait.For(t, 10*time.Second, "agent-1 registered", func() error {
 		resp, err := cli.Get(t.Context(), fleetKeys.Agent("agent-1"))

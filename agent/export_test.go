@@ -12,6 +12,3 @@ func WithHooks(o Options, h Hooks) Options {
 // PushPullInterval is how often gossip exchanges every member's state over
 // TCP: the longest a view whose broadcasts were lost takes to arrive.
 const PushPullInterval = pushPullInterval
-
-// Timeline is the status page's switch timeline of evs.
-var Timeline = timeline

@@ -22,6 +22,7 @@ import (
 	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/internal/notify"
 	"github.com/kswitch/kswitch/internal/refused"
+	"github.com/kswitch/kswitch/state"
 )
 
 // GossipMember is one member of the gossip cluster as this agent sees it.
@@ -134,7 +135,7 @@ const skewAllowance = 5 * time.Second
 // What it refuses or cuts is logged and counted as refused (kind
 // "gossip") once per distinct value. Called by the leader's loop.
 func (a *Agent) memberViews(now time.Time) coordinator.AgentViews {
-	regs := map[string]Registration{}
+	regs := map[string]state.Registration{}
 	for _, r := range a.registry.list() {
 		regs[r.ID] = r
 	}

@@ -274,7 +274,7 @@ func TestForgedViewsOfStrangersAreNotCounted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg, err := json.Marshal(agent.Registration{ID: "agent-9", HTTP: "127.0.0.1:1", Gossip: "127.0.0.1:2", Started: time.Now()})
+	reg, err := json.Marshal(state.Registration{ID: "agent-9", HTTP: "127.0.0.1:1", Gossip: "127.0.0.1:2", Started: time.Now()})
 	if err != nil {
 		t.Fatal(err)
 	}

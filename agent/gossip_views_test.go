@@ -14,6 +14,7 @@ import (
 	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/internal/refused"
 	"github.com/kswitch/kswitch/keys"
+	"github.com/kswitch/kswitch/state"
 )
 
 // TestMemberViews: the leader counts the views of registered agents
@@ -24,7 +25,7 @@ func TestMemberViews(t *testing.T) {
 	a := &Agent{log: zap.NewNop(), metrics: newMetrics(prometheus.NewRegistry()),
 		registry: newRegistry(nil, keys.New("orders"), time.Second, zap.NewNop(), nil),
 		gossip:   &gossipState{dead: make(chan string, 1), dropped: func() {}}}
-	for _, r := range []Registration{
+	for _, r := range []state.Registration{
 		{ID: "old", Gossip: "10.0.0.1:7946", Started: now.Add(-time.Hour)},
 		{ID: "young", Gossip: "10.0.0.2:7946", Started: now.Add(-10 * time.Second)},
 		{ID: "moved", Gossip: "10.0.0.3:7946", Started: now.Add(-time.Hour)},

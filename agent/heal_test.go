@@ -18,6 +18,7 @@ import (
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/devstack"
+	"github.com/kswitch/kswitch/fleetview"
 	"github.com/kswitch/kswitch/internal/refused"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
 	"github.com/kswitch/kswitch/internal/testkit/wait"
@@ -1050,10 +1051,10 @@ func TestStalledPartitionsAreListed(t *testing.T) {
 	}
 	link.Cut()
 	produce(t, k, "orders", 20, 40)
-	var v agent.FleetView
+	var v fleetview.FleetView
 	wait.For(t, 30*time.Second, "state/stalled lists the partitions agent-3 does not own, every agent says why it is not ready", func() error {
 		var err error
-		if v, err = agent.ReadFleet(t.Context(), cli, "orders"); err != nil {
+		if v, err = fleetview.ReadFleet(t.Context(), cli, "orders"); err != nil {
 			return err
 		}
 		// The leader (agent-1) sees its own probe at once and the others'
@@ -1085,7 +1086,7 @@ func TestStalledPartitionsAreListed(t *testing.T) {
 	t.Logf("stalled: %s; agent-3: %s", v.Stalled.String(time.Now()), v.Ready["agent-3"].Reason)
 	link.Heal()
 	wait.For(t, 30*time.Second, "state/stalled gone, every record handled, every agent ready", func() error {
-		v, err := agent.ReadFleet(t.Context(), cli, "orders")
+		v, err := fleetview.ReadFleet(t.Context(), cli, "orders")
 		if err != nil {
 			return err
 		}

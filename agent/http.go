@@ -17,6 +17,7 @@ import (
 	"golang.org/x/net/netutil"
 
 	"github.com/kswitch/kswitch/coordinator"
+	"github.com/kswitch/kswitch/fleetview"
 	"github.com/kswitch/kswitch/signals"
 	"github.com/kswitch/kswitch/state"
 )
@@ -36,16 +37,16 @@ type LeaderView struct {
 
 // Status is the body of GET /status.
 type Status struct {
-	Agent       string         `json:"agent"`
-	Fleet       string         `json:"fleet"`
-	Version     string         `json:"version"`
-	Started     time.Time      `json:"started"`
-	Ready       bool           `json:"ready"`
-	ReadyReason string         `json:"ready_reason,omitempty"`
-	Leader      LeaderView     `json:"leader"`
-	Agents      []Registration `json:"agents"`
-	Gossip      []GossipMember `json:"gossip"`
-	Etcd        EtcdStatus     `json:"etcd"`
+	Agent       string               `json:"agent"`
+	Fleet       string               `json:"fleet"`
+	Version     string               `json:"version"`
+	Started     time.Time            `json:"started"`
+	Ready       bool                 `json:"ready"`
+	ReadyReason string               `json:"ready_reason,omitempty"`
+	Leader      LeaderView           `json:"leader"`
+	Agents      []state.Registration `json:"agents"`
+	Gossip      []GossipMember       `json:"gossip"`
+	Etcd        EtcdStatus           `json:"etcd"`
 	// Clusters is every gossip member's view of each Kafka cluster.
 	Clusters coordinator.AgentViews `json:"clusters"`
 	// Active is the cluster of the assignment this agent applied.
@@ -70,19 +71,8 @@ type Status struct {
 	// ConfigDigest is the digest of this agent's fleet-wide
 	// configuration; ConfigDisagree the registered agents whose digest
 	// differs from the fleet's (CompareConfigs).
-	ConfigDigest   ConfigDigest         `json:"config_digest"`
-	ConfigDisagree []ConfigDisagreement `json:"config_disagree,omitempty"`
-}
-
-// readyBody is the answer of /readyz. Every value is a string: probes and
-// scripts decode it as an object of strings.
-type readyBody struct {
-	Status string `json:"status"`
-	Reason string `json:"reason,omitempty"`
-	Agent  string `json:"agent"`
-	// RecordsPerSecond is the records handed to the handler per second
-	// over the last 10 s, formatted with one decimal.
-	RecordsPerSecond string `json:"records_per_second"`
+	ConfigDigest   state.ConfigDigest         `json:"config_digest"`
+	ConfigDisagree []state.ConfigDisagreement `json:"config_disagree,omitempty"`
 }
 
 // EtcdStatus is this agent's view of its etcd connection.
@@ -173,7 +163,7 @@ func (a *Agent) handler() http.Handler {
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		ok, reason := a.Ready()
-		body := readyBody{Status: "ready", Agent: a.id, RecordsPerSecond: strconv.FormatFloat(a.rate.perSecond(), 'f', 1, 64)}
+		body := fleetview.ReadyBody{Status: "ready", Agent: a.id, RecordsPerSecond: strconv.FormatFloat(a.rate.perSecond(), 'f', 1, 64)}
 		code := http.StatusOK
 		if !ok {
 			body.Status, body.Reason, code = "not ready", reason, http.StatusServiceUnavailable
@@ -194,7 +184,13 @@ func (a *Agent) handler() http.Handler {
 		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	}
-	mux.HandleFunc("GET /", a.servePage)
+	mux.Handle("GET /", fleetview.Page{Self: a.id, Etcd: a.client, Config: a.dyn.current, Handler: a.opts.HandlerStatus,
+		Leading: func() *coordinator.LeaderStatus {
+			if a.Leading() {
+				return a.leader.Status()
+			}
+			return nil
+		}})
 	return readOnly(mux)
 }
 

@@ -2,13 +2,11 @@ package agent
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/prometheus/client_golang/prometheus/collectors"
-
-	"github.com/kswitch/kswitch/signals"
 
 	"github.com/kswitch/kswitch/internal/refused"
 	"github.com/kswitch/kswitch/internal/version"
+	"github.com/kswitch/kswitch/signals"
 )
 
 // metrics are registered on a registry of the agent's own, so that several

@@ -34,6 +34,7 @@ import (
 	"github.com/kswitch/kswitch/keys"
 	"github.com/kswitch/kswitch/record"
 	"github.com/kswitch/kswitch/signals"
+	"github.com/kswitch/kswitch/state"
 )
 
 // The secure world's users and secrets. The passwords are distinctive so
@@ -382,7 +383,7 @@ func TestSecureFleetRefusals(t *testing.T) {
 	})
 	// The etcd side of wrong-kafka is fine: it registers.
 	wait.For(t, 20*time.Second, "wrong-kafka registered", func() error {
-		if !slices.ContainsFunc(wrongKafka.Registered(), func(r agent.Registration) bool { return r.ID == "wrong-kafka" }) {
+		if !slices.ContainsFunc(wrongKafka.Registered(), func(r state.Registration) bool { return r.ID == "wrong-kafka" }) {
 			return fmt.Errorf("registered: %v", wrongKafka.Registered())
 		}
 		return nil

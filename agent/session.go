@@ -19,6 +19,7 @@ import (
 	"github.com/kswitch/kswitch/internal/refused"
 	"github.com/kswitch/kswitch/internal/version"
 	"github.com/kswitch/kswitch/record"
+	"github.com/kswitch/kswitch/state"
 )
 
 // sessionState is the agent's standing in etcd.
@@ -142,7 +143,7 @@ func (a *Agent) runSession(ctx context.Context) error {
 // live lease: two agents with one id would fight over partitions.
 func (a *Agent) register(ctx context.Context, lease clientv3.LeaseID) (int64, error) {
 	digest := a.digest
-	reg := Registration{ID: a.id, HTTP: a.httpAdvertised(), Gossip: a.GossipAddr(), Version: version.Version, Started: a.started, Config: &digest}
+	reg := state.Registration{ID: a.id, HTTP: a.httpAdvertised(), Gossip: a.GossipAddr(), Version: version.Version, Started: a.started, Config: &digest}
 	val, err := json.Marshal(reg)
 	if err != nil {
 		return 0, fmt.Errorf("agent: encode registration: %w", err)

@@ -161,7 +161,7 @@ func (a *Agent) Status() Status {
 		Config:         a.dyn.status(),
 		ConfigDigest:   a.digest,
 	}
-	st.ConfigDisagree = CompareConfigs(st.Agents, st.Leader.Leader)
+	st.ConfigDisagree = state.CompareConfigs(st.Agents, st.Leader.Leader)
 	for c, tps := range a.OwnedByCluster() {
 		if c == st.Active {
 			st.Owned = tps
@@ -192,7 +192,7 @@ func deref(p *string) string {
 func (a *Agent) GossipMembers() []GossipMember { return a.gossip.members() }
 
 // Registered returns the agents registered in etcd, as this agent sees them.
-func (a *Agent) Registered() []Registration { return a.registry.list() }
+func (a *Agent) Registered() []state.Registration { return a.registry.list() }
 
 // SignalsApplied returns the etcd revision of the pause/start signals that
 // every partition this agent runs obeys: once it is at least the revision

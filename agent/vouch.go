@@ -17,6 +17,7 @@ import (
 
 	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/internal/notify"
+	"github.com/kswitch/kswitch/state"
 )
 
 // The leader plans only on registered agents that have shown they are the
@@ -52,7 +53,7 @@ const vouchRetry = 2 * time.Second
 // change while its lease lives). Safe for concurrent use.
 type vouchers struct {
 	self func() (string, clientv3.LeaseID) // this agent's id and lease
-	ask  func(ctx context.Context, r Registration) (coordinator.Proof, string)
+	ask  func(ctx context.Context, r state.Registration) (coordinator.Proof, string)
 	log  *zap.Logger
 
 	mu      sync.Mutex
@@ -74,7 +75,7 @@ type vouchResult struct {
 }
 
 // vouched implements coordinator.Membership.Vouched for registration r.
-func (v *vouchers) vouched(r Registration, ok bool) (coordinator.Proof, string) {
+func (v *vouchers) vouched(r state.Registration, ok bool) (coordinator.Proof, string) {
 	if !ok {
 		return coordinator.ProofUnknown, "not registered"
 	}
@@ -92,7 +93,7 @@ func (v *vouchers) vouched(r Registration, ok bool) (coordinator.Proof, string) 
 
 // run asks every registration not shown (again every vouchRetry) until
 // ctx ends. regs lists the registrations; wake tells of changes.
-func (v *vouchers) run(ctx context.Context, regs func() []Registration, wake <-chan struct{}) {
+func (v *vouchers) run(ctx context.Context, regs func() []state.Registration, wake <-chan struct{}) {
 	t := time.NewTicker(vouchRetry)
 	defer t.Stop()
 	for {
@@ -108,12 +109,12 @@ func (v *vouchers) run(ctx context.Context, regs func() []Registration, wake <-c
 
 // round asks the registrations due, concurrently, and forgets the results
 // of registrations gone.
-func (v *vouchers) round(ctx context.Context, regs []Registration) {
+func (v *vouchers) round(ctx context.Context, regs []state.Registration) {
 	now := time.Now()
 	id, lease := v.self()
 	v.mu.Lock()
 	keep := make(map[vouchKey]bool, len(regs))
-	var due []Registration
+	var due []state.Registration
 	for _, r := range regs {
 		k := vouchKey{r.ID, r.Lease, r.HTTP}
 		keep[k] = true
@@ -179,7 +180,7 @@ func (a *Agent) selfLease() (string, clientv3.LeaseID) {
 // with only etcd write access to the fleet's prefix has (it is kept
 // under a prefix of its own). Plain gossip (agent.gossip_encryption:
 // off) proves nothing.
-func (a *Agent) askProof(ctx context.Context, r Registration) (coordinator.Proof, string) {
+func (a *Agent) askProof(ctx context.Context, r state.Registration) (coordinator.Proof, string) {
 	p, why := a.askHTTP(ctx, r)
 	if p != coordinator.ProofUnknown || a.cfg.Agent.GossipEncryption == "off" {
 		return p, why
@@ -195,7 +196,7 @@ func (a *Agent) askProof(ctx context.Context, r Registration) (coordinator.Proof
 // identity is the answer's content matching the registration, which only
 // the process holding that lease knows to give together with the id at
 // that address.
-func (a *Agent) askHTTP(ctx context.Context, r Registration) (coordinator.Proof, string) {
+func (a *Agent) askHTTP(ctx context.Context, r state.Registration) (coordinator.Proof, string) {
 	status, data, err := a.getHealthz(ctx, r.HTTP)
 	if err != nil {
 		return coordinator.ProofUnknown, fmt.Sprintf("its HTTP endpoint at %s does not answer: %v", r.HTTP, err)

@@ -7,7 +7,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kswitch/kswitch/agent"
+	"github.com/kswitch/kswitch/fleetview"
 	"github.com/kswitch/kswitch/keys"
 	"github.com/kswitch/kswitch/signals"
 	"github.com/kswitch/kswitch/state"
@@ -172,10 +172,10 @@ func (o *Operator) Switches(ctx context.Context, n int64) ([]state.SwitchEvent, 
 // partition's committed position, the signals, the configuration in
 // force, a staged move's progress. Nothing is asked of the agents or of
 // Kafka: FleetView.AskReady and FleetView.FillLag do that.
-func (o *Operator) Status(ctx context.Context) (agent.FleetView, error) {
-	v, err := agent.ReadFleet(ctx, o.etcd, o.name)
+func (o *Operator) Status(ctx context.Context) (fleetview.FleetView, error) {
+	v, err := fleetview.ReadFleet(ctx, o.etcd, o.name)
 	if err != nil {
-		return agent.FleetView{}, fmt.Errorf("fleet %s: %w", o.name, err)
+		return fleetview.FleetView{}, fmt.Errorf("fleet %s: %w", o.name, err)
 	}
 	return v, nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/devstack"
+	"github.com/kswitch/kswitch/fleetview"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
 	"github.com/kswitch/kswitch/internal/testkit/wait"
 	"github.com/kswitch/kswitch/record"
@@ -112,7 +113,7 @@ func TestStatusShowsLeaderAndAgents(t *testing.T) {
 
 	// Endpoints and fleet from the environment, as an operator's shell has them.
 	env := []string{"KSWITCH_ETCD_ENDPOINTS=" + strings.Join(e.Endpoints(), ","), "KSWITCH_FLEET=orders"}
-	var v agent.FleetView
+	var v fleetview.FleetView
 	wait.For(t, 5*time.Second, "status -o json lists both agents", func() error {
 		code, out, stderr := run(t, env, "status", "-o", "json")
 		if code != 0 {
@@ -216,7 +217,7 @@ func TestStatusShowsAssignmentOffsetsAndLag(t *testing.T) {
 
 	env := []string{"KSWITCH_ETCD_ENDPOINTS=" + strings.Join(e.Endpoints(), ","), "KSWITCH_FLEET=orders",
 		"KSWITCH_CLUSTERS_A_BROKERS=" + strings.Join(k.Brokers(), ",")}
-	var v agent.FleetView
+	var v fleetview.FleetView
 	wait.For(t, 10*time.Second, "offsets committed and lag shown", func() error {
 		code, out, stderr := run(t, env, "status", "-o", "json")
 		if code != 0 {

@@ -14,9 +14,9 @@ import (
 	"github.com/spf13/cobra"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/fleet"
+	"github.com/kswitch/kswitch/fleetview"
 	"github.com/kswitch/kswitch/keys"
 	"github.com/kswitch/kswitch/state"
 )
@@ -211,7 +211,7 @@ func orDash(n int64) string {
 	return fmt.Sprint(n)
 }
 
-func printFleet(w io.Writer, v agent.FleetView, now time.Time) {
+func printFleet(w io.Writer, v fleetview.FleetView, now time.Time) {
 	leader := "(none)"
 	if v.Leader != "" {
 		leader = fmt.Sprintf("%s (fencing token %d)", v.Leader, v.Token)

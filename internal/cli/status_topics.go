@@ -9,7 +9,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kswitch/kswitch/agent"
+	"github.com/kswitch/kswitch/fleetview"
 	"github.com/kswitch/kswitch/keys"
 	"github.com/kswitch/kswitch/state"
 )
@@ -39,11 +39,11 @@ func readTopicHistory(ctx context.Context, c *clientv3.Client, fleet string, war
 // statusJSON is kswitch status -o json: the fleet's view and its topic
 // events.
 type statusJSON struct {
-	agent.FleetView
+	fleetview.FleetView
 	TopicEvents []state.TopicEvent `json:"topic_events,omitempty"`
 }
 
-func (h topicHistory) json(v agent.FleetView) statusJSON {
+func (h topicHistory) json(v fleetview.FleetView) statusJSON {
 	return statusJSON{FleetView: v, TopicEvents: h.events}
 }
 

@@ -39,12 +39,14 @@ var layers = map[string]int{
 	"translate": 4, "routing": 4, "state": 4,
 	// 5: the leader's work; the demo's mirror.
 	"coordinator": 5, "devstack/mirror": 5,
-	// 6: one agent.
-	"agent": 6,
-	// 7: an agent with the routing sink, as kswitch agent runs it.
-	"fleet": 7,
-	// 8: the demo; 9: the commands; 10: the binary.
-	"internal/demo": 8, "internal/cli": 9, "cmd/kswitch": 10,
+	// 6: the fleet seen from outside: its read model and status page.
+	"fleetview": 6,
+	// 7: one agent.
+	"agent": 7,
+	// 8: the façade: an agent with the routing sink, the operator.
+	"fleet": 8,
+	// 9: the demo; 10: the commands; 11: the binary.
+	"internal/demo": 9, "internal/cli": 10, "cmd/kswitch": 11,
 }
 
 type pkg struct {

@@ -1,4 +1,4 @@
-package agent_test
+package state_test
 
 import (
 	"fmt"
@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/state"
 )
 
 func digestTestConfig() config.Config {
@@ -31,7 +31,7 @@ func digestTestConfig() config.Config {
 }
 
 func TestDigestConfigCoversTheFleetWideParts(t *testing.T) {
-	base := agent.DigestConfig(digestTestConfig())
+	base := state.DigestConfig(digestTestConfig())
 	same := []struct {
 		name   string
 		change func(*config.Config)
@@ -55,7 +55,7 @@ func TestDigestConfigCoversTheFleetWideParts(t *testing.T) {
 	for _, tc := range same {
 		cfg := digestTestConfig()
 		tc.change(&cfg)
-		if d := agent.DigestConfig(cfg); d != base {
+		if d := state.DigestConfig(cfg); d != base {
 			t.Errorf("%s changed the digest: %+v, was %+v", tc.name, d, base)
 		}
 	}
@@ -79,11 +79,11 @@ func TestDigestConfigCoversTheFleetWideParts(t *testing.T) {
 	for _, tc := range differ {
 		cfg := digestTestConfig()
 		tc.change(&cfg)
-		d := agent.DigestConfig(cfg)
-		reg := func(id string, d agent.ConfigDigest) agent.Registration {
-			return agent.Registration{ID: id, Version: "v1", Config: &d}
+		d := state.DigestConfig(cfg)
+		reg := func(id string, d state.ConfigDigest) state.Registration {
+			return state.Registration{ID: id, Version: "v1", Config: &d}
 		}
-		got := agent.CompareConfigs([]agent.Registration{reg("a", base), reg("b", base), reg("c", d)}, "a")
+		got := state.CompareConfigs([]state.Registration{reg("a", base), reg("b", base), reg("c", d)}, "a")
 		if len(got) != 1 || got[0].Agent != "c" || !slices.Equal(got[0].Differs, []string{tc.part}) || got[0].Fleet != base.Digest {
 			t.Errorf("%s: CompareConfigs = %+v, want c differing in %s only", tc.name, got, tc.part)
 		}
@@ -91,26 +91,26 @@ func TestDigestConfigCoversTheFleetWideParts(t *testing.T) {
 }
 
 func TestCompareConfigs(t *testing.T) {
-	x, y := agent.DigestConfig(digestTestConfig()), agent.DigestConfig(config.Default())
-	reg := func(id, version string, d *agent.ConfigDigest) agent.Registration {
-		return agent.Registration{ID: id, Version: version, Config: d}
+	x, y := state.DigestConfig(digestTestConfig()), state.DigestConfig(config.Default())
+	reg := func(id, version string, d *state.ConfigDigest) state.Registration {
+		return state.Registration{ID: id, Version: version, Config: d}
 	}
 	for _, tc := range []struct {
 		name   string
-		regs   []agent.Registration
+		regs   []state.Registration
 		leader string
 		want   []string
 	}{
-		{"all agree", []agent.Registration{reg("a", "v1", &x), reg("b", "v1", &x)}, "a", nil},
-		{"the minority is flagged", []agent.Registration{reg("a", "v1", &y), reg("b", "v1", &x), reg("c", "v1", &x)}, "a", []string{"a"}},
-		{"a tie goes to the leader", []agent.Registration{reg("a", "v1", &x), reg("b", "v1", &y)}, "b", []string{"a"}},
-		{"a tie without the leader goes to the smaller digest", []agent.Registration{reg("a", "v1", &x), reg("b", "v1", &y)}, "",
+		{"all agree", []state.Registration{reg("a", "v1", &x), reg("b", "v1", &x)}, "a", nil},
+		{"the minority is flagged", []state.Registration{reg("a", "v1", &y), reg("b", "v1", &x), reg("c", "v1", &x)}, "a", []string{"a"}},
+		{"a tie goes to the leader", []state.Registration{reg("a", "v1", &x), reg("b", "v1", &y)}, "b", []string{"a"}},
+		{"a tie without the leader goes to the smaller digest", []state.Registration{reg("a", "v1", &x), reg("b", "v1", &y)}, "",
 			[]string{map[bool]string{true: "b", false: "a"}[x.Digest < y.Digest]}},
-		{"versions are not compared", []agent.Registration{reg("a", "v1", &x), reg("b", "v2", &y)}, "a", nil},
-		{"an older agent without a digest is skipped", []agent.Registration{reg("a", "v1", &x), reg("b", "v0", nil), reg("c", "v1", &x)}, "b", nil},
+		{"versions are not compared", []state.Registration{reg("a", "v1", &x), reg("b", "v2", &y)}, "a", nil},
+		{"an older agent without a digest is skipped", []state.Registration{reg("a", "v1", &x), reg("b", "v0", nil), reg("c", "v1", &x)}, "b", nil},
 	} {
 		var got []string
-		for _, d := range agent.CompareConfigs(tc.regs, tc.leader) {
+		for _, d := range state.CompareConfigs(tc.regs, tc.leader) {
 			got = append(got, d.Agent)
 		}
 		if !slices.Equal(got, tc.want) {
@@ -121,16 +121,16 @@ func TestCompareConfigs(t *testing.T) {
 
 func TestParseRegistrationDigest(t *testing.T) {
 	old := `{"id":"agent-1","http":"h:1","gossip":"h:2","version":"v0","started":"2026-01-02T03:04:05Z"}`
-	if r, err := agent.ParseRegistration("agent-1", []byte(old)); err != nil || r.Config != nil {
+	if r, err := state.ParseRegistration("agent-1", []byte(old)); err != nil || r.Config != nil {
 		t.Fatalf("a registration without a digest (an older agent): %+v, %v", r, err)
 	}
 	good := `{"id":"agent-1","config":{"digest":"0123456789ab","routing":"0123456789ab","source":"0123456789ab","clusters":"0123456789ab","failover":"0123456789ab"}}`
-	if r, err := agent.ParseRegistration("agent-1", []byte(good)); err != nil || r.Config == nil || r.Config.Routing != "0123456789ab" {
+	if r, err := state.ParseRegistration("agent-1", []byte(good)); err != nil || r.Config == nil || r.Config.Routing != "0123456789ab" {
 		t.Fatalf("a registration with a digest: %+v, %v", r, err)
 	}
 	for _, bad := range []string{`"0123456789AB"`, `"0123"`, `"` + fmt.Sprint(make([]int, 200)) + `"`} {
 		val := `{"id":"agent-1","config":{"digest":"0123456789ab","routing":` + bad + `,"source":"0123456789ab","clusters":"0123456789ab","failover":"0123456789ab"}}`
-		if _, err := agent.ParseRegistration("agent-1", []byte(val)); err == nil {
+		if _, err := state.ParseRegistration("agent-1", []byte(val)); err == nil {
 			t.Errorf("a routing digest %.20s… was accepted", bad)
 		}
 	}

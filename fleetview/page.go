@@ -1,4 +1,4 @@
-package agent
+package fleetview
 
 import (
 	"bytes"
@@ -18,15 +18,32 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/internal/version"
+	"github.com/kswitch/kswitch/keys"
 	"github.com/kswitch/kswitch/state"
 )
 
-// The status page at / on every agent: the fleet as etcd records it (what
-// kswitch status reads), each agent's own answer, the leader's verdict and
-// a timeline of the switches. Read-only: every change goes through etcd.
-// Plain HTML and CSS; it refreshes itself every 5 s without a script.
+// Page is the status page every agent serves at /: the fleet as etcd
+// records it (what kswitch status reads), each agent's own answer, the
+// leader's verdict and a timeline of the switches. Read-only: every change
+// goes through etcd. Plain HTML and CSS; it refreshes itself every 5 s
+// without a script.
+type Page struct {
+	// Self is the id of the agent serving the page.
+	Self string
+	Etcd *clientv3.Client
+	// Config returns the configuration in force (the fleet, its clusters
+	// for the lag, the naming of the topics' copies).
+	Config func() config.Config
+	// Leading returns the leader's status when Self leads (nil
+	// otherwise); other agents' pages ask the leader's /status.
+	Leading func() *coordinator.LeaderStatus
+	// Handler, when set, returns the record handler's status to show
+	// (the routing sink's rules version, channels and last refusal).
+	Handler func() any
+}
 
 //go:embed page/page.html
 var pageHTML string
@@ -75,7 +92,7 @@ type pageData struct {
 }
 
 type pageAgent struct {
-	Registration
+	state.Registration
 	Leader bool
 	Ready  Readiness
 	Asked  bool
@@ -126,22 +143,23 @@ const maxTimeline = 20
 // last ones.
 const maxTopicEvents = 20
 
-// page gathers the page's data within the request's context.
-func (a *Agent) page(ctx context.Context) pageData {
+// data gathers the page's data within the request's context.
+func (pg Page) data(ctx context.Context) pageData {
 	ctx, cancel := context.WithTimeout(ctx, 4*time.Second)
 	defer cancel()
-	d := pageData{Agent: a.id, Version: version.Version, Now: time.Now()}
-	v, err := ReadFleet(ctx, a.client, a.cfg.Fleet)
+	cfg := pg.Config()
+	d := pageData{Agent: pg.Self, Version: version.Version, Now: time.Now()}
+	v, err := ReadFleet(ctx, pg.Etcd, cfg.Fleet)
 	if err != nil {
 		d.ViewErr = err.Error()
 	}
 	v.AskReady(ctx, time.Second)
-	if err := v.FillLag(a.dyn.current().Clusters); err != nil {
+	if err := v.FillLag(cfg.Clusters); err != nil {
 		d.LagErr = err.Error()
 	}
 	d.View = v
-	d.Leader, d.LeaderErr = a.leaderStatus(ctx, v)
-	naming := coordinator.NewNaming(a.dyn.current())
+	d.Leader, d.LeaderErr = pg.leaderStatus(ctx, v)
+	naming := coordinator.NewNaming(cfg)
 	for _, r := range v.Agents {
 		pa := pageAgent{Registration: r, Leader: r.ID == v.Leader}
 		for _, p := range v.Partitions {
@@ -169,13 +187,14 @@ func (a *Agent) page(ctx context.Context) pageData {
 		}
 		d.Parts = append(d.Parts, pp)
 	}
-	if a.opts.HandlerStatus != nil {
-		if b, err := json.MarshalIndent(a.opts.HandlerStatus(), "", "  "); err == nil {
+	if pg.Handler != nil {
+		if b, err := json.MarshalIndent(pg.Handler(), "", "  "); err == nil {
 			d.Handler = string(b)
 		}
 	}
-	d.Timeline = timeline(a.switches(ctx))
-	evs, bad, err := state.ReadTopicEvents(ctx, a.client, a.keys, maxTopicEvents)
+	k := keys.New(cfg.Fleet)
+	d.Timeline = timeline(pg.switches(ctx, k))
+	evs, bad, err := state.ReadTopicEvents(ctx, pg.Etcd, k, maxTopicEvents)
 	d.TopicEvents = evs
 	for _, err := range append(bad, err) {
 		if err != nil {
@@ -187,12 +206,14 @@ func (a *Agent) page(ctx context.Context) pageData {
 
 // leaderStatus returns the leader's verdict: its own when this agent
 // leads, else from the leader's /status.
-func (a *Agent) leaderStatus(ctx context.Context, v FleetView) (*coordinator.LeaderStatus, string) {
+func (pg Page) leaderStatus(ctx context.Context, v FleetView) (*coordinator.LeaderStatus, string) {
 	if v.Leader == "" {
 		return nil, "no leader"
 	}
-	if v.Leader == a.id {
-		return a.leader.Status(), ""
+	if v.Leader == pg.Self && pg.Leading != nil {
+		if st := pg.Leading(); st != nil {
+			return st, ""
+		}
 	}
 	var addr string
 	for _, r := range v.Agents {
@@ -212,7 +233,9 @@ func (a *Agent) leaderStatus(ctx context.Context, v FleetView) (*coordinator.Lea
 		return nil, fmt.Sprintf("the leader %s did not answer: %v", v.Leader, err)
 	}
 	defer resp.Body.Close()
-	var st Status
+	var st struct {
+		Coordinator *coordinator.LeaderStatus `json:"coordinator"`
+	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(&st); err != nil {
 		return nil, fmt.Sprintf("the leader %s's /status: %v", v.Leader, err)
 	}
@@ -224,8 +247,8 @@ func (a *Agent) leaderStatus(ctx context.Context, v FleetView) (*coordinator.Lea
 
 // switches returns the last maxTimeline switches of history/, oldest
 // first.
-func (a *Agent) switches(ctx context.Context) []state.SwitchEvent {
-	resp, err := a.client.Get(ctx, a.keys.SwitchHistory(), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend),
+func (pg Page) switches(ctx context.Context, k keys.Fleet) []state.SwitchEvent {
+	resp, err := pg.Etcd.Get(ctx, k.SwitchHistory(), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend),
 		clientv3.WithLimit(maxTimeline))
 	if err != nil {
 		return nil
@@ -336,14 +359,14 @@ func timeline(evs []state.SwitchEvent) pageTimeline {
 	return tl
 }
 
-// servePage renders the page.
-func (a *Agent) servePage(w http.ResponseWriter, r *http.Request) {
+// ServeHTTP renders the page.
+func (pg Page) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path != "/" {
 		http.NotFound(w, r)
 		return
 	}
 	var buf bytes.Buffer
-	if err := pageTemplate.Execute(&buf, a.page(r.Context())); err != nil {
+	if err := pageTemplate.Execute(&buf, pg.data(r.Context())); err != nil {
 		http.Error(w, "status page: "+err.Error(), http.StatusInternalServerError)
 		return
 	}
