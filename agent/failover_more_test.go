@@ -8,7 +8,6 @@ package agent_test
 // embedded etcd.
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -25,7 +24,7 @@ import (
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/devstack"
-	"github.com/kswitch/kswitch/internal/cli"
+	"github.com/kswitch/kswitch/fleet"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
 	"github.com/kswitch/kswitch/internal/testkit/wait"
@@ -898,16 +897,33 @@ func abortStalledLeader(t *testing.T, leader *agent.Agent, gates map[string]*gat
 	return held
 }
 
-// kswitch runs the CLI in process.
-func kswitch(t *testing.T, args ...string) string {
+// operator is fleet orders' operator over a client of e: what the
+// kswitch commands steer and read it with.
+func operator(t *testing.T, e *devstack.Etcd) *fleet.Operator {
 	t.Helper()
-	var out, errb bytes.Buffer
+	op, err := fleet.NewOperator(testenv.EtcdClientT(t, e), "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return op
+}
+
+// statusText is the fleet as 'kswitch status' prints it, read from etcd
+// (ask: with each agent's own /readyz, as --ask).
+func statusText(t *testing.T, op *fleet.Operator, ask bool) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if rc := cli.Execute(ctx, args, &out, &errb, nil); rc != 0 {
-		t.Fatalf("kswitch %s: exit %d: %s", strings.Join(args, " "), rc, errb.String())
+	v, err := op.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return out.String()
+	if ask {
+		v.AskReady(ctx, time.Second)
+	}
+	var b strings.Builder
+	v.WriteText(&b, time.Now())
+	return b.String()
 }
 
 // TestPinSwitchesAndHoldsUntilRemoved: a pin written with the etcd client
@@ -951,15 +967,17 @@ func TestPinSwitchesAndHoldsUntilRemoved(t *testing.T) {
 	}
 	t.Logf("pin deleted: failback to A after %v", waitConsuming(t, cfg.Failover.FailbackStable+10*time.Second, "A", agents...))
 
-	// The same through the CLI.
-	flags := []string{"--etcd", strings.Join(d.etcd.Endpoints(), ","), "--fleet", "orders"}
-	out := kswitch(t, append([]string{"failover", "--to", "B"}, flags...)...)
-	if !strings.Contains(out, "control/pin = B") {
-		t.Errorf("kswitch failover --to B said %q", out)
+	// The same through the operator's calls (kswitch failover --to B,
+	// then --auto).
+	op := operator(t, d.etcd)
+	if err := op.Pin(ctx, "B"); err != nil {
+		t.Fatal(err)
 	}
-	t.Logf("kswitch failover --to B: consuming B after %v", waitConsuming(t, cfg.Failover.ProbeInterval+5*time.Second, "B", agents...))
-	kswitch(t, append([]string{"failover", "--auto"}, flags...)...)
-	t.Logf("kswitch failover --auto: failback to A after %v", waitConsuming(t, cfg.Failover.FailbackStable+10*time.Second, "A", agents...))
+	t.Logf("Pin(B): consuming B after %v", waitConsuming(t, cfg.Failover.ProbeInterval+5*time.Second, "B", agents...))
+	if err := op.Unpin(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Unpin: failback to A after %v", waitConsuming(t, cfg.Failover.FailbackStable+10*time.Second, "A", agents...))
 
 	evs := readHistory(t, cli)
 	logEvents(t, evs)

@@ -254,7 +254,7 @@ func TestGhostRegistrationsAreNeverPlannedOn(t *testing.T) {
 		}
 		return nil
 	})
-	status := kswitch(t, "status", "--ask=false", "--etcd", strings.Join(d.etcd.Endpoints(), ","), "--fleet", "orders")
+	status := statusText(t, operator(t, d.etcd), false)
 	for _, id := range strangers {
 		if !strings.Contains(status, "silent:  "+id+" registered") {
 			t.Errorf("kswitch status does not name %s silent:\n%s", id, status)

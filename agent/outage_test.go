@@ -209,8 +209,9 @@ func TestOutageProducersMoveAndMirrorBothWays(t *testing.T) {
 	})
 	t.Logf("leader: %s", leader.Status().Coordinator.Verdict)
 	// Operators see it too: kswitch status (from etcd alone) and a metric.
+	op := operator(t, d.etcd)
 	wait.For(t, 10*time.Second, "the wait in kswitch status and the metric", func() error {
-		out := kswitch(t, "status", "--etcd", strings.Join(d.etcd.Endpoints(), ","), "--fleet", "orders")
+		out := statusText(t, op, true)
 		if !strings.Contains(out, "failback: waiting:") || !strings.Contains(out, "B.orders") {
 			return fmt.Errorf("kswitch status says:\n%s", out)
 		}

@@ -119,9 +119,10 @@ func startStagedFleet(t *testing.T) *stagedFleet {
 // stages puts the staged move of stagedTopics to B in two stages.
 func (f *stagedFleet) stages(t *testing.T, check time.Duration) {
 	t.Helper()
-	out := kswitch(t, "failover", "--etcd", strings.Join(f.d.etcd.Endpoints(), ","), "--fleet", "orders", "--to", "B",
-		"--stages", "audit,clicks;orders,payments", "--check", check.String())
-	t.Logf("kswitch failover --stages: %s", strings.TrimSpace(out))
+	plan := state.StagePlan{To: "B", Check: check, Stages: []state.Stage{{Topics: []string{"audit", "clicks"}}, {Topics: []string{"orders", "payments"}}}}
+	if err := operator(t, f.d.etcd).MoveInStages(t.Context(), plan); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // waitStages waits until state/stages is in phase, and returns it.
@@ -251,7 +252,7 @@ func TestStagedMoveUnderLoad(t *testing.T) {
 	f.stages(t, check)
 	f.waitStages(t, 60*time.Second, 1, state.StageDone)
 	f.placedOn(t, "B", stagedTopics...)
-	status := kswitch(t, "status", "--ask=false", "--etcd", strings.Join(f.d.etcd.Endpoints(), ","), "--fleet", "orders")
+	status := statusText(t, operator(t, f.d.etcd), false)
 	if !strings.Contains(status, "stages:  to B, stage 2 of 2 done") || !strings.Contains(status, "audit,clicks; *orders,payments") {
 		t.Errorf("kswitch status shows no finished staged move:\n%s", status)
 	}

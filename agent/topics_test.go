@@ -268,10 +268,11 @@ func TestTopicPinMovesOneTopicAlone(t *testing.T) {
 	base := f.m.reset()
 	ordersGens := f.m.generations("orders")
 
-	// Through the CLI, as an operator would.
-	etcdFlags := []string{"--etcd", strings.Join(f.d.etcd.Endpoints(), ","), "--fleet", "orders"}
-	out := kswitch(t, append([]string{"failover", "--to", "B", "--topic", "audit"}, etcdFlags...)...)
-	t.Logf("kswitch failover --to B --topic audit: %s", out)
+	// Through the operator's calls, as kswitch failover --topic makes them.
+	op := operator(t, f.d.etcd)
+	if err := op.PinTopic(t.Context(), "audit", "B"); err != nil {
+		t.Fatal(err)
+	}
 	toB := f.waitTopicOn(t, "audit", "B", 0)
 	leader := leaderOf(t, f.agents...)
 	st := leader.Status().Coordinator
@@ -284,7 +285,7 @@ func TestTopicPinMovesOneTopicAlone(t *testing.T) {
 	if n, ok := metricValue(leader, "kswitch_active_cluster", map[string]string{"cluster": "A"}); !ok || n != 1 {
 		t.Errorf("kswitch_active_cluster{cluster=A} %v (%v), want 1: the fleet stays on A", n, ok)
 	}
-	status := kswitch(t, append([]string{"status", "--ask=false"}, etcdFlags...)...)
+	status := statusText(t, op, false)
 	for _, want := range []string{"topic:   audit on B (epoch 2, consumed there", "topics placed on B", "B        A.audit/0", "A        orders/0"} {
 		if !strings.Contains(status, want) {
 			t.Errorf("kswitch status has no %q:\n%s", want, status)
@@ -297,7 +298,9 @@ func TestTopicPinMovesOneTopicAlone(t *testing.T) {
 	if placed != failoverPartitions {
 		t.Errorf("the agents' /status shows %d partitions owned on B, want audit's %d", placed, failoverPartitions)
 	}
-	kswitch(t, append([]string{"failover", "--auto", "--topic", "audit"}, etcdFlags...)...)
+	if err := op.UnpinTopic(t.Context(), "audit"); err != nil {
+		t.Fatal(err)
+	}
 	back := f.waitTopicOn(t, "audit", "A", toB.Epoch)
 	during := f.m.reset()
 

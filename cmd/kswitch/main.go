@@ -7,7 +7,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/kswitch/kswitch/internal/cli"
+	"github.com/kswitch/kswitch/cmd/kswitch/internal/cli"
 )
 
 func main() {

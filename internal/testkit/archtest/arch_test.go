@@ -46,7 +46,7 @@ var layers = map[string]int{
 	// 8: the façade: an agent with the routing sink, the operator.
 	"fleet": 8,
 	// 9: the demo; 10: the commands; 11: the binary.
-	"internal/demo": 9, "internal/cli": 10, "cmd/kswitch": 11,
+	"cmd/kswitch/internal/demo": 9, "cmd/kswitch/internal/cli": 10, "cmd/kswitch": 11,
 }
 
 type pkg struct {
@@ -148,7 +148,7 @@ var highLevelSarama = []string{
 // clients: the demo's sample producer and reader (docs/ARCHITECTURE.md).
 // The integration suite's tools and examples/embed are modules or
 // directories of their own, outside ./... here.
-var offRecordPath = []string{"internal/demo"}
+var offRecordPath = []string{"cmd/kswitch/internal/demo"}
 
 // TestNoHighLevelSaramaClientOnTheRecordPath: no package of the binary's
 // record path builds sarama's Consumer or AsyncProducer (issue 35): the

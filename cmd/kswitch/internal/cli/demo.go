@@ -5,7 +5,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kswitch/kswitch/internal/demo"
+	"github.com/kswitch/kswitch/cmd/kswitch/internal/demo"
 	"github.com/kswitch/kswitch/internal/logx"
 )
 

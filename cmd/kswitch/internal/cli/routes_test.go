@@ -59,13 +59,13 @@ func writeFile(t *testing.T, name, content string) string {
 }
 
 func TestRoutesCheckExample(t *testing.T) {
-	code, out, stderr := runRoutes(t, nil, "routes", "check", "-f", "../../examples/routes.yaml",
-		"--config", "../../examples/kswitch.yaml", "--sample", "../../examples/records.jsonl")
+	code, out, stderr := runRoutes(t, nil, "routes", "check", "-f", "../../../../examples/routes.yaml",
+		"--config", "../../../../examples/kswitch.yaml", "--sample", "../../../../examples/records.jsonl")
 	if code != 0 {
 		t.Fatalf("exit %d: %s\n%s", code, stderr, out)
 	}
 	for _, want := range []string{
-		"../../examples/routes.yaml is valid",
+		"../../../../examples/routes.yaml is valid",
 		"mode first; 3 rule(s): no-tests, big-orders, orders",
 		"default route: everything; dead-letter: dead-letters",
 		"channel audit → cluster B topic orders-audit (key json?.customer ?? key, partitioner hash, compression lz4, acks all)",

@@ -1,0 +1,164 @@
+package fleetview
+
+import (
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kswitch/kswitch/state"
+)
+
+func noteOf(note string) string {
+	if note == "" {
+		return ""
+	}
+	return ": " + note
+}
+
+func orDash(n int64) string {
+	if n < 0 {
+		return "-"
+	}
+	return fmt.Sprint(n)
+}
+
+// WriteText writes v as 'kswitch status' prints it: the leader, the
+// active cluster and the topics placed elsewhere, the configuration in
+// force, a failback wait, a staged move and its steps, the agents (with
+// their answers when asked), the assignment with positions and lag, the
+// paused scopes, stalled partitions and refused values. now is the time
+// ages are counted to.
+func (v FleetView) WriteText(w io.Writer, now time.Time) {
+	leader := "(none)"
+	if v.Leader != "" {
+		leader = fmt.Sprintf("%s (fencing token %d)", v.Leader, v.Token)
+	}
+	active := "(not decided yet)"
+	if a := v.Active; a != nil {
+		active = fmt.Sprintf("%s (epoch %d, %s since %s: %s)", a.Cluster, a.Epoch, a.Phase, a.Since.Format(time.RFC3339), a.Reason)
+	}
+	config := "the agents' files (no dynamic version)"
+	if cv := v.Config.Version; cv.Number > 0 {
+		config = fmt.Sprintf("version %d, accepted %s (changed: %s)", cv.Number, cv.At.Format(time.RFC3339), strings.Join(cv.Changed, ", "))
+	}
+	fmt.Fprintf(w, "fleet:   %s\nleader:  %s\nactive:  %s\n", v.Fleet, leader, active)
+	if a := v.Active; a != nil {
+		for _, t := range slices.Sorted(maps.Keys(a.Topics)) {
+			e := a.Topics[t]
+			where := "consumed there"
+			if e.Phase == state.PhaseSwitching {
+				where = "moving there from " + e.From
+			}
+			fmt.Fprintf(w, "topic:   %s on %s (epoch %d, %s since %s: %s)\n", t, e.Cluster, e.Epoch, where, e.Since.Format(time.RFC3339), e.Reason)
+		}
+	}
+	if fb := v.Failback; fb != nil {
+		verdict := "the primary holds everything consumed here"
+		if !fb.CaughtUp {
+			verdict = "waiting: " + fb.Reason
+		}
+		fmt.Fprintf(w, "failback: %s (checked %s)\n", verdict, fb.Checked.Format(time.RFC3339))
+	}
+	if st := v.Stages; st != nil {
+		var stages []string
+		for i, sg := range st.Plan.Stages {
+			mark := ""
+			if i == st.Stage {
+				mark = "*"
+			}
+			stages = append(stages, mark+strings.Join(sg.Topics, ","))
+		}
+		fmt.Fprintf(w, "stages:  to %s, stage %d of %d %s since %s: %s (%s; checked for %s each)\n", st.Plan.To, st.Stage+1, len(st.Plan.Stages),
+			st.Phase, st.Since.Format(time.RFC3339), st.Reason, strings.Join(stages, "; "), st.Plan.Check)
+		for _, step := range v.StageSteps {
+			// The reasons carry the checks' measures.
+			fmt.Fprintf(w, "  %s  stage %d %s %s: %s (leader %s)\n", step.At.Format(time.RFC3339), step.Stage+1, strings.Join(step.Topics, ","),
+				step.Phase, step.Reason, step.Leader)
+		}
+	}
+	if st := v.Stalled; st != nil && len(st.Partitions) > 0 {
+		fmt.Fprintf(w, "stalled: %d partitions have no consumer (noted by %s): %s\n", len(st.Partitions), st.Leader, st.String(now))
+	}
+	if st := v.Stalled; st != nil {
+		for _, id := range slices.Sorted(maps.Keys(st.Silent)) {
+			fmt.Fprintf(w, "silent:  %s %s (noted by %s)\n", id, st.Silent[id], st.Leader)
+		}
+	}
+	fmt.Fprintf(w, "config:  %s\nagents:  %d\n\n", config, len(v.Agents))
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "AGENT\tLEADER\tHTTP\tGOSSIP\tVERSION\tAGE\tCONFIG\tREADY")
+	var notReady []string
+	for _, a := range v.Agents {
+		mark := ""
+		if a.ID == v.Leader {
+			mark = "*"
+		}
+		ready := "-"
+		if r, ok := v.Ready[a.ID]; ok {
+			switch {
+			case !r.Answered:
+				ready = "?"
+				notReady = append(notReady, fmt.Sprintf("%s did not answer: %s", a.ID, r.Reason))
+			case r.Ready:
+				ready = "yes"
+			default:
+				ready = "no"
+				notReady = append(notReady, fmt.Sprintf("%s is not ready: %s", a.ID, r.Reason))
+			}
+		}
+		digest := "-" // an agent older than the digest
+		if a.Config != nil {
+			digest = a.Config.Digest
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, mark, a.HTTP, a.Gossip, a.Version, now.Sub(a.Started).Round(time.Second), digest, ready)
+	}
+	tw.Flush()
+	for _, r := range notReady {
+		fmt.Fprintf(w, "  %s\n", r)
+	}
+	for _, d := range v.ConfigDisagree {
+		fmt.Fprintf(w, "  %s's configuration differs from the fleet's in %s: digest %s, the fleet's %s; give every agent the same file\n",
+			d.Agent, strings.Join(d.Differs, ", "), d.Digest, d.Fleet)
+	}
+	if a := v.Assignment; a != nil {
+		placed := ""
+		if secs := a.Sections(); len(secs) > 1 {
+			placed = " (topics placed on " + strings.Join(secs[1:], ", ") + ")"
+		}
+		fmt.Fprintf(w, "\nassignment: generation %d on cluster %s%s, published %s by %s\n\n", a.Generation, a.Cluster, placed,
+			a.Published.Format(time.RFC3339), a.Leader)
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "CLUSTER\tPARTITION\tOWNER\tCOMMITTED\tEND\tLAG")
+		for _, p := range v.Partitions {
+			owner := p.Owner
+			if p.Revoking {
+				owner += " (releasing)"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", p.Cluster, p.TopicPartition, owner, orDash(p.Committed), orDash(p.End), orDash(p.Lag))
+		}
+		tw.Flush()
+	}
+	var paused []string
+	for _, s := range v.Signals.Signals() {
+		if s.Paused {
+			paused = append(paused, fmt.Sprintf("%s (revision %d%s)", s.Scope, s.Revision, noteOf(s.Note)))
+		}
+	}
+	if len(paused) > 0 {
+		fmt.Fprintf(w, "\npaused:  %s\n", strings.Join(paused, "\n         "))
+	}
+	for _, r := range v.Signals.Refusals() {
+		fmt.Fprintf(w, "warning: refused %s = %q: %s\n", r.Key, r.Value, r.Reason)
+	}
+	for _, r := range v.Refused {
+		fmt.Fprintf(w, "warning: %s\n", strings.TrimSpace(r))
+	}
+	if r := v.Config.Refusal; r != nil {
+		fmt.Fprintf(w, "warning: the dynamic configuration at revision %d was refused (version %d stays; kswitch config show): %s\n",
+			r.Revision, r.InForce, strings.ReplaceAll(r.Reason, "\n", "; "))
+	}
+}
