@@ -1054,7 +1054,7 @@ func TestStalledPartitionsAreListed(t *testing.T) {
 	var v fleetview.FleetView
 	wait.For(t, 30*time.Second, "state/stalled lists the partitions agent-3 does not own, every agent says why it is not ready", func() error {
 		var err error
-		if v, err = fleetview.ReadFleet(t.Context(), cli, "orders"); err != nil {
+		if v, err = fleetview.ReadFleet(t.Context(), cli, fleetKeys); err != nil {
 			return err
 		}
 		// The leader (agent-1) sees its own probe at once and the others'
@@ -1086,7 +1086,7 @@ func TestStalledPartitionsAreListed(t *testing.T) {
 	t.Logf("stalled: %s; agent-3: %s", v.Stalled.String(time.Now()), v.Ready["agent-3"].Reason)
 	link.Heal()
 	wait.For(t, 30*time.Second, "state/stalled gone, every record handled, every agent ready", func() error {
-		v, err := fleetview.ReadFleet(t.Context(), cli, "orders")
+		v, err := fleetview.ReadFleet(t.Context(), cli, fleetKeys)
 		if err != nil {
 			return err
 		}

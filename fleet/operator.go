@@ -173,7 +173,7 @@ func (o *Operator) Switches(ctx context.Context, n int64) ([]state.SwitchEvent, 
 // force, a staged move's progress. Nothing is asked of the agents or of
 // Kafka: FleetView.AskReady and FleetView.FillLag do that.
 func (o *Operator) Status(ctx context.Context) (fleetview.FleetView, error) {
-	v, err := fleetview.ReadFleet(ctx, o.etcd, o.name)
+	v, err := fleetview.ReadFleet(ctx, o.etcd, o.keys)
 	if err != nil {
 		return fleetview.FleetView{}, fmt.Errorf("fleet %s: %w", o.name, err)
 	}

@@ -149,7 +149,8 @@ func (pg Page) data(ctx context.Context) pageData {
 	defer cancel()
 	cfg := pg.Config()
 	d := pageData{Agent: pg.Self, Version: version.Version, Now: time.Now()}
-	v, err := ReadFleet(ctx, pg.Etcd, cfg.Fleet)
+	k := keys.New(cfg.Fleet)
+	v, err := ReadFleet(ctx, pg.Etcd, k)
 	if err != nil {
 		d.ViewErr = err.Error()
 	}
@@ -192,7 +193,6 @@ func (pg Page) data(ctx context.Context) pageData {
 			d.Handler = string(b)
 		}
 	}
-	k := keys.New(cfg.Fleet)
 	d.Timeline = timeline(pg.switches(ctx, k))
 	evs, bad, err := state.ReadTopicEvents(ctx, pg.Etcd, k, maxTopicEvents)
 	d.TopicEvents = evs

@@ -138,9 +138,8 @@ type PartitionView struct {
 }
 
 // ReadFleet reads a fleet's leader and registrations from etcd.
-func ReadFleet(ctx context.Context, c *clientv3.Client, fleet string) (FleetView, error) {
-	k := keys.New(fleet)
-	v := FleetView{Fleet: fleet}
+func ReadFleet(ctx context.Context, c *clientv3.Client, k keys.Fleet) (FleetView, error) {
+	v := FleetView{Fleet: k.Name()}
 	l, err := election.Current(ctx, c, k.Election())
 	switch {
 	case errors.Is(err, election.ErrNoLeader):

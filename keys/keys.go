@@ -52,6 +52,9 @@ func ValidName(s string) error {
 	return nil
 }
 
+// Name is the fleet's name.
+func (f Fleet) Name() string { return f.name }
+
 // Prefix is /kswitch/<fleet>/.
 func (f Fleet) Prefix() string { return f.prefix }
 

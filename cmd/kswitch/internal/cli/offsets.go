@@ -46,7 +46,7 @@ committed it, the assignment generation that fenced the commit, and when.`,
 	cmd.RunE = ef.runWith(g.environ, &output, []string{"table", "json"}, func(cmd *cobra.Command, cn *conn) error {
 		c, ctx := cn.client, cn.ctx
 		if cluster == "" {
-			v, err := fleetview.ReadFleet(ctx, c, ef.fleet)
+			v, err := fleetview.ReadFleet(ctx, c, keys.New(ef.fleet))
 			if err != nil {
 				return err
 			}
