@@ -32,6 +32,7 @@ import (
 	"github.com/kswitch/kswitch/internal/etcdclient"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/internal/refused"
+	"github.com/kswitch/kswitch/internal/testhooks"
 	"github.com/kswitch/kswitch/internal/version"
 	"github.com/kswitch/kswitch/keys"
 	"github.com/kswitch/kswitch/offsets"
@@ -317,8 +318,8 @@ func (a *Agent) Start(ctx context.Context) (err error) {
 	a.store = offsets.NewStore(client, a.keys)
 	a.signals = signals.NewWatcher(client, a.keys, a.cfg.Etcd.RequestTimeout, a.log)
 	a.signals.OnRefused(func(signals.Refusal) { a.metrics.badValues.WithLabelValues(refused.Signal).Inc() })
-	if a.leader, err = coordinator.NewLeader(a.cfg, client, fleetView{a}, coordinator.LeaderOptions{Background: &a.wg, Logger: a.log,
-		Dialer: a.opts.hooks.KafkaDialer, Metrics: a.leaderMetrics, BreakBeforeMake: a.opts.hooks.BreakBeforeMake}); err != nil {
+	if a.leader, err = coordinator.NewLeader(a.cfg, client, fleetView{a}, coordinator.LeaderOptions{Logger: a.log,
+		Dialer: a.opts.hooks.KafkaDialer, Metrics: a.leaderMetrics, Hooks: &testhooks.Leader{BreakBeforeMake: a.opts.hooks.BreakBeforeMake}}); err != nil {
 		return err
 	}
 	a.httpSrv = a.newHTTPServer()
@@ -407,6 +408,7 @@ func (a *Agent) stop(ctx context.Context, abort bool) error {
 		done := make(chan struct{})
 		go func() {
 			a.wg.Wait()
+			a.leader.Wait() // its calls to Kafka and evictions outlive a term by one bounded call
 			close(done)
 		}()
 		// Leave gossip only once the session loop has committed and

@@ -3,7 +3,6 @@ package coordinator
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"reflect"
@@ -21,6 +20,7 @@ import (
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/internal/notify"
 	"github.com/kswitch/kswitch/internal/refused"
+	"github.com/kswitch/kswitch/internal/testhooks"
 	"github.com/kswitch/kswitch/keys"
 	"github.com/kswitch/kswitch/offsets"
 	"github.com/kswitch/kswitch/state"
@@ -80,43 +80,39 @@ type Leader struct {
 	metrics *Metrics
 	// status is the leader's last verdict, for /status.
 	status atomic.Pointer[LeaderStatus]
-	// bg is LeaderOptions.Background.
+	// bg owns the goroutines that talk to Kafka (discovery, the count of
+	// a failback's late tail) and those that confirm and carry out an
+	// eviction. They may outlive a term by the length of one call
+	// (bounded by the client's timeouts; the eviction's calls end with
+	// the term's ctx), so that a dead cluster or agent never delays the
+	// end of a term: Wait waits for them.
 	bg *sync.WaitGroup
 }
 
 // LeaderOptions are the parts of a Leader that are not configuration.
 type LeaderOptions struct {
-	// Background owns the goroutines that talk to Kafka (discovery, the
-	// count of a failback's late tail) and those that confirm and carry
-	// out an eviction. They may outlive a term by the length of one call
-	// (bounded by the client's timeouts; the eviction's calls end with the
-	// term's ctx), so that a dead cluster or agent never delays the end
-	// of a term. Required; it must outlive every Run: the caller waits for
-	// it after the last term.
-	Background *sync.WaitGroup
 	// Logger receives the leader's logs. Default: none.
 	Logger *zap.Logger
 	// Dialer, when set, opens the leader's connections to a cluster.
 	Dialer func(cluster string) kafka.Dialer
 	// Metrics, when set, receives the leader's measurements.
 	Metrics *Metrics
-	// BreakBeforeMake turns off the preparation of planned switches
-	// (agents warming their clients to the target, the pre-translation):
-	// every switch revokes first and connects after, as a failover must.
-	// The baseline of BenchmarkPlannedSwitch.
-	BreakBeforeMake bool
+	// Hooks are this module's tests' (an internal type: nil outside it).
+	Hooks *testhooks.Leader
 }
+
+// Wait waits for the leader's background goroutines, which a term's end
+// does not wait for (each ends within one bounded call). Call it after
+// the last Run has returned.
+func (l *Leader) Wait() { l.bg.Wait() }
 
 // NewLeader returns the leader work of a fleet. cfg must be validated.
 func NewLeader(cfg config.Config, c *clientv3.Client, m Membership, opts LeaderOptions) (*Leader, error) {
-	if opts.Background == nil {
-		return nil, errors.New("coordinator: LeaderOptions.Background is required")
-	}
 	log := opts.Logger
 	if log == nil {
 		log = zap.NewNop()
 	}
-	l := &Leader{cfg: cfg, keys: keys.New(cfg.Fleet), etcd: c, members: m, bg: opts.Background, log: log, opts: opts, metrics: opts.Metrics,
+	l := &Leader{cfg: cfg, keys: keys.New(cfg.Fleet), etcd: c, members: m, bg: &sync.WaitGroup{}, log: log, opts: opts, metrics: opts.Metrics,
 		store: offsets.NewStore(c, keys.New(cfg.Fleet))}
 	if err := l.SetConfig(cfg); err != nil {
 		return nil, err

@@ -57,7 +57,7 @@ func (r *leaderRun) switchTo(ctx context.Context, t *term, req switchRequest) (s
 	started := began.UTC()
 	var prep *prepared
 	defer func() { prep.close() }()
-	if t.active.Phase != state.PhaseSwitching && planned && !r.opts.BreakBeforeMake {
+	if t.active.Phase != state.PhaseSwitching && planned && (r.opts.Hooks == nil || !r.opts.Hooks.BreakBeforeMake) {
 		prep = r.prepare(ctx, t, to, live, t.log.With(zap.String("from", from), zap.String("to", to)))
 		if ctx.Err() != nil {
 			return state.SwitchEvent{Started: started, Finished: time.Now().UTC()}, ctx.Err()

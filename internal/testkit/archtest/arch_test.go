@@ -25,7 +25,7 @@ var layers = map[string]int{
 	// 0: leaves, no import of the module.
 	"record": 0, "keys": 0, "election": 0, "internal/etcdwatch": 0, "internal/freeport": 0,
 	"internal/logx": 0, "internal/refused": 0, "internal/version": 0, "internal/testkit/wait": 0, "internal/testkit/archtest": 0,
-	"internal/notify": 0,
+	"internal/notify": 0, "internal/testhooks": 0,
 	// deploy has tests only (the deployment files against the code).
 	"deploy": 0,
 	// 1: the configuration; the embedded stack.
