@@ -21,8 +21,9 @@
 // Lifecycles: Start(ctx) starts (ctx bounds the start only),
 // Run(ctx, stopTimeout) starts and runs until ctx ends, Stop(ctx) ends
 // cleanly within ctx, Abort ends as a crash would; each is safe to call
-// after the others. NewMember opens the member's etcd client and builds
-// its router, whose background loop runs from then on: a Member built
-// must be stopped (Stop or Abort) even if it was never started. Operator
-// has no goroutine: its methods are calls, bounded by their contexts.
+// after the others. A constructor starts no goroutine of its own; NewMember
+// opens the member's etcd client (it makes no request until Start), so a
+// Member built is stopped (Stop or Abort) even if it was never started.
+// Operator has no goroutine: its methods are calls, bounded by their
+// contexts.
 package fleet

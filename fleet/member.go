@@ -23,10 +23,10 @@ import (
 // and closes, and the router reads channel pauses from the agent's
 // signals.
 //
-// Who owns which goroutine: the router's background loop is started by
-// routing.New and ended by Router.Close; Start starts the router's Run (on
-// a context of the Member's), then the agent's goroutines; Stop and Abort
-// end them all, in this order, and return after they have:
+// Who owns which goroutine: Start starts the router's Run (on a context
+// of the Member's; it starts the router's loop, which Router.Close ends),
+// then the agent's goroutines; Stop and Abort end them all, in this
+// order, and return after they have:
 //
 //  1. the agent stops (Stop: its partitions drain the records handed to the
 //     router, commit and are released; Abort: nothing is drained or
@@ -52,9 +52,9 @@ type Member struct {
 }
 
 // NewMember builds the agent of cfg and its router, and opens their etcd
-// client (it makes no request); nothing runs until Start
-// except the router's background loop, so a Member that is not started
-// must still be stopped. opts are the agent's; its Handler,
+// client (it makes no request); nothing runs until Start, but the client
+// is open, so a Member that is not started must still be stopped. opts
+// are the agent's; its Handler,
 // HandlerStatus, DeadLetters, Released and DeliveryProblem are the router's (any given are
 // replaced).
 //

@@ -60,8 +60,10 @@ type Refusal struct {
 // fleet's prefix), puts it in force, and follows it until ctx ends: each
 // change is validated as a whole with the file's layer and swapped in, or
 // refused. Ready is closed after the first read. Without Options.Etcd it
-// only waits for ctx. It returns ctx.Err(), or an error at once when
-// called twice.
+// follows nothing. It also starts the router's loop (retries, the
+// producers' sweep, health samples), which runs until Close: Close drains
+// through it. It returns ctx.Err(), or an error at once when called twice
+// or after Close.
 //
 // The routes key and the channels prefix are watched separately, and two
 // watches deliver their events in no common order; so a change seen by
@@ -71,6 +73,14 @@ type Refusal struct {
 func (r *Router) Run(ctx context.Context) error {
 	if !r.started.CompareAndSwap(false, true) {
 		return errors.New("routing: Router.Run called twice")
+	}
+	started := false
+	r.loopOnce.Do(func() {
+		started = true
+		go r.loop() // ends at Close, not with ctx: Close drains through it
+	})
+	if !started {
+		return errors.New("routing: Router.Run after Close")
 	}
 	c := r.opts.Etcd
 	if c == nil {

@@ -125,6 +125,19 @@ func (r *Router) unblock(om *outMsg) {
 	r.nblock.Store(int32(len(r.blocked)))
 }
 
+// settleWaiting settles, at the close, the records waiting for a retry
+// and those held: their partitions' next owners consume them again.
+func (r *Router) settleWaiting() {
+	r.mu.Lock()
+	pending := r.retries
+	r.retries = nil
+	r.mu.Unlock()
+	for _, om := range pending {
+		r.settle(om)
+	}
+	r.settleHeld()
+}
+
 // loop is the router's background goroutine: it sends failed produces
 // again when they are due, and closes producers no channel uses.
 func (r *Router) loop() {
@@ -159,14 +172,7 @@ func (r *Router) loop() {
 		timer.Reset(wait)
 		select {
 		case <-r.loopCtx.Done():
-			r.mu.Lock()
-			pending := r.retries
-			r.retries = nil
-			r.mu.Unlock()
-			for _, om := range pending {
-				r.settle(om)
-			}
-			r.settleHeld()
+			r.settleWaiting()
 			return
 		case <-r.retryKick:
 		case <-timer.C:

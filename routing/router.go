@@ -87,6 +87,7 @@ type Router struct {
 
 	loopCtx    context.Context // cancelled by Close to end the loop
 	loopCancel context.CancelFunc
+	loopOnce   sync.Once // starts the loop (Run), or rules it out (Close first)
 	loopDone   chan struct{}
 	closeOnce  sync.Once
 	closeErr   error
@@ -190,7 +191,10 @@ type outMsg struct {
 // New checks cfg.Routing (the static layer), compiling its expressions,
 // and returns a router in force with it. sig returns the signals in force,
 // for channel pauses; nil means nothing is paused. cfg is copied; it must
-// be valid (config.Validate).
+// be valid (config.Validate). New starts no goroutine: Run runs the
+// router (its retries, producer sweeps and health samples, and the etcd
+// layer), Close ends it; a router that is not running sends each record
+// once and retries nothing.
 func New(cfg config.Config, sig func() signals.State, opts Options) (*Router, error) {
 	cfg = cfg.Clone()
 	v, err := Compile(cfg.Routing, cfg.Clusters)
@@ -255,7 +259,6 @@ func New(cfg config.Config, sig func() signals.State, opts Options) (*Router, er
 	if opts.Etcd == nil {
 		close(r.ready)
 	}
-	go r.loop()
 	return r, nil
 }
 

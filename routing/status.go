@@ -131,7 +131,13 @@ func (r *Router) Close(ctx context.Context) error {
 		tick.Stop()
 		left := r.inFlight()
 		r.loopCancel()
-		<-r.loopDone
+		ran := true
+		r.loopOnce.Do(func() { ran = false }) // Run never started the loop: nobody will
+		if ran {
+			<-r.loopDone
+		} else {
+			r.settleWaiting()
+		}
 		var errs []error
 		if left > 0 {
 			errs = append(errs, fmt.Errorf("routing: %d produce(s) not acknowledged when closing: their records are consumed again by the next owner", left))

@@ -79,6 +79,17 @@ func (w *world) owner(gen int64, interval time.Duration) *eosOwner {
 		w.t.Fatal(err)
 	}
 	o.r = r
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = r.Run(ctx)
+	}()
+	w.t.Cleanup(func() {
+		_ = r.Close(context.Background()) // a no-op when the test closed it
+		cancel()
+		<-done
+	})
 	return o
 }
 
