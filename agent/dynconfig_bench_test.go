@@ -155,16 +155,3 @@ func median(d []time.Duration) time.Duration {
 	p50, _ := percentiles(d)
 	return p50
 }
-
-// deliveredFrom returns how many partitions of topic delivered a record.
-func (l *ledger) deliveredFrom(topic string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for tp := range l.lastGen {
-		if tp.Topic == topic {
-			n++
-		}
-	}
-	return n
-}

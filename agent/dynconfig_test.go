@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -20,54 +19,6 @@ import (
 	"github.com/kswitch/kswitch/internal/testkit/wait"
 	"github.com/kswitch/kswitch/keys"
 )
-
-// tally returns the ids in [0, n) of tag never handled, and the number of
-// duplicate deliveries among them.
-func (l *ledger) tally(tag string, n int) (missing []int, dups int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for i := range n {
-		switch c := l.seen[tag+strconv.Itoa(i)]; {
-		case c == 0:
-			missing = append(missing, i)
-		case c > 1:
-			dups += c - 1
-		}
-	}
-	return missing, dups
-}
-
-// handledAll waits until every id in [0, n) of tag was handled.
-func (l *ledger) handledAll(t testing.TB, timeout time.Duration, tag string, n int) {
-	t.Helper()
-	wait.For(t, timeout, fmt.Sprintf("records %s0..%s%d handled", tag, tag, n-1), func() error {
-		if missing, _ := l.tally(tag, n); len(missing) > 0 {
-			return fmt.Errorf("%d not handled, first %d", len(missing), missing[0])
-		}
-		return nil
-	})
-}
-
-// generations returns, per partition of topic, the generations its
-// records were delivered under.
-func (l *ledger) generations(topic string) map[int32]map[int64]bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	out := map[int32]map[int64]bool{}
-	for gk := range l.genHolder {
-		tp, gen, _ := strings.Cut(gk, "@")
-		if !strings.HasPrefix(tp, topic+"/") {
-			continue
-		}
-		p, _ := strconv.ParseInt(strings.TrimPrefix(tp, topic+"/"), 10, 32)
-		g, _ := strconv.ParseInt(gen, 10, 64)
-		if out[int32(p)] == nil {
-			out[int32(p)] = map[int64]bool{}
-		}
-		out[int32(p)][g] = true
-	}
-	return out
-}
 
 // configEvent waits for the history event of dynamic configuration
 // version n and returns it.

@@ -358,22 +358,6 @@ func logHistory(t *testing.T, e *devstack.Etcd) (lagged int64) {
 	return lagged
 }
 
-func (l *ledger) timesHandled(id string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.seen[id]
-}
-
-func (l *ledger) duplicates() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for _, c := range l.seen {
-		n += max(0, c-1)
-	}
-	return n
-}
-
 // TestFailoverFromAHungCluster: A's brokers accept connections and answer
 // nothing, as a blackholed data centre does. The fleet fails over after
 // the failure window at default settings, and the switch's own steps

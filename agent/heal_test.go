@@ -457,21 +457,6 @@ func TestForgedActiveStatesInTheLeaderlessWindowMoveNothing(t *testing.T) {
 	}
 }
 
-// handledOn returns how many deliveries came from cluster.
-func (l *ledger) handledOn(cluster string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for _, ds := range l.deliveries {
-		for _, d := range ds {
-			if d.cluster == cluster {
-				n++
-			}
-		}
-	}
-	return n
-}
-
 // TestForgedAcksMoveNoGeneration: a stranger puts, on a lease of its own,
 // acks of 2^62 for agent-1, of 2^53 for agent-2 and for a ghost, then an
 // agent joins. The acks are not on the named agents' registration leases, so
@@ -614,28 +599,6 @@ func readAssignment(cli *clientv3.Client) (state.Assignment, error) {
 		return state.Assignment{}, fmt.Errorf("no state/assignment")
 	}
 	return state.ParseAssignment(resp.Kvs[0].Value)
-}
-
-// firstHandled returns when record id was first handled.
-func (l *ledger) firstHandled(id string) (time.Time, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	at, ok := l.firstAt[id]
-	return at, ok
-}
-
-// dupsFirstHandled returns the records handled more than once, with when
-// each was first handled.
-func (l *ledger) dupsFirstHandled() map[string]time.Time {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	out := map[string]time.Time{}
-	for id, n := range l.seen {
-		if n > 1 {
-			out[id] = l.firstAt[id]
-		}
-	}
-	return out
 }
 
 // TestASwitchBeforeAnythingWasConsumedKeepsNewest: a fleet started with

@@ -1,0 +1,444 @@
+package agent_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/kswitch/kswitch/agent"
+	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/devstack"
+	"github.com/kswitch/kswitch/fleet"
+	"github.com/kswitch/kswitch/internal/kafka"
+	"github.com/kswitch/kswitch/internal/testkit/testenv"
+	"github.com/kswitch/kswitch/internal/testkit/wait"
+	"github.com/kswitch/kswitch/keys"
+	"github.com/kswitch/kswitch/record"
+	"github.com/kswitch/kswitch/state"
+)
+
+var fleetKeys = keys.New("orders")
+
+// startFleetAgent starts an agent with opts (a test logger if none) and
+// stops it when the test ends; Stop after Abort is a no-op.
+func startFleetAgent(t testing.TB, cfg config.Config, opts agent.Options) *agent.Agent {
+	t.Helper()
+	if opts.Logger == nil {
+		opts.Logger = zaptest.NewLogger(t).Named(cfg.Agent.ID)
+	}
+	a, err := agent.New(cfg, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		if err := a.Stop(ctx); err != nil {
+			t.Error(err)
+		}
+	})
+	return a
+}
+
+// waitConsuming waits until every agent consumes cluster and the
+// partitions are all owned.
+func waitConsuming(t testing.TB, timeout time.Duration, cluster string, agents ...*agent.Agent) time.Duration {
+	t.Helper()
+	began := time.Now()
+	wait.For(t, timeout, "the fleet consumes "+cluster, func() error {
+		c, err := activeOf(agents...)
+		if err == nil && c != cluster {
+			err = fmt.Errorf("active %s", c)
+		}
+		if err != nil {
+			// What the leader says explains a switch that does not come.
+			for _, a := range agents {
+				if st := a.Status().Coordinator; a.Leading() && st != nil {
+					err = fmt.Errorf("%w; leader %s: %q", err, a.ID(), st.Verdict)
+				}
+			}
+		}
+		return err
+	})
+	return time.Since(began)
+}
+
+// leaderOf returns the agent that leads, waiting for one.
+func leaderOf(t testing.TB, agents ...*agent.Agent) *agent.Agent {
+	t.Helper()
+	var l *agent.Agent
+	wait.For(t, 10*time.Second, "a leader", func() error {
+		for _, a := range agents {
+			if a.Leading() {
+				l = a
+				return nil
+			}
+		}
+		return fmt.Errorf("none of %d agents leads", len(agents))
+	})
+	return l
+}
+
+// readActive reads state/active.
+func readActive(cli *clientv3.Client) (state.Active, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, fleetKeys.Active())
+	if err != nil {
+		return state.Active{}, err
+	}
+	if len(resp.Kvs) == 0 {
+		return state.Active{}, fmt.Errorf("no state/active")
+	}
+	return state.ParseActive(resp.Kvs[0].Value)
+}
+
+// readHistory reads history/, oldest first.
+func readHistory(t testing.TB, cli *clientv3.Client) []state.SwitchEvent {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, fleetKeys.SwitchHistory(), clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []state.SwitchEvent
+	for _, kv := range resp.Kvs {
+		var ev state.SwitchEvent
+		if err := json.Unmarshal(kv.Value, &ev); err != nil {
+			t.Fatalf("history %s: %v", kv.Key, err)
+		}
+		if err := state.LoadPartitions(ctx, cli, fleetKeys, &ev); err != nil {
+			t.Fatalf("history %s: %v", kv.Key, err)
+		}
+		out = append(out, ev)
+	}
+	slices.SortFunc(out, func(a, b state.SwitchEvent) int { return int(a.Epoch - b.Epoch) })
+	return out
+}
+
+// methods summarises how a switch translated each partition.
+func methods(ev state.SwitchEvent) map[string]int {
+	out := map[string]int{}
+	for _, p := range ev.Partitions {
+		out[p.Method]++
+	}
+	return out
+}
+
+func logEvents(t *testing.T, evs []state.SwitchEvent) {
+	t.Helper()
+	for _, ev := range evs {
+		t.Logf("switch epoch %d %s→%s in %v (%s): %v, phases %v", ev.Epoch, ev.From, ev.To,
+			ev.Finished.Sub(ev.Started).Round(time.Millisecond), ev.Reason, methods(ev), ev.Phases)
+	}
+}
+
+// holdsFor checks cond every 50 ms for d and fails the test the first time
+// it does not hold: for what must stay true (no switch happens), which no
+// single observation can show.
+func holdsFor(t *testing.T, d time.Duration, what string, cond func() error) {
+	t.Helper()
+	end := time.Now().Add(d)
+	for time.Now().Before(end) {
+		if err := cond(); err != nil {
+			t.Fatalf("%s stopped holding: %v", what, err)
+		}
+		time.Sleep(50 * time.Millisecond) // sampling an invariant, not waiting for an event
+	}
+}
+
+// staysOn checks for d that state/active names cluster, active, in the
+// epoch it has now: no switch starts. (Which agent owns what may change
+// meanwhile, as agents come and go.)
+func staysOn(t *testing.T, cli *clientv3.Client, d time.Duration, cluster, what string) {
+	t.Helper()
+	before, err := readActive(cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holdsFor(t, d, what, func() error {
+		a, err := readActive(cli)
+		if err != nil {
+			return err
+		}
+		if a.Cluster != cluster || a.Phase != state.PhaseActive || a.Epoch != before.Epoch {
+			return fmt.Errorf("state/active %+v, was %+v", a, before)
+		}
+		return nil
+	})
+}
+
+// waitAllHandled waits until every id in ids has been handled.
+func waitAllHandled(t *testing.T, l *ledger, ids map[string]bool, timeout time.Duration) {
+	t.Helper()
+	wait.For(t, timeout, "every record handled", func() error {
+		var missing []string
+		for id := range ids {
+			if l.timesHandled(id) == 0 {
+				missing = append(missing, id)
+			}
+		}
+		if len(missing) > 0 {
+			slices.Sort(missing)
+			return fmt.Errorf("%d of %d records not handled, e.g. %v", len(missing), len(ids), missing[:min(5, len(missing))])
+		}
+		return nil
+	})
+}
+
+// metricValue returns the value of a gauge or counter of a's registry with
+// the given labels.
+func metricValue(a *agent.Agent, name string, labels map[string]string) (float64, bool) {
+	mfs, err := a.Metrics().Gather()
+	if err != nil {
+		return 0, false
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for k, v := range labels {
+				found := false
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == k && lp.GetValue() == v {
+						found = true
+					}
+				}
+				if !found {
+					continue next
+				}
+			}
+			switch {
+			case m.GetGauge() != nil:
+				return m.GetGauge().GetValue(), true
+			case m.GetCounter() != nil:
+				return m.GetCounter().GetValue(), true
+			}
+		}
+	}
+	return 0, false
+}
+
+// handovers checks the hand-over rule for partitions that may come back
+// to an agent that held them before: a partition's records arrive under
+// generations that never go down, so no agent delivers a partition under
+// an older generation once another has taken it over. (The ledger's own
+// rule, that a former holder never delivers a partition again, does not
+// allow a partition to come back.)
+type handovers struct {
+	mu         sync.Mutex
+	last       map[string]int64  // partition → generation of its last record
+	holder     map[string]string // partition → agent of its last record
+	violations []string
+}
+
+func newHandovers() *handovers {
+	return &handovers{last: map[string]int64{}, holder: map[string]string{}}
+}
+
+func (h *handovers) wrap(id string, next record.Handler) record.Handler {
+	return record.HandlerFunc(func(ctx context.Context, r *record.Record) error {
+		h.mu.Lock()
+		tp := fmt.Sprintf("%s/%d", r.Topic, r.Partition)
+		if g, ok := h.last[tp]; ok && r.Generation < g {
+			h.violations = append(h.violations, fmt.Sprintf("%s delivered %s offset %d under generation %d after %s delivered it under %d",
+				id, tp, r.Offset, r.Generation, h.holder[tp], g))
+		}
+		h.last[tp], h.holder[tp] = r.Generation, id
+		h.mu.Unlock()
+		return next.Handle(ctx, r)
+	})
+}
+
+// check reports h's violations and the ledger's, but for the ledger's
+// rule against a partition coming back.
+func (h *handovers) check(t *testing.T, l *ledger) {
+	t.Helper()
+	h.mu.Lock()
+	for _, v := range h.violations {
+		t.Error("invariant:", v)
+	}
+	h.mu.Unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, v := range l.violations {
+		if !strings.Contains(v, " again after ") {
+			t.Error("invariant:", v)
+		}
+	}
+}
+
+// through returns an agent's KafkaDialer that connects to cluster
+// through link, and to the others directly.
+func through(link *devstack.Link, cluster string) func(string) kafka.Dialer {
+	return func(c string) kafka.Dialer {
+		if c == cluster {
+			return link
+		}
+		return nil // not a nil *Link: that would be a non-nil Dialer
+	}
+}
+
+// readyz returns an agent's /readyz status code and reason.
+func readyz(a *agent.Agent) (int, string, error) {
+	var body map[string]string
+	code, err := getJSON("http://"+a.HTTPAddr()+"/readyz", &body)
+	return code, body["reason"], err
+}
+
+// gate is a handler that acknowledges records at once while open and
+// holds them unacknowledged while closed, as a sink that stalls does.
+// stallAll closes every gate and waits until each agent holds records it
+// cannot release.
+func stallAll(t *testing.T, gates map[string]*gate) {
+	t.Helper()
+	for _, g := range gates {
+		g.close()
+	}
+	wait.For(t, 10*time.Second, "every agent holding records", func() error {
+		for id, g := range gates {
+			if g.holding() == 0 {
+				return fmt.Errorf("%s holds none", id)
+			}
+		}
+		return nil
+	})
+}
+
+// waitSwitching waits, after the active cluster failed, until state/active
+// is in phase switching, and returns it.
+func waitSwitching(t *testing.T, cli *clientv3.Client, window time.Duration) state.Active {
+	t.Helper()
+	var switching state.Active
+	wait.For(t, window+5*time.Second, "state/active in phase switching", func() error {
+		a, err := readActive(cli)
+		if err != nil {
+			return err
+		}
+		if a.Phase != state.PhaseSwitching {
+			return fmt.Errorf("state/active %+v", a)
+		}
+		switching = a
+		return nil
+	})
+	return switching
+}
+
+type gate struct {
+	mu     sync.Mutex
+	closed bool
+	held   []*record.Record
+}
+
+func (g *gate) handler(l *ledger, id string) record.Handler {
+	return record.HandlerFunc(func(_ context.Context, r *record.Record) error {
+		l.record(id, r)
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if g.closed {
+			g.held = append(g.held, r)
+			return nil
+		}
+		r.Ack()
+		return nil
+	})
+}
+
+func (g *gate) close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.closed = true
+}
+
+// open acknowledges what was held and lets records through; it returns
+// how many were held.
+func (g *gate) open() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.closed = false
+	for _, r := range g.held {
+		r.Ack()
+	}
+	n := len(g.held)
+	g.held = nil
+	return n
+}
+
+func (g *gate) holding() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.held)
+}
+
+// abortStalledLeader crashes leader while every agent's sink is stalled
+// (stallAll): once its HTTP server is gone it can complete nothing more;
+// then the sinks recover. It returns how many records the dead leader
+// held unacknowledged: its partitions' next owners deliver them again.
+func abortStalledLeader(t *testing.T, leader *agent.Agent, gates map[string]*gate) int {
+	t.Helper()
+	aborted := make(chan struct{})
+	go func() {
+		defer close(aborted)
+		leader.Abort()
+	}()
+	wait.For(t, 5*time.Second, "the leader down", func() error {
+		if _, _, err := readyz(leader); err == nil {
+			return fmt.Errorf("%s still answers", leader.ID())
+		}
+		return nil
+	})
+	// What the dead leader held is never acknowledged by anyone alive;
+	// acking it now only lets its drain (and so Abort) end.
+	held := gates[leader.ID()].open()
+	<-aborted
+	// The survivors' sinks recover: they release, commit and acknowledge.
+	for id, g := range gates {
+		if id != leader.ID() {
+			g.open()
+		}
+	}
+	return held
+}
+
+// operator is fleet orders' operator over a client of e: what the
+// kswitch commands steer and read it with.
+func operator(t *testing.T, e *devstack.Etcd) *fleet.Operator {
+	t.Helper()
+	op, err := fleet.NewOperator(testenv.EtcdClientT(t, e), "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return op
+}
+
+// statusText is the fleet as 'kswitch status' prints it, read from etcd
+// (ask: with each agent's own /readyz, as --ask).
+func statusText(t *testing.T, op *fleet.Operator, ask bool) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	v, err := op.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ask {
+		v.AskReady(ctx, time.Second)
+	}
+	var b strings.Builder
+	v.WriteText(&b, time.Now())
+	return b.String()
+}
