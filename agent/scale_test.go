@@ -628,7 +628,7 @@ func dbSize(tb testing.TB, cli *clientv3.Client, d *dc) int64 {
 
 // BenchmarkScale runs the fleet on a grid of partitions (topics of 20) and
 // agents, in process on embedded etcd and kfake, and prints one line per
-// point and the targets of issue 20 as met or not.
+// point and the scale targets (docs/BENCHMARKS.md) as met or not.
 func BenchmarkScale(b *testing.B) {
 	type point = scaleKey
 	// 6000 partitions: 300 topics on each of two kfake clusters, in the

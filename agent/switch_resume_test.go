@@ -13,10 +13,10 @@ import (
 	"github.com/kswitch/kswitch/state"
 )
 
-// Acceptance tests of issue 4 beyond the plain failover and failback of
-// failover_test.go: the timestamp fallback, one agent cut off from the
-// active cluster, the circuit breaker, a leader killed in the middle of a
-// switch, and the pin (etcd and CLI). They share startDC's clusters: A,
+// A switch interrupted: a leader killed in the middle of one, and a
+// switch whose target dies. Like the other failover tests
+// (failover_test.go, translation_test.go, cutoff_test.go, breaker_test.go,
+// pin_test.go) they share startDC's clusters: A,
 // its replica B (topic A.orders, offsets shifted by TargetPrefill) and an
 // embedded etcd.
 

@@ -25,11 +25,11 @@ import (
 	"github.com/kswitch/kswitch/internal/testkit/wait"
 )
 
-// Ordinary accidents of real clusters (issue 33), each judged from outside
+// Ordinary accidents of real clusters, each judged from outside
 // by reading the sink back with kcat: a record larger than its channel and
-// dead-letter topics accept (break 2), a source topic deleted and
-// re-created (break 3), and the channel's broker stopped and killed under
-// load (break 4).
+// dead-letter topics accept, a source topic deleted and
+// re-created, and the channel's broker stopped and killed under
+// load.
 
 const (
 	// bigValueBytes is the size of the oversized record's value: under the
@@ -62,7 +62,7 @@ const (
 	outageRate = 200
 )
 
-// TestOversizedRecordOnRealKafka (issue 33, break 2): the channel topic
+// TestOversizedRecordOnRealKafka: the channel topic
 // and the dead-letter topic on B take at most 100 000 bytes
 // (max.message.bytes); kcat writes ordinary records to A and, in the
 // middle of partition 1, amid a burst of 2 000 ordinary records, one
@@ -230,7 +230,7 @@ func TestOversizedRecordOnRealKafka(t *testing.T) {
 	timed("scenario", time.Since(st.began))
 }
 
-// TestRecreatedSourceTopicOnRealKafka (issue 33, break 3): while the fleet
+// TestRecreatedSourceTopicOnRealKafka: while the fleet
 // consumes orders on A and kcat writes to it, orders is deleted (a
 // DeleteTopics request, as kafka-topics --delete sends) and created again
 // with 6 partitions instead of 4; a second producer writes to the new
@@ -354,7 +354,7 @@ func TestRecreatedSourceTopicOnRealKafka(t *testing.T) {
 	timed("scenario", time.Since(st.began))
 }
 
-// TestSinkOutageKeepsOrderOnRealKafka (issue 33, break 4): the fleet
+// TestSinkOutageKeepsOrderOnRealKafka: the fleet
 // routes every record to the channel ordered on a third cluster, C (one
 // broker, role sink), in the partition it came from, while kcat writes to
 // A at 200 records a second. C's broker is stopped (SIGTERM) and started

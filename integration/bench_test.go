@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// The real-stack benchmarks of `make bench` (issue 10). They reuse the
+// The real-stack benchmarks of `make bench`. They reuse the
 // integration suite's harness (etcd ×3, Kafka A and B, MirrorMaker 2, kcat
 // and kswitch agents as OS processes) and carry a second build tag, bench,
 // so that `make integration` neither builds nor runs them. Every kswitch

@@ -17,8 +17,8 @@ import (
 	"github.com/kswitch/kswitch/record"
 )
 
-// theIssuesRule is the rule of issue 33 that took every agent down in
-// turn: cheap on ordinary records, 5 TB on a 5 MiB one.
+// theIssuesRule is a rule found to take every agent down in turn: cheap
+// on ordinary records, 5 TB of work on a 5 MiB one.
 const theIssuesRule = `topic == "orders" && (key != "x" || len(repeat(value, 999999)) > 0)`
 
 func TestTheIssuesRuleIsRefused(t *testing.T) {

@@ -151,7 +151,7 @@ var highLevelSarama = []string{
 var offRecordPath = []string{"cmd/kswitch/internal/demo"}
 
 // TestNoHighLevelSaramaClientOnTheRecordPath: no package of the binary's
-// record path builds sarama's Consumer or AsyncProducer (issue 35): the
+// record path builds sarama's Consumer or AsyncProducer (docs/RELAY.md): the
 // agent reads through internal/kafka's Fetcher, routing writes through its
 // Producer and TxnStream. sarama's protocol types, Broker and Client stay.
 func TestNoHighLevelSaramaClientOnTheRecordPath(t *testing.T) {
