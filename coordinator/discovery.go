@@ -198,3 +198,60 @@ func (d *discovery) lifecycle(ctx context.Context, listed map[string]TopicMeta) 
 		}
 	}
 }
+
+// discoveryRun is the discovery of one cluster's partitions.
+type discoveryRun struct {
+	found chan []state.TopicPartition
+	stop  context.CancelFunc
+}
+
+// discoverInUse follows the partitions of every cluster the fleet uses
+// now (inUse) and of no other: a cluster no longer in use loses its list.
+// Discovery talks to Kafka in a goroutine of its own (on bg): a dead or
+// hung cluster delays the partition list, never the loop or the end of
+// the term.
+func (r *leaderRun) discoverInUse(ctx context.Context) {
+	use := inUse(r.t.active)
+	for c, d := range r.disc {
+		if !slices.Contains(use, c) {
+			d.stop()
+			delete(r.disc, c)
+			delete(r.lists, c)
+		}
+	}
+	for _, c := range use {
+		if r.disc[c] != nil {
+			continue
+		}
+		dctx, dcancel := context.WithCancel(ctx)
+		d := &discoveryRun{found: make(chan []state.TopicPartition, 1), stop: dcancel}
+		r.disc[c] = d
+		r.bg.Add(1)
+		go func() {
+			defer r.bg.Done()
+			r.discoverLoop(dctx, c, r.log, d.found, r.listed)
+		}()
+	}
+}
+
+// stopDiscoveries ends every discovery of the term.
+func (r *leaderRun) stopDiscoveries() {
+	for _, d := range r.disc {
+		d.stop()
+	}
+}
+
+// takeLists takes the lists the discoveries have found since the last
+// call.
+func (r *leaderRun) takeLists() {
+	for c, d := range r.disc {
+		select {
+		case ps := <-d.found:
+			if !slices.Equal(ps, r.lists[c]) {
+				r.log.Info("source partitions", zap.String("cluster", c), zap.Int("partitions", len(ps)))
+			}
+			r.lists[c] = ps
+		default:
+		}
+	}
+}
