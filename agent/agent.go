@@ -1,12 +1,3 @@
-// Package agent runs one kswitch agent: it registers in etcd on its
-// session lease, campaigns for leadership, joins the fleet's gossip
-// cluster using the registered agents as seeds, and serves its health,
-// status and metrics over HTTP.
-//
-// An agent is embeddable: New, then Start (binds its listeners and
-// returns), then Stop (clean: resigns, deregisters, leaves gossip) or
-// Abort (as a crash would: nothing is released, etcd's lease TTL and
-// gossip's failure detection clean up). Run combines them for cmd/.
 package agent
 
 import (
