@@ -28,6 +28,7 @@
 //     health.go: stuck and idle partitions; lifecycle.go and
 //     startoffset.go: where a partition starts.
 //   - dynconfig.go and configdigest.go: the configuration in force and
-//     its digest; handler.go: the record handler's contract; metrics.go
+//     its digest; handler.go: the handler of an agent without routes;
+//     metrics.go
 //     and rate.go: the agent's measurements.
 package agent
