@@ -8,8 +8,9 @@
 //     an agent with routing uses it too.
 //   - Operator steers and reads a fleet through etcd as an operator does
 //     with the kswitch commands: pin the fleet or a topic to a cluster,
-//     move topics in stages, pause and resume, read the active cluster,
-//     the signals and the switch history. Every method writes or reads the
+//     move topics in stages, pause and resume, check and apply routes
+//     (CompileRouting checks them without etcd), read the active
+//     cluster, the signals, the routing layer and the switch history. Every method writes or reads the
 //     keys an operator could write with etcdctl (docs/ARCHITECTURE.md, the
 //     etcd key layout); the commands call it, so it stays what they do.
 //   - OpenEtcd opens an etcd client from config.Etcd as the agent and the

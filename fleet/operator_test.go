@@ -2,12 +2,14 @@ package fleet_test
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/fleet"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
 	"github.com/kswitch/kswitch/signals"
@@ -185,5 +187,45 @@ func TestNewOperatorRefusesABadName(t *testing.T) {
 	}
 	if _, err := fleet.NewOperator(nil, "orders"); err == nil {
 		t.Error("an operator without etcd was accepted")
+	}
+}
+
+// Routes are checked as every agent will check them, against the
+// agents' clusters, before anything is written; a valid change is written
+// whole and read back as the layer in force.
+func TestOperatorAppliesOnlyValidRoutes(t *testing.T) {
+	op, cli := operatorOn(t)
+	ctx := t.Context()
+	k := op.Keys()
+	cfg := config.Default()
+	cfg.Fleet = "orders"
+	cfg.Clusters = map[string]config.Cluster{
+		"A": {Brokers: []string{"127.0.0.1:9092"}, Role: config.RolePrimary, Version: config.DefaultKafkaVersion},
+		"C": {Brokers: []string{"127.0.0.1:9094"}, Role: config.RoleSink, Version: config.DefaultKafkaVersion},
+	}
+	if _, _, _, err := op.ApplyRoutes(ctx, cfg, fleet.RoutingChange{}); err == nil {
+		t.Error("an empty change was accepted")
+	}
+	bad := fleet.RoutingChange{Routes: []byte("default: [far]\n"), Channels: map[string][]byte{"far": []byte("cluster: D\ntopic: far\n")}}
+	if _, _, _, err := op.ApplyRoutes(ctx, cfg, bad); err == nil || !strings.Contains(err.Error(), "D") {
+		t.Fatalf("a channel on a cluster the agents lack: %v, want a refusal naming D", err)
+	}
+	if v := value(t, cli, k.Routes()); v != "" {
+		t.Fatalf("a refused change was written: routes = %q", v)
+	}
+	good := fleet.RoutingChange{Routes: []byte("default: [audit]\n"), Channels: map[string][]byte{"audit": []byte("cluster: C\ntopic: audit\n")}}
+	v, rev, wrote, err := op.ApplyRoutes(ctx, cfg, good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(wrote) != 2 || !slices.Contains(v.ChannelNames(), "audit") {
+		t.Errorf("wrote %v, version's channels %v", wrote, v.ChannelNames())
+	}
+	l, err := op.Routing(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Version() != rev || string(l.Routes) != "default: [audit]\n" || string(l.Channels["audit"]) != "cluster: C\ntopic: audit\n" {
+		t.Errorf("read back version %d (applied %d), routes %q, channels %q", l.Version(), rev, l.Routes, l.Channels)
 	}
 }

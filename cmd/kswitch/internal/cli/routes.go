@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"cmp"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,10 +15,10 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/fleet"
 	"github.com/kswitch/kswitch/keys"
 	"github.com/kswitch/kswitch/record"
 	"github.com/kswitch/kswitch/routing"
@@ -132,28 +131,6 @@ func loadClusters(file string, environ []string) (config.Config, error) {
 	return cfg, nil
 }
 
-// compileWith merges routes and channels over cfg's static layer and
-// compiles the result against cfg's clusters, as every agent does. With no
-// clusters configured, the channels' clusters are taken as they are named
-// (checked says so).
-func compileWith(cfg config.Config, k keys.Fleet, routes []byte, chans map[string][]byte) (v *routing.Version, checked bool, err error) {
-	spec, _, err := routing.Merge(cfg.Routing, k, routes, chans)
-	if err != nil {
-		return nil, true, err
-	}
-	clusters, checked := cfg.Clusters, len(cfg.Clusters) > 0
-	if !checked {
-		clusters = map[string]config.Cluster{}
-		for _, ch := range spec.Channels {
-			if ch.Cluster != "" {
-				clusters[ch.Cluster] = config.Cluster{Version: config.DefaultKafkaVersion}
-			}
-		}
-	}
-	v, err = routing.Compile(spec, clusters)
-	return v, checked, err
-}
-
 func describeVersion(w io.Writer, v *routing.Version) {
 	spec := v.Spec()
 	fmt.Fprintf(w, "mode %s; %d rule(s)", spec.Mode, len(spec.Rules))
@@ -171,7 +148,7 @@ func describeVersion(w io.Writer, v *routing.Version) {
 }
 
 func newRoutesCheckCmd(g *globals) *cobra.Command {
-	var file, sample, cfgFile, fleet string
+	var file, sample, cfgFile, fleetName string
 	cmd := &cobra.Command{
 		Use:   "check -f rules.yaml [--config kswitch.yaml] [--sample records.jsonl]",
 		Short: "Validate a rules file and show where sample records would go",
@@ -203,7 +180,7 @@ logical name): {"topic": "orders", "physical_topic": "B.orders", "origin":
 	fs.StringVarP(&file, "file", "f", "", "rules file (YAML: mode, rules, default, dead_letter, channels)")
 	fs.StringVar(&sample, "sample", "", "JSON lines file of records to route")
 	fs.StringVarP(&cfgFile, "config", "c", "", "agent configuration file: its clusters and its routing section")
-	fs.StringVar(&fleet, "fleet", "", "fleet whose etcd keys errors name (default: fleet of --config, else check)")
+	fs.StringVar(&fleetName, "fleet", "", "fleet whose etcd keys errors name (default: fleet of --config, else check)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		rf, err := readRulesFile(file)
 		if err != nil {
@@ -213,11 +190,11 @@ logical name): {"topic": "orders", "physical_topic": "B.orders", "origin":
 		if err != nil {
 			return err
 		}
-		fleet = cmp.Or(fleet, cfg.Fleet, "check")
-		if err := keys.ValidName(fleet); err != nil {
-			return fmt.Errorf("--fleet %q: %v", fleet, err)
+		fleetName = cmp.Or(fleetName, cfg.Fleet, "check")
+		if err := keys.ValidName(fleetName); err != nil {
+			return fmt.Errorf("--fleet %q: %v", fleetName, err)
 		}
-		v, checked, err := compileWith(cfg, keys.New(fleet), rf.routes, rf.channels)
+		v, checked, err := fleet.CompileRouting(cfg, fleetName, rf.routes, rf.channels)
 		if err != nil {
 			return fmt.Errorf("%s is invalid; agents would refuse it and keep their version:\n%w", file, err)
 		}
@@ -329,44 +306,6 @@ func routeSamples(w io.Writer, path string, v *routing.Version) error {
 	return nil
 }
 
-// etcdRouting is what etcd holds of a fleet's dynamic layer.
-type etcdRouting struct {
-	revision int64
-	routes   []byte // nil: absent
-	routesAt int64
-	channels map[string][]byte
-	chanAt   map[string]int64
-}
-
-func readEtcdRouting(ctx context.Context, c *clientv3.Client, k keys.Fleet) (etcdRouting, error) {
-	resp, err := c.Txn(ctx).Then(clientv3.OpGet(k.Routes()), clientv3.OpGet(k.Channels(), clientv3.WithPrefix())).Commit()
-	if err != nil {
-		return etcdRouting{}, fmt.Errorf("read %s and %s: %w", k.Routes(), k.Channels(), err)
-	}
-	er := etcdRouting{revision: resp.Header.Revision, channels: map[string][]byte{}, chanAt: map[string]int64{}}
-	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
-		er.routes, er.routesAt = kvs[0].Value, kvs[0].ModRevision
-		if er.routes == nil {
-			er.routes = []byte{}
-		}
-	}
-	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
-		name := strings.TrimPrefix(string(kv.Key), k.Channels())
-		er.channels[name], er.chanAt[name] = kv.Value, kv.ModRevision
-	}
-	return er, nil
-}
-
-// version is the number agents give the version etcd holds: the last
-// revision that changed it (deletions aside).
-func (er etcdRouting) version() int64 {
-	v := er.routesAt
-	for _, at := range er.chanAt {
-		v = max(v, at)
-	}
-	return v
-}
-
 func newRoutesApplyCmd(g *globals) *cobra.Command {
 	var ef etcdFlags
 	var file string
@@ -402,58 +341,36 @@ and keeps its version: see 'kswitch routes show' and the agents' /status.`,
 			return err
 		}
 		defer cn.close()
-		cfg, c, ctx := cn.cfg, cn.client, cn.ctx
+		cfg, ctx, op := cn.cfg, cn.ctx, cn.op
 		if len(cfg.Clusters) == 0 {
 			return errors.New("apply validates the channels against the agents' clusters: pass --config (or set KSWITCH_CLUSTERS_<NAME>_BROKERS)")
 		}
-		k := keys.New(ef.fleet)
-		er, err := readEtcdRouting(ctx, c, k)
-		if err != nil {
-			return err
-		}
-		routes := er.routes
-		if rf.routes != nil {
-			routes = rf.routes
-		}
-		chans := maps.Clone(er.channels)
-		maps.Copy(chans, rf.channels)
-		v, _, err := compileWith(cfg, k, routes, chans)
-		if err != nil {
-			return fmt.Errorf("%s is invalid (with the configuration file's routing and the channels in etcd); nothing written:\n%w", file, err)
+		change := fleet.RoutingChange{Routes: rf.routes, Channels: rf.channels}
+		if change.Routes == nil && len(change.Channels) == 0 {
+			return fmt.Errorf("%s names no mode, rule, default, dead_letter or channel: nothing to write", file)
 		}
 		w := cmd.OutOrStdout()
 		if dryRun {
-			fmt.Fprintf(w, "%s is valid with what etcd holds (revision %d); --dry-run: nothing written\n", file, er.revision)
+			v, l, err := op.CheckRoutes(ctx, cfg, change)
+			if err != nil {
+				return invalidRules(file, err)
+			}
+			fmt.Fprintf(w, "%s is valid with what etcd holds (revision %d); --dry-run: nothing written\n", file, l.Revision)
 			describeVersion(w, v)
 			return nil
 		}
-		var cmps []clientv3.Cmp
-		var ops []clientv3.Op
-		var wrote []string
-		if rf.routes != nil {
-			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k.Routes()), "=", er.routesAt))
-			ops = append(ops, clientv3.OpPut(k.Routes(), string(rf.routes)))
-			wrote = append(wrote, k.Routes())
-		}
-		for _, name := range slices.Sorted(maps.Keys(rf.channels)) {
-			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k.Channel(name)), "=", er.chanAt[name]))
-			ops = append(ops, clientv3.OpPut(k.Channel(name), string(rf.channels[name])))
-			wrote = append(wrote, k.Channel(name))
-		}
-		if len(ops) == 0 {
-			return fmt.Errorf("%s names no mode, rule, default, dead_letter or channel: nothing to write", file)
-		}
-		resp, err := c.Txn(ctx).If(cmps...).Then(ops...).Commit()
-		if err != nil {
-			return fmt.Errorf("write to etcd %v: %w", ef.endpoints, err)
-		}
-		if !resp.Succeeded {
-			return errors.New("the routes or channels in etcd changed while applying; nothing written: run apply again")
+		v, rev, wrote, err := op.ApplyRoutes(ctx, cfg, change)
+		var ie *routing.InvalidError
+		switch {
+		case errors.As(err, &ie):
+			return invalidRules(file, err)
+		case err != nil:
+			return fmt.Errorf("%w (etcd %v)", err, ef.endpoints)
 		}
 		for _, key := range wrote {
 			fmt.Fprintf(w, "put %s\n", key)
 		}
-		fmt.Fprintf(w, "version %d written: agents put it in force within moments ('kswitch routes show'; each agent's /status)\n", resp.Header.Revision)
+		fmt.Fprintf(w, "version %d written: agents put it in force within moments ('kswitch routes show'; each agent's /status)\n", rev)
 		describeVersion(w, v)
 		return nil
 	}
@@ -499,21 +416,21 @@ kswitch_config_version.`,
 	ef.bind(cmd)
 	cmd.Flags().StringVarP(&output, "output", "o", "text", "output format: text or json")
 	cmd.RunE = ef.runWith(g.environ, &output, []string{"text", "json"}, func(cmd *cobra.Command, cn *conn) error {
-		cfg, c, ctx, k := cn.cfg, cn.client, cn.ctx, cn.keys
-		er, err := readEtcdRouting(ctx, c, k)
+		cfg, ctx, op := cn.cfg, cn.ctx, cn.op
+		er, err := op.Routing(ctx)
 		if err != nil {
 			return err
 		}
-		s := routesShow{Fleet: ef.fleet, Revision: er.revision, Version: er.version(), Channels: map[string]string{},
+		s := routesShow{Fleet: ef.fleet, Revision: er.Revision, Version: er.Version(), Channels: map[string]string{},
 			Problems: []string{}, Rules: []string{}, ChannelNames: []string{}, Default: []string{}}
-		if er.routes != nil {
-			r := string(er.routes)
+		if er.Routes != nil {
+			r := string(er.Routes)
 			s.Routes = &r
 		}
-		for name, v := range er.channels {
+		for name, v := range er.Channels {
 			s.Channels[name] = string(v)
 		}
-		v, checked, err := compileWith(cfg, k, er.routes, er.channels)
+		v, checked, err := fleet.CompileRouting(cfg, ef.fleet, er.Routes, er.Channels)
 		s.ClustersChecked = checked
 		if err != nil {
 			var ie *routing.InvalidError
@@ -538,15 +455,15 @@ kswitch_config_version.`,
 		w := cmd.OutOrStdout()
 		fmt.Fprintf(w, "fleet %s: routing in etcd at revision %d (version %d)\n\n", s.Fleet, s.Revision, s.Version)
 		if s.Routes == nil {
-			fmt.Fprintf(w, "%s: absent (the configuration file's rules apply)\n", k.Routes())
+			fmt.Fprintf(w, "%s: absent (the configuration file's rules apply)\n", op.Keys().Routes())
 		} else {
-			fmt.Fprintf(w, "%s (revision %d):\n%s\n", k.Routes(), er.routesAt, indent(*s.Routes))
+			fmt.Fprintf(w, "%s (revision %d):\n%s\n", op.Keys().Routes(), er.RoutesAt, indent(*s.Routes))
 		}
-		if len(er.channels) == 0 {
-			fmt.Fprintf(w, "%s: none (the configuration file's channels apply)\n", k.Channels())
+		if len(er.Channels) == 0 {
+			fmt.Fprintf(w, "%s: none (the configuration file's channels apply)\n", op.Keys().Channels())
 		}
-		for _, name := range slices.Sorted(maps.Keys(er.channels)) {
-			fmt.Fprintf(w, "%s (revision %d):\n%s\n", k.Channel(name), er.chanAt[name], indent(s.Channels[name]))
+		for _, name := range slices.Sorted(maps.Keys(er.Channels)) {
+			fmt.Fprintf(w, "%s (revision %d):\n%s\n", op.Keys().Channel(name), er.ChannelsAt[name], indent(s.Channels[name]))
 		}
 		fmt.Fprintln(w)
 		if !s.Valid {
@@ -575,4 +492,10 @@ func indent(s string) string {
 		lines[i] = "  " + l
 	}
 	return strings.Join(lines, "\n")
+}
+
+// invalidRules says that the rules file is invalid with what etcd holds,
+// and that nothing was written.
+func invalidRules(file string, err error) error {
+	return fmt.Errorf("%s is invalid (with the configuration file's routing and the channels in etcd); nothing written:\n%w", file, err)
 }
