@@ -9,7 +9,8 @@
 //   - Operator steers and reads a fleet through etcd as an operator does
 //     with the kswitch commands: pin the fleet or a topic to a cluster,
 //     move topics in stages, pause and resume, check and apply routes
-//     (CompileRouting checks them without etcd), read the active
+//     (CompileRouting checks them without etcd), apply a configuration
+//     change and await the leader's verdict, read the active
 //     cluster, the signals, the routing layer and the switch history. Every method writes or reads the
 //     keys an operator could write with etcdctl (docs/ARCHITECTURE.md, the
 //     etcd key layout); the commands call it, so it stays what they do.

@@ -1,7 +1,9 @@
 package fleet_test
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/fleet"
+	"github.com/kswitch/kswitch/internal/dynconfig"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
 	"github.com/kswitch/kswitch/signals"
 	"github.com/kswitch/kswitch/state"
@@ -227,5 +230,61 @@ func TestOperatorAppliesOnlyValidRoutes(t *testing.T) {
 	}
 	if l.Version() != rev || string(l.Routes) != "default: [audit]\n" || string(l.Channels["audit"]) != "cluster: C\ntopic: audit\n" {
 		t.Errorf("read back version %d (applied %d), routes %q, channels %q", l.Version(), rev, l.Routes, l.Channels)
+	}
+}
+
+// A configuration change is checked as the leader will check it before
+// it is written; AwaitConfig reports the leader's verdict, or that none
+// came.
+func TestOperatorAppliesConfigAndAwaitsTheVerdict(t *testing.T) {
+	op, cli := operatorOn(t)
+	ctx := t.Context()
+	k := op.Keys()
+	if _, err := op.ApplyConfig(ctx, fleet.ConfigChange{}, fleet.ConfigCheck{}); err == nil {
+		t.Error("an empty change was accepted")
+	}
+	bad := fleet.ConfigChange{Clusters: map[string][]byte{"C": []byte("brokerz: [127.0.0.1:9094]\nrole: sink\n")}} // a misspelt field
+	if _, err := op.ApplyConfig(ctx, bad, fleet.ConfigCheck{}); err == nil || !strings.Contains(err.Error(), "nothing written") {
+		t.Fatalf("a misspelt field: %v, want a refusal", err)
+	}
+	if v := value(t, cli, k.ConfigCluster("C")); v != "" {
+		t.Fatalf("a refused change was written: %q", v)
+	}
+	// With an agent's file, the configuration the change makes is checked
+	// whole: a second primary is refused.
+	file := config.Default()
+	file.Fleet = "orders"
+	file.Clusters = map[string]config.Cluster{
+		"A": {Brokers: []string{"127.0.0.1:9092"}, Role: config.RolePrimary, Version: config.DefaultKafkaVersion},
+		"B": {Brokers: []string{"127.0.0.1:9093"}, Role: config.RoleStandby, Version: config.DefaultKafkaVersion},
+	}
+	second := fleet.ConfigChange{Clusters: map[string][]byte{"C": []byte("brokers: [127.0.0.1:9094]\nrole: primary\n")}}
+	if _, err := op.ApplyConfig(ctx, second, fleet.ConfigCheck{File: &file}); err == nil || !strings.Contains(err.Error(), "primary") {
+		t.Fatalf("a second primary: %v, want a refusal naming the primary", err)
+	}
+	good := fleet.ConfigChange{Clusters: map[string][]byte{"C": []byte("brokers: [127.0.0.1:9094]\nrole: sink\n")}}
+	rev, err := op.ApplyConfig(ctx, good, fleet.ConfigCheck{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := value(t, cli, k.ConfigCluster("C")); !strings.Contains(v, "127.0.0.1:9094") {
+		t.Fatalf("%s = %q after ApplyConfig", k.ConfigCluster("C"), v)
+	}
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if _, _, err := op.AwaitConfig(short, rev); !errors.Is(err, fleet.ErrNoConfigVerdict) {
+		t.Fatalf("AwaitConfig without a leader: %v, want ErrNoConfigVerdict", err)
+	}
+	// The leader's verdict, as it writes it: accepted as version 1.
+	b, err := json.Marshal(dynconfig.Version{Number: 1, Revision: rev, Changed: []string{"clusters/C"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, k.StateConfig(), string(b)); err != nil {
+		t.Fatal(err)
+	}
+	n, changed, err := op.AwaitConfig(ctx, rev)
+	if err != nil || n != 1 || len(changed) != 1 || changed[0] != "clusters/C" {
+		t.Errorf("AwaitConfig = %d %v %v, want version 1 changing clusters/C", n, changed, err)
 	}
 }

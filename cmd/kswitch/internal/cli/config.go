@@ -13,10 +13,10 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/fleet"
 	"github.com/kswitch/kswitch/internal/dynconfig"
 	"github.com/kswitch/kswitch/keys"
 )
@@ -141,96 +141,37 @@ Keys FILE does not name are left as they are.`,
 			return err
 		}
 		defer c.close()
-		cur, err := dynconfig.Read(c.ctx, c.client, c.keys)
-		if err != nil {
-			return err
-		}
-		next := cur
-		next.Clusters = maps.Clone(cur.Clusters)
-		if cf.source != nil {
-			next.Source = cf.source
-		}
-		maps.Copy(next.Clusters, cf.clusters)
-		o, err := next.Decode(c.keys, c.cfg)
-		if err != nil {
-			return fmt.Errorf("%s is invalid; nothing written:\n%w", file, err)
-		}
 		w := cmd.OutOrStdout()
+		check := fleet.ConfigCheck{Reach: !noReach}
 		if ef.file != "" {
-			if _, err := o.Apply(c.cfg); err != nil {
-				return fmt.Errorf("%s with %s is invalid; nothing written:\n%w", file, ef.file, err)
-			}
+			check.File = &c.cfg
 		} else {
 			fmt.Fprintln(w, "note: no --config: checked the values, not the whole configuration they make (the leader checks it)")
 		}
-		if !noReach {
-			for _, name := range slices.Sorted(maps.Keys(cf.clusters)) {
-				cl := o.Clusters[name]
-				if err := dynconfig.Reach(c.ctx, name, cl, dynconfig.DefaultReachTimeout); err != nil {
-					return fmt.Errorf("cluster %s: brokers %s do not answer from here: %v; nothing written (--no-reach skips this check)",
-						name, strings.Join(cl.Brokers, ","), err)
-				}
-			}
+		rev, err := c.op.ApplyConfig(c.ctx, fleet.ConfigChange{Source: cf.source, Clusters: cf.clusters}, check)
+		if errors.Is(err, fleet.ErrUnreachable) {
+			return fmt.Errorf("%s: %w (--no-reach skips this check)", file, err)
 		}
-		rev, err := writeConfig(c, cur, cf)
 		if err != nil {
-			return err
+			return fmt.Errorf("%s: %w", file, err)
 		}
 		fmt.Fprintf(w, "written at revision %d\n", rev)
 		if waitFor <= 0 {
 			return nil
 		}
-		return awaitVerdict(cmd.Context(), w, c, rev, waitFor)
+		wctx, cancel := context.WithTimeout(cmd.Context(), waitFor)
+		defer cancel()
+		number, changed, err := c.op.AwaitConfig(wctx, rev)
+		if errors.Is(err, fleet.ErrNoConfigVerdict) {
+			return fmt.Errorf("no verdict from a leader within %s: is the fleet running? 'kswitch status' shows the leader, 'kswitch config show' the version in force", waitFor)
+		}
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "accepted: version %d (changed: %s); agents apply it now\n", number, strings.Join(changed, ", "))
+		return nil
 	}
 	return cmd
-}
-
-// writeConfig writes the keys of cf in one transaction that fails when any
-// key under config/ changed since cur was read, and returns its revision.
-func writeConfig(c *conn, cur dynconfig.Layer, cf configFile) (int64, error) {
-	var ops []clientv3.Op
-	if cf.source != nil {
-		ops = append(ops, clientv3.OpPut(c.keys.ConfigSource(), string(cf.source)))
-	}
-	for _, name := range slices.Sorted(maps.Keys(cf.clusters)) {
-		ops = append(ops, clientv3.OpPut(c.keys.ConfigCluster(name), string(cf.clusters[name])))
-	}
-	// No key under config/ was written since the read (a concurrent
-	// deletion is not caught; the leader validates the result anyway).
-	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(c.keys.Config()).WithPrefix(), "<", cur.Revision+1)}
-	resp, err := c.client.Txn(c.ctx).If(cmps...).Then(ops...).Commit()
-	if err != nil {
-		return 0, err
-	}
-	if !resp.Succeeded {
-		return 0, fmt.Errorf("%s changed while this command checked it; run it again", c.keys.Config())
-	}
-	return resp.Header.Revision, nil
-}
-
-// awaitVerdict waits until the leader has accepted or refused the layer
-// written at rev.
-func awaitVerdict(ctx context.Context, w io.Writer, c *conn, rev int64, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
-	for {
-		s, err := dynconfig.ReadState(ctx, c.client, c.keys)
-		switch {
-		case err != nil && !errors.Is(err, dynconfig.ErrMalformed):
-		case s.Refusal != nil && s.Refusal.Revision >= rev:
-			return fmt.Errorf("the leader refused it; version %d stays in force:\n%s", s.Refusal.InForce, s.Refusal.Reason)
-		case s.Version.Revision >= rev:
-			fmt.Fprintf(w, "accepted: version %d (changed: %s); agents apply it now\n", s.Version.Number, strings.Join(s.Version.Changed, ", "))
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("no verdict from a leader within %s: is the fleet running? 'kswitch status' shows the leader, 'kswitch config show' the version in force", timeout)
-		case <-t.C:
-		}
-	}
 }
 
 func newConfigShowCmd(g *globals) *cobra.Command {
