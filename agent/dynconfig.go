@@ -15,6 +15,7 @@ import (
 	"github.com/kswitch/kswitch/coordinator"
 	"github.com/kswitch/kswitch/internal/dynconfig"
 	"github.com/kswitch/kswitch/internal/refused"
+	"github.com/kswitch/kswitch/state"
 )
 
 // ConfigStatus is the dynamic configuration part of /status.
@@ -30,7 +31,7 @@ type ConfigStatus struct {
 	Refused string `json:"refused,omitempty"`
 	// LastRefusal is the leader's refusal of the dynamic layer now in
 	// etcd, when it refused it (state/config-refused).
-	LastRefusal *dynconfig.Refusal `json:"last_refusal,omitempty"`
+	LastRefusal *state.ConfigRefusal `json:"last_refusal,omitempty"`
 }
 
 // configUpdate is a dynamic configuration version handed to the worker.
@@ -43,10 +44,10 @@ type configUpdate struct {
 // hands it, and whom it hands it on to.
 type dynConfig struct {
 	mu           sync.Mutex
-	version      dynconfig.Version
+	version      state.ConfigVersion
 	cfg          config.Config // the file with version applied
 	refused      string
-	fleetRefusal *dynconfig.Refusal
+	fleetRefusal *state.ConfigRefusal
 	// worker receives the versions while a worker runs (nil between
 	// sessions; a new worker starts from cfg).
 	worker chan configUpdate
@@ -87,7 +88,7 @@ func (d *dynConfig) detach(ch chan configUpdate) {
 // configApplier is the agent's dynconfig.Applier.
 type configApplier struct{ a *Agent }
 
-func (c configApplier) Apply(v dynconfig.Version, cfg config.Config) {
+func (c configApplier) Apply(v state.ConfigVersion, cfg config.Config) {
 	a, d := c.a, &c.a.dyn
 	d.mu.Lock()
 	same := d.version.Number == v.Number && reflect.DeepEqual(d.cfg, cfg)
@@ -130,7 +131,7 @@ func offerLatest[T any](ch chan T, v T) {
 	}
 }
 
-func (c configApplier) Refuse(v dynconfig.Version, err error) {
+func (c configApplier) Refuse(v state.ConfigVersion, err error) {
 	c.a.dyn.mu.Lock()
 	c.a.dyn.refused = err.Error()
 	c.a.dyn.mu.Unlock()
@@ -142,7 +143,7 @@ func (c configApplier) Refuse(v dynconfig.Version, err error) {
 func (a *Agent) followConfig(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		_ = dynconfig.FollowRefusal(ctx, a.client, a.keys, a.cfg.Etcd.RequestTimeout, func(r *dynconfig.Refusal) {
+		_ = dynconfig.FollowRefusal(ctx, a.client, a.keys, a.cfg.Etcd.RequestTimeout, func(r *state.ConfigRefusal) {
 			a.dyn.mu.Lock()
 			a.dyn.fleetRefusal = r
 			a.dyn.mu.Unlock()

@@ -190,7 +190,7 @@ func (a *Agent) lead(ctx context.Context, term election.Term) {
 	// term, beside the leader's work.
 	gctx, gcancel := context.WithCancel(ctx)
 	gate := &dynconfig.Gate{File: a.cfg, Etcd: a.client, Log: log.Named("config"), Live: a.registry.Live, Check: a.leader.CheckConfig,
-		OnRefused: func(dynconfig.Refusal) { a.metrics.badValues.WithLabelValues(refused.Config).Inc() }}
+		OnRefused: func(state.ConfigRefusal) { a.metrics.badValues.WithLabelValues(refused.Config).Inc() }}
 	gateDone := make(chan struct{})
 	go func() {
 		defer close(gateDone)

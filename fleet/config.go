@@ -13,6 +13,7 @@ import (
 
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/internal/dynconfig"
+	"github.com/kswitch/kswitch/state"
 )
 
 // ConfigChange is what ApplyConfig writes under config/, the fleet's
@@ -118,9 +119,9 @@ func (o *Operator) AwaitConfig(ctx context.Context, revision int64) (number int6
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
 	for {
-		s, err := dynconfig.ReadState(ctx, o.etcd, o.keys)
+		s, err := state.ReadConfigState(ctx, o.etcd, o.keys)
 		switch {
-		case err != nil && !errors.Is(err, dynconfig.ErrMalformed):
+		case err != nil && !errors.Is(err, state.ErrMalformed):
 		case s.Refusal != nil && s.Refusal.Revision >= revision:
 			return 0, nil, fmt.Errorf("fleet %s: the leader refused the configuration; version %d stays in force:\n%s", o.name, s.Refusal.InForce, s.Refusal.Reason)
 		case s.Version.Revision >= revision:

@@ -13,7 +13,6 @@ import (
 
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/fleet"
-	"github.com/kswitch/kswitch/internal/dynconfig"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
 	"github.com/kswitch/kswitch/signals"
 	"github.com/kswitch/kswitch/state"
@@ -276,7 +275,7 @@ func TestOperatorAppliesConfigAndAwaitsTheVerdict(t *testing.T) {
 		t.Fatalf("AwaitConfig without a leader: %v, want ErrNoConfigVerdict", err)
 	}
 	// The leader's verdict, as it writes it: accepted as version 1.
-	b, err := json.Marshal(dynconfig.Version{Number: 1, Revision: rev, Changed: []string{"clusters/C"}})
+	b, err := json.Marshal(state.ConfigVersion{Number: 1, Revision: rev, Changed: []string{"clusters/C"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,6 @@ import (
 
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/election"
-	"github.com/kswitch/kswitch/internal/dynconfig"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/keys"
 	"github.com/kswitch/kswitch/offsets"
@@ -47,7 +46,7 @@ type FleetView struct {
 	Refused []string `json:"refused,omitempty"`
 	// Config is the dynamic configuration version in force and the
 	// leader's last refusal.
-	Config dynconfig.State `json:"config"`
+	Config state.ConfigState `json:"config"`
 	// Failback is the leader's last failback check while the fleet is
 	// on the standby (nil otherwise): why it does not fail back yet.
 	Failback *state.FailbackCheck `json:"failback,omitempty"`
@@ -155,7 +154,7 @@ func ReadFleet(ctx context.Context, c *clientv3.Client, k keys.Fleet) (FleetView
 	if v.Signals, err = signals.Read(ctx, c, k); err != nil {
 		return v, err
 	}
-	if v.Config, err = dynconfig.ReadState(ctx, c, k); errors.Is(err, dynconfig.ErrMalformed) {
+	if v.Config, err = state.ReadConfigState(ctx, c, k); errors.Is(err, state.ErrMalformed) {
 		v.Refused = append(v.Refused, err.Error())
 	} else if err != nil {
 		return v, err

@@ -18,4 +18,9 @@
 //     (history/stages/): a staged move.
 //   - Stalled (state/stalled): partitions no agent consumes.
 //   - TopicEvent (history/topics/): a source topic re-created or grown.
+//   - ConfigVersion (state/config), ConfigRefusal (state/config-refused):
+//     the dynamic configuration the leader accepted or refused, its
+//     ConfigOverrides over each agent's file; ReadConfigState reads both.
+//   - Registration (agents/<id>): an agent's registration, with the
+//     digest of its fleet-wide configuration (ConfigDigest).
 package state

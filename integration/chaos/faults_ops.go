@@ -21,8 +21,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kswitch/kswitch/internal/dynconfig"
 	"github.com/kswitch/kswitch/keys"
+	"github.com/kswitch/kswitch/state"
 )
 
 // Operator actions, done as an operator does them: the kswitch CLI
@@ -507,10 +507,10 @@ func (r *run) applyConfig(target string, heal bool) error {
 	k := keys.New(fleetName)
 	const nowhere = "127.0.0.1:1"
 	if heal {
-		var s dynconfig.State
+		var s state.ConfigState
 		err := r.etcdDo("del "+k.ConfigClusters()+"{B,C}; get "+k.StateConfig(), func(ctx context.Context, c *clientv3.Client) error {
 			var err error
-			if s, err = dynconfig.ReadState(ctx, c, k); err != nil {
+			if s, err = state.ReadConfigState(ctx, c, k); err != nil {
 				return err
 			}
 			_, err = c.Txn(ctx).Then(clientv3.OpDelete(k.ConfigCluster("B")), clientv3.OpDelete(k.ConfigCluster("C"))).Commit()

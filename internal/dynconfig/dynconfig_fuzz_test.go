@@ -8,6 +8,7 @@ import (
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/internal/dynconfig"
 	"github.com/kswitch/kswitch/keys"
+	"github.com/kswitch/kswitch/state"
 )
 
 // fuzzFile is a valid configuration file the fuzzed layers apply over.
@@ -27,8 +28,8 @@ func fuzzFile() config.Config {
 // them, to ParseVersion and applies what it accepts over a valid file: no
 // panic, and an accepted version has a positive number.
 func FuzzParseVersion(f *testing.F) {
-	good, _ := json.Marshal(dynconfig.Version{Number: 3, Revision: 40, At: time.Unix(1_700_000_000, 0).UTC(), Leader: "agent-1",
-		Changed: []string{"clusters/B"}, Overrides: dynconfig.Overrides{Clusters: map[string]config.Cluster{"B": {Brokers: []string{"10.0.0.2:9092"}, Role: config.RoleStandby}}}})
+	good, _ := json.Marshal(state.ConfigVersion{Number: 3, Revision: 40, At: time.Unix(1_700_000_000, 0).UTC(), Leader: "agent-1",
+		Changed: []string{"clusters/B"}, Overrides: state.ConfigOverrides{Clusters: map[string]config.Cluster{"B": {Brokers: []string{"10.0.0.2:9092"}, Role: config.RoleStandby}}}})
 	for _, seed := range []string{
 		string(good), `{"version":0}`, `{"version":1,"extra":true}`, `{"version":1,"overrides":{"source":{"topics":[]}}}`,
 		`{"version":1,"overrides":{"clusters":{"Z":{"role":"primary"}}}}`, `{"version":"1"}`, `null`, ``, `{"version":1}{}`,
@@ -37,7 +38,7 @@ func FuzzParseVersion(f *testing.F) {
 	}
 	file := fuzzFile()
 	f.Fuzz(func(t *testing.T, b []byte) {
-		v, err := dynconfig.ParseVersion(b)
+		v, err := state.ParseConfigVersion(b)
 		if err != nil {
 			return
 		}

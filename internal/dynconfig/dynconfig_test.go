@@ -23,6 +23,7 @@ import (
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
 	"github.com/kswitch/kswitch/internal/testkit/wait"
 	"github.com/kswitch/kswitch/keys"
+	"github.com/kswitch/kswitch/state"
 )
 
 func TestMain(m *testing.M) {
@@ -89,7 +90,7 @@ func TestDecodeRefusesBadLayersNamingTheKey(t *testing.T) {
 		{"unknown field", dynconfig.Layer{Source: []byte("topix: [x]\n")}, []string{k.ConfigSource(), "topix"}},
 		{"not a list", dynconfig.Layer{Source: []byte("topics: orders\n")}, []string{k.ConfigSource(), "expected a list"}},
 		{"empty source", dynconfig.Layer{Source: []byte("  \n")}, []string{k.ConfigSource(), "delete the key"}},
-		{"oversized", dynconfig.Layer{Source: []byte("topics: [" + strings.Repeat("x", dynconfig.MaxValueSize) + "]")}, []string{"over the limit"}},
+		{"oversized", dynconfig.Layer{Source: []byte("topics: [" + strings.Repeat("x", state.MaxConfigValueSize) + "]")}, []string{"over the limit"}},
 		{"bad cluster yaml", dynconfig.Layer{Clusters: map[string][]byte{"B": []byte("brokers: [b:1\n")}}, []string{k.ConfigCluster("B")}},
 		{"unknown key", dynconfig.Layer{Unknown: []string{k.Config() + "cluster/B"}}, []string{"unknown keys", "cluster/B"}},
 	} {
@@ -133,29 +134,29 @@ func TestDecodeRefusesBadLayersNamingTheKey(t *testing.T) {
 // recorder is an Applier that keeps what it is handed.
 type recorder struct {
 	mu      sync.Mutex
-	applied []dynconfig.Version
+	applied []state.ConfigVersion
 	cfgs    []config.Config
 	refused []error
 }
 
-func (r *recorder) Apply(v dynconfig.Version, cfg config.Config) {
+func (r *recorder) Apply(v state.ConfigVersion, cfg config.Config) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.applied = append(r.applied, v)
 	r.cfgs = append(r.cfgs, cfg)
 }
 
-func (r *recorder) Refuse(_ dynconfig.Version, err error) {
+func (r *recorder) Refuse(_ state.ConfigVersion, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.refused = append(r.refused, err)
 }
 
-func (r *recorder) last() (dynconfig.Version, config.Config, int) {
+func (r *recorder) last() (state.ConfigVersion, config.Config, int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if len(r.applied) == 0 {
-		return dynconfig.Version{Number: -1}, config.Config{}, len(r.refused)
+		return state.ConfigVersion{Number: -1}, config.Config{}, len(r.refused)
 	}
 	return r.applied[len(r.applied)-1], r.cfgs[len(r.cfgs)-1], len(r.refused)
 }
@@ -205,7 +206,7 @@ func TestGateAcceptsRefusesAndAgentsFollow(t *testing.T) {
 	term, _ := lead(t, ctx, cli, file.Fleet, "a1")
 	var refusals sync.Map
 	gate := &dynconfig.Gate{File: file, Etcd: cli, Log: log, ReachTimeout: 2 * time.Second,
-		OnRefused: func(r dynconfig.Refusal) { refusals.Store(r.Revision, r) }}
+		OnRefused: func(r state.ConfigRefusal) { refusals.Store(r.Revision, r) }}
 	rec := &recorder{}
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = gate.Run(ctx, term) })
@@ -226,8 +227,8 @@ func TestGateAcceptsRefusesAndAgentsFollow(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	state := func() dynconfig.State {
-		s, err := dynconfig.ReadState(ctx, cli, k)
+	state := func() state.ConfigState {
+		s, err := state.ReadConfigState(ctx, cli, k)
 		if err != nil {
 			t.Fatal(err)
 		}

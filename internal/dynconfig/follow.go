@@ -12,6 +12,7 @@ import (
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/internal/etcdwatch"
 	"github.com/kswitch/kswitch/keys"
+	"github.com/kswitch/kswitch/state"
 )
 
 // Applier is what an agent does with the versions the leader accepted.
@@ -20,11 +21,11 @@ import (
 type Applier interface {
 	// Apply puts cfg, the file with v applied, in force. v.Number is 0
 	// when etcd holds no version: the file alone.
-	Apply(v Version, cfg config.Config)
+	Apply(v state.ConfigVersion, cfg config.Config)
 	// Refuse reports a version this agent cannot apply: its value does not
 	// decode, or it does not validate over this agent's file (the files of
 	// the fleet differ). The previous version stays in force.
-	Refuse(v Version, err error)
+	Refuse(v state.ConfigVersion, err error)
 }
 
 // Follow follows state/config until ctx ends, handing each version to a,
@@ -72,13 +73,13 @@ func (f *follower) handle(val []byte, rev int64) {
 		return
 	}
 	f.last = rev
-	var v Version
+	var v state.ConfigVersion
 	if val != nil {
 		var err error
-		if v, err = ParseVersion(val); err != nil {
+		if v, err = state.ParseConfigVersion(val); err != nil {
 			f.log.Warn("configuration version refused: the value does not decode; the previous version stays in force",
 				zap.String("key", f.key), zap.Int64("mod_revision", rev), zap.Error(err))
-			f.a.Refuse(Version{Revision: rev}, err)
+			f.a.Refuse(state.ConfigVersion{Revision: rev}, err)
 			return
 		}
 	}
@@ -95,11 +96,11 @@ func (f *follower) handle(val []byte, rev int64) {
 // FollowRefusal follows state/config-refused until ctx ends and calls
 // report with the refusal in etcd (nil when there is none), after the
 // first read and after every change. It returns ctx.Err().
-func FollowRefusal(ctx context.Context, c *clientv3.Client, k keys.Fleet, timeout time.Duration, report func(*Refusal)) error {
+func FollowRefusal(ctx context.Context, c *clientv3.Client, k keys.Fleet, timeout time.Duration, report func(*state.ConfigRefusal)) error {
 	return etcdwatch.Follow(ctx, c, etcdwatch.Target{Key: k.ConfigRefusal(), Timeout: timeout}, refusalFollower(report))
 }
 
-type refusalFollower func(*Refusal)
+type refusalFollower func(*state.ConfigRefusal)
 
 func (f refusalFollower) Reset(kvs []*mvccpb.KeyValue, _ int64) {
 	if len(kvs) == 0 {
@@ -121,10 +122,10 @@ func (f refusalFollower) Apply(evs []*clientv3.Event) {
 
 // parseRefusal decodes a refusal; one that does not decode (not written
 // by a leader) is reported as such rather than hidden.
-func parseRefusal(b []byte) *Refusal {
-	var r Refusal
-	if len(b) > MaxValueSize || json.Unmarshal(b, &r) != nil {
-		return &Refusal{Reason: "state/config-refused holds a value that is not a refusal"}
+func parseRefusal(b []byte) *state.ConfigRefusal {
+	var r state.ConfigRefusal
+	if len(b) > state.MaxConfigValueSize || json.Unmarshal(b, &r) != nil {
+		return &state.ConfigRefusal{Reason: "state/config-refused holds a value that is not a refusal"}
 	}
 	return &r
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/kswitch/kswitch/internal/etcdwatch"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/keys"
+	"github.com/kswitch/kswitch/state"
 )
 
 // DefaultReachTimeout bounds the check that a changed cluster's brokers
@@ -46,7 +47,7 @@ type Gate struct {
 	// ReachTimeout bounds Reach. Default DefaultReachTimeout.
 	ReachTimeout time.Duration
 	// OnRefused, when set, is called with each refusal (for metrics).
-	OnRefused func(Refusal)
+	OnRefused func(state.ConfigRefusal)
 	// Check, when set, is asked about each merged configuration that
 	// validates, with the one in force: the leader refuses what the fleet
 	// cannot take now (a new standby while it does not consume the
@@ -84,7 +85,7 @@ func (g *Gate) Run(ctx context.Context, term election.Term) error {
 	}()
 	defer func() { <-done }()
 
-	accepted := make(chan Version, 16)
+	accepted := make(chan state.ConfigVersion, 16)
 	recorderDone := make(chan struct{})
 	go func() {
 		defer close(recorderDone)
@@ -135,11 +136,11 @@ func (n notifier) Apply([]*clientv3.Event)         { n() }
 // new version or a refusal when they differ. It returns the version it
 // published, if any, and an error only when etcd could not be read or
 // written.
-func (g *Gate) check(ctx context.Context, k keys.Fleet, term election.Term, tried *[32]byte) (Version, error) {
+func (g *Gate) check(ctx context.Context, k keys.Fleet, term election.Term, tried *[32]byte) (state.ConfigVersion, error) {
 	timeout := g.File.Etcd.RequestTimeout
 	rctx, cancel := context.WithTimeout(ctx, timeout)
-	state, err := ReadState(rctx, g.Etcd, k)
-	if errors.Is(err, ErrMalformed) {
+	cur, err := state.ReadConfigState(rctx, g.Etcd, k)
+	if errors.Is(err, state.ErrMalformed) {
 		// Not written by a leader; the next accepted version replaces it.
 		g.Log.Warn("a configuration state value in etcd is unreadable; the next write replaces it", zap.Error(err))
 		err = nil
@@ -150,44 +151,44 @@ func (g *Gate) check(ctx context.Context, k keys.Fleet, term election.Term, trie
 	}
 	cancel()
 	if err != nil {
-		return Version{}, err
+		return state.ConfigVersion{}, err
 	}
 	sum := fingerprint(layer)
-	if sum == *tried && state.Refusal != nil {
-		return Version{}, nil // refused already; nothing new
+	if sum == *tried && cur.Refusal != nil {
+		return state.ConfigVersion{}, nil // refused already; nothing new
 	}
-	overrides, problem := g.validate(ctx, k, layer, state.Version)
-	if problem == nil && overrides.Equal(state.Version.Overrides) {
-		if state.Refusal == nil {
-			return Version{}, nil
+	overrides, problem := g.validate(ctx, k, layer, cur.Version)
+	if problem == nil && overrides.Equal(cur.Version.Overrides) {
+		if cur.Refusal == nil {
+			return state.ConfigVersion{}, nil
 		}
 		// The layer is back to the version in force: the refusal is history.
-		return Version{}, g.write(ctx, term, nil, clientv3.OpDelete(k.ConfigRefusal()))
+		return state.ConfigVersion{}, g.write(ctx, term, nil, clientv3.OpDelete(k.ConfigRefusal()))
 	}
 	if problem != nil {
 		*tried = sum
-		r := Refusal{Revision: layer.Revision, At: time.Now().UTC(), Reason: problem.Error(), InForce: state.Version.Number}
+		r := state.ConfigRefusal{Revision: layer.Revision, At: time.Now().UTC(), Reason: problem.Error(), InForce: cur.Version.Number}
 		g.Log.Warn("dynamic configuration refused; the version in force stays",
 			zap.Int64("revision", r.Revision), zap.Int64("version_in_force", r.InForce), zap.String("reason", r.Reason))
 		if g.OnRefused != nil {
 			g.OnRefused(r)
 		}
 		val, _ := json.Marshal(r)
-		return Version{}, g.write(ctx, term, nil, clientv3.OpPut(k.ConfigRefusal(), string(val)))
+		return state.ConfigVersion{}, g.write(ctx, term, nil, clientv3.OpPut(k.ConfigRefusal(), string(val)))
 	}
 	*tried = [32]byte{}
-	v := Version{Number: state.Version.Number + 1, Revision: layer.Revision, At: time.Now().UTC(), Leader: term.ID,
-		Changed: changed(state.Version.Overrides, overrides), Overrides: overrides}
+	v := state.ConfigVersion{Number: cur.Version.Number + 1, Revision: layer.Revision, At: time.Now().UTC(), Leader: term.ID,
+		Changed: changed(cur.Version.Overrides, overrides), Overrides: overrides}
 	val, err := json.Marshal(v)
 	if err != nil {
-		return Version{}, err
+		return state.ConfigVersion{}, err
 	}
 	// Compared with the version read, so a version is never published over
 	// one this check has not seen.
-	cmp := clientv3.Compare(clientv3.ModRevision(k.StateConfig()), "=", state.ModRevision)
+	cmp := clientv3.Compare(clientv3.ModRevision(k.StateConfig()), "=", cur.ModRevision)
 	if err := g.write(ctx, term, []clientv3.Cmp{cmp},
 		clientv3.OpPut(k.StateConfig(), string(val)), clientv3.OpDelete(k.ConfigRefusal())); err != nil {
-		return Version{}, err
+		return state.ConfigVersion{}, err
 	}
 	g.Log.Info("dynamic configuration accepted", zap.Int64("version", v.Number),
 		zap.Int64("revision", v.Revision), zap.Strings("changed", v.Changed))
@@ -197,14 +198,14 @@ func (g *Gate) check(ctx context.Context, k keys.Fleet, term election.Term, trie
 // validate decodes layer over the file, validates the merged configuration
 // and checks that every cluster whose definition changes from the version
 // in force answers. The problems are joined, one per line.
-func (g *Gate) validate(ctx context.Context, k keys.Fleet, layer Layer, inForce Version) (Overrides, error) {
+func (g *Gate) validate(ctx context.Context, k keys.Fleet, layer Layer, inForce state.ConfigVersion) (state.ConfigOverrides, error) {
 	o, err := layer.Decode(k, g.File)
 	if err != nil {
-		return Overrides{}, err
+		return state.ConfigOverrides{}, err
 	}
 	merged, err := o.Apply(g.File)
 	if err != nil {
-		return Overrides{}, err
+		return state.ConfigOverrides{}, err
 	}
 	current, err := inForce.Overrides.Apply(g.File)
 	if err != nil {
@@ -212,7 +213,7 @@ func (g *Gate) validate(ctx context.Context, k keys.Fleet, layer Layer, inForce 
 	}
 	if g.Check != nil {
 		if err := g.Check(merged, current); err != nil {
-			return Overrides{}, err
+			return state.ConfigOverrides{}, err
 		}
 	}
 	var errs []error
@@ -227,7 +228,7 @@ func (g *Gate) validate(ctx context.Context, k keys.Fleet, layer Layer, inForce 
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return Overrides{}, err
+		return state.ConfigOverrides{}, err
 	}
 	return o, nil
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/kswitch/kswitch/election"
 	"github.com/kswitch/kswitch/internal/etcdwatch"
 	"github.com/kswitch/kswitch/keys"
+	"github.com/kswitch/kswitch/state"
 )
 
 // DefaultAckTimeout bounds how long an accepted version waits for the
@@ -130,7 +131,7 @@ func (a *ackSeen) acked(ids []string, n int64) (map[string]time.Time, []string) 
 // recorded in order; a version superseded while it waits is recorded with
 // the acknowledgements it got (its successor's count for it, since an
 // agent acknowledges only the newest version it applied).
-func (g *Gate) record(ctx context.Context, k keys.Fleet, term election.Term, accepted <-chan Version) {
+func (g *Gate) record(ctx context.Context, k keys.Fleet, term election.Term, accepted <-chan state.ConfigVersion) {
 	seen := &ackSeen{k: k, version: map[string]int64{}, seen: map[string]time.Time{}, changed: make(chan struct{}, 1)}
 	done := make(chan struct{})
 	go func() {
@@ -145,7 +146,7 @@ func (g *Gate) record(ctx context.Context, k keys.Fleet, term election.Term, acc
 	tick := time.NewTicker(200 * time.Millisecond) // Live() changes are not signalled
 	defer tick.Stop()
 	for {
-		var v Version
+		var v state.ConfigVersion
 		select {
 		case <-ctx.Done():
 			return

@@ -32,13 +32,13 @@ var layers = map[string]int{
 	"config": 1, "devstack": 1,
 	// 2: clients of Kafka and etcd; signals; the test wrappers.
 	"internal/kafka": 2, "internal/etcdclient": 2, "signals": 2, "internal/testkit/testenv": 2,
-	// 3: the fenced offset store; the dynamic configuration.
-	"offsets": 3, "internal/dynconfig": 3,
+	// 3: the fenced offset store.
+	"offsets": 3,
 	// 4: translation between clusters; the routing sink; the schema of
 	// the fleet's etcd values.
 	"translate": 4, "routing": 4, "state": 4,
-	// 5: the leader's work; the demo's mirror.
-	"coordinator": 5, "devstack/mirror": 5,
+	// 5: the leader's work; the dynamic configuration; the demo's mirror.
+	"coordinator": 5, "internal/dynconfig": 5, "devstack/mirror": 5,
 	// 6: the fleet seen from outside: its read model and status page.
 	"fleetview": 6,
 	// 7: one agent.

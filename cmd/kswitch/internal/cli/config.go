@@ -19,6 +19,7 @@ import (
 	"github.com/kswitch/kswitch/fleet"
 	"github.com/kswitch/kswitch/internal/dynconfig"
 	"github.com/kswitch/kswitch/keys"
+	"github.com/kswitch/kswitch/state"
 )
 
 func newConfigCmd(g *globals) *cobra.Command {
@@ -193,35 +194,35 @@ func newConfigShowCmd(g *globals) *cobra.Command {
 		if err != nil {
 			return err
 		}
-		state, stateErr := dynconfig.ReadState(c.ctx, c.client, c.keys)
-		if stateErr != nil && !errors.Is(stateErr, dynconfig.ErrMalformed) {
+		cur, stateErr := state.ReadConfigState(c.ctx, c.client, c.keys)
+		if stateErr != nil && !errors.Is(stateErr, state.ErrMalformed) {
 			return stateErr
 		}
 		var inForce *config.Config
 		if ef.file != "" {
-			if cfg, err := state.Version.Overrides.Apply(c.cfg); err == nil {
+			if cfg, err := cur.Version.Overrides.Apply(c.cfg); err == nil {
 				inForce = &cfg
 			}
 		}
 		if output == "json" {
-			return json.NewEncoder(cmd.OutOrStdout()).Encode(configView(c.keys, layer, state, inForce))
+			return json.NewEncoder(cmd.OutOrStdout()).Encode(configView(c.keys, layer, cur, inForce))
 		}
-		printConfig(cmd.OutOrStdout(), c.keys, layer, state, stateErr, inForce)
+		printConfig(cmd.OutOrStdout(), c.keys, layer, cur, stateErr, inForce)
 		return nil
 	})
 	return cmd
 }
 
 type configJSON struct {
-	Layer   map[string]string  `json:"layer"`
-	Version dynconfig.Version  `json:"version"`
-	Refusal *dynconfig.Refusal `json:"refusal,omitempty"`
-	Source  *config.Source     `json:"source,omitempty"`
+	Layer   map[string]string    `json:"layer"`
+	Version state.ConfigVersion  `json:"version"`
+	Refusal *state.ConfigRefusal `json:"refusal,omitempty"`
+	Source  *config.Source       `json:"source,omitempty"`
 	// Clusters are the clusters in force (with --config): brokers and role.
 	Clusters map[string]config.Cluster `json:"clusters,omitempty"`
 }
 
-func configView(k keys.Fleet, l dynconfig.Layer, s dynconfig.State, inForce *config.Config) configJSON {
+func configView(k keys.Fleet, l dynconfig.Layer, s state.ConfigState, inForce *config.Config) configJSON {
 	v := configJSON{Layer: map[string]string{}, Version: s.Version, Refusal: s.Refusal}
 	if l.Source != nil {
 		v.Layer[k.ConfigSource()] = string(l.Source)
@@ -235,7 +236,7 @@ func configView(k keys.Fleet, l dynconfig.Layer, s dynconfig.State, inForce *con
 	return v
 }
 
-func printConfig(w io.Writer, k keys.Fleet, l dynconfig.Layer, s dynconfig.State, stateErr error, inForce *config.Config) {
+func printConfig(w io.Writer, k keys.Fleet, l dynconfig.Layer, s state.ConfigState, stateErr error, inForce *config.Config) {
 	switch v := s.Version; {
 	case stateErr != nil:
 		fmt.Fprintf(w, "version in force: unreadable: %v\n", stateErr)
