@@ -40,16 +40,18 @@ func TestPauseAndStartSignals(t *testing.T) {
 	waitBalanced(t, 6, agents...)
 	cli := testenv.EtcdClientT(t, e)
 	fk := keys.New("orders")
-	put := func(key, val string) {
+	put := func(key, val string) int64 {
 		t.Helper()
-		if _, err := cli.Put(context.Background(), key, val); err != nil {
+		resp, err := cli.Put(context.Background(), key, val)
+		if err != nil {
 			t.Fatal(err)
 		}
+		return resp.Header.Revision
 	}
 
 	// Fleet pause, as an operator types it: nothing is delivered while it
 	// holds; records produced meanwhile wait; start delivers them.
-	put(fk.FleetSignal(), "pause")
+	paused := put(fk.FleetSignal(), "pause")
 	wait.For(t, 5*time.Second, "every agent paused", func() error {
 		for _, a := range agents {
 			if p, _ := a.Status().Signals.Paused("orders", a.ID()); !p {
@@ -70,20 +72,20 @@ func TestPauseAndStartSignals(t *testing.T) {
 		}
 		return nil
 	})
+	// Hold: once every agent obeys the pause (each partition parked, its
+	// fetching paused), records produced now are not delivered; the next
+	// step, where orders moves on while payments stays paused, shows it
+	// with records flowing beside them.
+	waitApplied(t, paused, agents...)
 	before := l.total()
 	produce(t, k, "orders", 0, 200)
 	produce(t, k, "payments", 200, 300)
-	// Hold: a paused fleet must not deliver, however long we look. This
-	// is a check of absence, so it watches for a fixed window: longer
-	// than two commit intervals and two fetch waits, enough for a leak
-	// to show.
-	time.Sleep(500 * time.Millisecond)
 	if n := l.total(); n != before {
 		t.Fatalf("%d records delivered while the fleet was paused", n-before)
 	}
 
 	// A topic pause under a fleet start: only that topic moves on.
-	put(fk.TopicSignal("payments"), "  PAUSE  ")
+	paymentsPaused := put(fk.TopicSignal("payments"), "  PAUSE  ")
 	put(fk.FleetSignal(), "start # maintenance over")
 	wait.For(t, 10*time.Second, "orders delivered, payments held", func() error {
 		if n := l.count(); n < 200 {
@@ -125,7 +127,18 @@ func TestPauseAndStartSignals(t *testing.T) {
 	cfg.Source.Topics = []string{"orders", "payments"}
 	a3 := startConsumer(t, cfg, l.handler("agent-3"))
 	waitBalanced(t, 6, agents[0], a3)
-	time.Sleep(300 * time.Millisecond) // absence window, as above
+	// Both obey the pause of payments, and orders flows beside it: the
+	// records of orders written now are delivered while payments' wait.
+	waitApplied(t, paymentsPaused, agents[0], a3)
+	produce(t, k, "orders", 300, 340)
+	wait.For(t, 10*time.Second, "orders written after the restart delivered", func() error {
+		for i := 300; i < 340; i++ {
+			if l.timesHandled(fmt.Sprint(i)) == 0 {
+				return fmt.Errorf("record %d not handled", i)
+			}
+		}
+		return nil
+	})
 	for i := 200; i < 300; i++ {
 		if l.timesHandled(fmt.Sprint(i)) != 0 {
 			t.Fatalf("record %d of the paused topic was delivered after a rebalance", i)
@@ -137,7 +150,7 @@ func TestPauseAndStartSignals(t *testing.T) {
 		t.Fatal(err)
 	}
 	wait.For(t, 10*time.Second, "payments delivered after the pause ended", func() error {
-		if n := l.count(); n < 300 {
+		if n := l.count(); n < 340 {
 			return fmt.Errorf("%d handled", n)
 		}
 		return nil
@@ -372,7 +385,9 @@ func TestPauseHoldsAcrossCrashSwitchAndRestart(t *testing.T) {
 		again = append(again, startConsumer(t, d.config(id), l.handler(id)))
 	}
 	waitConsuming(t, 20*time.Second, "B", again...)
-	time.Sleep(500 * time.Millisecond) // absence window: fetches happen every 250 ms
+	// The restarted agents obey the pause (every partition they run is
+	// parked), so none of the records the replica holds was handed on.
+	waitApplied(t, resp.Header.Revision, again...)
 	if n := l.count(); n != 0 {
 		t.Fatalf("%d records of the paused topic were delivered through a crash, a switch and restarts", n)
 	}
