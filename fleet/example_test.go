@@ -7,6 +7,7 @@ import (
 	"os/signal"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/agent"
@@ -15,32 +16,48 @@ import (
 	"github.com/kswitch/kswitch/fleet"
 )
 
-// An operator's program pins the fleet to cluster B, as 'kswitch failover
-// --to B' does, then returns it to automatic failover. Here etcd runs in
-// the process; against a fleet, fill config.Etcd from its settings.
-func ExampleOperator_Pin() {
-	dir, _ := os.MkdirTemp("", "kswitch-example")
-	defer os.RemoveAll(dir)
+// exampleFleet starts an etcd in the process and returns an operator of
+// fleet "orders" on it, over a client opened as OpenEtcd opens one;
+// against a real fleet, fill config.Etcd from its settings instead.
+func exampleFleet() (ctx context.Context, cli *clientv3.Client, op *fleet.Operator, stop func(), err error) {
+	dir, err := os.MkdirTemp("", "kswitch-example")
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
 	e, err := devstack.StartEtcd(dir, zap.NewNop())
 	if err != nil {
-		fmt.Println(err)
-		return
+		os.RemoveAll(dir)
+		return nil, nil, nil, nil, err
 	}
-	defer e.Stop()
-
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	cli, err := fleet.OpenEtcd(ctx, config.Etcd{Endpoints: e.Endpoints(), DialTimeout: 5 * time.Second}, nil)
+	stop = func() {
+		cancel()
+		if cli != nil {
+			cli.Close()
+		}
+		e.Stop()
+		os.RemoveAll(dir)
+	}
+	if cli, err = fleet.OpenEtcd(ctx, config.Etcd{Endpoints: e.Endpoints(), DialTimeout: 5 * time.Second}, nil); err != nil {
+		stop()
+		return nil, nil, nil, nil, err
+	}
+	if op, err = fleet.NewOperator(cli, "orders"); err != nil {
+		stop()
+		return nil, nil, nil, nil, err
+	}
+	return ctx, cli, op, stop, nil
+}
+
+// An operator's program pins the fleet to cluster B, as 'kswitch failover
+// --to B' does, then returns it to automatic failover.
+func ExampleOperator_Pin() {
+	ctx, cli, op, stop, err := exampleFleet()
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	defer cli.Close()
-	op, err := fleet.NewOperator(cli, "orders")
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
+	defer stop()
 	if err := op.Pin(ctx, "B"); err != nil {
 		fmt.Println(err)
 		return
@@ -61,28 +78,12 @@ func ExampleOperator_Pin() {
 // A status read, as 'kswitch status' makes it: here of a fleet no agent
 // has joined yet.
 func ExampleOperator_Status() {
-	dir, _ := os.MkdirTemp("", "kswitch-example")
-	defer os.RemoveAll(dir)
-	e, err := devstack.StartEtcd(dir, zap.NewNop())
+	ctx, _, op, stop, err := exampleFleet()
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	defer e.Stop()
-
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	cli, err := fleet.OpenEtcd(ctx, config.Etcd{Endpoints: e.Endpoints(), DialTimeout: 5 * time.Second}, nil)
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	defer cli.Close()
-	op, err := fleet.NewOperator(cli, "orders")
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
+	defer stop()
 	v, err := op.Status(ctx)
 	if err != nil {
 		fmt.Println(err)
