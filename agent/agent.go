@@ -310,7 +310,7 @@ func (a *Agent) Start(ctx context.Context) (err error) {
 	a.signals = signals.NewWatcher(client, a.keys, a.cfg.Etcd.RequestTimeout, a.log)
 	a.signals.OnRefused(func(signals.Refusal) { a.metrics.badValues.WithLabelValues(refused.Signal).Inc() })
 	if a.leader, err = coordinator.NewLeader(a.cfg, client, fleetView{a}, coordinator.LeaderOptions{Logger: a.log,
-		Dialer: a.opts.hooks.KafkaDialer, Metrics: a.leaderMetrics, Hooks: &testhooks.Leader{BreakBeforeMake: a.opts.hooks.BreakBeforeMake}}); err != nil {
+		Metrics: a.leaderMetrics, Hooks: &testhooks.Leader{Dialer: a.opts.hooks.KafkaDialer, BreakBeforeMake: a.opts.hooks.BreakBeforeMake}}); err != nil {
 		return err
 	}
 	a.httpSrv = a.newHTTPServer()

@@ -93,8 +93,6 @@ type Leader struct {
 type LeaderOptions struct {
 	// Logger receives the leader's logs. Default: none.
 	Logger *zap.Logger
-	// Dialer, when set, opens the leader's connections to a cluster.
-	Dialer func(cluster string) kafka.Dialer
 	// Metrics, when set, receives the leader's measurements.
 	Metrics *Metrics
 	// Hooks are this module's tests' (an internal type: nil outside it).
@@ -209,10 +207,10 @@ type LeaderStatus struct {
 func (l *Leader) Status() *LeaderStatus { return l.status.Load() }
 
 func (l *Leader) dialer(cluster string) kafka.Dialer {
-	if l.opts.Dialer == nil {
+	if l.opts.Hooks == nil || l.opts.Hooks.Dialer == nil {
 		return nil
 	}
-	return l.opts.Dialer(cluster)
+	return l.opts.Hooks.Dialer(cluster)
 }
 
 // maxSwitchRetry caps the backoff between attempts of a failing switch.

@@ -25,15 +25,15 @@ var layers = map[string]int{
 	// 0: leaves, no import of the module.
 	"record": 0, "keys": 0, "election": 0, "internal/etcdwatch": 0, "internal/freeport": 0,
 	"internal/logx": 0, "internal/refused": 0, "internal/version": 0, "internal/testkit/wait": 0, "internal/testkit/archtest": 0,
-	"internal/notify": 0, "internal/testhooks": 0,
+	"internal/notify": 0,
 	// deploy has tests only (the deployment files against the code).
 	"deploy": 0,
 	// 1: the configuration; the embedded stack.
 	"config": 1, "devstack": 1,
 	// 2: clients of Kafka and etcd; signals; the test wrappers.
 	"internal/kafka": 2, "internal/etcdclient": 2, "signals": 2, "internal/testkit/testenv": 2,
-	// 3: the fenced offset store.
-	"offsets": 3,
+	// 3: the fenced offset store; the tests' hooks.
+	"offsets": 3, "internal/testhooks": 3,
 	// 4: translation between clusters; the routing sink; the schema of
 	// the fleet's etcd values.
 	"translate": 4, "routing": 4, "state": 4,
