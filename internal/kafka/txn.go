@@ -112,6 +112,10 @@ type TxnStream struct {
 	cur, next []*Message
 	settled   int
 	refused   []*Message
+	// denied are the partitions the coordinator refused to add to gen for
+	// good (TOPIC_AUTHORIZATION_FAILED): every message to them is
+	// refused at the abort, those given after the refusal too.
+	denied    map[topicPartition]bool
 	abortable error // the open transaction must be aborted, why
 	// committing/aborting: a Commit/Abort is being carried out; its
 	// outcome is handed over through outcome and outcomeCh to the next

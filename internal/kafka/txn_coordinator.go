@@ -70,19 +70,43 @@ func (t *TxnStream) refuseUnauthorized(resp *sarama.AddPartitionsToTxnResponse) 
 	if resp == nil {
 		return
 	}
-	denied := map[topicPartition]bool{}
+	if t.denied == nil {
+		t.denied = map[topicPartition]bool{}
+	}
 	for topic, pes := range resp.Errors {
 		for _, pe := range pes {
 			if pe.Err == sarama.ErrTopicAuthorizationFailed {
-				denied[topicPartition{topic, pe.Partition}] = true
+				t.denied[topicPartition{topic, pe.Partition}] = true
 			}
 		}
 	}
-	for _, m := range t.cur {
-		if denied[topicPartition{m.Topic, m.Partition}] {
-			t.refused = append(t.refused, m)
+}
+
+// refusedAtAbort returns, in the order given, the messages of the
+// aborted transaction (cur) and of the next (next) that are refused for
+// good: those a destination refused, and those to a partition the
+// coordinator denied, including the ones given after the denial. The
+// caller holds p.mu.
+func (t *TxnStream) refusedAtAbort() []*Message {
+	marked := map[*Message]bool{}
+	for _, m := range t.refused {
+		marked[m] = true
+	}
+	var out []*Message
+	for _, msgs := range [][]*Message{t.cur, t.next} {
+		for _, m := range msgs {
+			if marked[m] || t.denied[topicPartition{m.Topic, m.Partition}] {
+				out = append(out, m)
+				delete(marked, m)
+			}
 		}
 	}
+	for _, m := range t.refused { // refused and in neither (not expected): kept
+		if marked[m] {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // addPartitionsErr is the error of an AddPartitionsToTxn answer: the
@@ -144,22 +168,24 @@ func (t *TxnStream) abort() {
 	if t.err != nil {
 		return
 	}
-	var keep, dropped []*Message
+	var keep, dropped, refused []*Message
 	if explicit {
 		dropped = t.cur
+		keep = append(keep, t.next...)
 	} else {
-		refused := map[*Message]bool{}
-		for _, m := range t.refused {
-			refused[m] = true
+		refused = t.refusedAtAbort()
+		out := map[*Message]bool{}
+		for _, m := range refused {
+			out[m] = true
 		}
-		for _, m := range t.cur {
-			if !refused[m] {
-				keep = append(keep, m)
+		for _, msgs := range [][]*Message{t.cur, t.next} {
+			for _, m := range msgs {
+				if !out[m] {
+					keep = append(keep, m)
+				}
 			}
 		}
 	}
-	keep = append(keep, t.next...)
-	refused := t.refused
 	t.rebuild(keep, begun, pid, epoch)
 	if explicit {
 		t.finish(dropped, nil)
@@ -185,7 +211,7 @@ func (t *TxnStream) rebuild(msgs []*Message, bumped bool, pid int64, epoch int16
 	}
 	t.pid, t.epoch = pid, epoch
 	t.gen++
-	t.added, t.begun, t.settled, t.refused, t.abortable = map[*partState]bool{}, false, 0, nil, nil
+	t.added, t.begun, t.settled, t.refused, t.denied, t.abortable = map[*partState]bool{}, false, 0, nil, nil, nil
 	t.cur, t.next = msgs, nil
 	for _, m := range msgs {
 		t.enqueue(t.part(topicPartition{m.Topic, m.Partition}), m, messageSize(m), t.gen)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
+	"github.com/kswitch/kswitch/internal/testkit/wait"
 )
 
 // TestTxnCommitAfterAnotherStreamLostTheConnection: two streams share the
@@ -97,12 +99,53 @@ func TestTxnTopicNotAuthorizedIsRefused(t *testing.T) {
 	committedVerdict(t, k, "out", parts, prefixes(out))
 }
 
+// TestTxnMessagesAfterADenialAreRefusedToo: records to a topic given
+// after the coordinator refused to add it to the transaction are refused
+// with the ones before, not carried into the next transaction (where
+// every commit would abort again): the denial holds for the partition,
+// not for the records it was asked for.
+func TestTxnMessagesAfterADenialAreRefusedToo(t *testing.T) {
+	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{"out": 1, "secret": 1}})
+	p := newProducer(t, k, testConfig(), newRecorder())
+	s := openTxn(t, p, "kswitch/test/C/in/A/22")
+	answered := denyAddPartitions(k.Cluster(), "secret")
+	first := &kafka.Message{Topic: "secret", Value: []byte("secret 0")}
+	produceTxn(t, s, []*kafka.Message{first})
+	wait.For(t, 10*time.Second, "the coordinator's refusal", func() error {
+		if answered() == 0 {
+			return errors.New("not answered yet")
+		}
+		return nil
+	})
+	secret := []*kafka.Message{first}
+	out := records("out", 1, 0, 4)
+	for i, m := range out {
+		sm := &kafka.Message{Topic: "secret", Value: []byte("secret " + strconv.Itoa(i+1))}
+		secret = append(secret, sm)
+		produceTxn(t, s, []*kafka.Message{m, sm})
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	_, err := s.Commit(ctx, nil)
+	var ae *kafka.TxnAbortedError
+	if !errors.As(err, &ae) {
+		t.Fatalf("Commit: %v, want a TxnAbortedError", err)
+	}
+	if !slices.Equal(ae.Refused, secret) {
+		t.Fatalf("refused %d records, want the %d to the topic not authorized", len(ae.Refused), len(secret))
+	}
+	if got := commit(t, s, nil); !slices.Equal(got, out) {
+		t.Fatalf("the next Commit: %d records, want the %d others", len(got), len(out))
+	}
+}
+
 // denyAddPartitions answers every AddPartitionsToTxn that names topic as
 // Kafka answers one naming a topic the producer may not write:
 // TOPIC_AUTHORIZATION_FAILED for its partitions, OPERATION_NOT_ATTEMPTED
 // for the others (kfake's authorization, ACL or Fault, refuses every
 // partition of the request with the topic's error).
-func denyAddPartitions(c *kfake.Cluster, topic string) {
+func denyAddPartitions(c *kfake.Cluster, topic string) (answered func() int64) {
+	var n atomic.Int64
 	c.ControlKey(int16(kmsg.AddPartitionsToTxn), func(kr kmsg.Request) (kmsg.Response, error, bool) {
 		req := kr.(*kmsg.AddPartitionsToTxnRequest)
 		if !slices.ContainsFunc(req.Topics, func(rt kmsg.AddPartitionsToTxnRequestTopic) bool { return rt.Topic == topic }) {
@@ -125,6 +168,8 @@ func denyAddPartitions(c *kfake.Cluster, topic string) {
 			}
 			resp.Topics = append(resp.Topics, st)
 		}
+		n.Add(1)
 		return resp, nil, true
 	})
+	return n.Load
 }
