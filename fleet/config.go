@@ -65,11 +65,11 @@ func (o *Operator) ApplyConfig(ctx context.Context, change ConfigChange, check C
 	}
 	ov, err := next.Decode(o.keys, base)
 	if err != nil {
-		return 0, fmt.Errorf("fleet %s: the configuration change is invalid; nothing written:\n%w", o.name, err)
+		return 0, fmt.Errorf("fleet %s: the change is invalid; nothing written:\n%w", o.name, err)
 	}
 	if check.File != nil {
 		if _, err := ov.Apply(*check.File); err != nil {
-			return 0, fmt.Errorf("fleet %s: the configuration change makes an invalid configuration with the file's; nothing written:\n%w", o.name, err)
+			return 0, fmt.Errorf("fleet %s: the change with the file's configuration is invalid; nothing written:\n%w", o.name, err)
 		}
 	}
 	if check.Reach {
@@ -97,7 +97,7 @@ func (o *Operator) ApplyConfig(ctx context.Context, change ConfigChange, check C
 		return 0, fmt.Errorf("fleet %s: write under %s: %w", o.name, k.Config(), err)
 	}
 	if !resp.Succeeded {
-		return 0, fmt.Errorf("fleet %s: %s changed while the change was checked; nothing written: apply again", o.name, k.Config())
+		return 0, fmt.Errorf("fleet %s: %s changed while the change was checked; apply it again", o.name, k.Config())
 	}
 	return resp.Header.Revision, nil
 }
@@ -123,7 +123,7 @@ func (o *Operator) AwaitConfig(ctx context.Context, revision int64) (number int6
 		switch {
 		case err != nil && !errors.Is(err, state.ErrMalformed):
 		case s.Refusal != nil && s.Refusal.Revision >= revision:
-			return 0, nil, fmt.Errorf("fleet %s: the leader refused the configuration; version %d stays in force:\n%s", o.name, s.Refusal.InForce, s.Refusal.Reason)
+			return 0, nil, fmt.Errorf("fleet %s: the leader refused it; version %d stays in force:\n%s", o.name, s.Refusal.InForce, s.Refusal.Reason)
 		case s.Version.Revision >= revision:
 			return s.Version.Number, s.Version.Changed, nil
 		}
