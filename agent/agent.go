@@ -303,6 +303,18 @@ func (a *Agent) Start(ctx context.Context) (err error) {
 	// the address is read once, before anything runs concurrently.
 	n := ml.LocalNode()
 	a.gossipAddr = net.JoinHostPort(n.Addr.String(), fmt.Sprint(n.Port))
+	if err := a.build(client); err != nil {
+		return err
+	}
+	a.runAll(ctx, keyring, fromEtcd, healthChanged)
+	a.log.Info("agent started", zap.String("http", a.HTTPAddr()), zap.String("gossip", a.GossipAddr()),
+		zap.Strings("etcd", a.cfg.Etcd.Endpoints), zap.String("version", version.Version))
+	return nil
+}
+
+// build makes the parts of the agent that read and write etcd through
+// client: membership, positions, signals, the leader's side.
+func (a *Agent) build(client *clientv3.Client) (err error) {
 	a.observer = election.NewObserver(client, a.keys.Election(), a.cfg.Etcd.RequestTimeout, a.log)
 	a.registry = newRegistry(client, a.keys, a.cfg.Etcd.RequestTimeout, a.log, func() { a.metrics.badValues.WithLabelValues("registration").Inc() })
 	a.vouch = &vouchers{self: a.selfLease, ask: a.askProof, log: a.log.Named("members"), results: map[vouchKey]vouchResult{}}
@@ -314,11 +326,15 @@ func (a *Agent) Start(ctx context.Context) (err error) {
 		return err
 	}
 	a.httpSrv = a.newHTTPServer()
+	return nil
+}
 
+// runAll starts the agent's goroutines, ended by Stop through a.cancel.
+func (a *Agent) runAll(ctx context.Context, keyring *memberlist.Keyring, fromEtcd bool, healthChanged chan struct{}) {
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	a.cancel = cancel
 	a.goRun(func() {
-		if err := a.httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := a.httpSrv.Serve(a.httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			a.log.Error("http server failed", zap.Error(err))
 		}
 	})
@@ -340,9 +356,6 @@ func (a *Agent) Start(ctx context.Context) (err error) {
 	a.goRun(func() { _ = a.signals.Run(runCtx) })
 	a.goRun(func() { a.gossipHealthLoop(runCtx, healthChanged, 5*time.Second) })
 	a.goRun(func() { a.rate.run(runCtx) })
-	a.log.Info("agent started", zap.String("http", a.HTTPAddr()), zap.String("gossip", a.GossipAddr()),
-		zap.Strings("etcd", a.cfg.Etcd.Endpoints), zap.String("version", version.Version))
-	return nil
 }
 
 func (a *Agent) goRun(f func()) {

@@ -110,63 +110,12 @@ func (w *worker) startPending(ctx context.Context) {
 // startOn starts partitions tps of cluster, and returns those that could
 // not start.
 func (w *worker) startOn(ctx context.Context, cluster string, tps []state.TopicPartition) (still []state.TopicPartition) {
-	// A cluster this agent's probe cannot reach would hold the loop for a
-	// client's whole retry budget per attempt, while the next assignment
-	// (a switch away from that cluster, often) waits to be applied: the
-	// partitions start once the probe reaches it again.
-	if w.reachable != nil && !w.reachable(cluster) {
-		w.log.Debug("not starting partitions: this agent's probe cannot reach the cluster", zap.String("cluster", cluster),
-			zap.Int("partitions", len(tps)))
-		return tps
-	}
-	k := w.conns[cluster]
+	k := w.connFor(cluster, tps)
 	if k == nil {
-		c, ok := w.clusters[cluster]
-		if !ok {
-			w.log.Error("assignment names a cluster this agent has no configuration for", zap.String("cluster", cluster))
-			return tps
-		}
-		var err error
-		if k, err = dialKafka(cluster, c, w.cfg.Source.Group, w.cfg.Etcd.RequestTimeout, w.dialerFor(cluster), w.fetchConfig(cluster)); err != nil {
-			w.log.Warn("cannot connect to the assigned cluster; retrying", zap.String("cluster", cluster), zap.Error(err))
-			return tps
-		}
-		w.conns[cluster] = k
-	}
-	// New partitions or topics are not in the client's metadata yet: one
-	// refresh up front instead of a failed lookup and a retry per
-	// partition. (A client just opened, or warmed ahead of a switch,
-	// knows them all.)
-	if !k.knows(tps) {
-		topics := map[string]bool{}
-		for _, tp := range tps {
-			topics[tp.Topic] = true
-		}
-		if err := k.client.RefreshMetadata(slices.Sorted(maps.Keys(topics))...); err != nil {
-			w.log.Warn("cannot refresh metadata of the assigned topics; retrying", zap.String("cluster", cluster), zap.Error(err))
-			return tps
-		}
-	}
-	lctx, cancel := context.WithTimeout(ctx, w.cfg.Etcd.RequestTimeout)
-	positions, bad, err := w.store.LoadMany(lctx, cluster, tps)
-	cancel()
-	if err != nil {
-		w.log.Warn("cannot read committed offsets; retrying", zap.String("cluster", cluster), zap.Error(err))
 		return tps
 	}
-	for _, b := range bad {
-		// Treated as "no committed offset": the partition starts at the
-		// group's offset in Kafka, else the initial offset, and the next
-		// commit replaces the bad value.
-		w.log.Warn("refusing malformed committed offset; the partition starts at the group's committed offset in Kafka, else the initial offset, and the next commit replaces it", zap.Error(b), zap.String("initial_offset", w.cfg.Source.InitialOffset))
-		w.metrics.badValues.WithLabelValues("offset").Inc()
-	}
-	// Partitions without a position start where the Kafka group's
-	// consumers left them, if anywhere (startoffset.go).
-	fromGroup, err := w.groupStarts(ctx, k, cluster, tps, positions)
-	if err != nil {
-		w.log.Warn("cannot read the group's committed offsets of the partitions without a position; retrying",
-			zap.String("cluster", cluster), zap.String("group", w.cfg.Source.Group), zap.Error(err))
+	positions, fromGroup, ok := w.startPositions(ctx, k, cluster, tps)
+	if !ok {
 		return tps
 	}
 	// Partitions start concurrently: each may need a ListOffsets round
@@ -180,10 +129,6 @@ func (w *worker) startOn(ctx context.Context, cluster string, tps []state.TopicP
 	// Signals hold across rebalances and switches: a partition starts
 	// paused when a signal in force pauses it.
 	sigs := w.signals.State()
-	paused := map[state.TopicPartition]bool{}
-	for _, tp := range tps {
-		paused[tp], _ = sigs.Paused(w.naming.Logical(cluster, tp.Topic), w.id)
-	}
 	// The topics' ids tell a position of a topic deleted and created
 	// again since (lifecycle.go).
 	ids := k.topicIDs(w.log, tps)
@@ -194,33 +139,12 @@ func (w *worker) startOn(ctx context.Context, cluster string, tps []state.TopicP
 			w.committed[cpart{Cluster: cluster, TopicPartition: tp}] = p.Offset
 			startAt = append(startAt, p.Commit)
 		}
-		dead, restarting := w.life.dead[cpart{Cluster: cluster, TopicPartition: tp}]
+		paused, _ := sigs.Paused(w.naming.Logical(cluster, tp.Topic), w.id)
+		from := startFrom{tp: tp, pos: p, hasPos: ok, topicID: ids[tp.Topic], paused: paused}
+		from.group, from.hasGroup = fromGroup[tp]
+		from.dead, from.restarting = w.life.dead[cpart{Cluster: cluster, TopicPartition: tp}]
 		go func() {
-			if restarting && w.restartFails != nil {
-				if err := w.restartFails(cluster, tp); err != nil {
-					results <- started{tp: tp, err: err}
-					return
-				}
-			}
-			start := p.Offset
-			if g, found := fromGroup[tp]; found {
-				start = g
-			} else if !ok {
-				var err error
-				if start, err = k.resolve(tp, w.initialOffset(cluster, tp)); err != nil {
-					results <- started{tp: tp, err: err}
-					return
-				}
-			}
-			if w.life.fromStart(cluster, tp, p, ok, ids[tp.Topic]) {
-				var err error
-				if start, err = w.recreatedStart(k, tp, p, ok, ids[tp.Topic]); err != nil {
-					results <- started{tp: tp, err: err}
-					return
-				}
-			}
-			r, err := w.startPartition(ctx, k, partitionStart{tp: tp, gen: w.applied.Generation, token: w.applied.Token,
-				offset: start, topicID: ids[tp.Topic], paused: paused[tp], ended: dead.cause})
+			r, err := w.startOne(ctx, k, cluster, from)
 			results <- started{tp, r, err}
 		}()
 	}
@@ -239,6 +163,120 @@ func (w *worker) startOn(ctx context.Context, cluster string, tps []state.TopicP
 		w.enqueueMirror(mirrorJob{cluster: {mirror: k.mirror, commits: startAt}}, false)
 	}
 	return still
+}
+
+// connFor returns the connection to cluster, dialled if need be, with
+// metadata that knows tps; nil (logged) when partitions of cluster cannot
+// start now.
+func (w *worker) connFor(cluster string, tps []state.TopicPartition) *kafkaConn {
+	// A cluster this agent's probe cannot reach would hold the loop for a
+	// client's whole retry budget per attempt, while the next assignment
+	// (a switch away from that cluster, often) waits to be applied: the
+	// partitions start once the probe reaches it again.
+	if w.reachable != nil && !w.reachable(cluster) {
+		w.log.Debug("not starting partitions: this agent's probe cannot reach the cluster", zap.String("cluster", cluster),
+			zap.Int("partitions", len(tps)))
+		return nil
+	}
+	k := w.conns[cluster]
+	if k == nil {
+		c, ok := w.clusters[cluster]
+		if !ok {
+			w.log.Error("assignment names a cluster this agent has no configuration for", zap.String("cluster", cluster))
+			return nil
+		}
+		var err error
+		if k, err = dialKafka(cluster, c, w.cfg.Source.Group, w.cfg.Etcd.RequestTimeout, w.dialerFor(cluster), w.fetchConfig(cluster)); err != nil {
+			w.log.Warn("cannot connect to the assigned cluster; retrying", zap.String("cluster", cluster), zap.Error(err))
+			return nil
+		}
+		w.conns[cluster] = k
+	}
+	// New partitions or topics are not in the client's metadata yet: one
+	// refresh up front instead of a failed lookup and a retry per
+	// partition. (A client just opened, or warmed ahead of a switch,
+	// knows them all.)
+	if !k.knows(tps) {
+		topics := map[string]bool{}
+		for _, tp := range tps {
+			topics[tp.Topic] = true
+		}
+		if err := k.client.RefreshMetadata(slices.Sorted(maps.Keys(topics))...); err != nil {
+			w.log.Warn("cannot refresh metadata of the assigned topics; retrying", zap.String("cluster", cluster), zap.Error(err))
+			return nil
+		}
+	}
+	return k
+}
+
+// startPositions reads the committed positions of tps in etcd and, for
+// those without one, where the Kafka group's consumers left them
+// (startoffset.go). ok is false (logged) when either read failed.
+func (w *worker) startPositions(ctx context.Context, k *kafkaConn, cluster string, tps []state.TopicPartition) (
+	positions map[state.TopicPartition]offsets.Position, fromGroup map[state.TopicPartition]int64, ok bool) {
+	lctx, cancel := context.WithTimeout(ctx, w.cfg.Etcd.RequestTimeout)
+	positions, bad, err := w.store.LoadMany(lctx, cluster, tps)
+	cancel()
+	if err != nil {
+		w.log.Warn("cannot read committed offsets; retrying", zap.String("cluster", cluster), zap.Error(err))
+		return nil, nil, false
+	}
+	for _, b := range bad {
+		// Treated as "no committed offset": the partition starts at the
+		// group's offset in Kafka, else the initial offset, and the next
+		// commit replaces the bad value.
+		w.log.Warn("refusing malformed committed offset; the partition starts at the group's committed offset in Kafka, else the initial offset, and the next commit replaces it", zap.Error(b), zap.String("initial_offset", w.cfg.Source.InitialOffset))
+		w.metrics.badValues.WithLabelValues("offset").Inc()
+	}
+	fromGroup, err = w.groupStarts(ctx, k, cluster, tps, positions)
+	if err != nil {
+		w.log.Warn("cannot read the group's committed offsets of the partitions without a position; retrying",
+			zap.String("cluster", cluster), zap.String("group", w.cfg.Source.Group), zap.Error(err))
+		return nil, nil, false
+	}
+	return positions, fromGroup, true
+}
+
+// startFrom is what startOne knows of a partition it starts.
+type startFrom struct {
+	tp       state.TopicPartition
+	pos      offsets.Position // the committed position in etcd, if hasPos
+	hasPos   bool
+	group    int64 // the Kafka group's committed offset, if hasGroup
+	hasGroup bool
+	topicID  string
+	paused   bool
+	// dead is why its consumer ended, if restarting (lifecycle.go).
+	dead       deadPart
+	restarting bool
+}
+
+// startOne starts one partition of cluster at the offset its position says
+// (else the group's, else the initial offset; its topic's start when the
+// topic was created again since). It runs on a goroutine of its own.
+func (w *worker) startOne(ctx context.Context, k *kafkaConn, cluster string, f startFrom) (*partitionRun, error) {
+	if f.restarting && w.restartFails != nil {
+		if err := w.restartFails(cluster, f.tp); err != nil {
+			return nil, err
+		}
+	}
+	start := f.pos.Offset
+	if f.hasGroup {
+		start = f.group
+	} else if !f.hasPos {
+		var err error
+		if start, err = k.resolve(f.tp, w.initialOffset(cluster, f.tp)); err != nil {
+			return nil, err
+		}
+	}
+	if w.life.fromStart(cluster, f.tp, f.pos, f.hasPos, f.topicID) {
+		var err error
+		if start, err = w.recreatedStart(k, f.tp, f.pos, f.hasPos, f.topicID); err != nil {
+			return nil, err
+		}
+	}
+	return w.startPartition(ctx, k, partitionStart{tp: f.tp, gen: w.applied.Generation, token: w.applied.Token,
+		offset: start, topicID: f.topicID, paused: f.paused, ended: f.dead.cause})
 }
 
 // publishOwned makes the running partitions visible to Agent.Owned and

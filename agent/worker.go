@@ -192,18 +192,7 @@ func (w *worker) run(ctx context.Context) error {
 		<-mdone
 		hcancel()
 		w.bg.Wait()
-		for _, k := range w.conns {
-			k.close()
-		}
-		w.dropWarm()
-		select {
-		case res := <-w.warmed:
-			if res.conn != nil {
-				res.conn.close()
-			}
-		default:
-		}
-		w.publishOwned()
+		w.closeConns()
 	}()
 	w.metrics.deliveryHeld.Set(0) // a new session: nothing held, nothing stuck yet
 	w.metrics.stuckPartitions.Set(0)
@@ -248,6 +237,23 @@ func (w *worker) run(ctx context.Context) error {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// closeConns closes the session's Kafka connections, those warmed ahead of
+// a switch included, once nothing uses them, and shows nothing owned.
+func (w *worker) closeConns() {
+	for _, k := range w.conns {
+		k.close()
+	}
+	w.dropWarm()
+	select {
+	case res := <-w.warmed:
+		if res.conn != nil {
+			res.conn.close()
+		}
+	default:
+	}
+	w.publishOwned()
 }
 
 // follow reads state/assignment, applies it, then applies every change

@@ -33,13 +33,47 @@ func Balance(partitions []state.TopicPartition, agents []string, current map[str
 		return out
 	}
 	parts := sortedPartitions(partitions)
-	exists := make(map[state.TopicPartition]bool, len(parts))
-	for _, tp := range parts {
-		exists[tp] = true
+	held := heldBy(parts, agents, current)
+	b := newBalancer(parts, quotas(held, len(parts)))
+	// Each topic is spread over the agents within one partition, its
+	// extras (the remainder of its partitions over the agents) on
+	// different agents, as far as that takes nothing from an owner more
+	// than the quotas do: every agent keeps min(held, quota). Then a
+	// topic, or several, that later move alone to another cluster (a
+	// topic pin, a staged move) leave every agent about as loaded as
+	// before, and the other topics' partitions need not move to even it
+	// out.
+	for i := range agents {
+		if len(held[i]) <= b.quota[i] {
+			for _, tp := range held[i] {
+				b.keep(i, tp)
+			}
+		}
 	}
+	for i := range agents {
+		if len(held[i]) > b.quota[i] {
+			b.keepSome(i, held[i])
+		}
+	}
+	for _, tp := range parts {
+		if !b.kept[tp] {
+			b.place(tp)
+		}
+	}
+	for i, a := range agents {
+		if len(b.lists[i]) > 0 {
+			slices.SortFunc(b.lists[i], state.TopicPartition.Compare)
+			out[a] = b.lists[i]
+		}
+	}
+	return out
+}
 
-	// held[i]: what agents[i] has now and may keep. A partition listed under
-	// two agents (never in a valid assignment) is held by the first by id.
+// heldBy returns, for each of agents, what it has in current and may
+// keep: partitions of parts, sorted. A partition listed under two agents
+// (never in a valid assignment) is held by the first by id.
+func heldBy(parts []state.TopicPartition, agents []string, current map[string][]state.TopicPartition) [][]state.TopicPartition {
+	exists := setOf(parts)
 	held := make([][]state.TopicPartition, len(agents))
 	claimed := map[state.TopicPartition]bool{}
 	for i, a := range agents {
@@ -50,12 +84,15 @@ func Balance(partitions []state.TopicPartition, agents []string, current map[str
 			}
 		}
 	}
+	return held
+}
 
-	// Each agent ends with floor(n/k) or, for exactly n mod k of them,
-	// ceil(n/k). An agent keeps min(held, quota) partitions, so the extra
-	// one is worth a kept partition only to agents holding more than the
-	// floor: give it to those holding most.
-	n, k := len(parts), len(agents)
+// quotas returns how many of n partitions each agent ends with: floor(n/k)
+// or, for exactly n mod k of them, ceil(n/k). An agent keeps min(held,
+// quota) partitions, so the extra one is worth a kept partition only to
+// agents holding more than the floor: it goes to those holding most.
+func quotas(held [][]state.TopicPartition, n int) []int {
+	k := len(held)
 	base, extra := n/k, n%k
 	order := make([]int, k)
 	for i := range order {
@@ -69,89 +106,84 @@ func Balance(partitions []state.TopicPartition, agents []string, current map[str
 			quota[i]++
 		}
 	}
+	return quota
+}
 
-	// Each topic is spread over the agents within one partition, its
-	// extras (the remainder of its partitions over the agents) on
-	// different agents, as far as that takes nothing from an owner more
-	// than the counts above do: every agent keeps min(held, quota). Then
-	// a topic, or several, that later move alone to another cluster (a
-	// topic pin, a staged move) leave every agent about as loaded as
-	// before, and the other topics' partitions need not move to even it
-	// out. An agent over its quota chooses what it keeps: first up to
-	// each topic's floor, then a topic's extra while the topic has extras
-	// left, then anything (partition numbers first, then topics: a mix).
-	perTopic := map[string]int{}
+// balancer builds Balance's lists, agent by agent (by index).
+type balancer struct {
+	k        int
+	quota    []int
+	perTopic map[string]int
+	lists    [][]state.TopicPartition
+	owned    []map[string]int // owned[i][topic]: lists[i]'s partitions of topic
+	atCeil   map[string]int   // agents holding more than the topic's floor
+	kept     map[state.TopicPartition]bool
+}
+
+func newBalancer(parts []state.TopicPartition, quota []int) *balancer {
+	k := len(quota)
+	b := &balancer{k: k, quota: quota, perTopic: map[string]int{}, lists: make([][]state.TopicPartition, k),
+		owned: make([]map[string]int, k), atCeil: map[string]int{}, kept: map[state.TopicPartition]bool{}}
 	for _, tp := range parts {
-		perTopic[tp.Topic]++
+		b.perTopic[tp.Topic]++
 	}
-	lists := make([][]state.TopicPartition, k)
-	owned := make([]map[string]int, k) // owned[i][topic]: lists[i]'s partitions of topic
-	atCeil := map[string]int{}         // agents holding more than the topic's floor
-	kept := map[state.TopicPartition]bool{}
-	keep := func(i int, tp state.TopicPartition) {
-		lists[i] = append(lists[i], tp)
-		kept[tp] = true
-		if owned[i][tp.Topic]++; owned[i][tp.Topic] == perTopic[tp.Topic]/k+1 {
-			atCeil[tp.Topic]++
+	for i := range b.owned {
+		b.owned[i] = map[string]int{}
+	}
+	return b
+}
+
+// keep gives tp to agent i.
+func (b *balancer) keep(i int, tp state.TopicPartition) {
+	b.lists[i] = append(b.lists[i], tp)
+	b.kept[tp] = true
+	if b.owned[i][tp.Topic]++; b.owned[i][tp.Topic] == b.perTopic[tp.Topic]/b.k+1 {
+		b.atCeil[tp.Topic]++
+	}
+}
+
+// keepSome lets agent i, holding more than its quota, choose what it
+// keeps: first up to each topic's floor, then a topic's extra while the
+// topic has extras left, then anything (partition numbers first, then
+// topics: a mix).
+func (b *balancer) keepSome(i int, held []state.TopicPartition) {
+	slices.SortStableFunc(held, func(x, y state.TopicPartition) int {
+		if x.Partition != y.Partition {
+			return int(x.Partition) - int(y.Partition)
 		}
-	}
-	for i := range agents {
-		owned[i] = map[string]int{}
-		if len(held[i]) <= quota[i] {
-			for _, tp := range held[i] {
-				keep(i, tp)
+		return x.Compare(y)
+	})
+	floor := func(tp state.TopicPartition) int { return b.perTopic[tp.Topic] / b.k }
+	for _, pass := range []func(state.TopicPartition) bool{
+		func(tp state.TopicPartition) bool { return b.owned[i][tp.Topic] < floor(tp) },
+		func(tp state.TopicPartition) bool {
+			return b.owned[i][tp.Topic] == floor(tp) && b.atCeil[tp.Topic] < b.perTopic[tp.Topic]%b.k
+		},
+		func(state.TopicPartition) bool { return true },
+	} {
+		for _, tp := range held {
+			if len(b.lists[i]) < b.quota[i] && !b.kept[tp] && pass(tp) {
+				b.keep(i, tp)
 			}
 		}
 	}
-	for i := range agents {
-		if len(held[i]) <= quota[i] {
+}
+
+// place gives tp, which nobody kept, to an agent with room: the one with
+// the fewest of its topic, then the fewest partitions, then the first by
+// id.
+func (b *balancer) place(tp state.TopicPartition) {
+	best := -1
+	for i := range b.lists {
+		if len(b.lists[i]) >= b.quota[i] {
 			continue
 		}
-		slices.SortStableFunc(held[i], func(a, b state.TopicPartition) int {
-			if a.Partition != b.Partition {
-				return int(a.Partition) - int(b.Partition)
-			}
-			return a.Compare(b)
-		})
-		for _, pass := range []func(state.TopicPartition) bool{
-			func(tp state.TopicPartition) bool { return owned[i][tp.Topic] < perTopic[tp.Topic]/k },
-			func(tp state.TopicPartition) bool {
-				return owned[i][tp.Topic] == perTopic[tp.Topic]/k && atCeil[tp.Topic] < perTopic[tp.Topic]%k
-			},
-			func(state.TopicPartition) bool { return true },
-		} {
-			for _, tp := range held[i] {
-				if len(lists[i]) < quota[i] && !kept[tp] && pass(tp) {
-					keep(i, tp)
-				}
-			}
+		if best < 0 || b.owned[i][tp.Topic] < b.owned[best][tp.Topic] ||
+			b.owned[i][tp.Topic] == b.owned[best][tp.Topic] && len(b.lists[i]) < len(b.lists[best]) {
+			best = i
 		}
 	}
-	// The rest go to the agents with room: the one with the fewest of the
-	// partition's topic, then the fewest partitions, then the first by id.
-	for _, tp := range parts {
-		if kept[tp] {
-			continue
-		}
-		best := -1
-		for i := range agents {
-			if len(lists[i]) >= quota[i] {
-				continue
-			}
-			if best < 0 || owned[i][tp.Topic] < owned[best][tp.Topic] ||
-				owned[i][tp.Topic] == owned[best][tp.Topic] && len(lists[i]) < len(lists[best]) {
-				best = i
-			}
-		}
-		keep(best, tp)
-	}
-	for i, a := range agents {
-		if len(lists[i]) > 0 {
-			slices.SortFunc(lists[i], state.TopicPartition.Compare)
-			out[a] = lists[i]
-		}
-	}
-	return out
+	b.keep(best, tp)
 }
 
 // Moves counts the partitions present in both from and to whose agent
@@ -232,19 +264,12 @@ type PlanInput struct {
 func Plan(in PlanInput) (next state.Assignment, changed bool) {
 	cur := in.Current
 	gen := cur.Generation
-	live := map[string]bool{}
-	for _, a := range in.Live {
-		live[a] = true
-	}
+	live := setOf(in.Live)
 	// Partitions go only to the live agents that are not cut off.
 	ready := slices.DeleteFunc(slices.Clone(in.Live), func(a string) bool { return slices.Contains(in.CutOff, a) })
 	acked := func(a string) bool { return in.Acks[a] >= gen }
 	switching := gen > 0 && in.Cluster != cur.Cluster
-	exists := map[state.TopicPartition]bool{}
-	for _, tp := range in.Partitions {
-		exists[tp] = true
-	}
-
+	exists := setOf(in.Partitions)
 	owned := map[string][]state.TopicPartition{}
 	revoking := map[string][]state.TopicPartition{}
 	taken := map[state.TopicPartition]bool{}
@@ -267,20 +292,8 @@ func Plan(in PlanInput) (next state.Assignment, changed bool) {
 		}
 	}
 
-	// What live owners have is the sticky base of the target.
 	holders := slices.Sorted(maps.Keys(cur.Owned))
-	holding := map[string][]state.TopicPartition{}
-	for _, o := range holders {
-		if live[o] {
-			holding[o] = cur.Owned[o]
-		}
-	}
-	target := map[state.TopicPartition]string{}
-	for a, tps := range Balance(in.Partitions, ready, holding) {
-		for _, tp := range tps {
-			target[tp] = a
-		}
-	}
+	target := balancedTarget(in, holders, live, ready)
 
 	// A live owner keeps what the target leaves it and releases the rest.
 	// A partition that no longer exists is released too rather than
@@ -312,11 +325,7 @@ func Plan(in PlanInput) (next state.Assignment, changed bool) {
 		}
 	}
 
-	for _, m := range []map[string][]state.TopicPartition{owned, revoking} {
-		for _, tps := range m {
-			slices.SortFunc(tps, state.TopicPartition.Compare)
-		}
-	}
+	sortLists(owned, revoking)
 	if cur.Cluster == in.Cluster && sameOwners(cur.Owned, owned) && sameOwners(cur.Revoking, revoking) {
 		return cur, false
 	}
@@ -326,6 +335,42 @@ func Plan(in PlanInput) (next state.Assignment, changed bool) {
 		Owned:      owned,
 		Revoking:   revoking,
 	}, true
+}
+
+// balancedTarget returns who should own each partition: Balance over the
+// ready agents, with what the live holders own as its sticky base.
+func balancedTarget(in PlanInput, holders []string, live map[string]bool, ready []string) map[state.TopicPartition]string {
+	holding := map[string][]state.TopicPartition{}
+	for _, o := range holders {
+		if live[o] {
+			holding[o] = in.Current.Owned[o]
+		}
+	}
+	target := map[state.TopicPartition]string{}
+	for a, tps := range Balance(in.Partitions, ready, holding) {
+		for _, tp := range tps {
+			target[tp] = a
+		}
+	}
+	return target
+}
+
+// sortLists sorts every list of the given assignment maps.
+func sortLists(ms ...map[string][]state.TopicPartition) {
+	for _, m := range ms {
+		for _, tps := range m {
+			slices.SortFunc(tps, state.TopicPartition.Compare)
+		}
+	}
+}
+
+// setOf returns the set of the elements of s.
+func setOf[T comparable](s []T) map[T]bool {
+	m := make(map[T]bool, len(s))
+	for _, v := range s {
+		m[v] = true
+	}
+	return m
 }
 
 // sameOwners reports whether a and b give the same partitions to the same

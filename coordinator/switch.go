@@ -112,21 +112,8 @@ func (r *leaderRun) switchTo(ctx context.Context, t *term, req switchRequest) (s
 	// 4. Activate.
 	ta := time.Now()
 	active := state.Active{Cluster: to, Epoch: ev.Epoch, Phase: state.PhaseActive, From: from, Reason: reason, Since: time.Now().UTC(), Automatic: auto}
-	for topic, e := range leaving.Topics {
-		if e.Cluster != to {
-			if active.Topics == nil {
-				active.Topics = map[string]state.TopicActive{}
-			}
-			active.Topics[topic] = e
-		}
-	}
-	lists := maps.Clone(r.lists)
-	lists[to] = t.found
-	parts, listed := consumed(active, lists, r.conf().naming)
-	if !listed {
-		return fail(fmt.Errorf("coordinator: activate %s: the partitions of %s are not listed yet", to, strings.Join(inUse(active), ", ")))
-	}
-	if err := r.activate(ctx, t, active, ops, parts); err != nil {
+	active.Topics = placedElsewhere(leaving.Topics, to)
+	if err := r.activateOn(ctx, t, to, active, ops); err != nil {
 		return fail(err)
 	}
 	ev.Phases["activate"] = time.Since(ta).Seconds()
@@ -145,6 +132,33 @@ func (l *Leader) record(ctx context.Context, term election.Term, ev state.Switch
 	if err := writeHistory(hctx, term, l.keys, ev); err != nil {
 		log.Warn("could not record the switch in history/", zap.Int64("epoch", ev.Epoch), zap.Int("partitions", len(ev.Partitions)), zap.Error(err))
 	}
+}
+
+// placedElsewhere returns the topic placements of topics not on to (nil
+// when none): those a fleet switch to `to` leaves where they are.
+func placedElsewhere(topics map[string]state.TopicActive, to string) map[string]state.TopicActive {
+	var out map[string]state.TopicActive
+	for topic, e := range topics {
+		if e.Cluster != to {
+			if out == nil {
+				out = map[string]state.TopicActive{}
+			}
+			out[topic] = e
+		}
+	}
+	return out
+}
+
+// activateOn is activate, planned on the partitions consumed under a: the
+// translation's listing of `to` (t.found) with the leader's of the others.
+func (r *leaderRun) activateOn(ctx context.Context, t *term, to string, a state.Active, ops []clientv3.Op) error {
+	lists := maps.Clone(r.lists)
+	lists[to] = t.found
+	parts, listed := consumed(a, lists, r.conf().naming)
+	if !listed {
+		return fmt.Errorf("coordinator: activate %s: the partitions of %s are not listed yet", to, strings.Join(inUse(a), ", "))
+	}
+	return r.activate(ctx, t, a, ops, parts)
 }
 
 // maxSwitchOps bounds the operations of one switch transaction, under

@@ -151,27 +151,9 @@ func (r *leaderRun) doTopicSwitch(ctx context.Context, mv *topicMove) error {
 // leaves a state its successor resumes, and translating again is safe.
 func (r *leaderRun) topicSwitch(ctx context.Context, t *term, mv *topicMove) (state.SwitchEvent, error) {
 	began := time.Now()
-	started := began.UTC()
-	if mv.resume {
-		e := t.active.Topics[mv.topics[0]]
-		started = e.Since
-		if t.active.Leader != t.ID {
-			mv.reason += " (resumed by " + t.ID + ")"
-		}
-	} else {
-		next := t.active
-		next.Epoch++
-		next.Topics = maps.Clone(t.active.Topics)
-		if next.Topics == nil {
-			next.Topics = map[string]state.TopicActive{}
-		}
-		for _, topic := range mv.topics {
-			next.Topics[topic] = state.TopicActive{Cluster: mv.to, Phase: state.PhaseSwitching, From: mv.from, Epoch: next.Epoch,
-				Reason: mv.reason, Since: started, Automatic: mv.auto}
-		}
-		if err := r.writeActive(ctx, t, next); err != nil {
-			return state.SwitchEvent{Started: started, Finished: time.Now().UTC()}, err
-		}
+	started, err := r.beginTopicMove(ctx, t, mv, began.UTC())
+	if err != nil {
+		return state.SwitchEvent{Started: started, Finished: time.Now().UTC()}, err
 	}
 	epoch := t.active.Topics[mv.topics[0]].Epoch
 	ev := state.SwitchEvent{Epoch: epoch, From: mv.from, To: mv.to, Reason: mv.reason, Started: started, Phases: map[string]float64{},
@@ -211,8 +193,48 @@ func (r *leaderRun) topicSwitch(ctx context.Context, t *term, mv *topicMove) (st
 	// 4. Activate: the topics on `to`, in the same transaction as the
 	// generation that assigns them there.
 	ta := time.Now()
-	done := t.active
-	done.Topics = maps.Clone(t.active.Topics)
+	done := topicsMoved(t.active, mv, epoch)
+	if err := r.activateOn(ctx, t, mv.to, done, ops); err != nil {
+		return fail(err)
+	}
+	if r.lists[mv.to] == nil {
+		r.lists[mv.to] = t.found
+	}
+	ev.Phases["activate"] = time.Since(ta).Seconds()
+	ev.Finished = time.Now().UTC()
+	r.record(ctx, t.Term, ev, log)
+	log.Info("switched topics", zap.Duration("took", ev.Finished.Sub(ev.Started)), zap.Int("partitions", len(ev.Partitions)))
+	return ev, nil
+}
+
+// beginTopicMove is step 1 of topicSwitch: it marks mv's topics switching
+// in state/active (a resumed move has them marked) and returns when the
+// move began.
+func (r *leaderRun) beginTopicMove(ctx context.Context, t *term, mv *topicMove, now time.Time) (time.Time, error) {
+	if mv.resume {
+		if t.active.Leader != t.ID {
+			mv.reason += " (resumed by " + t.ID + ")"
+		}
+		return t.active.Topics[mv.topics[0]].Since, nil
+	}
+	next := t.active
+	next.Epoch++
+	next.Topics = maps.Clone(t.active.Topics)
+	if next.Topics == nil {
+		next.Topics = map[string]state.TopicActive{}
+	}
+	for _, topic := range mv.topics {
+		next.Topics[topic] = state.TopicActive{Cluster: mv.to, Phase: state.PhaseSwitching, From: mv.from, Epoch: next.Epoch,
+			Reason: mv.reason, Since: now, Automatic: mv.auto}
+	}
+	return now, r.writeActive(ctx, t, next)
+}
+
+// topicsMoved returns active with mv's topics active on mv.to (no entry
+// when mv.to is the fleet's cluster) in the move's epoch.
+func topicsMoved(active state.Active, mv *topicMove, epoch int64) state.Active {
+	done := active
+	done.Topics = maps.Clone(active.Topics)
 	for _, topic := range mv.topics {
 		if mv.to == done.Cluster {
 			delete(done.Topics, topic)
@@ -224,21 +246,5 @@ func (r *leaderRun) topicSwitch(ctx context.Context, t *term, mv *topicMove) (st
 	if len(done.Topics) == 0 {
 		done.Topics = nil
 	}
-	lists := maps.Clone(r.lists)
-	lists[mv.to] = t.found
-	parts, listed = consumed(done, lists, r.conf().naming)
-	if !listed {
-		return fail(fmt.Errorf("coordinator: topic switch: the partitions of %s are not listed yet", strings.Join(inUse(done), ", ")))
-	}
-	if err := r.activate(ctx, t, done, ops, parts); err != nil {
-		return fail(err)
-	}
-	if r.lists[mv.to] == nil {
-		r.lists[mv.to] = t.found
-	}
-	ev.Phases["activate"] = time.Since(ta).Seconds()
-	ev.Finished = time.Now().UTC()
-	r.record(ctx, t.Term, ev, log)
-	log.Info("switched topics", zap.Duration("took", ev.Finished.Sub(ev.Started)), zap.Int("partitions", len(ev.Partitions)))
-	return ev, nil
+	return done
 }

@@ -276,6 +276,8 @@ const (
 
 var phaseOrder = []string{"prepare", "revoke", "translate", "activate"}
 
+// timeline draws the switches evs, a row each, their bars scaled to the
+// longest, with a legend of the translation methods they used.
 func timeline(evs []state.SwitchEvent) pageTimeline {
 	tl := pageTimeline{Width: tlLabel + tlBar + 20, Height: max(1, len(evs))*tlRow + 10}
 	longest := 0.001
@@ -284,79 +286,91 @@ func timeline(evs []state.SwitchEvent) pageTimeline {
 	}
 	methods := map[string]bool{}
 	for i, ev := range evs {
-		what := ev.From + " → " + ev.To
-		if len(ev.Topics) > 0 {
-			what += " (" + strings.Join(ev.Topics, ", ") + ")"
-		}
-		row := pageSwitch{Y: 10 + i*tlRow, Ev: ev, BarX: tlLabel, Took: ev.Finished.Sub(ev.Started).Round(time.Millisecond).String(),
-			Label: fmt.Sprintf("epoch %d %s at %s", ev.Epoch, what, ev.Started.UTC().Format("15:04:05"))}
-		if ev.Abandoned != "" {
-			row.Label += " (abandoned)"
-		}
-		x := tlLabel
-		for _, ph := range phaseOrder {
-			s, ok := ev.Phases[ph]
-			if !ok {
-				continue
-			}
-			w := max(1, int(s/longest*tlBar))
-			row.Phases = append(row.Phases, pageRect{X: x, W: w, Class: "ph-" + ph, Title: fmt.Sprintf("%s %.0f ms", ph, s*1000)})
-			x += w
-		}
-		var lagged, late int64
-		byMethod := map[string]int{}
-		for j, ps := range ev.Partitions {
-			m := cmp.Or(ps.Method, "unknown")
-			byMethod[m]++
-			lagged += ps.Lagged
-			late += ps.Late
-			if len(ev.Partitions) <= tlSquares {
-				row.Partitions = append(row.Partitions, pageRect{X: tlLabel + j*(tlSquare+2), W: tlSquare, Class: "m-" + m,
-					Title: fmt.Sprintf("%s/%d: %s %d → %s %d by %s", ps.Topic, ps.Partition, ps.FromTopic, ps.FromOffset, ps.ToTopic, ps.ToOffset, m)})
-			}
-		}
-		total := len(ev.Partitions)
-		if ev.PartitionChunks > 0 {
-			byMethod, total = ev.Methods, ev.PartitionCount
-		}
+		row, byMethod := timelineRow(i, ev, longest)
 		for m := range byMethod {
 			methods[m] = true
 		}
-		var note []string
-		if total > tlSquares {
-			// Too many for a square each: a bar split by method,
-			// each part as wide as its share.
-			x := tlLabel
-			var counts []string
-			for _, m := range slices.Sorted(maps.Keys(byMethod)) {
-				n := byMethod[m]
-				w := max(1, n*tlBar/max(total, 1))
-				row.Partitions = append(row.Partitions, pageRect{X: x, W: w, Class: "m-" + m, Title: fmt.Sprintf("%d of %d partitions by %s", n, total, m)})
-				x += w
-				counts = append(counts, fmt.Sprintf("%d by %s", n, m))
-			}
-			where := ""
-			if ev.PartitionChunks > 0 {
-				where = " (in history/partitions/)"
-			}
-			note = append(note, fmt.Sprintf("%d partitions%s: %s", total, where, strings.Join(counts, ", ")))
-		}
-		if lagged > 0 || late > 0 {
-			note = append(note, fmt.Sprintf("%d may be delivered again (the target lagged), %d late", lagged, late))
-		}
-		row.Note = strings.Join(note, "; ")
 		tl.Rows = append(tl.Rows, row)
 	}
-	for _, m := range slices.Sorted(func(yield func(string) bool) {
-		for m := range methods {
-			if !yield(m) {
-				return
-			}
-		}
-	}) {
+	for _, m := range slices.Sorted(maps.Keys(methods)) {
 		tl.Methods = append(tl.Methods, pageMethod{Name: m, Class: "m-" + m})
 	}
 	return tl
+}
+
+// timelineRow draws switch ev as the timeline's i-th row: its phases as a
+// bar, longest seconds filling tlBar, and its partitions as squares or,
+// past tlSquares, as a bar split by method. It also returns how many
+// partitions each translation method translated, for the legend.
+func timelineRow(i int, ev state.SwitchEvent, longest float64) (pageSwitch, map[string]int) {
+	what := ev.From + " → " + ev.To
+	if len(ev.Topics) > 0 {
+		what += " (" + strings.Join(ev.Topics, ", ") + ")"
+	}
+	row := pageSwitch{Y: 10 + i*tlRow, Ev: ev, BarX: tlLabel, Took: ev.Finished.Sub(ev.Started).Round(time.Millisecond).String(),
+		Label: fmt.Sprintf("epoch %d %s at %s", ev.Epoch, what, ev.Started.UTC().Format("15:04:05"))}
+	if ev.Abandoned != "" {
+		row.Label += " (abandoned)"
+	}
+	x := tlLabel
+	for _, ph := range phaseOrder {
+		s, ok := ev.Phases[ph]
+		if !ok {
+			continue
+		}
+		w := max(1, int(s/longest*tlBar))
+		row.Phases = append(row.Phases, pageRect{X: x, W: w, Class: "ph-" + ph, Title: fmt.Sprintf("%s %.0f ms", ph, s*1000)})
+		x += w
+	}
+	var lagged, late int64
+	byMethod := map[string]int{}
+	for j, ps := range ev.Partitions {
+		m := cmp.Or(ps.Method, "unknown")
+		byMethod[m]++
+		lagged += ps.Lagged
+		late += ps.Late
+		if len(ev.Partitions) <= tlSquares {
+			row.Partitions = append(row.Partitions, pageRect{X: tlLabel + j*(tlSquare+2), W: tlSquare, Class: "m-" + m,
+				Title: fmt.Sprintf("%s/%d: %s %d → %s %d by %s", ps.Topic, ps.Partition, ps.FromTopic, ps.FromOffset, ps.ToTopic, ps.ToOffset, m)})
+		}
+	}
+	total := len(ev.Partitions)
+	if ev.PartitionChunks > 0 {
+		byMethod, total = ev.Methods, ev.PartitionCount
+	}
+	var note []string
+	if total > tlSquares {
+		bar, counts := methodBar(byMethod, total)
+		row.Partitions = append(row.Partitions, bar...)
+		where := ""
+		if ev.PartitionChunks > 0 {
+			where = " (in history/partitions/)"
+		}
+		note = append(note, fmt.Sprintf("%d partitions%s: %s", total, where, counts))
+	}
+	if lagged > 0 || late > 0 {
+		note = append(note, fmt.Sprintf("%d may be delivered again (the target lagged), %d late", lagged, late))
+	}
+	row.Note = strings.Join(note, "; ")
+	return row, byMethod
+}
+
+// methodBar draws total partitions, too many for a square each, as a bar
+// split by translation method (byMethod counts them), each part as wide as
+// its share. It also returns the counts as text ("40 by mm2, 3 by
+// timestamp").
+func methodBar(byMethod map[string]int, total int) ([]pageRect, string) {
+	x := tlLabel
+	var bar []pageRect
+	var counts []string
+	for _, m := range slices.Sorted(maps.Keys(byMethod)) {
+		n := byMethod[m]
+		w := max(1, n*tlBar/max(total, 1))
+		bar = append(bar, pageRect{X: x, W: w, Class: "m-" + m, Title: fmt.Sprintf("%d of %d partitions by %s", n, total, m)})
+		x += w
+		counts = append(counts, fmt.Sprintf("%d by %s", n, m))
+	}
+	return bar, strings.Join(counts, ", ")
 }
 
 // ServeHTTP renders the page.

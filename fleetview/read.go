@@ -139,14 +139,10 @@ type PartitionView struct {
 // ReadFleet reads a fleet's leader and registrations from etcd.
 func ReadFleet(ctx context.Context, c *clientv3.Client, k keys.Fleet) (FleetView, error) {
 	v := FleetView{Fleet: k.Name()}
-	l, err := election.Current(ctx, c, k.Election())
-	switch {
-	case errors.Is(err, election.ErrNoLeader):
-	case err != nil:
+	if err := v.readLeader(ctx, c, k); err != nil {
 		return v, err
-	default:
-		v.Leader, v.Token = l.ID, l.Token
 	}
+	var err error
 	if v.Agents, v.Refused, err = state.ReadRegistrations(ctx, c, k); err != nil {
 		return v, err
 	}
@@ -159,90 +155,168 @@ func ReadFleet(ctx context.Context, c *clientv3.Client, k keys.Fleet) (FleetView
 	} else if err != nil {
 		return v, err
 	}
-	if resp, err := c.Get(ctx, k.Active()); err != nil {
-		return v, fmt.Errorf("agent: read %s: %w", k.Active(), err)
-	} else if len(resp.Kvs) > 0 {
-		if a, err := state.ParseActive(resp.Kvs[0].Value); err != nil {
-			v.Refused = append(v.Refused, err.Error())
-		} else {
-			v.Active = &a
-		}
+	if err := v.readActive(ctx, c, k); err != nil {
+		return v, err
 	}
-	if resp, err := c.Get(ctx, k.Failback()); err != nil {
-		return v, fmt.Errorf("agent: read %s: %w", k.Failback(), err)
-	} else if len(resp.Kvs) > 0 && v.Active != nil {
-		if fb, err := state.ParseFailbackCheck(resp.Kvs[0].Value); err != nil {
-			v.Refused = append(v.Refused, err.Error())
-		} else if fb.Standby == v.Active.Cluster && fb.Epoch == v.Active.Epoch && v.Active.Phase == state.PhaseActive {
-			v.Failback = &fb
-		}
+	if err := v.readFailback(ctx, c, k); err != nil {
+		return v, err
 	}
-	if resp, err := c.Get(ctx, k.StagesState()); err != nil {
-		return v, fmt.Errorf("agent: read %s: %w", k.StagesState(), err)
-	} else if len(resp.Kvs) > 0 {
-		if st, err := state.ParseStageState(resp.Kvs[0].Value); err != nil {
-			v.Refused = append(v.Refused, err.Error())
-		} else {
-			v.Stages = &st
-			if v.StageSteps, err = readStageSteps(ctx, c, k, st.Revision, &v.Refused); err != nil {
-				return v, err
-			}
-		}
+	if err := v.readStages(ctx, c, k); err != nil {
+		return v, err
 	}
-	if resp, err := c.Get(ctx, k.Stalled()); err != nil {
-		return v, fmt.Errorf("agent: read %s: %w", k.Stalled(), err)
-	} else if len(resp.Kvs) > 0 {
-		if st, err := state.ParseStalled(resp.Kvs[0].Value); err != nil {
-			v.Refused = append(v.Refused, err.Error())
-		} else {
-			v.Stalled = &st
-		}
+	if err := v.readStalled(ctx, c, k); err != nil {
+		return v, err
 	}
-	resp, err := c.Get(ctx, k.Assignment())
+	if err := v.readAssignment(ctx, c, k); err != nil {
+		return v, err
+	}
+	return v, nil
+}
+
+// readLeader sets the leader and its fencing token, when there is one.
+func (v *FleetView) readLeader(ctx context.Context, c *clientv3.Client, k keys.Fleet) error {
+	l, err := election.Current(ctx, c, k.Election())
+	switch {
+	case errors.Is(err, election.ErrNoLeader):
+	case err != nil:
+		return err
+	default:
+		v.Leader, v.Token = l.ID, l.Token
+	}
+	return nil
+}
+
+// getValue reads key, returning its value and whether it exists; the
+// error names the key.
+func getValue(ctx context.Context, c *clientv3.Client, key string) ([]byte, bool, error) {
+	resp, err := c.Get(ctx, key)
 	if err != nil {
-		return v, fmt.Errorf("agent: read %s: %w", k.Assignment(), err)
+		return nil, false, fmt.Errorf("agent: read %s: %w", key, err)
 	}
 	if len(resp.Kvs) == 0 {
-		return v, nil
+		return nil, false, nil
 	}
-	a, err := state.ParseAssignment(resp.Kvs[0].Value)
+	return resp.Kvs[0].Value, true, nil
+}
+
+// readActive sets the active cluster (state/active), when the leader
+// wrote it; a value that does not parse is added to v.Refused.
+func (v *FleetView) readActive(ctx context.Context, c *clientv3.Client, k keys.Fleet) error {
+	b, ok, err := getValue(ctx, c, k.Active())
+	if err != nil || !ok {
+		return err
+	}
+	if a, err := state.ParseActive(b); err != nil {
+		v.Refused = append(v.Refused, err.Error())
+	} else {
+		v.Active = &a
+	}
+	return nil
+}
+
+// readFailback sets the leader's last failback check when it was made in
+// the current epoch on the standby the fleet is active on, and no switch
+// is under way: an older check says nothing of why the fleet does not fail
+// back now. It reads v.Active, so it runs after readActive.
+func (v *FleetView) readFailback(ctx context.Context, c *clientv3.Client, k keys.Fleet) error {
+	b, ok, err := getValue(ctx, c, k.Failback())
+	if err != nil || !ok || v.Active == nil {
+		return err
+	}
+	if fb, err := state.ParseFailbackCheck(b); err != nil {
+		v.Refused = append(v.Refused, err.Error())
+	} else if fb.Standby == v.Active.Cluster && fb.Epoch == v.Active.Epoch && v.Active.Phase == state.PhaseActive {
+		v.Failback = &fb
+	}
+	return nil
+}
+
+// readStages sets the staged move's progress (state/stages) and its steps,
+// when there is one.
+func (v *FleetView) readStages(ctx context.Context, c *clientv3.Client, k keys.Fleet) error {
+	b, ok, err := getValue(ctx, c, k.StagesState())
+	if err != nil || !ok {
+		return err
+	}
+	st, err := state.ParseStageState(b)
 	if err != nil {
 		v.Refused = append(v.Refused, err.Error())
-		return v, nil
+		return nil
+	}
+	v.Stages = &st
+	v.StageSteps, err = readStageSteps(ctx, c, k, st.Revision, &v.Refused)
+	return err
+}
+
+// readStalled sets the leader's list of stalled partitions, when there is
+// one.
+func (v *FleetView) readStalled(ctx context.Context, c *clientv3.Client, k keys.Fleet) error {
+	b, ok, err := getValue(ctx, c, k.Stalled())
+	if err != nil || !ok {
+		return err
+	}
+	if st, err := state.ParseStalled(b); err != nil {
+		v.Refused = append(v.Refused, err.Error())
+	} else {
+		v.Stalled = &st
+	}
+	return nil
+}
+
+// readAssignment sets the assignment, when one was published, and the
+// partitions it assigns on each of its clusters with their committed
+// positions there, sorted by cluster and partition.
+func (v *FleetView) readAssignment(ctx context.Context, c *clientv3.Client, k keys.Fleet) error {
+	b, ok, err := getValue(ctx, c, k.Assignment())
+	if err != nil || !ok {
+		return err
+	}
+	a, err := state.ParseAssignment(b)
+	if err != nil {
+		v.Refused = append(v.Refused, err.Error())
+		return nil
 	}
 	v.Assignment = &a
 	store := offsets.NewStore(c, k)
 	for _, cluster := range a.Sections() {
 		positions, bad, err := store.List(ctx, cluster)
 		if err != nil {
-			return v, err
+			return err
 		}
-		for _, b := range bad {
-			v.Refused = append(v.Refused, b.Error())
+		for _, e := range bad {
+			v.Refused = append(v.Refused, e.Error())
 		}
-		byTP := map[state.TopicPartition]offsets.Position{}
-		for _, p := range positions {
-			byTP[p.TopicPartition()] = p
-		}
-		sec := a.Section(cluster)
-		for _, m := range []map[string][]state.TopicPartition{sec.Owned, sec.Revoking} {
-			for owner, tps := range m {
-				for _, tp := range tps {
-					pv := PartitionView{Cluster: cluster, TopicPartition: tp, Owner: owner, Revoking: slices.Contains(sec.Revoking[owner], tp),
-						Committed: -1, End: -1, Lag: -1}
-					if p, ok := byTP[tp]; ok {
-						pv.Committed, pv.CommittedAt = p.Offset, p.CommittedAt
-					}
-					v.Partitions = append(v.Partitions, pv)
-				}
-			}
-		}
+		v.Partitions = append(v.Partitions, sectionViews(cluster, a.Section(cluster), positions)...)
 	}
 	slices.SortFunc(v.Partitions, func(x, y PartitionView) int {
 		return state.ClusterPartition{Cluster: x.Cluster, TopicPartition: x.TopicPartition}.Compare(
 			state.ClusterPartition{Cluster: y.Cluster, TopicPartition: y.TopicPartition})
 	})
-	return v, nil
+	return nil
+}
+
+// sectionViews returns the partitions that sec assigns on cluster, owned
+// or being released, with their committed positions among positions (-1
+// when none is committed); end and lag are left unknown for FillLag.
+func sectionViews(cluster string, sec state.Placement, positions []offsets.Position) []PartitionView {
+	byTP := map[state.TopicPartition]offsets.Position{}
+	for _, p := range positions {
+		byTP[p.TopicPartition()] = p
+	}
+	var out []PartitionView
+	for _, m := range []map[string][]state.TopicPartition{sec.Owned, sec.Revoking} {
+		for owner, tps := range m {
+			for _, tp := range tps {
+				pv := PartitionView{Cluster: cluster, TopicPartition: tp, Owner: owner, Revoking: slices.Contains(sec.Revoking[owner], tp),
+					Committed: -1, End: -1, Lag: -1}
+				if p, ok := byTP[tp]; ok {
+					pv.Committed, pv.CommittedAt = p.Offset, p.CommittedAt
+				}
+				out = append(out, pv)
+			}
+		}
+	}
+	return out
 }
 
 // maxStageSteps bounds the steps of a staged move read (a plan of N

@@ -168,38 +168,10 @@ func Compile(spec Config, clusters map[string]config.Cluster) (*Version, error) 
 	clusterNames := slices.Sorted(maps.Keys(clusters))
 	var w usage
 	for _, name := range slices.Sorted(maps.Keys(spec.Channels)) {
-		ch := spec.Channels[name]
-		ch.Key = cmp.Or(strings.TrimSpace(ch.Key), config.KeepKey)
-		ch.Partitioner = cmp.Or(ch.Partitioner, PartitionerHash)
-		ch.Compression = cmp.Or(ch.Compression, "none")
-		ch.Acks = cmp.Or(ch.Acks, "all")
-		spec.Channels[name] = ch
-		c := &channel{Channel: ch, dest: dest{name, ch.Cluster, ch.Topic}, pkey: producerKey{cluster: ch.Cluster, acks: ch.Acks}}
-		if ch.Key != config.KeepKey {
-			p, err := compileExpr(ch.Key)
-			if err == nil {
-				err = tryProbes(p, ch.Key, clusterNames)
-			}
-			if err != nil {
-				errs = append(errs, fmt.Errorf("channels.%s.key: %s", name, exprError(err)))
-			} else {
-				c.key = p
-				w.walk(p, false)
-			}
-		}
-		if cl, ok := clusters[ch.Cluster]; ok {
-			if _, err := ProducerConfig(cl, ch.Compression, ch.Acks); err != nil {
-				errs = append(errs, fmt.Errorf("channels.%s: %v", name, err))
-			}
-			if cl.ExactlyOnce() && (ch.Acks != "all" || ch.Compression != "none") {
-				// One transactional producer carries a source partition's
-				// records to every channel of the cluster: its settings
-				// are the cluster's, not the channel's.
-				errs = append(errs, fmt.Errorf("channels.%s: cluster %s is exactly_once, whose transactions need acks all and, for now, no compression (channel has acks %s, compression %s)",
-					name, ch.Cluster, ch.Acks, ch.Compression))
-			}
-		}
+		c, cerrs := compileChannel(name, spec.Channels[name], clusters, clusterNames, &w)
+		spec.Channels[name] = c.Channel
 		v.channels[name] = c
+		errs = append(errs, cerrs...)
 	}
 	for i, r := range spec.Rules {
 		cr := &rule{name: r.Name, drop: r.Drop}
@@ -238,6 +210,43 @@ func Compile(spec Config, clusters map[string]config.Cluster) (*Version, error) 
 		v.recent = new([64]atomic.Pointer[keptDecision])
 	}
 	return v, nil
+}
+
+// compileChannel fills ch's defaults and compiles its key expression
+// (its uses noted in w), and returns the channel with the problems found,
+// each naming its path.
+func compileChannel(name string, ch Channel, clusters map[string]config.Cluster, clusterNames []string, w *usage) (*channel, []error) {
+	var errs []error
+	ch.Key = cmp.Or(strings.TrimSpace(ch.Key), config.KeepKey)
+	ch.Partitioner = cmp.Or(ch.Partitioner, PartitionerHash)
+	ch.Compression = cmp.Or(ch.Compression, "none")
+	ch.Acks = cmp.Or(ch.Acks, "all")
+	c := &channel{Channel: ch, dest: dest{name, ch.Cluster, ch.Topic}, pkey: producerKey{cluster: ch.Cluster, acks: ch.Acks}}
+	if ch.Key != config.KeepKey {
+		p, err := compileExpr(ch.Key)
+		if err == nil {
+			err = tryProbes(p, ch.Key, clusterNames)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("channels.%s.key: %s", name, exprError(err)))
+		} else {
+			c.key = p
+			w.walk(p, false)
+		}
+	}
+	if cl, ok := clusters[ch.Cluster]; ok {
+		if _, err := ProducerConfig(cl, ch.Compression, ch.Acks); err != nil {
+			errs = append(errs, fmt.Errorf("channels.%s: %v", name, err))
+		}
+		if cl.ExactlyOnce() && (ch.Acks != "all" || ch.Compression != "none") {
+			// One transactional producer carries a source partition's
+			// records to every channel of the cluster: its settings
+			// are the cluster's, not the channel's.
+			errs = append(errs, fmt.Errorf("channels.%s: cluster %s is exactly_once, whose transactions need acks all and, for now, no compression (channel has acks %s, compression %s)",
+				name, ch.Cluster, ch.Acks, ch.Compression))
+		}
+	}
+	return c, errs
 }
 
 // InvalidError is the error of a version that does not validate.

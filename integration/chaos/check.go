@@ -76,6 +76,53 @@ type seqKey struct {
 // back to its end, etcd, the agents' HTTP (gathered while the run went).
 func (r *run) check(ctx context.Context, stopped time.Time) (*Result, error) {
 	res := &Result{Seed: r.cfg.Seed}
+	acked, err := r.acked(res)
+	if err != nil {
+		return nil, err
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: r.stack.info.Etcd, DialTimeout: 2 * time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("chaos: etcd client: %w", err)
+	}
+	defer cli.Close()
+
+	missing, behind, err := r.settle(ctx, cli, res, acked, stopped)
+	if err != nil {
+		return nil, err
+	}
+	got := r.obs.arrivals()
+	slices.SortStableFunc(got, func(a, b arrival) int {
+		if a.cPart != b.cPart {
+			return int(a.cPart - b.cPart)
+		}
+		return int(a.cOff - b.cOff)
+	})
+	res.OnC = len(got)
+
+	r.checkLost(res, acked, got, missing)
+	r.checkRecovery(res, stopped, missing, behind)
+	if err := r.checkDuplicates(ctx, cli, res, got); err != nil {
+		return nil, err
+	}
+	r.checkOrder(res, got)
+	r.checkLeaders(ctx, cli, res)
+	if err := r.obs.fleet.hist.caughtUp(ctx, cli); err != nil {
+		res.Violations = append(res.Violations, Violation{Invariant: "history", At: time.Since(r.start), Record: err.Error(),
+			Detail: "the checker could not read etcd's history to its end"})
+	}
+	r.obs.fleet.hist.checkCommits(r, res)
+	r.checkDeliveries(res, got)
+	r.obs.fleet.checkReadiness(res)
+	r.checkExits(res)
+	r.checkHarness(res)
+	r.report(res)
+	return res, nil
+}
+
+// acked returns the records the producer had acknowledged, from its
+// account of the run (/produced): every record it sent but those of
+// unknown outcome. It counts both in res.
+func (r *run) acked(res *Result) (map[seqKey]bool, error) {
 	var produced []producedSource
 	if err := r.stack.get("/produced", &produced); err != nil {
 		return nil, err
@@ -94,13 +141,15 @@ func (r *run) check(ctx context.Context, stopped time.Time) (*Result, error) {
 		}
 	}
 	res.Acked = len(acked)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: r.stack.info.Etcd, DialTimeout: 2 * time.Second})
-	if err != nil {
-		return nil, fmt.Errorf("chaos: etcd client: %w", err)
-	}
-	defer cli.Close()
+	return acked, nil
+}
 
-	// Recovery: everything on C and committed within settleBound.
+// settle waits, until settleBound after the producer stopped, for every
+// acknowledged record to be on C and every position of the active cluster
+// committed to its end, and sets res.Settled when they are. It returns the
+// records still missing and the positions still behind (with why C or
+// etcd could not be read, when they could not).
+func (r *run) settle(ctx context.Context, cli *clientv3.Client, res *Result, acked map[seqKey]bool, stopped time.Time) ([]seqKey, []string, error) {
 	deadline := stopped.Add(settleBound)
 	var missing []seqKey
 	var behind []string
@@ -124,7 +173,7 @@ func (r *run) check(ctx context.Context, stopped time.Time) (*Result, error) {
 		}
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return nil, nil, ctx.Err()
 		case <-time.After(2 * time.Second):
 		}
 	}
@@ -133,42 +182,38 @@ func (r *run) check(ctx context.Context, stopped time.Time) (*Result, error) {
 	} else {
 		r.say("not settled within %v: %d acknowledged records not on C, %d positions behind", settleBound, len(missing), len(behind))
 	}
-	got := r.obs.arrivals()
-	slices.SortStableFunc(got, func(a, b arrival) int {
-		if a.cPart != b.cPart {
-			return int(a.cPart - b.cPart)
-		}
-		return int(a.cOff - b.cOff)
-	})
-	res.OnC = len(got)
+	return missing, behind, nil
+}
 
-	r.checkLost(res, acked, got, missing)
-	if res.Settled == 0 && len(behind) > 0 {
-		// Records that never came are the "lost" violation's; this one
-		// is about positions that did not reach their ends.
-		first := behind[0]
-		res.Violations = append(res.Violations, Violation{Invariant: "recovery", At: stopped.Sub(r.start), Record: first,
-			Detail: fmt.Sprintf("not settled within %v of the producer's stop (%v after the last heal at the latest): %d acknowledged records not on C; positions behind: %s",
-				settleBound, settleBound+quiet, len(missing), strings.Join(behind, "; "))})
+// checkRecovery: everything on C and committed within settleBound of the
+// producer's stop. Records that never came are the "lost" violation's;
+// this one is about positions that did not reach their ends.
+func (r *run) checkRecovery(res *Result, stopped time.Time, missing []seqKey, behind []string) {
+	if res.Settled != 0 || len(behind) == 0 {
+		return
 	}
-	if err := r.checkDuplicates(ctx, cli, res, got); err != nil {
-		return nil, err
-	}
-	r.checkOrder(res, got)
-	r.checkLeaders(ctx, cli, res)
-	if err := r.obs.fleet.hist.caughtUp(ctx, cli); err != nil {
-		res.Violations = append(res.Violations, Violation{Invariant: "history", At: time.Since(r.start), Record: err.Error(),
-			Detail: "the checker could not read etcd's history to its end"})
-	}
-	r.obs.fleet.hist.checkCommits(r, res)
-	r.checkDeliveries(res, got)
-	r.obs.fleet.checkReadiness(res)
+	first := behind[0]
+	res.Violations = append(res.Violations, Violation{Invariant: "recovery", At: stopped.Sub(r.start), Record: first,
+		Detail: fmt.Sprintf("not settled within %v of the producer's stop (%v after the last heal at the latest): %d acknowledged records not on C; positions behind: %s",
+			settleBound, settleBound+quiet, len(missing), strings.Join(behind, "; "))})
+}
+
+// checkExits: no agent process ended without being killed.
+func (r *run) checkExits(res *Result) {
 	r.obs.mu.Lock()
+	defer r.obs.mu.Unlock()
 	for _, c := range r.obs.crashed {
 		res.Violations = append(res.Violations, Violation{Invariant: "agent-exit", Record: c, Detail: "an agent process ended without being killed"})
 	}
-	r.obs.mu.Unlock()
+}
+
+// checkHarness: the stack and the processes applied and healed every fault,
+// and no operator action had an outcome the product does not promise (a
+// bad value written by the CLI or put in force, faults_ops.go). It also
+// counts the faults applied.
+func (r *run) checkHarness(res *Result) {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	for _, e := range r.harness {
 		v := Violation{Invariant: "harness", Record: e.Error(), Detail: "the stack or a process refused a fault or its healing"}
 		if oe := (*opError)(nil); errors.As(e, &oe) {
@@ -177,9 +222,6 @@ func (r *run) check(ctx context.Context, stopped time.Time) (*Result, error) {
 		res.Violations = append(res.Violations, v)
 	}
 	res.FaultsApplied = len(r.applied)
-	r.mu.Unlock()
-	r.report(res)
-	return res, nil
 }
 
 // missingOf returns the acknowledged records not in got, in order.

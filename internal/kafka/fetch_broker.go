@@ -51,22 +51,12 @@ func (b *fetchBroker) run() {
 			}
 		}
 		if conn == nil {
-			b.mu.Lock()
-			addr := b.addr
-			b.mu.Unlock()
+			var ended bool
 			var err error
-			if conn, err = DialConn(f.ctx, f.conf, addr); err == nil {
-				if version, err = conn.Negotiate(APIKeyFetch, f.ceiling, 4); err != nil {
-					conn.Close()
-					conn = nil
-					log.Error("cannot fetch from broker", zap.Error(err))
-					b.endAll(err)
-					continue
-				}
-				log.Info("fetch connection opened", zap.String("addr", addr), zap.Int16("fetch_version", version), zap.Int16("ceiling", f.ceiling))
+			if conn, version, ended, err = b.open(log); ended {
+				continue
 			}
 			if err != nil {
-				conn = nil
 				if f.ctx.Err() != nil {
 					return // closed while dialling
 				}
@@ -108,6 +98,27 @@ func (b *fetchBroker) run() {
 			b.wait(t)
 		}
 	}
+}
+
+// open dials b's broker and agrees on a Fetch version. ended: the broker
+// speaks none this fetcher can use, and b's partitions were ended with
+// that error.
+func (b *fetchBroker) open(log *zap.Logger) (conn *Conn, version int16, ended bool, err error) {
+	f := b.f
+	b.mu.Lock()
+	addr := b.addr
+	b.mu.Unlock()
+	if conn, err = DialConn(f.ctx, f.conf, addr); err != nil {
+		return nil, 0, false, err
+	}
+	if version, err = conn.Negotiate(APIKeyFetch, f.ceiling, 4); err != nil {
+		conn.Close()
+		log.Error("cannot fetch from broker", zap.Error(err))
+		b.endAll(err)
+		return nil, 0, true, err
+	}
+	log.Info("fetch connection opened", zap.String("addr", addr), zap.Int16("fetch_version", version), zap.Int16("ceiling", f.ceiling))
+	return conn, version, false, nil
 }
 
 // sleep waits for a kick, the end of the Fetcher, until (if not zero) or

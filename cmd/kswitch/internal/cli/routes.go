@@ -416,74 +416,88 @@ kswitch_config_version.`,
 	ef.bind(cmd)
 	cmd.Flags().StringVarP(&output, "output", "o", "text", "output format: text or json")
 	cmd.RunE = ef.runWith(g.environ, &output, []string{"text", "json"}, func(cmd *cobra.Command, cn *conn) error {
-		cfg, ctx, op := cn.cfg, cn.ctx, cn.op
-		er, err := op.Routing(ctx)
+		l, err := cn.op.Routing(cn.ctx)
 		if err != nil {
 			return err
 		}
-		s := routesShow{Fleet: ef.fleet, Revision: er.Revision, Version: er.Version(), Channels: map[string]string{},
-			Problems: []string{}, Rules: []string{}, ChannelNames: []string{}, Default: []string{}}
-		if er.Routes != nil {
-			r := string(er.Routes)
-			s.Routes = &r
-		}
-		for name, v := range er.Channels {
-			s.Channels[name] = string(v)
-		}
-		v, checked, err := fleet.CompileRouting(cfg, ef.fleet, er.Routes, er.Channels)
-		s.ClustersChecked = checked
-		if err != nil {
-			var ie *routing.InvalidError
-			if errors.As(err, &ie) {
-				for _, p := range ie.Problems {
-					s.Problems = append(s.Problems, p.Error())
-				}
-			} else {
-				s.Problems = append(s.Problems, err.Error())
-			}
-		} else {
-			spec := v.Spec()
-			s.Valid, s.Mode, s.Rules, s.ChannelNames, s.DeadLetter = true, spec.Mode, v.RuleNames(), v.ChannelNames(), spec.DeadLetter
-			s.Default = append(s.Default, spec.Default...)
-		}
+		s, v := newRoutesShow(cn.cfg, ef.fleet, l)
 		if output == "json" {
 			enc := json.NewEncoder(cmd.OutOrStdout())
 			enc.SetIndent("", "  ")
 			enc.SetEscapeHTML(false)
 			return enc.Encode(s)
 		}
-		w := cmd.OutOrStdout()
-		fmt.Fprintf(w, "fleet %s: routing in etcd at revision %d (version %d)\n\n", s.Fleet, s.Revision, s.Version)
-		if s.Routes == nil {
-			fmt.Fprintf(w, "%s: absent (the configuration file's rules apply)\n", op.Keys().Routes())
-		} else {
-			fmt.Fprintf(w, "%s (revision %d):\n%s\n", op.Keys().Routes(), er.RoutesAt, indent(*s.Routes))
-		}
-		if len(er.Channels) == 0 {
-			fmt.Fprintf(w, "%s: none (the configuration file's channels apply)\n", op.Keys().Channels())
-		}
-		for _, name := range slices.Sorted(maps.Keys(er.Channels)) {
-			fmt.Fprintf(w, "%s (revision %d):\n%s\n", op.Keys().Channel(name), er.ChannelsAt[name], indent(s.Channels[name]))
-		}
-		fmt.Fprintln(w)
-		if !s.Valid {
-			fmt.Fprintln(w, "INVALID: agents refuse this version and keep their last good one:")
-			for _, p := range s.Problems {
-				fmt.Fprintf(w, "  %s\n", p)
-			}
-			return nil
-		}
-		what := "valid"
-		if !checked {
-			what = "valid, but the channels' clusters were not checked (no --config or KSWITCH_CLUSTERS_*)"
-		} else if cfg.Routing.Configured() {
-			what = "valid, merged with the configuration file's routing"
-		}
-		fmt.Fprintf(w, "%s:\n", what)
-		describeVersion(w, v)
+		s.print(cmd.OutOrStdout(), cn.keys, l, v, cn.cfg.Routing.Configured())
 		return nil
 	})
 	return cmd
+}
+
+// newRoutesShow validates the routing layer l in etcd as the agents do:
+// merged over cfg's routing section, against its clusters. It returns what
+// 'routes show' prints, and the version compiled (nil when l is invalid).
+func newRoutesShow(cfg config.Config, fleetName string, l fleet.RoutingLayer) (routesShow, *routing.Version) {
+	s := routesShow{Fleet: fleetName, Revision: l.Revision, Version: l.Version(), Channels: map[string]string{},
+		Problems: []string{}, Rules: []string{}, ChannelNames: []string{}, Default: []string{}}
+	if l.Routes != nil {
+		r := string(l.Routes)
+		s.Routes = &r
+	}
+	for name, v := range l.Channels {
+		s.Channels[name] = string(v)
+	}
+	v, checked, err := fleet.CompileRouting(cfg, fleetName, l.Routes, l.Channels)
+	s.ClustersChecked = checked
+	if err != nil {
+		var ie *routing.InvalidError
+		if errors.As(err, &ie) {
+			for _, p := range ie.Problems {
+				s.Problems = append(s.Problems, p.Error())
+			}
+		} else {
+			s.Problems = append(s.Problems, err.Error())
+		}
+		return s, nil
+	}
+	spec := v.Spec()
+	s.Valid, s.Mode, s.Rules, s.ChannelNames, s.DeadLetter = true, spec.Mode, v.RuleNames(), v.ChannelNames(), spec.DeadLetter
+	s.Default = append(s.Default, spec.Default...)
+	return s, v
+}
+
+// print writes s as text to w: each key of the layer l with its revision,
+// then whether agents accept it and, when they do, the version v they put
+// in force. fileRouting says whether the configuration file has a routing
+// section of its own (the layer is merged with it).
+func (s routesShow) print(w io.Writer, k keys.Fleet, l fleet.RoutingLayer, v *routing.Version, fileRouting bool) {
+	fmt.Fprintf(w, "fleet %s: routing in etcd at revision %d (version %d)\n\n", s.Fleet, s.Revision, s.Version)
+	if s.Routes == nil {
+		fmt.Fprintf(w, "%s: absent (the configuration file's rules apply)\n", k.Routes())
+	} else {
+		fmt.Fprintf(w, "%s (revision %d):\n%s\n", k.Routes(), l.RoutesAt, indent(*s.Routes))
+	}
+	if len(l.Channels) == 0 {
+		fmt.Fprintf(w, "%s: none (the configuration file's channels apply)\n", k.Channels())
+	}
+	for _, name := range slices.Sorted(maps.Keys(l.Channels)) {
+		fmt.Fprintf(w, "%s (revision %d):\n%s\n", k.Channel(name), l.ChannelsAt[name], indent(s.Channels[name]))
+	}
+	fmt.Fprintln(w)
+	if !s.Valid {
+		fmt.Fprintln(w, "INVALID: agents refuse this version and keep their last good one:")
+		for _, p := range s.Problems {
+			fmt.Fprintf(w, "  %s\n", p)
+		}
+		return
+	}
+	what := "valid"
+	if !s.ClustersChecked {
+		what = "valid, but the channels' clusters were not checked (no --config or KSWITCH_CLUSTERS_*)"
+	} else if fileRouting {
+		what = "valid, merged with the configuration file's routing"
+	}
+	fmt.Fprintf(w, "%s:\n", what)
+	describeVersion(w, v)
 }
 
 func indent(s string) string {

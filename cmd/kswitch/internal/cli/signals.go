@@ -94,6 +94,22 @@ func newResumeCmd(g *globals) *cobra.Command {
 func newSignalCmd(g *globals, pause bool) *cobra.Command {
 	var f signalFlags
 	cmd := &cobra.Command{Args: cobra.NoArgs}
+	describeSignalCmd(cmd, pause)
+	f.bind(cmd, signalVerb(pause))
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		return f.run(cmd, g.environ, pause)
+	}
+	return cmd
+}
+
+// signalVerb is the command that writes pause (or start): pause or resume.
+func signalVerb(pause bool) string {
+	return map[bool]string{true: "pause", false: "resume"}[pause]
+}
+
+// describeSignalCmd sets the usage, help and examples of pause (or, when
+// pause is false, resume).
+func describeSignalCmd(cmd *cobra.Command, pause bool) {
 	if pause {
 		cmd.Use = "pause [--topic T | --agent ID | --channel C] [--reason TEXT]"
 		cmd.Short = "Pause the fleet, a topic, an agent or a channel (a signal key in etcd)"
@@ -142,78 +158,87 @@ topic or its agent) is paused; resume prints the scopes still paused.`
   etcdctl put /kswitch/orders/signals/fleet start
   etcdctl del /kswitch/orders/signals/topic/payments`
 	}
-	verb := map[bool]string{true: "pause", false: "resume"}[pause]
-	f.bind(cmd, verb)
-	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		scope, flag, err := f.scope(cmd)
-		if err != nil {
-			return err
-		}
-		if strings.ContainsAny(f.reason, "\r\n") {
-			return fmt.Errorf("--reason: must be one line")
-		}
-		if _, err := f.etcd.resolve(g.environ); err != nil {
-			return err
-		}
-		note := time.Now().UTC().Format(time.RFC3339) + " by " + signalAuthor(g.environ)
-		if r := strings.TrimSpace(f.reason); r != "" {
-			note += ": " + r
-		}
-		value, err := signals.Format(pause, note)
-		if err != nil {
-			return fmt.Errorf("--reason: %w", err)
-		}
-		c, err := f.etcd.client()
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		ctx, cancel := context.WithTimeout(cmd.Context(), f.etcd.timeout)
-		defer cancel()
-		op, err := fleet.NewOperator(c, f.etcd.fleet)
-		if err != nil {
-			return err
-		}
-		k := op.Keys()
-		write := op.Resume
-		if pause {
-			write = op.Pause
-		}
-		if err := write(ctx, scope, note); err != nil {
-			return fmt.Errorf("%s %s (etcd %v): %w", verb, scope, f.etcd.endpoints, err)
-		}
-		w := cmd.OutOrStdout()
-		fmt.Fprintf(w, "put %s = %q\n", scope.Key(k), value)
-		if pause {
-			fmt.Fprintf(w, "%s paused; 'kswitch resume%s' starts it again\n", scope, flag)
-		} else {
-			fmt.Fprintf(w, "%s started\n", scope)
-		}
-		// Tell the operator what still holds; the write is done, so a
-		// failure here is only a warning.
-		s, err := op.Signals(ctx)
-		if err != nil {
-			fmt.Fprintf(cmd.ErrOrStderr(), "warning: could not read the other signals: %v\n", err)
-			return nil
-		}
-		var still []string
-		for _, sig := range s.Signals() {
-			if sig.Paused && sig.Scope != scope {
-				still = append(still, sig.Scope.String())
-			}
-		}
-		if !pause && len(still) > 0 {
-			fmt.Fprintf(w, "still paused: %s\n", strings.Join(still, ", "))
-		}
-		for _, r := range s.Refusals() {
-			if r.Key == scope.Key(k) {
-				continue // overwritten just now
-			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "warning: refused value %q at %s: %s\n", r.Value, r.Key, r.Reason)
-		}
-		return nil
+}
+
+// run writes pause (or start) with a note of when, who and why to the
+// signal key of the scope the flags name, says what it did and, without
+// failing, what other scopes are still paused and which values etcd holds
+// that the agents refuse.
+func (f *signalFlags) run(cmd *cobra.Command, environ []string, pause bool) error {
+	verb := signalVerb(pause)
+	scope, flag, err := f.scope(cmd)
+	if err != nil {
+		return err
 	}
-	return cmd
+	if strings.ContainsAny(f.reason, "\r\n") {
+		return fmt.Errorf("--reason: must be one line")
+	}
+	if _, err := f.etcd.resolve(environ); err != nil {
+		return err
+	}
+	note := time.Now().UTC().Format(time.RFC3339) + " by " + signalAuthor(environ)
+	if r := strings.TrimSpace(f.reason); r != "" {
+		note += ": " + r
+	}
+	value, err := signals.Format(pause, note)
+	if err != nil {
+		return fmt.Errorf("--reason: %w", err)
+	}
+	c, err := f.etcd.client()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(cmd.Context(), f.etcd.timeout)
+	defer cancel()
+	op, err := fleet.NewOperator(c, f.etcd.fleet)
+	if err != nil {
+		return err
+	}
+	k := op.Keys()
+	write := op.Resume
+	if pause {
+		write = op.Pause
+	}
+	if err := write(ctx, scope, note); err != nil {
+		return fmt.Errorf("%s %s (etcd %v): %w", verb, scope, f.etcd.endpoints, err)
+	}
+	w := cmd.OutOrStdout()
+	fmt.Fprintf(w, "put %s = %q\n", scope.Key(k), value)
+	if pause {
+		fmt.Fprintf(w, "%s paused; 'kswitch resume%s' starts it again\n", scope, flag)
+	} else {
+		fmt.Fprintf(w, "%s started\n", scope)
+	}
+	warnOtherSignals(ctx, cmd, op, scope, pause)
+	return nil
+}
+
+// warnOtherSignals tells the operator what still holds after scope was
+// paused (or, when pause is false, started): after a resume, the other
+// scopes still paused; in any case, the values refused at other keys. The
+// write is done, so a failure to read the signals is only a warning.
+func warnOtherSignals(ctx context.Context, cmd *cobra.Command, op *fleet.Operator, scope signals.Scope, pause bool) {
+	s, err := op.Signals(ctx)
+	if err != nil {
+		fmt.Fprintf(cmd.ErrOrStderr(), "warning: could not read the other signals: %v\n", err)
+		return
+	}
+	var still []string
+	for _, sig := range s.Signals() {
+		if sig.Paused && sig.Scope != scope {
+			still = append(still, sig.Scope.String())
+		}
+	}
+	if !pause && len(still) > 0 {
+		fmt.Fprintf(cmd.OutOrStdout(), "still paused: %s\n", strings.Join(still, ", "))
+	}
+	for _, r := range s.Refusals() {
+		if r.Key == scope.Key(op.Keys()) {
+			continue // overwritten just now
+		}
+		fmt.Fprintf(cmd.ErrOrStderr(), "warning: refused value %q at %s: %s\n", r.Value, r.Key, r.Reason)
+	}
 }
 
 func newSignalsCmd(g *globals) *cobra.Command {
