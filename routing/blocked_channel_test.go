@@ -3,6 +3,7 @@ package routing
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -22,11 +23,12 @@ import (
 // failing mark was never cleared once the record went to the dead-letter
 // channel instead.
 func TestBlockedRecordStopsOnlyItsPartition(t *testing.T) {
+	t.Parallel()
 	w, r, refused := blockedWorld(t, "dead")
-	time.Sleep(3 * time.Second) // the loop samples the channel's health every second
+	waitSamples(t, r, 3)
 	other := testRecord("orders", 1, 0, "")
 	if err := r.Handle(t.Context(), other); err != nil {
-		t.Errorf("a record of another partition, 3 s after partition 7 stopped: %v", err)
+		t.Errorf("a record of another partition, three health samples after partition 7 stopped: %v", err)
 		w.handle(other, 10*time.Second)
 	}
 	wait.For(t, 10*time.Second, "partition 1 acknowledged", func() error {
@@ -44,7 +46,7 @@ func TestBlockedRecordStopsOnlyItsPartition(t *testing.T) {
 		}
 		return nil
 	})
-	time.Sleep(3 * time.Second)
+	waitSamples(t, r, 3)
 	later := testRecord("orders", 1, 1, "")
 	if err := r.Handle(t.Context(), later); err != nil {
 		t.Errorf("a record of partition 1 after the refused record went to the dead-letter channel: %v", err)
@@ -54,6 +56,19 @@ func TestBlockedRecordStopsOnlyItsPartition(t *testing.T) {
 	}
 }
 
+// waitSamples returns once r's loop has sampled its destinations' health
+// n more times (every second): what sampling would do has been done.
+func waitSamples(t *testing.T, r *Router, n int64) {
+	t.Helper()
+	want := r.samples.Load() + n
+	wait.For(t, time.Duration(n)*time.Second+10*time.Second, "the router's health samples", func() error {
+		if got := r.samples.Load(); got < want {
+			return fmt.Errorf("%d of %d", got, want)
+		}
+		return nil
+	})
+}
+
 // TestStallMarkClearedWhenNothingIsLeftInside: a destination marked
 // failing by the stall sampling (nothing held) whose produces are settled
 // without an acknowledgement, or acknowledged just as the mark was set
@@ -61,6 +76,7 @@ func TestBlockedRecordStopsOnlyItsPartition(t *testing.T) {
 // failing for good: nothing would ever end it, and every record of the
 // channel would wait.
 func TestStallMarkClearedWhenNothingIsLeftInside(t *testing.T) {
+	t.Parallel()
 	cfg := config.Default()
 	cfg.Clusters = map[string]config.Cluster{
 		"A": {Brokers: []string{"127.0.0.1:1"}, Role: config.RolePrimary, Version: config.DefaultKafkaVersion},
@@ -97,6 +113,7 @@ func TestStallMarkClearedWhenNothingIsLeftInside(t *testing.T) {
 // another agent now owns, readiness kept naming the partition, and Close
 // counted it unacknowledged.
 func TestReleaseForgetsABlockedRecord(t *testing.T) {
+	t.Parallel()
 	w, r, refused := blockedWorld(t)
 	r.Release(refused.Owned())
 	if p := r.DeliveryProblem(time.Nanosecond); p != "" {

@@ -70,6 +70,7 @@ type destHealth struct {
 func (r *Router) sampleHealth(now time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	defer r.samples.Add(1)
 	queued := r.queuedByDest()
 	for _, ds := range r.dests {
 		n := ds.acked.Load()

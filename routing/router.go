@@ -100,6 +100,9 @@ type Router struct {
 	recovering map[*destState]bool
 
 	health deliveryHealth
+	// samples counts the loop's health samples (sampleHealth): a test
+	// that asserts what sampling does not do waits for samples, not time.
+	samples atomic.Int64
 	// breaches counts records the router produced behind an earlier
 	// record of their partition that was held (recovery.go): never, by
 	// design; the tests read it.
