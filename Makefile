@@ -47,10 +47,15 @@ build:
 ## test: lint, then every package's tests with the race detector, then the embedding example
 test: lint unit example deploy
 
-# The agent package alone runs about 9 minutes with -race (more on loaded
-# cores): go test's default 10-minute timeout is too close.
+# Most tests wait on the protocol's clocks (session TTLs, probe and
+# failure windows), not on the CPU: six run at once (-parallel 6) on two
+# cores. Those that count goroutines or memory, or measure delivery gaps
+# and deadlines against load, do not call t.Parallel and run alone first.
+# The agent package takes about 4 minutes with -race (more on loaded
+# cores, up to 9 when sequential): go test's default 10-minute timeout is
+# too close.
 unit: $(PROMTOOL)
-	KSWITCH_TEST_SCREENSHOTS=$(CURDIR)/$(BIN)/screenshots KSWITCH_PROMTOOL=$(PROMTOOL) $(GO) test -race -count=1 -timeout 30m ./...
+	KSWITCH_TEST_SCREENSHOTS=$(CURDIR)/$(BIN)/screenshots KSWITCH_PROMTOOL=$(PROMTOOL) $(GO) test -race -count=1 -parallel 6 -timeout 30m ./...
 
 ## deploy: deploy/kubernetes's manifests decoded strictly into the Kubernetes API types and checked against the agent's configuration, and the container image built, loaded back and run against the StatefulSet (modules of their own)
 deploy:

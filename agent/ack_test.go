@@ -18,6 +18,7 @@ import (
 // commit ticks, so the leader does not wait for the next generation to
 // learn it was applied (and never takes it for silent).
 func TestAFailedAckIsWrittenAgain(t *testing.T) {
+	t.Parallel()
 	d := startDC(t)
 	cli := testenv.EtcdClientT(t, d.etcd)
 	l, agents, p := flowingFleet(t, d)

@@ -154,6 +154,7 @@ func byID(agents []*agent.Agent, id string) *agent.Agent {
 }
 
 func TestFleetElectsOneLeaderAndReplacesIt(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdT(t)
 	agents := []*agent.Agent{startAgent(t, e, "agent-1"), startAgent(t, e, "agent-2"), startAgent(t, e, "agent-3")}
 
@@ -205,6 +206,7 @@ func TestFleetElectsOneLeaderAndReplacesIt(t *testing.T) {
 }
 
 func TestReadinessFollowsEtcd(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdT(t)
 	a := startAgent(t, e, "agent-1")
 	url := "http://" + a.HTTPAddr() + "/readyz"
@@ -251,6 +253,7 @@ func TestReadinessFollowsEtcd(t *testing.T) {
 }
 
 func TestGossipMembershipFollowsAgents(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdT(t)
 	agents := []*agent.Agent{startAgent(t, e, "agent-1"), startAgent(t, e, "agent-2"), startAgent(t, e, "agent-3")}
 	names := func(ms []agent.GossipMember) []string {
@@ -301,6 +304,7 @@ func TestGossipMembershipFollowsAgents(t *testing.T) {
 }
 
 func TestMetricsAndDuplicateID(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdT(t)
 	a := startAgent(t, e, "agent-1")
 	wait.For(t, 10*time.Second, "leads", func() error {
@@ -346,6 +350,7 @@ func TestMetricsAndDuplicateID(t *testing.T) {
 // session within milliseconds of registering (a CI failure: agent-2's
 // partitions were given, taken back and given again).
 func TestAProbeReadBeforeRegistrationEvictsNothing(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdT(t)
 	c, err := e.Client()
 	if err != nil {
@@ -420,6 +425,7 @@ func TestAProbeReadBeforeRegistrationEvictsNothing(t *testing.T) {
 // leader would reach itself), and its /healthz names it on the lease of
 // its registration: what the leader's proof of membership reads.
 func TestRegistrationNamesAnAddressOthersReach(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdT(t)
 	cfg := testConfig(e, "agent-1")
 	cfg.Agent.HTTP = "0.0.0.0:0"

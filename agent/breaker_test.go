@@ -22,6 +22,7 @@ import (
 // stays where it is although A is healthy again, and the leader reports
 // the breaker in /status and in kswitch_circuit_breaker_open.
 func TestFlappingPrimaryTripsTheCircuitBreaker(t *testing.T) {
+	t.Parallel()
 	d := startDC(t)
 	cli := testenv.EtcdClientT(t, d.etcd)
 	l, ho := newLedger(), newHandovers()

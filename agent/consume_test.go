@@ -121,6 +121,7 @@ func waitBalanced(t testing.TB, total int, agents ...*agent.Agent) {
 }
 
 func TestFleetConsumesEveryRecordThroughCrashAndJoin(t *testing.T) {
+	t.Parallel()
 	const records = 50_000
 	e := testenv.StartEtcdT(t)
 	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 12}})
@@ -171,6 +172,7 @@ func TestFleetConsumesEveryRecordThroughCrashAndJoin(t *testing.T) {
 }
 
 func TestCleanStopHandsOverWithoutDuplicates(t *testing.T) {
+	t.Parallel()
 	const records = 6000
 	e := testenv.StartEtcdT(t)
 	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 6}})
@@ -210,6 +212,7 @@ func TestCleanStopHandsOverWithoutDuplicates(t *testing.T) {
 }
 
 func TestNewPartitionsAndTopicsAreConsumed(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdT(t)
 	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 2}})
 	l := newLedger()
@@ -249,6 +252,7 @@ func TestNewPartitionsAndTopicsAreConsumed(t *testing.T) {
 }
 
 func TestStaleAgentStopsAndCommittedOffsetsReachKafka(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdT(t)
 	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 3}})
 	l := newLedger()
@@ -439,6 +443,7 @@ func TestGossipDeathMovesPartitionsBeforeTheLeaseExpires(t *testing.T) {
 // current generation before it acknowledges, or the partitions' next
 // owners consume again what it handled since its last periodic commit.
 func TestAReleaseOutlivedByItsGenerationStillCommits(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdT(t)
 	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 4}})
 	cli := testenv.EtcdClientT(t, e)
@@ -522,6 +527,7 @@ func TestAReleaseOutlivedByItsGenerationStillCommits(t *testing.T) {
 // starts, naming it and its owner as its records did (the routing sink
 // matches them to its exactly_once producers).
 func TestReleasedNamesEachPartitionGivenUp(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdT(t)
 	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 4}})
 	produce(t, k, "orders", 0, 400)

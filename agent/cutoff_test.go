@@ -20,6 +20,7 @@ import (
 // reports itself unready, its partitions move to the others, and it gets
 // some back once the link heals. Nothing is lost or handled twice.
 func TestAgentCutOffFromTheActiveClusterGivesItsPartitionsAway(t *testing.T) {
+	t.Parallel()
 	d := startDC(t)
 	cli := testenv.EtcdClientT(t, d.etcd)
 	l, ho := newLedger(), newHandovers()

@@ -106,6 +106,7 @@ func waitHandled(t *testing.T, l *partitionLog, timeout time.Duration, want map[
 // least Net.ReadTimeout, 5 s); once the broker answers again, every record
 // is delivered.
 func TestDirectHungBroker(t *testing.T) {
+	t.Parallel()
 	const parts = 6
 	e := testenv.StartEtcdT(t)
 	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Brokers: 3, Topics: map[string]int32{"orders": parts}})
@@ -402,6 +403,7 @@ func startHolding(t *testing.T, h record.Handler, budget, n, size int) *agent.Ag
 // fetching stops there (the budget full within budget/8), and once the
 // handler acknowledges, every record is handled and the budget is empty.
 func TestBytesInFlightAreBounded(t *testing.T) {
+	t.Parallel()
 	const size, n, budget = 16 << 10, 200, 1 << 20
 	h := newHoldingHandler()
 	a := startHolding(t, h, budget, n, size)
@@ -434,6 +436,7 @@ func (h keepingHandler) KeptPerRecord() int { return h.kept }
 // let it hold all 200 without filling the budget), and every record once
 // it acknowledges.
 func TestHandlerKeptBytesAreCharged(t *testing.T) {
+	t.Parallel()
 	const size, kept, n, budget = 1 << 10, 16 << 10, 200, 1 << 20
 	h := newHoldingHandler()
 	a := startHolding(t, keepingHandler{HandlerFunc: h.Handle, kept: kept}, budget, n, size)

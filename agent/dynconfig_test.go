@@ -51,6 +51,7 @@ func configVersion(t *testing.T, n int64, agents ...*agent.Agent) {
 }
 
 func TestTopicSwappedWhileRecordsFlow(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdT(t)
 	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 4, "orders-v2": 4, "audit": 2}})
 	cli := testenv.EtcdClientT(t, e)
@@ -167,6 +168,7 @@ func firstKey(m map[int64]bool) int64 {
 }
 
 func TestActiveClusterMovedToNewBrokers(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdT(t)
 	old := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 4}})
 	rebuilt := testenv.StartKafkaT(t, "A-rebuilt", devstack.KafkaOptions{})
@@ -226,6 +228,7 @@ func TestActiveClusterMovedToNewBrokers(t *testing.T) {
 // lost or handled twice. Changing the standby while the fleet consumes C
 // is refused with the reason.
 func TestNewStandbyTakesTheNextFailover(t *testing.T) {
+	t.Parallel()
 	d := startDC(t)
 	c := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{})
 	ctx, cancel := context.WithCancel(context.Background())

@@ -83,6 +83,7 @@ func (g *gapMeter) waitGap(t testing.TB, n int, timeout time.Duration) switchGap
 // switch is prepared: it does not warm, the preparation does not wait for
 // it beyond its bound, and it consumes B once it can reach it.
 func TestPlannedSwitchIsMadeBeforeItIsBroken(t *testing.T) {
+	t.Parallel()
 	d := startDC(t)
 	cli := testenv.EtcdClientT(t, d.etcd)
 	l, ho, gm := newLedger(), newHandovers(), &gapMeter{}
@@ -183,39 +184,6 @@ func plannedConfig(d *dc, id string) config.Config {
 	return cfg
 }
 
-// drain ends a failover test that must lose nothing: once records
-// produced after the last change are handled, the producer stops (and,
-// when the fleet consumes B, the mirror catches up), and every record on A
-// must have been handled, and the hand-over invariants must hold. It
-// returns how many records were handled twice, and by which agent first.
-func drain(t *testing.T, d *dc, p *producer, l *ledger, ho *handovers, consuming string) (dups int, dupFirst map[string]int) {
-	t.Helper()
-	mark := p.next.Load() + 100
-	wait.For(t, 20*time.Second, "records produced after the last change handled", func() error {
-		if l.timesHandled(fmt.Sprint(mark)) == 0 {
-			return fmt.Errorf("record %d not handled", mark)
-		}
-		return nil
-	})
-	p.halt()
-	if consuming == "B" {
-		mctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		if err := d.mirror.CaughtUp(mctx); err != nil {
-			t.Fatalf("the mirror did not catch up: %v", err)
-		}
-	}
-	onA := idsOn(t, d.a, "orders")
-	waitAllHandled(t, l, onA, 20*time.Second)
-	_, dups, dupFirst = l.result(0)
-	t.Logf("%d records, 0 lost, %d duplicates", len(onA), dups)
-	for _, d := range l.dupDeliveries() {
-		t.Log(d)
-	}
-	ho.check(t, l)
-	return dups, dupFirst
-}
-
 // heldDialer dials directly while open; while held, every dial waits
 // until it is released, as to a cluster whose address stops answering
 // (unlike Link.Cut, which refuses at once). Connections made before stay
@@ -262,6 +230,7 @@ func (h *heldDialer) Dial(network, addr string) (net.Conn, error) {
 // completes the switch itself, and nothing is lost; the only records
 // handled twice are those the dead leader had not committed.
 func TestLeaderKilledWhilePreparingASwitch(t *testing.T) {
+	t.Parallel()
 	d := startDC(t)
 	cli := testenv.EtcdClientT(t, d.etcd)
 	l, ho := newLedger(), newHandovers()

@@ -1,227 +1,19 @@
 package agent_test
 
 import (
-	"context"
-	"encoding/json"
 	"fmt"
-	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/IBM/sarama"
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
-	"github.com/kswitch/kswitch/devstack"
-	"github.com/kswitch/kswitch/devstack/mirror"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
 	"github.com/kswitch/kswitch/internal/testkit/wait"
-	"github.com/kswitch/kswitch/keys"
-	"github.com/kswitch/kswitch/state"
 )
 
-// dc is two Kafka clusters, A and its replica B, kept by the in-process
-// mirror, and an embedded etcd.
-type dc struct {
-	etcd   *devstack.Etcd
-	a, b   *devstack.Kafka
-	mirror *mirror.Mirror
-}
-
-const failoverPartitions = 4
-
-func startDC(t testing.TB) *dc {
-	t.Helper()
-	return startDCWith(t, true)
-}
-
-// startDCWith is startDC with or without offset-syncs: without, B is
-// filled as by a replicator that is not MirrorMaker 2, and translation
-// has only fingerprints and timestamps to go by.
-func startDCWith(t testing.TB, offsetSyncs bool) *dc {
-	t.Helper()
-	syncs := ""
-	if offsetSyncs {
-		syncs = "mm2-offset-syncs.A.internal" // MirrorMaker 2 names it after the source when it lives on the target
-	}
-	return startDCSyncs(t, syncs, true)
-}
-
-// startDCSyncs is startDC with the mirror's offset-syncs topic syncs (none
-// when empty), on B (onTarget) or on A, MirrorMaker 2's default.
-func startDCSyncs(t testing.TB, syncs string, onTarget bool) *dc {
-	t.Helper()
-	d := &dc{
-		etcd: testenv.StartEtcdT(t),
-		a:    testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": failoverPartitions}}),
-		b:    testenv.StartKafkaT(t, "B", devstack.KafkaOptions{}),
-	}
-	m, err := mirror.Start(context.Background(), mirror.Config{
-		Source: d.a.Brokers(), Target: d.b.Brokers(), SourceName: "A", TargetName: "B",
-		Topics: []string{"orders"}, RemoteTopic: func(t string) string { return "A." + t },
-		// Offsets on B differ from A's: translation must find them.
-		TargetPrefill: 17,
-		// Like MirrorMaker 2 with offset-syncs.topic.location=target: the
-		// syncs stay readable when A is down, for partitions whose last
-		// consumed record had not reached B yet.
-		OffsetSyncsTopic: syncs, OffsetSyncsOnTarget: onTarget,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.mirror = m
-	t.Cleanup(m.Stop)
-	return d
-}
-
-func (d *dc) config(id string) config.Config {
-	cfg := testConfig(d.etcd, id)
-	cfg.Clusters = map[string]config.Cluster{
-		"A": {Brokers: d.a.Brokers(), Role: config.RolePrimary},
-		"B": {Brokers: d.b.Brokers(), Role: config.RoleStandby, OffsetSyncsOn: "target"},
-	}
-	cfg.Source.Topics = []string{"orders"}
-	cfg.Source.CommitInterval = 100 * time.Millisecond
-	cfg.Source.RefreshInterval = time.Second
-	cfg.Failover.ProbeInterval = 200 * time.Millisecond
-	cfg.Failover.ProbeTimeout = 400 * time.Millisecond
-	cfg.Failover.FailureWindow = time.Second
-	cfg.Failover.FailbackStable = 2 * time.Second
-	return cfg
-}
-
-// activeOf returns the cluster every agent consumes, or an error while they
-// disagree or own nothing.
-func activeOf(agents ...*agent.Agent) (string, error) {
-	return activeOfN(failoverPartitions, agents...)
-}
-
-// activeOfN is activeOf for a fleet of n partitions.
-func activeOfN(n int, agents ...*agent.Agent) (string, error) {
-	cluster, total := "", 0
-	for _, a := range agents {
-		st := a.Status()
-		if cluster != "" && st.Active != cluster {
-			return "", fmt.Errorf("%s consumes %s, others %s", a.ID(), st.Active, cluster)
-		}
-		cluster = st.Active
-		total += len(st.Owned)
-	}
-	if total != n {
-		return "", fmt.Errorf("%d of %d partitions owned", total, n)
-	}
-	return cluster, nil
-}
-
-// producer writes numbered records to a cluster's topic until stopped.
-type producer struct {
-	next    atomic.Int64
-	stop    chan struct{}
-	done    chan struct{}
-	failed  atomic.Int64
-	started int64
-}
-
-func startProducer(t testing.TB, brokers []string, topic string, from int64) *producer {
-	t.Helper()
-	sc := sarama.NewConfig()
-	sc.Version = sarama.V3_6_0_0
-	sc.Producer.Return.Successes = true
-	sc.Producer.Retry.Max = 0
-	sc.Producer.Partitioner = sarama.NewRoundRobinPartitioner
-	sc.Net.ReadTimeout = time.Second
-	sc.Net.DialTimeout = time.Second
-	p, err := sarama.NewSyncProducer(brokers, sc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pr := &producer{stop: make(chan struct{}), done: make(chan struct{}), started: from}
-	pr.next.Store(from)
-	go func() {
-		defer close(pr.done)
-		defer p.Close()
-		for {
-			select {
-			case <-pr.stop:
-				return
-			case <-time.After(2 * time.Millisecond):
-			}
-			id := pr.next.Load()
-			_, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(strconv.FormatInt(id, 10)),
-				Value: sarama.StringEncoder(strconv.FormatInt(id, 10)), Timestamp: time.Now()})
-			if err != nil {
-				pr.failed.Add(1)
-				continue
-			}
-			pr.next.Add(1)
-		}
-	}()
-	t.Cleanup(pr.halt)
-	return pr
-}
-
-// halt stops the producer and returns the first id it did not write.
-func (p *producer) halt() {
-	select {
-	case <-p.stop:
-	default:
-		close(p.stop)
-	}
-	<-p.done
-}
-
-// idsOn reads every record of topic on a cluster and returns the ids
-// (record values), skipping the mirror's filler.
-func idsOn(t *testing.T, k *devstack.Kafka, topic string) map[string]bool {
-	t.Helper()
-	sc := sarama.NewConfig()
-	sc.Version = sarama.V3_6_0_0
-	c, err := sarama.NewConsumer(k.Brokers(), sc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	cl, err := sarama.NewClient(k.Brokers(), sc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	out := map[string]bool{}
-	for p := range int32(failoverPartitions) {
-		end, err := cl.GetOffset(topic, p, sarama.OffsetNewest)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if end == 0 {
-			continue
-		}
-		pc, err := c.ConsumePartition(topic, p, sarama.OffsetOldest)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for msg := range pc.Messages() {
-			filler := false
-			for _, h := range msg.Headers {
-				if string(h.Key) == mirror.FillerHeader {
-					filler = true
-				}
-			}
-			if !filler {
-				out[string(msg.Value)] = true
-			}
-			if msg.Offset == end-1 {
-				break
-			}
-		}
-		pc.Close()
-	}
-	return out
-}
-
 func TestFailoverToTheReplicaAndBack(t *testing.T) {
+	t.Parallel()
 	d := startDC(t)
 	l := newLedger()
 	var agents []*agent.Agent
@@ -292,6 +84,7 @@ func TestFailoverToTheReplicaAndBack(t *testing.T) {
 // failure window; the history says why, and nothing that reached B is
 // lost or handled twice.
 func TestFailoverWhenEveryBrokerRefuses(t *testing.T) {
+	t.Parallel()
 	d := startDC(t)
 	cli := testenv.EtcdClientT(t, d.etcd)
 	// The hard path must win by far, even when a view's UDP broadcast is
@@ -325,39 +118,6 @@ func TestFailoverWhenEveryBrokerRefuses(t *testing.T) {
 	l.check(t)
 }
 
-// waitFlowing waits until n records were handled and mirrored to B.
-func waitFlowing(t *testing.T, d *dc, l *ledger, n int) {
-	t.Helper()
-	wait.For(t, 20*time.Second, "records flowing through A and mirrored to B", func() error {
-		if h, m := l.count(), d.mirror.Copied(); h < n || m < int64(n) {
-			return fmt.Errorf("%d handled, %d mirrored", h, m)
-		}
-		return nil
-	})
-}
-
-// logHistory logs the fleet's switch history, which says per partition how
-// its position was translated, and returns how many records the targets
-// lagged by in all.
-func logHistory(t *testing.T, e *devstack.Etcd) (lagged int64) {
-	cli := testenv.EtcdClientT(t, e)
-	resp, err := cli.Get(context.Background(), keys.New("orders").SwitchHistory(), clientv3.WithPrefix())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, kv := range resp.Kvs {
-		t.Logf("history %s", kv.Value)
-		var ev state.SwitchEvent
-		if err := json.Unmarshal(kv.Value, &ev); err != nil {
-			t.Fatalf("history %s: %v", kv.Key, err)
-		}
-		for _, p := range ev.Partitions {
-			lagged += p.Lagged
-		}
-	}
-	return lagged
-}
-
 // TestFailoverFromAHungCluster: A's brokers accept connections and answer
 // nothing, as a blackholed data centre does. The fleet fails over after
 // the failure window at default settings, and the switch's own steps
@@ -367,12 +127,16 @@ func logHistory(t *testing.T, e *devstack.Etcd) (lagged int64) {
 // (3.02 s: a probe timeout per broker of A). Every position is translated
 // by fingerprint on B; nothing is handled twice.
 func TestFailoverFromAHungCluster(t *testing.T) {
+	t.Parallel()
 	for _, syncsOn := range []string{"target", "source"} {
 		t.Run("syncs on "+syncsOn, func(t *testing.T) {
-			d := startDCSyncs(t, "mm2-offset-syncs.A.internal", syncsOn == "target")
+			t.Parallel()
+			// On the source, MirrorMaker 2 names the topic after the target.
+			syncs := withOffsetSyncs("mm2-offset-syncs.A.internal", true)
 			if syncsOn == "source" {
-				d = startDCSyncs(t, "mm2-offset-syncs.B.internal", false)
+				syncs = withOffsetSyncs("mm2-offset-syncs.B.internal", false)
 			}
+			d := startDC(t, syncs)
 			cli := testenv.EtcdClientT(t, d.etcd)
 			settings := func(c *config.Config) {
 				c.Failover = config.Default().Failover

@@ -5,17 +5,21 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/devstack"
+	"github.com/kswitch/kswitch/devstack/mirror"
 	"github.com/kswitch/kswitch/fleet"
 	"github.com/kswitch/kswitch/internal/kafka"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
@@ -24,6 +28,19 @@ import (
 	"github.com/kswitch/kswitch/record"
 	"github.com/kswitch/kswitch/state"
 )
+
+// The agent tests' shared world, in one place:
+//   - startDC: etcd, clusters A and B and the mirror between them (its
+//     options: withTopics, withOffsetSyncs, withoutOffsetSyncs); dc.config
+//     an agent's configuration for it;
+//   - flowingFleet: three agents on a dc under a producer's load;
+//     startFleetAgent one agent;
+//   - startProducer and producer.halt: the load;
+//   - the ledger (ledger_test.go) and handovers: what was handled, where,
+//     and whether a hand-over delivered anything twice;
+//   - drain: the end of a test that must lose nothing;
+//   - waits on the fleet (waitConsuming, waitFlowing, waitSwitching,
+//     leaderOf, activeOf) and readers of etcd (readActive, readHistory).
 
 var fleetKeys = keys.New("orders")
 
@@ -441,4 +458,303 @@ func statusText(t *testing.T, op *fleet.Operator, ask bool) string {
 	var b strings.Builder
 	v.WriteText(&b, time.Now())
 	return b.String()
+}
+
+// dc is two Kafka clusters, A and its replica B, kept by the in-process
+// mirror, and an embedded etcd.
+type dc struct {
+	etcd   *devstack.Etcd
+	a, b   *devstack.Kafka
+	mirror *mirror.Mirror
+}
+
+const failoverPartitions = 4
+
+// dcSpec is what startDC builds; dcOptions change it.
+type dcSpec struct {
+	topics        []string // source topics on A, failoverPartitions each
+	syncs         string   // the mirror's offset-syncs topic; none when empty
+	syncsOnTarget bool     // on B, else on A (MirrorMaker 2's default)
+}
+
+type dcOption func(*dcSpec)
+
+// withTopics: the source topics are topics instead of orders, all
+// mirrored to B.
+func withTopics(topics ...string) dcOption { return func(s *dcSpec) { s.topics = topics } }
+
+// withoutOffsetSyncs: B is filled as by a replicator that is not
+// MirrorMaker 2, and translation has only fingerprints and timestamps to
+// go by.
+func withoutOffsetSyncs() dcOption { return func(s *dcSpec) { s.syncs = "" } }
+
+// withOffsetSyncs: the mirror's offset-syncs topic is topic, on B
+// (onTarget) or on A.
+func withOffsetSyncs(topic string, onTarget bool) dcOption {
+	return func(s *dcSpec) { s.syncs, s.syncsOnTarget = topic, onTarget }
+}
+
+// startDC starts etcd and clusters A and B, with a mirror copying A's
+// source topics (orders, unless withTopics) to B as A.<topic>, B's offsets
+// 17 ahead of A's, and offset-syncs on B as MirrorMaker 2 writes them with
+// offset-syncs.topic.location=target (unless an option says otherwise).
+func startDC(t testing.TB, opts ...dcOption) *dc {
+	t.Helper()
+	// MirrorMaker 2 names the syncs topic after the source when it lives
+	// on the target: readable while A is down, for partitions whose last
+	// consumed record had not reached B yet.
+	spec := dcSpec{topics: []string{"orders"}, syncs: "mm2-offset-syncs.A.internal", syncsOnTarget: true}
+	for _, o := range opts {
+		o(&spec)
+	}
+	parts := map[string]int32{}
+	for _, topic := range spec.topics {
+		parts[topic] = failoverPartitions
+	}
+	d := &dc{
+		etcd: testenv.StartEtcdT(t),
+		a:    testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: parts}),
+		b:    testenv.StartKafkaT(t, "B", devstack.KafkaOptions{}),
+	}
+	m, err := mirror.Start(context.Background(), mirror.Config{
+		Source: d.a.Brokers(), Target: d.b.Brokers(), SourceName: "A", TargetName: "B",
+		Topics: spec.topics, RemoteTopic: func(t string) string { return "A." + t },
+		// Offsets on B differ from A's: translation must find them.
+		TargetPrefill:    17,
+		OffsetSyncsTopic: spec.syncs, OffsetSyncsOnTarget: spec.syncsOnTarget,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.mirror = m
+	t.Cleanup(m.Stop)
+	return d
+}
+
+func (d *dc) config(id string) config.Config {
+	cfg := testConfig(d.etcd, id)
+	cfg.Clusters = map[string]config.Cluster{
+		"A": {Brokers: d.a.Brokers(), Role: config.RolePrimary},
+		"B": {Brokers: d.b.Brokers(), Role: config.RoleStandby, OffsetSyncsOn: "target"},
+	}
+	cfg.Source.Topics = []string{"orders"}
+	cfg.Source.CommitInterval = 100 * time.Millisecond
+	cfg.Source.RefreshInterval = time.Second
+	cfg.Failover.ProbeInterval = 200 * time.Millisecond
+	cfg.Failover.ProbeTimeout = 400 * time.Millisecond
+	cfg.Failover.FailureWindow = time.Second
+	cfg.Failover.FailbackStable = 2 * time.Second
+	return cfg
+}
+
+// flowingFleet starts agent-1..3 on d (their configuration changed by
+// mods), handing records to a ledger, waits until they consume A, and
+// starts a producer to A.
+func flowingFleet(t *testing.T, d *dc, mods ...func(*config.Config)) (*ledger, []*agent.Agent, *producer) {
+	t.Helper()
+	l := newLedger()
+	var agents []*agent.Agent
+	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
+		cfg := d.config(id)
+		for _, m := range mods {
+			m(&cfg)
+		}
+		agents = append(agents, startConsumer(t, cfg, l.handler(id)))
+	}
+	waitConsuming(t, 20*time.Second, "A", agents...)
+	return l, agents, startProducer(t, d.a.Brokers(), "orders", 0)
+}
+
+// activeOf returns the cluster every agent consumes, or an error while they
+// disagree or own nothing.
+func activeOf(agents ...*agent.Agent) (string, error) {
+	return activeOfN(failoverPartitions, agents...)
+}
+
+// activeOfN is activeOf for a fleet of n partitions.
+func activeOfN(n int, agents ...*agent.Agent) (string, error) {
+	cluster, total := "", 0
+	for _, a := range agents {
+		st := a.Status()
+		if cluster != "" && st.Active != cluster {
+			return "", fmt.Errorf("%s consumes %s, others %s", a.ID(), st.Active, cluster)
+		}
+		cluster = st.Active
+		total += len(st.Owned)
+	}
+	if total != n {
+		return "", fmt.Errorf("%d of %d partitions owned", total, n)
+	}
+	return cluster, nil
+}
+
+// producer writes numbered records to a cluster's topic until stopped.
+type producer struct {
+	next    atomic.Int64
+	stop    chan struct{}
+	done    chan struct{}
+	failed  atomic.Int64
+	started int64
+}
+
+func startProducer(t testing.TB, brokers []string, topic string, from int64) *producer {
+	t.Helper()
+	sc := sarama.NewConfig()
+	sc.Version = sarama.V3_6_0_0
+	sc.Producer.Return.Successes = true
+	sc.Producer.Retry.Max = 0
+	sc.Producer.Partitioner = sarama.NewRoundRobinPartitioner
+	sc.Net.ReadTimeout = time.Second
+	sc.Net.DialTimeout = time.Second
+	p, err := sarama.NewSyncProducer(brokers, sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr := &producer{stop: make(chan struct{}), done: make(chan struct{}), started: from}
+	pr.next.Store(from)
+	go func() {
+		defer close(pr.done)
+		defer p.Close()
+		for {
+			select {
+			case <-pr.stop:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+			id := pr.next.Load()
+			_, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(strconv.FormatInt(id, 10)),
+				Value: sarama.StringEncoder(strconv.FormatInt(id, 10)), Timestamp: time.Now()})
+			if err != nil {
+				pr.failed.Add(1)
+				continue
+			}
+			pr.next.Add(1)
+		}
+	}()
+	t.Cleanup(pr.halt)
+	return pr
+}
+
+// halt stops the producer and returns the first id it did not write.
+func (p *producer) halt() {
+	select {
+	case <-p.stop:
+	default:
+		close(p.stop)
+	}
+	<-p.done
+}
+
+// idsOn reads every record of topic on a cluster and returns the ids
+// (record values), skipping the mirror's filler.
+func idsOn(t *testing.T, k *devstack.Kafka, topic string) map[string]bool {
+	t.Helper()
+	sc := sarama.NewConfig()
+	sc.Version = sarama.V3_6_0_0
+	c, err := sarama.NewConsumer(k.Brokers(), sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cl, err := sarama.NewClient(k.Brokers(), sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	out := map[string]bool{}
+	for p := range int32(failoverPartitions) {
+		end, err := cl.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if end == 0 {
+			continue
+		}
+		pc, err := c.ConsumePartition(topic, p, sarama.OffsetOldest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for msg := range pc.Messages() {
+			filler := false
+			for _, h := range msg.Headers {
+				if string(h.Key) == mirror.FillerHeader {
+					filler = true
+				}
+			}
+			if !filler {
+				out[string(msg.Value)] = true
+			}
+			if msg.Offset == end-1 {
+				break
+			}
+		}
+		pc.Close()
+	}
+	return out
+}
+
+// waitFlowing waits until n records were handled and mirrored to B.
+func waitFlowing(t *testing.T, d *dc, l *ledger, n int) {
+	t.Helper()
+	wait.For(t, 20*time.Second, "records flowing through A and mirrored to B", func() error {
+		if h, m := l.count(), d.mirror.Copied(); h < n || m < int64(n) {
+			return fmt.Errorf("%d handled, %d mirrored", h, m)
+		}
+		return nil
+	})
+}
+
+// logHistory logs the fleet's switch history, which says per partition how
+// its position was translated, and returns how many records the targets
+// lagged by in all.
+func logHistory(t *testing.T, e *devstack.Etcd) (lagged int64) {
+	cli := testenv.EtcdClientT(t, e)
+	resp, err := cli.Get(context.Background(), keys.New("orders").SwitchHistory(), clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range resp.Kvs {
+		t.Logf("history %s", kv.Value)
+		var ev state.SwitchEvent
+		if err := json.Unmarshal(kv.Value, &ev); err != nil {
+			t.Fatalf("history %s: %v", kv.Key, err)
+		}
+		for _, p := range ev.Partitions {
+			lagged += p.Lagged
+		}
+	}
+	return lagged
+}
+
+// drain ends a failover test that must lose nothing: once records
+// produced after the last change are handled, the producer stops (and,
+// when the fleet consumes B, the mirror catches up), and every record on A
+// must have been handled, and the hand-over invariants must hold. It
+// returns how many records were handled twice, and by which agent first.
+func drain(t *testing.T, d *dc, p *producer, l *ledger, ho *handovers, consuming string) (dups int, dupFirst map[string]int) {
+	t.Helper()
+	mark := p.next.Load() + 100
+	wait.For(t, 20*time.Second, "records produced after the last change handled", func() error {
+		if l.timesHandled(fmt.Sprint(mark)) == 0 {
+			return fmt.Errorf("record %d not handled", mark)
+		}
+		return nil
+	})
+	p.halt()
+	if consuming == "B" {
+		mctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := d.mirror.CaughtUp(mctx); err != nil {
+			t.Fatalf("the mirror did not catch up: %v", err)
+		}
+	}
+	onA := idsOn(t, d.a, "orders")
+	waitAllHandled(t, l, onA, 20*time.Second)
+	_, dups, dupFirst = l.result(0)
+	t.Logf("%d records, 0 lost, %d duplicates", len(onA), dups)
+	for _, d := range l.dupDeliveries() {
+		t.Log(d)
+	}
+	ho.check(t, l)
+	return dups, dupFirst
 }

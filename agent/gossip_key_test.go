@@ -182,12 +182,15 @@ func forgedViewsSwitch(t *testing.T, encryption string) []state.SwitchEvent {
 // no switch in history. With agent.gossip_encryption off, the same packets
 // switch the fleet to B at once: the threat the key is for.
 func TestForgedViewsWithoutTheKeyMoveNothing(t *testing.T) {
+	t.Parallel()
 	t.Run("auto", func(t *testing.T) {
+		t.Parallel()
 		if h := forgedViewsSwitch(t, "auto"); h != nil {
 			t.Fatalf("forged plain gossip switched a fleet keyed by default: %s", h[0].Reason)
 		}
 	})
 	t.Run("off", func(t *testing.T) {
+		t.Parallel()
 		if h := forgedViewsSwitch(t, "off"); h == nil {
 			t.Fatal("the forged views did not switch a fleet with plain gossip: the test forges nothing the leader believes")
 		}
@@ -199,6 +202,7 @@ func TestForgedViewsWithoutTheKeyMoveNothing(t *testing.T) {
 // rewrites; an agent restarted reads it back and gossips with the others
 // again.
 func TestFleetGossipKeyIsCreatedOnce(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdT(t)
 	cli := testenv.EtcdClientT(t, e)
 	const n = 3
@@ -263,6 +267,7 @@ func TestFleetGossipKeyIsCreatedOnce(t *testing.T) {
 // a refused value. The same claim under a live agent's name and address
 // is cut to the time since that agent started, and counted as refused.
 func TestForgedViewsOfStrangersAreNotCounted(t *testing.T) {
+	t.Parallel()
 	d := startDC(t)
 	cli := testenv.EtcdClientT(t, d.etcd)
 	_, agents, p := flowingFleet(t, d, func(c *config.Config) { c.Agent.GossipEncryption = "off" })
@@ -325,6 +330,7 @@ func TestForgedViewsOfStrangersAreNotCounted(t *testing.T) {
 // the old is refused. The agents gossip together throughout, and a value
 // that is not keys changes nothing and is counted as refused.
 func TestFleetGossipKeyRotatesWithoutARestart(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdT(t)
 	cli := testenv.EtcdClientT(t, e)
 	agents := []*agent.Agent{startAgent(t, e, "agent-1"), startAgent(t, e, "agent-2"), startAgent(t, e, "agent-3")}

@@ -71,6 +71,7 @@ func leaseOf(t *testing.T, e *devstack.Etcd, id string) int64 {
 // leader acts on a death only when the agent's HTTP endpoint does not
 // answer: this one does, so its lease and its partitions stay.
 func TestAForgedGossipDeathEvictsNobody(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdT(t)
 	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 4}})
 	l := newLedger()
@@ -121,6 +122,7 @@ func TestAForgedGossipDeathEvictsNobody(t *testing.T) {
 // with another key; a key file that is not a key is refused at start. The
 // key file wins over the fleet's key: none is made in etcd.
 func TestEncryptedGossipRefusesStrangers(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdT(t)
 	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 4}})
 	dir := t.TempDir()

@@ -21,6 +21,7 @@ import (
 // gossiping from their registered address, with a failure no longer than
 // the agent has run; each value refused is counted once.
 func TestMemberViews(t *testing.T) {
+	t.Parallel()
 	now := time.Now()
 	a := &Agent{log: zap.NewNop(), metrics: newMetrics(prometheus.NewRegistry()),
 		registry: newRegistry(nil, keys.New("orders"), time.Second, zap.NewNop(), nil),

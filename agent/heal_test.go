@@ -66,6 +66,7 @@ func waitCommitting(t *testing.T, cli *clientv3.Client, cluster string, n int64,
 // lost; the records delivered twice are those the ghost's generation took
 // from their owners before they could commit them.
 func TestLeaderHealsTheAssignment(t *testing.T) {
+	t.Parallel()
 	d := startDC(t)
 	cli := testenv.EtcdClientT(t, d.etcd)
 	l, agents, p := flowingFleet(t, d)
@@ -146,6 +147,7 @@ func TestLeaderHealsTheAssignment(t *testing.T) {
 // lease) is refused: the leader never plans with it, and every partition
 // stays with the live agents.
 func TestARegistrationWithoutALeaseIsNoMember(t *testing.T) {
+	t.Parallel()
 	d := startDC(t)
 	cli := testenv.EtcdClientT(t, d.etcd)
 	l := newLedger()
@@ -195,6 +197,7 @@ func TestARegistrationWithoutALeaseIsNoMember(t *testing.T) {
 // once, the others after silentAfter, 30 s), agent-4's /readyz says the
 // leader plans without it, and every record is handled.
 func TestGhostRegistrationsAreNeverPlannedOn(t *testing.T) {
+	t.Parallel()
 	d := startDC(t)
 	cli := testenv.EtcdClientT(t, d.etcd)
 	l, agents, p := flowingFleet(t, d)
@@ -314,6 +317,7 @@ func TestGhostRegistrationsAreNeverPlannedOn(t *testing.T) {
 // and history/, writes them back, and switches nothing: no second switch
 // "A → B" from A's old positions, no history entry overwritten.
 func TestUnusableActiveStateIsRecoveredNotSwitchedAgain(t *testing.T) {
+	t.Parallel()
 	d := startDC(t)
 	cli := testenv.EtcdClientT(t, d.etcd)
 	l, agents, p := flowingFleet(t, d)
@@ -393,6 +397,7 @@ func TestUnusableActiveStateIsRecoveredNotSwitchedAgain(t *testing.T) {
 //     abandons it instead of resuming it, and history/ records it
 //     abandoned (before: resumed, 572 records consumed from B).
 func TestForgedActiveStatesInTheLeaderlessWindowMoveNothing(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name      string
 		phase     string
@@ -403,6 +408,7 @@ func TestForgedActiveStatesInTheLeaderlessWindowMoveNothing(t *testing.T) {
 		{name: "switching", phase: state.PhaseSwitching, from: "A", abandoned: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			d := startDC(t)
 			cli := testenv.EtcdClientT(t, d.etcd)
 			l, agents, p := flowingFleet(t, d)
@@ -465,6 +471,7 @@ func TestForgedActiveStatesInTheLeaderlessWindowMoveNothing(t *testing.T) {
 // rebalance published 2^62 + 1, which every agent refuses: delivery was
 // held for good, 35 046 of 45 000 records undelivered after 2 minutes.)
 func TestForgedAcksMoveNoGeneration(t *testing.T) {
+	t.Parallel()
 	d := startDC(t)
 	cli := testenv.EtcdClientT(t, d.etcd)
 	l, agents, p := flowingFleet(t, d)
@@ -508,6 +515,7 @@ func TestForgedAcksMoveNoGeneration(t *testing.T) {
 // generations again at 1, which agents take because its token is newer:
 // a join is balanced, and every record is delivered.
 func TestAGenerationAtTheBoundStartsANewEpoch(t *testing.T) {
+	t.Parallel()
 	d := startDC(t)
 	cli := testenv.EtcdClientT(t, d.etcd)
 	l, agents, p := flowingFleet(t, d)
@@ -541,6 +549,7 @@ func TestAGenerationAtTheBoundStartsANewEpoch(t *testing.T) {
 // apply it (no leader key of the fleet's election has that token) and
 // the leader's repair replaces it: nothing is consumed under it.
 func TestAnAssignmentOfATermNobodyHoldsIsNotApplied(t *testing.T) {
+	t.Parallel()
 	d := startDC(t)
 	cli := testenv.EtcdClientT(t, d.etcd)
 	l, agents, p := flowingFleet(t, d)
@@ -608,7 +617,8 @@ func readAssignment(cli *clientv3.Client) (state.Assignment, error) {
 // started there: nothing written before it started is consumed, instead
 // of all of B from the oldest offset.
 func TestASwitchBeforeAnythingWasConsumedKeepsNewest(t *testing.T) {
-	d := startDCWith(t, false)
+	t.Parallel()
+	d := startDC(t, withoutOffsetSyncs())
 	cli := testenv.EtcdClientT(t, d.etcd)
 	produce(t, d.a, "orders", 0, 200)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -722,6 +732,7 @@ func etcdOutage(t testing.TB, down time.Duration, noHold bool, conf func(*config
 // records delivered twice are only those handled between the last commit
 // and the hold.
 func TestDeliveryHeldWhileCommitsFail(t *testing.T) {
+	t.Parallel()
 	cfg := consumeConfig(testenv.StartEtcdT(t), testenv.StartKafkaT(t, "X", devstack.KafkaOptions{}), "x")
 	bound := cfg.Source.CommitInterval
 	l, stopped := etcdOutage(t, 3*cfg.Etcd.SessionTTL, false, nil, func(stopped time.Time, agents []*agent.Agent, p *producer, l *ledger) {
@@ -769,6 +780,7 @@ func TestDeliveryHeldWhileCommitsFail(t *testing.T) {
 // agents refuse the rest, and once the stranger stops every partition is
 // consumed again within two loop turns' worth of time and nothing is lost.
 func TestStrangerWritesUnderState(t *testing.T) {
+	t.Parallel()
 	d := startDC(t)
 	cli := testenv.EtcdClientT(t, d.etcd)
 	l, agents, p := flowingFleet(t, d)
@@ -811,6 +823,7 @@ func TestStrangerWritesUnderState(t *testing.T) {
 // back by hand) is ignored by every agent, and the leader repairs it:
 // nothing is consumed under its generation and nothing is lost.
 func TestAnOlderTermsAssignmentIsIgnored(t *testing.T) {
+	t.Parallel()
 	d := startDC(t)
 	cli := testenv.EtcdClientT(t, d.etcd)
 	l, agents, p := flowingFleet(t, d)
@@ -871,6 +884,7 @@ func TestAnOlderTermsAssignmentIsIgnored(t *testing.T) {
 // and how long (kswitch_stuck_partitions); once it acknowledges again
 // the agent is ready.
 func TestAStuckHandlerIsReported(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdT(t)
 	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 2}})
 	var mu sync.Mutex
@@ -920,6 +934,7 @@ func TestAStuckHandlerIsReported(t *testing.T) {
 // partitions, their offsets and ends; once it delivers again every record
 // arrives and the agent is ready.
 func TestAStalledPartitionIsReported(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdT(t)
 	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 2}})
 	var mu sync.Mutex
@@ -990,6 +1005,7 @@ func TestAStalledPartitionIsReported(t *testing.T) {
 // late, agent-3 consumes one of them (see below). Once the link heals the
 // list goes and every record arrives.
 func TestStalledPartitionsAreListed(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdT(t)
 	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 2}})
 	cli := testenv.EtcdClientT(t, e)
@@ -1068,24 +1084,6 @@ func TestStalledPartitionsAreListed(t *testing.T) {
 		return nil
 	})
 	l.check(t)
-}
-
-// flowingFleet starts agent-1..3 on d (their configuration changed by
-// mods), handing records to a ledger, waits until they consume A, and
-// starts a producer to A.
-func flowingFleet(t *testing.T, d *dc, mods ...func(*config.Config)) (*ledger, []*agent.Agent, *producer) {
-	t.Helper()
-	l := newLedger()
-	var agents []*agent.Agent
-	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
-		cfg := d.config(id)
-		for _, m := range mods {
-			m(&cfg)
-		}
-		agents = append(agents, startConsumer(t, cfg, l.handler(id)))
-	}
-	waitConsuming(t, 20*time.Second, "A", agents...)
-	return l, agents, startProducer(t, d.a.Brokers(), "orders", 0)
 }
 
 // stopLeader stops leader cleanly and returns the other agents.

@@ -66,6 +66,7 @@ func (k *keptConn) closedByServer() bool {
 // An idle keep-alive connection is closed after the idle timeout: clients
 // that open connections and leave them cannot pile them up.
 func TestHTTPClosesIdleKeepAliveConnections(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdT(t)
 	const idle = time.Second
 	a := startFleetAgent(t, testConfig(e, "agent-1"), agent.WithHooks(agent.Options{}, agent.Hooks{HTTPIdleTimeout: idle}))
@@ -101,6 +102,7 @@ func TestHTTPClosesIdleKeepAliveConnections(t *testing.T) {
 // The open connections are capped: past the cap a connection waits for
 // one to close, and /healthz answers it then.
 func TestHTTPCapsOpenConnections(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdT(t)
 	const limit = 8
 	a := startFleetAgent(t, testConfig(e, "agent-1"), agent.WithHooks(agent.Options{}, agent.Hooks{HTTPMaxConns: limit, HTTPIdleTimeout: time.Minute}))
@@ -142,6 +144,7 @@ func TestHTTPCapsOpenConnections(t *testing.T) {
 // set: off, the path is the status page's 404; on, a heap profile comes
 // back in the profile format go tool pprof reads (gzip).
 func TestPprofOnlyWhenAsked(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdT(t)
 	off := startFleetAgent(t, testConfig(e, "agent-1"), agent.Options{})
 	if code, _ := httpGet(t, off.HTTPAddr(), "/debug/pprof/heap"); code != http.StatusNotFound {

@@ -12,6 +12,7 @@ import (
 // /leader with self true and agent-3's fencing token for 1.7 s) does not
 // claim to lead: /leader names the successor and its term.
 func TestLeaderViewOfAnEndedTerm(t *testing.T) {
+	t.Parallel()
 	agent3 := election.Leader{ID: "agent-3", Token: 10}
 	agent2 := election.Leader{ID: "agent-2", Token: 6}
 	for _, c := range []struct {

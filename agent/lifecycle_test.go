@@ -77,6 +77,7 @@ func topicEvents(t *testing.T, e *devstack.Etcd) []state.TopicEvent {
 // fleet consumes it and its producer goes on: every record written to the
 // new topic is delivered, the leader records and counts the re-creation.
 func TestRecreatedTopicIsConsumedFromItsStart(t *testing.T) {
+	t.Parallel()
 	const before, after = 6000, 3000
 	e := testenv.StartEtcdT(t)
 	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 12}})
@@ -135,6 +136,7 @@ func waitAllCommittedAt(t *testing.T, e *devstack.Etcd, n int32, total int64) {
 // meanwhile: the partition consumers end on an offset out of range, and
 // consumption starts again at the new topic's start.
 func TestRecreatedTopicBehindItsOldPositionsStartsAtItsStart(t *testing.T) {
+	t.Parallel()
 	const before, after = 2000, 100
 	e := testenv.StartEtcdT(t)
 	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 2}})
@@ -226,6 +228,7 @@ func TestNewPartitionsAreConsumedWithinThreeSeconds(t *testing.T) {
 // not run; once it starts, /readyz is 200 again and the new topic's
 // records are handled.
 func TestReadyNamesAPartitionWhileItsConsumerIsDead(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdT(t)
 	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 2}})
 	l := newLedger()

@@ -15,6 +15,7 @@ import (
 // connection replaced since is dropped, and a cluster only one side has is
 // kept (a topic placed there). A failed job put back is the older side.
 func TestMirrorQueueKeepsTheNewestPositionsAndCluster(t *testing.T) {
+	t.Parallel()
 	onA, onB, onA2 := &offsets.KafkaMirror{}, &offsets.KafkaMirror{}, &offsets.KafkaMirror{}
 	var mirrors map[string]*offsets.KafkaMirror
 	at := func(cluster string, offs ...int64) []offsets.Commit {

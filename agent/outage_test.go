@@ -124,6 +124,7 @@ func (d *twoWay) written(t *testing.T) map[string]bool {
 // acknowledged record is handled, A's tail after the failback, and the
 // failback counts the tail exactly.
 func TestOutageProducersMoveAndMirrorBothWays(t *testing.T) {
+	t.Parallel()
 	d := startTwoWay(t)
 	cli := testenv.EtcdClientT(t, d.etcd)
 	l := newLedger()
@@ -295,6 +296,7 @@ func TestOutageProducersMoveAndMirrorBothWays(t *testing.T) {
 // right after the failback, when the fleet's positions in B's records are
 // on A's B.orders and must go back to B's orders.
 func TestOutageLeaderKilledMidSwitchThenASecondOutage(t *testing.T) {
+	t.Parallel()
 	d := startTwoWay(t)
 	cli := testenv.EtcdClientT(t, d.etcd)
 	l := newLedger()
@@ -416,6 +418,7 @@ func (l *ledger) handledFrom(from int) int {
 // started; B's records copied to A later (MirrorMaker 2's flow back
 // started after the fleet) are consumed from their start, every one.
 func TestACopyThatAppearsMidRunIsConsumedFromItsStart(t *testing.T) {
+	t.Parallel()
 	topics := map[string]int32{"orders": failoverPartitions}
 	d := &twoWay{
 		etcd: testenv.StartEtcdT(t),

@@ -78,6 +78,7 @@ func TestPacerKeepsTheShareWhateverThePartitionCount(t *testing.T) {
 // TestPacerUnboundedCommitsEverything: without a budget every changed
 // position is committed every tick.
 func TestPacerUnboundedCommitsEverything(t *testing.T) {
+	t.Parallel()
 	p := commitPacer{interval: time.Second}
 	p.share(0, 3, 10)
 	due := []dueCommit{{part: pcpart(2)}, {part: pcpart(0)}, {part: pcpart(1)}}
@@ -95,6 +96,7 @@ func TestPacerUnboundedCommitsEverything(t *testing.T) {
 // commits until it is repaid, and the agent that owns nothing keeps a
 // sliver for its releases.
 func TestPacerOrder(t *testing.T) {
+	t.Parallel()
 	t0 := time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC)
 	due := []dueCommit{
 		{part: pcpart(0), last: t0.Add(2 * time.Second)},

@@ -89,6 +89,7 @@ func cellText(dom, id string) string {
 // page is read-only (a POST is refused) and its screenshot is saved
 // (under $KSWITCH_TEST_SCREENSHOTS when set).
 func TestStatusPageInABrowser(t *testing.T) {
+	t.Parallel()
 	browser := chromium(t)
 	d := startDC(t)
 	var agents []*agent.Agent
@@ -168,6 +169,7 @@ func TestStatusPageInABrowser(t *testing.T) {
 // hundreds a second even on a loaded machine), and falls back once it
 // keeps up.
 func TestLagMetricFollowsASlowHandler(t *testing.T) {
+	t.Parallel()
 	d := startDC(t)
 	var slow atomic.Bool
 	l := newLedger()
@@ -211,6 +213,7 @@ func TestLagMetricFollowsASlowHandler(t *testing.T) {
 // topics re-created or resized): when, cluster, topic and the change, and
 // a value it refuses.
 func TestStatusPageListsTopicEvents(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdT(t)
 	a := startAgent(t, e, "agent-1")
 	cli := testenv.EtcdClientT(t, e)

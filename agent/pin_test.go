@@ -18,6 +18,7 @@ import (
 // there past failback_stable, and deleting it returns to automatic
 // failback. Then the same through `kswitch failover --to B` / `--auto`.
 func TestPinSwitchesAndHoldsUntilRemoved(t *testing.T) {
+	t.Parallel()
 	d := startDC(t)
 	cli := testenv.EtcdClientT(t, d.etcd)
 	l, ho := newLedger(), newHandovers()

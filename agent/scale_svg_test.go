@@ -123,6 +123,7 @@ func chart(b *strings.Builder, left float64, title, unit string, ss []scaleSerie
 // TestScaleSVGIsWellFormed: the chart of a grid is well-formed SVG with a
 // line for each series and the budget.
 func TestScaleSVGIsWellFormed(t *testing.T) {
+	t.Parallel()
 	got := map[scaleKey]scalePoint{}
 	for _, p := range []int{12, 120, 1200} {
 		for _, a := range []int{3, 10} {

@@ -251,6 +251,7 @@ func noSecrets(t *testing.T, where string, what []byte) {
 // does: member); their HTTP endpoints are HTTPS. No password shows in the
 // logs, /status or /metrics.
 func TestSecureFleet(t *testing.T) {
+	t.Parallel()
 	w := startSecureWorld(t)
 	var agents []*agent.Agent
 	for _, id := range []string{"s1", "s2"} {
@@ -337,6 +338,7 @@ func getPlain(a *agent.Agent) (int, []byte, error) {
 // the cluster unreachable with the authentication failure as the probe's
 // error (in /status), not a timeout. No password shows anywhere.
 func TestSecureFleetRefusals(t *testing.T) {
+	t.Parallel()
 	w := startSecureWorld(t)
 	wrongEtcd := w.start(t, w.config(t, "wrong-etcd", fleetUser, wrongPass, kafkaPass), nil)
 	stranger := w.start(t, w.config(t, "stranger", strangerUser, strangerPass, kafkaPass), nil)
@@ -415,6 +417,7 @@ func TestSecureFleetRefusals(t *testing.T) {
 // it cannot write the leader's state, registrations, offsets or routes,
 // nor another fleet's signals, nor read the fleet's gossip key.
 func TestOperatorRole(t *testing.T) {
+	t.Parallel()
 	w := startSecureWorld(t)
 	e := config.Default().Etcd
 	e.Endpoints = w.etcd.Endpoints()
@@ -451,6 +454,7 @@ func TestOperatorRole(t *testing.T) {
 // answers GET and HEAD, and refuses every other method on every path with
 // 405, before any handler runs.
 func TestHTTPIsReadOnly(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdT(t)
 	a := startAgent(t, e, "ro")
 	host, _, err := net.SplitHostPort(a.HTTPAddr())

@@ -28,6 +28,7 @@ func (l *ledger) total() int {
 }
 
 func TestPauseAndStartSignals(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdT(t)
 	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 4, "payments": 2}})
 	l := newLedger()
@@ -216,6 +217,7 @@ func (c *counting) get(id, topic string) int {
 }
 
 func TestEachScopeStopsOnlyWhatItNames(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdT(t)
 	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 2, "payments": 2}})
 	c := &counting{n: map[string]map[string]int{}, l: newLedger()}
@@ -337,6 +339,7 @@ func ownedOf(a *agent.Agent, topic string) []string {
 }
 
 func TestPauseHoldsAcrossCrashSwitchAndRestart(t *testing.T) {
+	t.Parallel()
 	d := startDC(t)
 	l := newLedger()
 	var agents []*agent.Agent

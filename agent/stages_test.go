@@ -88,7 +88,7 @@ type stagedFleet struct {
 
 func startStagedFleet(t *testing.T) *stagedFleet {
 	t.Helper()
-	f := &stagedFleet{d: startTopicsDC(t, stagedTopics...), l: newLedger(), ho: newHandovers(), m: newTopicMeter(),
+	f := &stagedFleet{d: startDC(t, withTopics(stagedTopics...)), l: newLedger(), ho: newHandovers(), m: newTopicMeter(),
 		prods: map[string]*producer{}, dead: map[string]*deadOn{}}
 	f.cli = testenv.EtcdClientT(t, f.d.etcd)
 	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
@@ -350,6 +350,7 @@ func TestStagedMoveUnderLoad(t *testing.T) {
 // move stops, stage 1 staying on B. 0 lost; records delivered twice are
 // only those the killed leader handled without committing.
 func TestStagedMoveSurvivesItsLeaderAndRollsBackAnUnhealthyStage(t *testing.T) {
+	t.Parallel()
 	f := startStagedFleet(t)
 	for _, d := range f.dead {
 		d.set("B", "payments")
@@ -475,6 +476,7 @@ func (f *stagedFleet) deadCounts() map[string]int64 {
 // state/stages and history/stages/; audit and clicks, on B already, are
 // not translated again.
 func TestFailoverOverridesAStagedMove(t *testing.T) {
+	t.Parallel()
 	f := startStagedFleet(t)
 	f.stages(t, time.Minute)
 	f.waitStages(t, 30*time.Second, 0, state.StageChecking)

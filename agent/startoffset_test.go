@@ -84,6 +84,7 @@ func (l *offsetLedger) check(want map[state.TopicPartition][2]int64) error {
 // A group's offset past the log's end is not used: that partition starts
 // at source.initial_offset, as one the group has no offset for.
 func TestAFleetWithoutPositionsStartsAtTheGroupsOffsets(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdT(t)
 	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 4}})
 	produce(t, k, "orders", 0, 400) // round robin: offsets 0-99 on each partition

@@ -27,6 +27,7 @@ import (
 // is lost; the only records handled twice are those the dead leader had
 // taken and not acknowledged.
 func TestLeaderKilledMidSwitchIsResumedByTheNext(t *testing.T) {
+	t.Parallel()
 	d := startDC(t)
 	cli := testenv.EtcdClientT(t, d.etcd)
 	l, ho := newLedger(), newHandovers()
@@ -94,6 +95,7 @@ func TestLeaderKilledMidSwitchIsResumedByTheNext(t *testing.T) {
 // however many attempts) and, once A is back while B is still down, gives
 // the switch up: the fleet consumes A again instead of staying released.
 func TestSwitchIsAbandonedWhenItsTargetDies(t *testing.T) {
+	t.Parallel()
 	d := startDC(t)
 	cli := testenv.EtcdClientT(t, d.etcd)
 	l, ho := newLedger(), newHandovers()

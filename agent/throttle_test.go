@@ -19,6 +19,7 @@ import (
 // from the Fetcher's Stats().Throttled on each commit tick) and the count
 // grows while the agent fetches; every record is handled once, in order.
 func TestDirectFetchThrottleIsCounted(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdT(t)
 	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 4}})
 	throttled := k.ThrottleFetches(100)

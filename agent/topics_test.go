@@ -13,8 +13,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kswitch/kswitch/agent"
-	"github.com/kswitch/kswitch/devstack"
-	"github.com/kswitch/kswitch/devstack/mirror"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
 	"github.com/kswitch/kswitch/internal/testkit/wait"
 	"github.com/kswitch/kswitch/record"
@@ -98,32 +96,6 @@ func (m *topicMeter) clusterOf(logical string) string {
 	return m.cluster[logical]
 }
 
-// startTopicsDC is startDC with the source topics topics, 4 partitions
-// each, all mirrored to B.
-func startTopicsDC(t testing.TB, topics ...string) *dc {
-	t.Helper()
-	parts := map[string]int32{}
-	for _, topic := range topics {
-		parts[topic] = failoverPartitions
-	}
-	d := &dc{
-		etcd: testenv.StartEtcdT(t),
-		a:    testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: parts}),
-		b:    testenv.StartKafkaT(t, "B", devstack.KafkaOptions{}),
-	}
-	m, err := mirror.Start(context.Background(), mirror.Config{
-		Source: d.a.Brokers(), Target: d.b.Brokers(), SourceName: "A", TargetName: "B",
-		Topics: topics, RemoteTopic: func(t string) string { return "A." + t }, TargetPrefill: 17,
-		OffsetSyncsTopic: "mm2-offset-syncs.A.internal", OffsetSyncsOnTarget: true,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.mirror = m
-	t.Cleanup(m.Stop)
-	return d
-}
-
 // topicsFleet is a fleet of three agents consuming orders and audit from A
 // under load, each record counted by a ledger and a topic meter.
 type topicsFleet struct {
@@ -143,7 +115,7 @@ const auditFrom = 10_000_000
 
 func startTopicsFleet(t *testing.T) *topicsFleet {
 	t.Helper()
-	f := &topicsFleet{d: startTopicsDC(t, "orders", "audit"), l: newLedger(), ho: newHandovers(), m: newTopicMeter()}
+	f := &topicsFleet{d: startDC(t, withTopics("orders", "audit")), l: newLedger(), ho: newHandovers(), m: newTopicMeter()}
 	f.cli = testenv.EtcdClientT(t, f.d.etcd)
 	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
 		f.start(t, id)
@@ -253,6 +225,7 @@ func (f *topicsFleet) drain(t *testing.T) int {
 // fingerprint, nothing is delivered twice. The moves are in history/ with
 // their topics, and state/active and /status show the placement.
 func TestTopicPinMovesOneTopicAlone(t *testing.T) {
+	t.Parallel()
 	f := startTopicsFleet(t)
 	f.m.reset()
 	// The baseline is 600 records (3 s at the producers' rate; longer on
@@ -347,6 +320,7 @@ func TestTopicPinMovesOneTopicAlone(t *testing.T) {
 // the fleet fails back and audit, still pinned, stays on B: neither
 // translated nor restarted. Nothing is lost.
 func TestFleetFailoverKeepsAPlacedTopic(t *testing.T) {
+	t.Parallel()
 	f := startTopicsFleet(t)
 	f.pin(t, "audit", "B")
 	toB := f.waitTopicOn(t, "audit", "B", 0)

@@ -15,6 +15,7 @@ import (
 // and that its fingerprints are those of the last offsets.MaxFingerprints
 // records before it, in offset order, whatever the order of the acks.
 func TestTrackerPositionFingerprintsTheLastAckedRecords(t *testing.T) {
+	t.Parallel()
 	const start, n = 100, 30
 	tr := newTracker(start, n)
 	ts := time.UnixMilli(1_700_000_000_000)
@@ -70,6 +71,7 @@ func TestTrackerPositionFingerprintsTheLastAckedRecords(t *testing.T) {
 // freed), while a chunk not yet passed keeps them, and the position's
 // fingerprints are still those of the records' contents.
 func TestTrackerLetsGoOfPassedChunks(t *testing.T) {
+	t.Parallel()
 	const start, per = 0, 5
 	tr := newTracker(start, 100)
 	ts := time.UnixMilli(1_700_000_000_000)
@@ -136,6 +138,7 @@ func TestTrackerLetsGoOfPassedChunks(t *testing.T) {
 // most its bound of records not acknowledged, and makes room at the next
 // ack, in any order.
 func TestTrackerBoundsRecordsNotAcknowledged(t *testing.T) {
+	t.Parallel()
 	const bound = 3
 	tr := newTracker(0, bound)
 	recs := make([]*delivery, bound+2)
@@ -181,6 +184,7 @@ func TestTrackerBoundsRecordsNotAcknowledged(t *testing.T) {
 // for it, until bytes are given back; a fetch larger than the whole
 // budget passes when nothing is held, so that it cannot wait for ever.
 func TestByteBudgetBoundsTheBytesInFlight(t *testing.T) {
+	t.Parallel()
 	b := newByteBudget(100)
 	b.Charge(60)
 	if b.Room(30) != nil {

@@ -140,12 +140,17 @@ func stripFingerprints(t *testing.T, cli *clientv3.Client, cluster string) func(
 //     stay readable while A is down). Nothing is lost, and the records
 //     handled twice are at most what history/ says was rewound.
 func TestFailoverWithoutFingerprints(t *testing.T) {
-	t.Run("timestamp", func(t *testing.T) { failoverWithoutFingerprints(t, false) })
-	t.Run("mm2", func(t *testing.T) { failoverWithoutFingerprints(t, true) })
+	t.Parallel()
+	t.Run("timestamp", func(t *testing.T) { t.Parallel(); failoverWithoutFingerprints(t, false) })
+	t.Run("mm2", func(t *testing.T) { t.Parallel(); failoverWithoutFingerprints(t, true) })
 }
 
 func failoverWithoutFingerprints(t *testing.T, offsetSyncs bool) {
-	d := startDCWith(t, offsetSyncs)
+	var opts []dcOption
+	if !offsetSyncs {
+		opts = append(opts, withoutOffsetSyncs())
+	}
+	d := startDC(t, opts...)
 	cli := testenv.EtcdClientT(t, d.etcd)
 	stripped := stripFingerprints(t, cli, "A")
 	const margin = 500 * time.Millisecond

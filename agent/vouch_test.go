@@ -17,6 +17,7 @@ import (
 // speak the fleet's keyed gossip from the addresses they registered:
 // that is their proof, and the leader plans on all three.
 func TestMembershipShownInKeyedGossip(t *testing.T) {
+	t.Parallel()
 	d := startDC(t)
 	pki, err := devstack.NewPKI(t.TempDir())
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 )
 
 func TestEtcdStopRestartKeepsDataAndClient(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdT(t)
 	if got := e.Endpoints(); len(got) != 1 {
 		t.Fatalf("Endpoints() = %v, want one endpoint", got)
@@ -92,6 +93,7 @@ func TestEtcdStopLeavesNoGoroutines(t *testing.T) {
 }
 
 func TestEtcdNewValueOnExistingDataDir(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	e1, err := devstack.StartEtcd(dir, nil)
 	if err != nil {
@@ -128,6 +130,7 @@ func TestEtcdNewValueOnExistingDataDir(t *testing.T) {
 // TestEtcdCompactingCompactsItsHistory: with a retention of 2 s the
 // server compacts away the revisions older than that by itself.
 func TestEtcdCompactingCompactsItsHistory(t *testing.T) {
+	t.Parallel()
 	if _, err := devstack.StartEtcdCompacting(t.TempDir(), nil, 0); err == nil {
 		t.Fatal("a retention of 0 was taken")
 	}

@@ -122,6 +122,7 @@ func partitionCount(cl sarama.Client, topic string) (int, error) {
 }
 
 func TestKafkaProduceConsumeSurvivesRestart(t *testing.T) {
+	t.Parallel()
 	const n = 50
 	k := testenv.StartKafkaT(t, "east", devstack.KafkaOptions{
 		Topics:           map[string]int32{"orders": 3},
@@ -173,6 +174,7 @@ func TestKafkaProduceConsumeSurvivesRestart(t *testing.T) {
 }
 
 func TestKafkaInMemoryRestartStartsEmpty(t *testing.T) {
+	t.Parallel()
 	k, err := devstack.StartKafka("mem", devstack.KafkaOptions{Topics: map[string]int32{"t": 1}})
 	if err != nil {
 		t.Fatal(err)
@@ -192,6 +194,7 @@ func TestKafkaInMemoryRestartStartsEmpty(t *testing.T) {
 }
 
 func TestKafkaFailRecover(t *testing.T) {
+	t.Parallel()
 	k := testenv.StartKafkaT(t, "west", devstack.KafkaOptions{Topics: map[string]int32{"orders": 1}})
 	cl := newSaramaClient(t, k, nil)
 	p := newSyncProducer(t, cl)
@@ -226,6 +229,7 @@ func TestKafkaFailRecover(t *testing.T) {
 }
 
 func TestKafkaHangRecover(t *testing.T) {
+	t.Parallel()
 	k := testenv.StartKafkaT(t, "hung", devstack.KafkaOptions{Topics: map[string]int32{"orders": 1}})
 	cfg := saramaConfig()
 	cfg.Net.ReadTimeout = time.Second
@@ -246,6 +250,7 @@ func TestKafkaHangRecover(t *testing.T) {
 }
 
 func TestKafkaFailSurvivesRestart(t *testing.T) {
+	t.Parallel()
 	k := testenv.StartKafkaT(t, "f", devstack.KafkaOptions{Topics: map[string]int32{"orders": 1}})
 	k.Fail()
 	k.Stop()
@@ -267,6 +272,7 @@ func TestKafkaFailSurvivesRestart(t *testing.T) {
 }
 
 func TestKafkaCreateTopicAddPartitions(t *testing.T) {
+	t.Parallel()
 	k := testenv.StartKafkaT(t, "admin", devstack.KafkaOptions{})
 	cl := newSaramaClient(t, k, nil)
 
@@ -332,6 +338,7 @@ func TestKafkaCreateTopicAddPartitions(t *testing.T) {
 }
 
 func TestKafkaMultiBrokerFixedPorts(t *testing.T) {
+	t.Parallel()
 	ports, err := freeport.Ports(3)
 	if err != nil {
 		t.Fatal(err)
@@ -361,6 +368,7 @@ func TestKafkaMultiBrokerFixedPorts(t *testing.T) {
 }
 
 func TestKafkaOptionsValidation(t *testing.T) {
+	t.Parallel()
 	if _, err := devstack.StartKafka("bad", devstack.KafkaOptions{Brokers: 2, Ports: []int{1}}); err == nil {
 		t.Fatal("Brokers=2 with one port accepted")
 	}

@@ -27,6 +27,7 @@ func linkedClient(t *testing.T, k *devstack.Kafka, l *devstack.Link) sarama.Clie
 }
 
 func TestLinkCutAndHeal(t *testing.T) {
+	t.Parallel()
 	k := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": 1}})
 	l := devstack.NewLink()
 	linked := linkedClient(t, k, l)
@@ -76,6 +77,7 @@ func TestLinkCutAndHeal(t *testing.T) {
 }
 
 func TestLinkClosesConnectionsDialledDuringACut(t *testing.T) {
+	t.Parallel()
 	// A listener that accepts but never answers: a dial through the link
 	// completes, Cut must still close the connection it made.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -17,6 +17,7 @@ import (
 // of its CA, auth is on, and a user added with a prefix role reads and
 // writes there and nowhere else, also after a restart.
 func TestSecureEtcd(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartSecureEtcdT(t)
 	s := e.Security()
 	if err := e.AddUser("fleet", "pw", devstack.EtcdPermission{Key: "/kswitch/orders/", Prefix: true, Type: clientv3.PermissionType(clientv3.PermReadWrite)}); err != nil {

@@ -19,6 +19,7 @@ import (
 // exist yet is refused until the cluster is added in etcd, and then
 // receives the records.
 func TestSinkClustersChangeAtRunTime(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	w.cfg.Source.CommitInterval = 200 * time.Millisecond
 	m := w.start(t)

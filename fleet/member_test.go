@@ -161,6 +161,7 @@ func (w *world) committed(t *testing.T) int64 {
 // record to C; Stop returns promptly, after the agent has committed what
 // C acknowledged, and leaves no goroutine behind (TestMain checks).
 func TestStopDeliversAndCommitsThenEndsEverything(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	m := w.start(t)
 	const n = 300
@@ -186,6 +187,7 @@ func TestStopDeliversAndCommitsThenEndsEverything(t *testing.T) {
 // stopped without being started, leave no goroutine behind (TestMain
 // checks): the router's loop, Run and the signals watcher all end.
 func TestAbortAndStopBeforeStartEndEverything(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	m := w.start(t)
 	w.produce(t, 50)
@@ -208,6 +210,7 @@ func TestAbortAndStopBeforeStartEndEverything(t *testing.T) {
 // StuckAfter, and 200 again once C answers and every record is there.
 // Before, it answered 200 throughout while the channel took nothing.
 func TestReadinessSaysWhenRecordsReachNoChannel(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	m, err := NewMember(w.cfg, agent.Options{Logger: zaptest.NewLogger(t), StuckAfter: 2 * time.Second})
 	if err != nil {

@@ -46,6 +46,7 @@ func value(t *testing.T, cli *clientv3.Client, key string) string {
 // The operator writes the keys the leader follows, the ones an operator
 // would write with etcdctl, and refuses a bad name before writing.
 func TestOperatorPinsWhatEtcdctlWould(t *testing.T) {
+	t.Parallel()
 	op, cli := operatorOn(t)
 	ctx := t.Context()
 	k := op.Keys()
@@ -84,6 +85,7 @@ func TestOperatorPinsWhatEtcdctlWould(t *testing.T) {
 // A staged move is checked as the leader checks it: a plan the leader
 // would refuse is refused here and nothing is written.
 func TestOperatorRefusesABadStagedMove(t *testing.T) {
+	t.Parallel()
 	op, cli := operatorOn(t)
 	ctx := t.Context()
 	k := op.Keys()
@@ -115,6 +117,7 @@ func TestOperatorRefusesABadStagedMove(t *testing.T) {
 // Pause and Resume write the signal values the agents obey, and Signals
 // reads them back as the agents do.
 func TestOperatorPausesAndResumes(t *testing.T) {
+	t.Parallel()
 	op, _ := operatorOn(t)
 	ctx := t.Context()
 	topic := signals.Scope{Kind: signals.Topic, Name: "payments"}
@@ -143,6 +146,7 @@ func TestOperatorPausesAndResumes(t *testing.T) {
 // Active and Switches read what the leader wrote; a value nobody can read
 // is reported with its key, not fatal to the others.
 func TestOperatorReadsActiveAndSwitches(t *testing.T) {
+	t.Parallel()
 	op, cli := operatorOn(t)
 	ctx := t.Context()
 	k := op.Keys()
@@ -183,6 +187,7 @@ func TestOperatorReadsActiveAndSwitches(t *testing.T) {
 }
 
 func TestNewOperatorRefusesABadName(t *testing.T) {
+	t.Parallel()
 	cli := testenv.EtcdClientT(t, testenv.StartEtcdT(t))
 	if _, err := fleet.NewOperator(cli, "or/ders"); err == nil {
 		t.Error("a fleet name with a slash was accepted")
@@ -196,6 +201,7 @@ func TestNewOperatorRefusesABadName(t *testing.T) {
 // agents' clusters, before anything is written; a valid change is written
 // whole and read back as the layer in force.
 func TestOperatorAppliesOnlyValidRoutes(t *testing.T) {
+	t.Parallel()
 	op, cli := operatorOn(t)
 	ctx := t.Context()
 	k := op.Keys()
@@ -236,6 +242,7 @@ func TestOperatorAppliesOnlyValidRoutes(t *testing.T) {
 // it is written; AwaitConfig reports the leader's verdict, or that none
 // came.
 func TestOperatorAppliesConfigAndAwaitsTheVerdict(t *testing.T) {
+	t.Parallel()
 	op, cli := operatorOn(t)
 	ctx := t.Context()
 	k := op.Keys()

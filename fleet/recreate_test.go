@@ -110,6 +110,7 @@ func (w *world) recreateOrders(t *testing.T) {
 // of the new topic reaches C once all the same (read_committed), none
 // skipped as delivered before, and none twice.
 func TestExactlyOnceRecreatedSourceTopic(t *testing.T) {
+	t.Parallel()
 	const before, after = 900, 600
 	w := newWorld(t)
 	c := w.cfg.Clusters["C"]

@@ -264,6 +264,7 @@ func adminOf(t *testing.T, k *devstack.Kafka) sarama.ClusterAdmin {
 // first success on while earlier failed ones waited out their backoffs:
 // records landed after later ones of their partition.
 func TestSinkOutageKeepsSourceOrder(t *testing.T) {
+	t.Parallel()
 	for _, fault := range []string{"fail", "hang"} {
 		t.Run(fault, func(t *testing.T) {
 			w, r, f := orderedWorld(t, nil, nil)
@@ -294,6 +295,7 @@ func TestSinkOutageKeepsSourceOrder(t *testing.T) {
 // routing.refused: block the partition stops and readiness says why.
 // Before, it was sent again forever and its partition froze.
 func TestRecordNoTopicTakes(t *testing.T) {
+	t.Parallel()
 	const big = 2 << 20
 	for _, policy := range []string{"", RefusedBlock} {
 		t.Run("policy="+cmp.Or(policy, "default"), func(t *testing.T) {
@@ -371,6 +373,7 @@ func TestRecordNoTopicTakes(t *testing.T) {
 // nothing while records wait for it, with the cause; and stops telling
 // once records flow again.
 func TestDeliveryProblemSaysWhereRecordsGo(t *testing.T) {
+	t.Parallel()
 	const after = time.Second
 	w := newWorld(t, map[string][]string{"C": {"c", "dead"}}, "A", "C")
 	w.cfg.Routing = Config{
@@ -458,6 +461,7 @@ func gathered(t *testing.T, w *world, name, channel string) float64 {
 // created again holds up the channel's records while it is gone; once it
 // is back they reach it and nothing waits for good.
 func TestChannelTopicRecreated(t *testing.T) {
+	t.Parallel()
 	w, r, f := orderedWorld(t, nil, nil)
 	admin := adminOf(t, w.kafkas["C"])
 	if err := admin.DeleteTopic("c"); err != nil {
@@ -509,6 +513,7 @@ func TestChannelTopicRecreated(t *testing.T) {
 // Before, every record of the batch was dead-lettered, or dropped when
 // their dead letters were refused in a batch too.
 func TestBatchWithARecordTooLargeForTheTopic(t *testing.T) {
+	t.Parallel()
 	const limit, big, bigAt = 100_000, 300_000, 300
 	w := newWorld(t, map[string][]string{"C": {"c", "dead"}}, "A", "C")
 	admin := adminOf(t, w.kafkas["C"])

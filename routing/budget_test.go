@@ -22,6 +22,7 @@ import (
 const theIssuesRule = `topic == "orders" && (key != "x" || len(repeat(value, 999999)) > 0)`
 
 func TestTheIssuesRuleIsRefused(t *testing.T) {
+	t.Parallel()
 	_, err := Compile(Config{Rules: []Rule{{Name: "orders", Match: theIssuesRule, Channels: []string{"x"}}}, Channels: testChannels()}, testClusters)
 	var ie *InvalidError
 	if !errors.As(err, &ie) {
@@ -42,6 +43,7 @@ func TestTheIssuesRuleIsRefused(t *testing.T) {
 // past that size is accepted, and a record that reaches it fails with
 // ErrBudget.
 func TestProbesAreAsLargeAsKafkaAllows(t *testing.T) {
+	t.Parallel()
 	_, err := Compile(Config{Rules: []Rule{{Name: "r", Match: `len(repeat(value, 20)) > 0`, Channels: []string{"x"}}}, Channels: testChannels()}, testClusters)
 	if want := "rules[0].match: refused: on a record whose value is 1.0 MiB of text, the expression exceeded its evaluation budget: repeat would build 20.0 MiB"; err == nil || !strings.Contains(err.Error(), want) {
 		t.Errorf("Compile = %v, want %q", err, want)
@@ -122,6 +124,7 @@ func allocated(f func() error) (uint64, error) {
 // TestBudgetGrowsWithTheRecord: what copies a large record a few times
 // routes it; what multiplies it does not.
 func TestBudgetGrowsWithTheRecord(t *testing.T) {
+	t.Parallel()
 	const size = 20 << 20 // over MaxBuiltBytes alone
 	big := strings.Repeat("x", size)
 	for _, tc := range []struct {
@@ -153,6 +156,7 @@ func TestBudgetGrowsWithTheRecord(t *testing.T) {
 // TestGuardsKeepExpressionsMeaning: the guarded builtins and operators
 // return what expr's own do, and keep their type errors at compile time.
 func TestGuardsKeepExpressionsMeaning(t *testing.T) {
+	t.Parallel()
 	env := func() *Env {
 		return (&Version{needs: needs{true, true, true, true}}).env(&record.Record{Cluster: "A", Topic: "orders",
 			Key: []byte("k-1"), Value: []byte(`{"a": [1, [2, 3]], "s": "x,y", "n": 2, "t": "<b>"}`),
@@ -204,6 +208,7 @@ func TestGuardsKeepExpressionsMeaning(t *testing.T) {
 // TestAKeyTooLargeAsJSONIsRefused: a key expression's value that is
 // neither a string nor a number is written as JSON, within the budget.
 func TestAKeyTooLargeAsJSONIsRefused(t *testing.T) {
+	t.Parallel()
 	chans := testChannels()
 	chans["k"] = Channel{Cluster: "B", Topic: "t", Key: `len(value) < 100000 ? key : let a = [value, value]; let b = [a, a]; let c = [b, b]; [c, c]`}
 	v := mustCompile(t, Config{Default: []string{"k"}, Channels: chans})
@@ -215,6 +220,7 @@ func TestAKeyTooLargeAsJSONIsRefused(t *testing.T) {
 // TestExampleRoutesRouteUnchanged: examples/routes.yaml routes as it did
 // before the guards, a 5 MiB order included.
 func TestExampleRoutesRouteUnchanged(t *testing.T) {
+	t.Parallel()
 	v, err := Compile(exampleRoutes(t), testClusters)
 	if err != nil {
 		t.Fatal(err)
@@ -251,6 +257,7 @@ func TestExampleRoutesRouteUnchanged(t *testing.T) {
 // the reason budget, having cost the evaluation nothing, and the next
 // records of its partition route.
 func TestARecordOverTheBudgetIsDeadLettered(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, map[string][]string{"B": {"b", "dead"}}, "A", "B")
 	w.cfg.Routing = Config{
 		Rules:      []Rule{{Name: "commas", Match: `len(replace(value, ",", repeat(" ", 100))) > 0`, Channels: []string{"b"}}},

@@ -24,6 +24,7 @@ import (
 // order, through the new producer once the cluster is back. Every record
 // is acknowledged and each source partition reaches the channel in order.
 func TestClusterRedefinedDuringAnOutageKeepsSourceOrder(t *testing.T) {
+	t.Parallel()
 	w, r, f := orderedWorld(t, nil, nil)
 	c := w.kafkas["C"]
 	c.Fail()
@@ -61,6 +62,7 @@ func TestClusterRedefinedDuringAnOutageKeepsSourceOrder(t *testing.T) {
 // as the second is wanted, records go on flowing in order, and
 // kswitch_routing_epoch_bumps_total counts both bumps.
 func TestRepeatedEpochBumpsTellReadiness(t *testing.T) {
+	t.Parallel()
 	w, r, f := orderedWorld(t, nil, nil)
 	w.kafkas["C"].Cluster().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "c", Partitions: []int32{0},
 		Err: kerr.OutOfOrderSequenceNumber, Count: 2})
@@ -86,6 +88,7 @@ func TestRepeatedEpochBumpsTellReadiness(t *testing.T) {
 // they were consumed, in order (the producer is handed the record's own
 // headers, not a copy).
 func TestHeadersReachTheChannel(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, map[string][]string{"C": {"c"}}, "A", "C")
 	w.cfg.Routing = Config{
 		Rules:    []Rule{{Name: "all", Channels: []string{"c"}}},

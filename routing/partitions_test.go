@@ -87,6 +87,7 @@ func (f *timedFeed) stop() []int64 {
 // the count is known, the held records are sent, and every record
 // reaches the channel once, in order per partition.
 func TestUnknownTopicOnAHungClusterDoesNotBlockHandle(t *testing.T) {
+	t.Parallel()
 	w, r, f := orderedWorld(t, nil, func(c *Config) {
 		c.Rules[0].Match = `topic == "orders"`
 		c.Rules = append(c.Rules, Rule{Name: "news", Match: `topic == "news"`, Channels: []string{"d"}})

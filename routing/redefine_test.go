@@ -19,6 +19,7 @@ import (
 // chaos run (seed 51: C stopped 15 s, the routes in force deleted meanwhile)
 // put 58 records after later ones of their partition, none counted.
 func TestChannelRedefinedDuringAnOutageKeepsSourceOrder(t *testing.T) {
+	t.Parallel()
 	for _, fault := range []string{"stop", "fail"} {
 		t.Run(fault, func(t *testing.T) {
 			w := newWorld(t, map[string][]string{"C": {"c"}}, "A", "C").withEtcd()

@@ -245,6 +245,7 @@ func header(r *kgo.Record, key string) string {
 }
 
 func TestFanOutToTwoClusters(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, map[string][]string{"B": {"copy"}, "C": {"audit"}}, "A", "B", "C")
 	w.cfg.Routing = Config{Mode: ModeAll,
 		Rules: []Rule{{Name: "orders", Match: `topic == "orders"`, Channels: []string{"copy", "audit"}}},
@@ -300,6 +301,7 @@ func TestFanOutToTwoClusters(t *testing.T) {
 }
 
 func TestRuleChangeThroughEtcd(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, map[string][]string{"B": {"b"}, "C": {"c"}}, "A", "B", "C").withEtcd()
 	w.cfg.Routing = Config{
 		Rules:    []Rule{{Name: "to-b", Match: `topic == "orders"`, Channels: []string{"b"}}},
@@ -340,6 +342,7 @@ func TestRuleChangeThroughEtcd(t *testing.T) {
 }
 
 func TestChannelOnAThirdClusterAtRunTime(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, map[string][]string{"B": {"b"}, "C": {"new"}}, "A", "B", "C").withEtcd()
 	w.cfg.Routing = Config{Default: []string{"b"}, Channels: map[string]Channel{"b": {Cluster: "B", Topic: "b"}}}
 	k := keys.New(fleet)
@@ -386,6 +389,7 @@ func TestChannelOnAThirdClusterAtRunTime(t *testing.T) {
 }
 
 func TestInvalidVersionRefused(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, map[string][]string{"B": {"b"}}, "A", "B").withEtcd()
 	w.cfg.Routing = Config{Channels: map[string]Channel{"b": {Cluster: "B", Topic: "b"}}}
 	k := keys.New(fleet)
@@ -448,6 +452,7 @@ func TestInvalidVersionRefused(t *testing.T) {
 }
 
 func TestEvaluationErrorGoesToDeadLetter(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, map[string][]string{"B": {"big", "dead"}}, "A", "B")
 	w.cfg.Routing = Config{
 		Rules:      []Rule{{Name: "big", Match: `json.amount > 1000`, Channels: []string{"big"}}},
@@ -489,6 +494,7 @@ func TestEvaluationErrorGoesToDeadLetter(t *testing.T) {
 // dead-letter channel with the reason, while the others route on, and a
 // rule that replaces it takes effect.
 func TestRuleOverBudgetIsDeadLettered(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, map[string][]string{"B": {"b", "dead"}}, "A", "B").withEtcd()
 	w.cfg.Routing = Config{
 		// reduce builds len(value)²/2 bytes: 33 MB for 8 KiB.
@@ -531,6 +537,7 @@ func TestRuleOverBudgetIsDeadLettered(t *testing.T) {
 }
 
 func TestEvaluationErrorWithoutDeadLetterStops(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, map[string][]string{"B": {"big"}}, "A", "B").withEtcd()
 	w.cfg.Routing = Config{
 		Rules:    []Rule{{Name: "big", Match: `json.amount > 1000`, Channels: []string{"big"}}},
@@ -556,6 +563,7 @@ func TestEvaluationErrorWithoutDeadLetterStops(t *testing.T) {
 // TestDestinationDown cuts cluster B off: the records of its channel wait
 // unacknowledged, C's flow; when B returns, nothing is lost.
 func TestDestinationDown(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, map[string][]string{"B": {"b"}, "C": {"c"}}, "A", "B", "C")
 	w.cfg.Routing = Config{
 		Rules: []Rule{
@@ -684,6 +692,7 @@ func inFlightMetric(r *Router, channel string) float64 {
 }
 
 func TestChannelPauseHoldsRecords(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, map[string][]string{"B": {"b"}}, "A", "B").withEtcd()
 	w.cfg.Routing = Config{Default: []string{"b"}, Channels: map[string]Channel{"b": {Cluster: "B", Topic: "b"}}}
 	k := keys.New(fleet)
@@ -735,6 +744,7 @@ func TestChannelPauseHoldsRecords(t *testing.T) {
 }
 
 func TestNotReadyBeforeEtcdRead(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, map[string][]string{}, "A")
 	e := testenv.StartEtcdT(t)
 	c := testenv.EtcdClientT(t, e)
@@ -805,6 +815,7 @@ func blockedWorld(t *testing.T, extra ...string) (*world, *Router, *record.Recor
 // manual partition the topic does not have) holds its partition while
 // there is no dead-letter channel, and goes there once there is one.
 func TestRefusedRecord(t *testing.T) {
+	t.Parallel()
 	w, r, refused := blockedWorld(t, "dead")
 	next := testRecord("orders", 7, 1, "")
 	err := r.Handle(t.Context(), next)
@@ -855,6 +866,7 @@ func TestRefusedRecord(t *testing.T) {
 // content is put in force again under that revision (waiting for the
 // deletion's revision, as kswitch routes apply does, would hang).
 func TestVersionNumberedAfterADeletionSeenLate(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, map[string][]string{"B": {"b"}}, "A", "B").withEtcd()
 	w.cfg.Routing = Config{Default: []string{"b"}, Channels: map[string]Channel{"b": {Cluster: "B", Topic: "b"}}}
 	r, err := New(w.cfg, nil, Options{Etcd: w.etcd, Logger: zaptest.NewLogger(t)}) // not Run: rebuilds by hand

@@ -26,6 +26,7 @@ import (
 // records keep arriving), and kswitch_refused_values_total counts each
 // kind.
 func TestStrangerWritesGarbage(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdT(t)
 	src := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Topics: map[string]int32{"orders": relayPartitions}})
 	dst := testenv.StartKafkaT(t, "D", devstack.KafkaOptions{Topics: map[string]int32{"out": relayPartitions}})

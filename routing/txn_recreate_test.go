@@ -31,6 +31,7 @@ func (o *eosOwner) offerTopic(t *testing.T, id, tag string, from, to int64) {
 // next owner skips what was delivered of it. Before, the new topic's
 // offsets 0-149 were skipped as delivered: lost.
 func TestExactlyOnceATopicCreatedAgainIsNotCovered(t *testing.T) {
+	t.Parallel()
 	w := eosWorld(t)
 	first := w.owner(1, 50*time.Millisecond)
 	first.offerTopic(t, "id-1", "old-", 0, 150)

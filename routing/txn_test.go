@@ -170,6 +170,7 @@ func (o *eosOwner) waitAckedOf(t *testing.T, topic string, n int) {
 // the cluster's), and although an owner that lost the partition holds an
 // open transaction when the next one starts.
 func TestExactlyOnceThroughACrashAndAZombie(t *testing.T) {
+	t.Parallel()
 	w := eosWorld(t)
 
 	// The first owner produces 0-149, committed (acknowledged only once
@@ -256,6 +257,7 @@ func TestExactlyOnceThroughACrashAndAZombie(t *testing.T) {
 // whose last commit came after it must still be read to that commit, or
 // its next owner delivers again what the last one committed.
 func TestExactlyOnceReadsThePositionPastAnotherStreamsOpenTransaction(t *testing.T) {
+	t.Parallel()
 	w := eosWorld(t)
 	first := w.owner(1, 50*time.Millisecond)
 	first.handle(t, 0, 50) // creates the positions topic
@@ -305,6 +307,7 @@ func TestExactlyOnceReadsThePositionPastAnotherStreamsOpenTransaction(t *testing
 // TestExactlyOnceChannelSettingsRefused: a channel on an exactly_once
 // cluster cannot ask for settings its transactions do not have.
 func TestExactlyOnceChannelSettingsRefused(t *testing.T) {
+	t.Parallel()
 	clusters := map[string]config.Cluster{
 		"A": {Brokers: []string{"a:9092"}, Role: config.RolePrimary, Version: config.DefaultKafkaVersion},
 		"S": {Brokers: []string{"s:9092"}, Role: config.RoleSink, Version: config.DefaultKafkaVersion, Delivery: config.ExactlyOnce},
@@ -356,6 +359,7 @@ func copies(t *testing.T) func(o *eosOwner, cluster string, from, to int64) {
 // starts on B's copy at the translation of etcd's position, finds there
 // the last record committed (by fingerprint) and skips what precedes it.
 func TestExactlyOnceAlignsACopyAfterACrashAndASwitch(t *testing.T) {
+	t.Parallel()
 	w := eosWorld(t)
 	hand := copies(t)
 	onA := w.owner(1, 50*time.Millisecond)
@@ -383,6 +387,7 @@ func TestExactlyOnceAlignsACopyAfterACrashAndASwitch(t *testing.T) {
 // a producer holding records while aligning closed as idle after 600
 // transaction intervals and never delivered 3 of them.
 func TestExactlyOnceAlignsACopyTheMirrorFillsLate(t *testing.T) {
+	t.Parallel()
 	w := eosWorld(t)
 	hand := copies(t)
 	onA := w.owner(1, 50*time.Millisecond)
@@ -410,6 +415,7 @@ func TestExactlyOnceAlignsACopyTheMirrorFillsLate(t *testing.T) {
 // a transaction is open: the producer is opened again once it is back,
 // and the transaction's records are sent again, once.
 func TestExactlyOnceThroughASinkOutage(t *testing.T) {
+	t.Parallel()
 	w := eosWorld(t)
 	o := w.owner(1, 50*time.Millisecond)
 	o.handle(t, 0, 50)
@@ -445,6 +451,7 @@ func TestExactlyOnceThroughASinkOutage(t *testing.T) {
 // owner, whose records would then wait for ever, and commit records that
 // etcd's position does not cover. The next owner delivers them, each once.
 func TestExactlyOnceReleaseStopsTheOldOwnersProducer(t *testing.T) {
+	t.Parallel()
 	w := eosWorld(t)
 	const oldInterval = 2 * time.Second
 	old := w.owner(1, oldInterval)

@@ -191,6 +191,7 @@ func (w *world) logUncommitted(cluster, topic string) {
 // (which aborts the open transaction), and the position read back
 // decides what is sent again.
 func TestExactlyOnceDirectThroughABrokerRestart(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		// broken: S stays down until a transaction failed (the
@@ -295,6 +296,7 @@ func committing(r *Router) bool {
 // records are committed in the next: each record once on the channel or
 // on the dead-letter channel, read_committed, each acknowledged once.
 func TestExactlyOnceDirectRefusedRecordToDeadLetter(t *testing.T) {
+	t.Parallel()
 	const limit, big, bigAt, n = 100_000, 300_000, 30, 60
 	w := newWorld(t, map[string][]string{"S": {"out", "dead"}}, "A", "S")
 	s := w.cfg.Clusters["S"]

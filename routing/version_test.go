@@ -51,6 +51,7 @@ func rec(topic string, key, value string, headers ...string) *record.Record {
 }
 
 func TestRoute(t *testing.T) {
+	t.Parallel()
 	orders := Rule{Name: "orders", Match: `topic == "orders"`, Channels: []string{"x"}}
 	everything := Rule{Name: "everything", Channels: []string{"y", "x"}}
 	tests := []Rule{{Name: "tests", Match: `headers["test"] == "true"`, Drop: true}}
@@ -110,6 +111,7 @@ func TestRoute(t *testing.T) {
 }
 
 func TestKeys(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		key  string
 		rec  *record.Record
@@ -138,6 +140,7 @@ func TestKeys(t *testing.T) {
 }
 
 func TestEvalErrors(t *testing.T) {
+	t.Parallel()
 	v := mustCompile(t, Config{Rules: []Rule{
 		{Name: "amount", Match: `json.amount > 10`, Channels: []string{"x"}},
 	}})
@@ -157,6 +160,7 @@ func TestEvalErrors(t *testing.T) {
 }
 
 func TestNeeds(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		match string
 		want  needs
@@ -175,6 +179,7 @@ func TestNeeds(t *testing.T) {
 }
 
 func TestCompileRefuses(t *testing.T) {
+	t.Parallel()
 	old := map[string]config.Cluster{"A": {Brokers: []string{"a:1"}, Version: "0.10.2.0"}, "Z": {Brokers: []string{"z:1"}, Version: "2.0.0"}}
 	for _, tc := range []struct {
 		name     string
@@ -228,6 +233,7 @@ func cmpOr[M ~map[K]V, K comparable, V any](a, b M) M {
 }
 
 func TestMerge(t *testing.T) {
+	t.Parallel()
 	static := Config{Mode: ModeAll, Rules: []Rule{{Name: "s", Channels: []string{"x"}}}, Channels: testChannels()}
 	k := testKeys
 	spec, src, err := Merge(static, k, nil, nil)
@@ -261,6 +267,7 @@ func TestMerge(t *testing.T) {
 // record comes from; a rule that reads anything else (or now()) runs for
 // every record. Either way every record gets the decision of its own.
 func TestDecisionsKeptPerPartitionOnlyWhenTheRulesAllowIt(t *testing.T) {
+	t.Parallel()
 	// Each cluster holds two copies of orders: its own (origin the
 	// cluster) and the other's (A.orders on B, B.orders on A), with the
 	// same partition numbers, decided apart.

@@ -30,6 +30,7 @@ func pair(t *testing.T, topics map[string]int32) (a, b *devstack.Kafka) {
 }
 
 func TestCopyPreservesRecords(t *testing.T) {
+	t.Parallel()
 	const n, prefill = 40, 3
 	a, b := pair(t, map[string]int32{"orders": 2})
 	ac, bc := newClient(t, a), newClient(t, b)
@@ -121,6 +122,7 @@ func TestCopyPreservesRecords(t *testing.T) {
 }
 
 func TestRemoteTopicNaming(t *testing.T) {
+	t.Parallel()
 	a, b := pair(t, map[string]int32{"orders": 3, "payments": 2})
 	// A target topic that exists already is used as it is.
 	if err := b.CreateTopic("A.payments", 2); err != nil {
@@ -168,6 +170,7 @@ func TestRemoteTopicNaming(t *testing.T) {
 // source's leaders are placed by the test (partition p on node p mod 3):
 // kfake places them at random, and may put all six on one node.
 func TestMultiBroker(t *testing.T) {
+	t.Parallel()
 	a := testenv.StartKafkaT(t, "A", devstack.KafkaOptions{Brokers: 3, Topics: map[string]int32{"orders": 6}})
 	b := testenv.StartKafkaT(t, "B", devstack.KafkaOptions{Brokers: 2})
 	for part := range int32(6) {
@@ -197,6 +200,7 @@ func TestMultiBroker(t *testing.T) {
 }
 
 func TestStartRefuses(t *testing.T) {
+	t.Parallel()
 	a, b := pair(t, map[string]int32{"orders": 3})
 	if err := b.CreateTopic("orders", 2); err != nil {
 		t.Fatal(err)
@@ -235,6 +239,7 @@ func TestStartRefuses(t *testing.T) {
 }
 
 func TestConfigValidate(t *testing.T) {
+	t.Parallel()
 	good := Config{Source: []string{"a:1"}, Target: []string{"b:1"}, Topics: []string{"t"}}
 	if err := good.Validate(); err != nil {
 		t.Fatal(err)
@@ -306,6 +311,7 @@ func readSyncs(t *testing.T, cl sarama.Client, topic string) []offsetSync {
 // OffsetSync (key: topic STRING, partition INT32; value: upstream INT64,
 // downstream INT64; big-endian, STRING = INT16 length + UTF-8).
 func TestOffsetSyncFormat(t *testing.T) {
+	t.Parallel()
 	key, value := translate.EncodeOffsetSync("orders", 3, 5, 22)
 	wantKey := []byte{0, 6, 'o', 'r', 'd', 'e', 'r', 's', 0, 0, 0, 3}
 	wantValue := []byte{0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 22}
@@ -325,6 +331,7 @@ type offsetSync struct {
 }
 
 func TestOffsetSyncs(t *testing.T) {
+	t.Parallel()
 	for _, onTarget := range []bool{false, true} {
 		t.Run(fmt.Sprintf("on target %v", onTarget), func(t *testing.T) {
 			const n, prefill = 30, 5
@@ -374,6 +381,7 @@ func TestOffsetSyncs(t *testing.T) {
 // TestSourceGaps copies a compacted source, whose offsets have gaps: the
 // copies are dense, and the offset-syncs give the real pairs.
 func TestSourceGaps(t *testing.T) {
+	t.Parallel()
 	a, b := pair(t, nil)
 	if err := a.Cluster().CreateTopic("state", 1, map[string]string{"cleanup.policy": "compact", "retention.ms": "-1"}); err != nil {
 		t.Fatal(err)
@@ -418,6 +426,7 @@ func TestSourceGaps(t *testing.T) {
 // comes back: B holds what was copied before the outage, and afterwards
 // holds exactly A's records, in order, once each.
 func TestSourceOutage(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name       string
 		down, back func(t *testing.T, k *devstack.Kafka)
@@ -500,6 +509,7 @@ func TestSourceOutage(t *testing.T) {
 // TestTargetOutage fails or restarts B while records flow: nothing is lost
 // or written twice.
 func TestTargetOutage(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name       string
 		down, back func(t *testing.T, k *devstack.Kafka)
@@ -551,6 +561,7 @@ func TestTargetOutage(t *testing.T) {
 // after the append: the mirror must see that the records landed and not
 // write them again.
 func TestUnknownOutcome(t *testing.T) {
+	t.Parallel()
 	for _, fault := range []*kerr.Error{kerr.NotEnoughReplicasAfterAppend, kerr.RequestTimedOut} {
 		t.Run(fault.Message, func(t *testing.T) {
 			a, b := pair(t, map[string]int32{"orders": 1})
@@ -577,6 +588,7 @@ func TestUnknownOutcome(t *testing.T) {
 // TestForeignWriter: records that another client wrote to the target while
 // the mirror's write failed are skipped over, not taken for copies.
 func TestForeignWriter(t *testing.T) {
+	t.Parallel()
 	a, b := pair(t, map[string]int32{"orders": 1})
 	ac, bc := newClient(t, a), newClient(t, b)
 	p := newProducer(t, ac)
@@ -632,6 +644,7 @@ func TestForeignWriter(t *testing.T) {
 // TestIdleMirrorWaits: with nothing to copy, the mirror long-polls its
 // source rather than spinning.
 func TestIdleMirrorWaits(t *testing.T) {
+	t.Parallel()
 	a, b := pair(t, map[string]int32{"orders": 3})
 	h := a.Cluster().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Observe: true, Count: -1})
 	defer h.Remove()
@@ -646,6 +659,7 @@ func TestIdleMirrorWaits(t *testing.T) {
 
 // TestStopWhileSourceDown: Stop returns promptly whatever the source does.
 func TestStopWhileSourceDown(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		down func(k *devstack.Kafka)
@@ -677,6 +691,7 @@ func TestStopWhileSourceDown(t *testing.T) {
 
 // TestContextEndsMirror: the context given to Start bounds the mirror.
 func TestContextEndsMirror(t *testing.T) {
+	t.Parallel()
 	a, b := pair(t, map[string]int32{"orders": 1})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -700,6 +715,7 @@ func TestContextEndsMirror(t *testing.T) {
 // topic while the mirror runs are created on the target and copied from
 // their start, as MirrorMaker 2 does; the partitions copied before go on.
 func TestPartitionsAdded(t *testing.T) {
+	t.Parallel()
 	const n, prefill = 20, 3
 	a, b := pair(t, map[string]int32{"orders": 2})
 	m := startMirror(t, Config{

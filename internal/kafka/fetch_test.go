@@ -39,6 +39,7 @@ func clusterConf(k *devstack.Kafka) config.Cluster {
 // ceiling, the broker's maximum) and refuses a version below the floor,
 // saying what to change.
 func TestConnFloor(t *testing.T) {
+	t.Parallel()
 	k := testenv.StartKafkaT(t, "F", devstack.KafkaOptions{Topics: map[string]int32{"t": 1}})
 	conf, err := kafka.Config(clusterConf(k))
 	if err != nil {
@@ -65,6 +66,7 @@ func TestConnFloor(t *testing.T) {
 // soon as the Conn is closed, not after sarama's read timeout; so does a
 // Conn whose context ends.
 func TestConnCloseDoesNotWait(t *testing.T) {
+	t.Parallel()
 	k := testenv.StartKafkaT(t, "F", devstack.KafkaOptions{Topics: map[string]int32{"t": 1}})
 	arrived := make(chan struct{}, 4)
 	k.Cluster().ControlKey(int16(kmsg.Fetch), func(kmsg.Request) (kmsg.Response, error, bool) {
@@ -318,6 +320,7 @@ func waitRead(t testing.TB, rs []*reader, timeout time.Duration, want ...int) {
 // TestFetchEveryRecordOnceInOrder: 12 partitions over 3 brokers, records
 // produced before and while fetching, every one read once, in order.
 func TestFetchEveryRecordOnceInOrder(t *testing.T) {
+	t.Parallel()
 	k := testenv.StartKafkaT(t, "F", devstack.KafkaOptions{Brokers: 3, Topics: map[string]int32{"t": 12}})
 	produceSeq(t, k, "t", 12, 0, 500, 100)
 	f, _ := fetcherT(t, k, kafka.FetchConfig{})
@@ -339,6 +342,7 @@ func TestFetchEveryRecordOnceInOrder(t *testing.T) {
 // aborts every other transaction; no aborted record, nor a transaction
 // marker, is passed on, and the committed ones are, once, in order.
 func TestFetchReadCommitted(t *testing.T) {
+	t.Parallel()
 	k := testenv.StartKafkaT(t, "F", devstack.KafkaOptions{Topics: map[string]int32{"t": 2}})
 	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...), kgo.TransactionalID("rc"), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	if err != nil {
@@ -382,6 +386,7 @@ func TestFetchReadCommitted(t *testing.T) {
 // partitions catch up after the request's read timeout, every record once
 // and in order. Hung again, the whole Fetcher closes at once.
 func TestFetchHungBroker(t *testing.T) {
+	t.Parallel()
 	const parts = 12
 	k := testenv.StartKafkaT(t, "F", devstack.KafkaOptions{Brokers: 3, Topics: map[string]int32{"t": parts}})
 	c := k.Cluster()
@@ -473,6 +478,7 @@ func TestFetchHungBroker(t *testing.T) {
 // while records are produced and fetched; every record is read once, in
 // order, and partitions did move.
 func TestFetchLeaderMoves(t *testing.T) {
+	t.Parallel()
 	const parts = 6
 	k := testenv.StartKafkaT(t, "F", devstack.KafkaOptions{Brokers: 3, Topics: map[string]int32{"t": parts}})
 	f, _ := fetcherT(t, k, kafka.FetchConfig{})
@@ -527,6 +533,7 @@ func TestFetchLeaderMoves(t *testing.T) {
 // end, and one whose records were deleted past its position, end with an
 // error satisfying errors.Is(err, sarama.ErrOffsetOutOfRange).
 func TestFetchOffsetOutOfRange(t *testing.T) {
+	t.Parallel()
 	k := testenv.StartKafkaT(t, "F", devstack.KafkaOptions{Topics: map[string]int32{"t": 2}})
 	produceSeq(t, k, "t", 2, 0, 10, 10)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...))
@@ -584,6 +591,7 @@ func TestFetchOffsetOutOfRange(t *testing.T) {
 // ThrottleMillis 100, while records come in 10 rounds; everything is still
 // read, once, in order, and the throttle time is counted.
 func TestFetchThrottled(t *testing.T) {
+	t.Parallel()
 	k := testenv.StartKafkaT(t, "F", devstack.KafkaOptions{Topics: map[string]int32{"t": 4}})
 	throttled := k.ThrottleFetches(100)
 	f, _ := fetcherT(t, k, kafka.FetchConfig{PartitionMaxBytes: 4 << 10, MaxBytes: 16 << 10})
@@ -626,6 +634,7 @@ func (b *peakBudget) Peak() int64 {
 // before it stopped (rotation: 8 partitions per request); released, every
 // record is read once, in order.
 func TestFetchBounds(t *testing.T) {
+	t.Parallel()
 	const (
 		parts    = 16
 		records  = 512
@@ -686,6 +695,7 @@ func TestFetchBounds(t *testing.T) {
 // TestFetchPauseResume: a paused partition receives nothing while another
 // of the same broker flows; resumed, it goes on from where it was.
 func TestFetchPauseResume(t *testing.T) {
+	t.Parallel()
 	k := testenv.StartKafkaT(t, "F", devstack.KafkaOptions{Topics: map[string]int32{"t": 2}})
 	produceSeq(t, k, "t", 2, 0, 100, 10)
 	f, _ := fetcherT(t, k, kafka.FetchConfig{})
@@ -714,6 +724,7 @@ func TestFetchPauseResume(t *testing.T) {
 // third fetch; every record is still read once, in order, and the
 // failures are counted.
 func TestFetchConnectionsDropped(t *testing.T) {
+	t.Parallel()
 	k := testenv.StartKafkaT(t, "F", devstack.KafkaOptions{Topics: map[string]int32{"t": 3}})
 	c := k.Cluster()
 	var n atomic.Int32
@@ -844,6 +855,7 @@ func benchSarama(b *testing.B, consumer sarama.Consumer, parts int32, perPart in
 // TestFetchOverSASLAndTLS: the Fetcher's own connections use the cluster's
 // TLS (with a client certificate) and SASL from the client's Config.
 func TestFetchOverSASLAndTLS(t *testing.T) {
+	t.Parallel()
 	pki, err := devstack.NewPKI(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -902,6 +914,7 @@ func TestFetchOverSASLAndTLS(t *testing.T) {
 // its partitions are fetched (kfake closes its listener and moves every
 // leader); they go on from the survivors, every record once, in order.
 func TestFetchBrokerRemoved(t *testing.T) {
+	t.Parallel()
 	const parts = 9
 	k := testenv.StartKafkaT(t, "F", devstack.KafkaOptions{Brokers: 3, Topics: map[string]int32{"t": parts}})
 	f, _ := fetcherT(t, k, kafka.FetchConfig{})
@@ -959,6 +972,7 @@ func ExampleFetcher() {
 // cluster's SOCKS5 proxy; with the proxy's link blackholed under a fetch
 // in flight, Close returns at once.
 func TestFetchThroughProxy(t *testing.T) {
+	t.Parallel()
 	k, _, link, cl := proxied(t)
 	produceSeq(t, k, "t", 6, 0, 100, 100)
 	client, err := kafka.NewClient("P", cl)

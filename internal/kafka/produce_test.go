@@ -345,6 +345,7 @@ var allCodecs = []sarama.CompressionCodec{sarama.CompressionNone, sarama.Compres
 // TestProduce: 30 000 records over 12 partitions, the codec changing
 // every 1 000 records, on 1 broker and on 3.
 func TestProduce(t *testing.T) {
+	t.Parallel()
 	for _, brokers := range []int{1, 3} {
 		t.Run(fmt.Sprintf("brokers=%d", brokers), func(t *testing.T) {
 			pl := plan{topic: "out", partitions: 12, count: 30000, size: 100, codecs: allCodecs, window: 5000}
@@ -366,6 +367,7 @@ func TestProduce(t *testing.T) {
 // answers REQUEST_TIMED_OUT or NOT_ENOUGH_REPLICAS_AFTER_APPEND; the
 // resends under the same sequences are recognised: 0 duplicated.
 func TestProduceAppliedButUnanswered(t *testing.T) {
+	t.Parallel()
 	pl := plan{topic: "out", partitions: 12, count: 12000, size: 100, window: 2000}
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{pl.topic: pl.partitions}})
 	faults := k.Cluster().Fault(
@@ -402,6 +404,7 @@ func feedHalfAcked(ctx context.Context, t *testing.T, p *kafka.Producer, r *reco
 // UNKNOWN_PRODUCER_ID, on one partition: one drain-and-bump each, nothing
 // acknowledged sent again, nothing skipped.
 func TestProduceSequenceLost(t *testing.T) {
+	t.Parallel()
 	pl := plan{topic: "out", partitions: 6, count: 12000, size: 100, window: 1000}
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{pl.topic: pl.partitions}})
 	r := newRecorder()
@@ -437,6 +440,7 @@ func TestProduceSequenceLost(t *testing.T) {
 // one drain-and-bump, the refused batches sent again under the new
 // producer id, every partition's records once and in order.
 func TestProduceSequenceGap(t *testing.T) {
+	t.Parallel()
 	pl := plan{topic: "out", partitions: 6, count: 12000, size: 100, window: 1000}
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{pl.topic: pl.partitions}})
 	r := newRecorder()
@@ -464,6 +468,7 @@ func TestProduceSequenceGap(t *testing.T) {
 // most; 20 KiB records are sent in batches split until they fit, the one
 // record of 100 KiB is refused, every other once and in order.
 func TestProduceSplitsTooLarge(t *testing.T) {
+	t.Parallel()
 	pl := plan{topic: "small", partitions: 3, count: 300, size: 20 << 10, sizes: map[string]int{"1/40": 100 << 10}}
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{})
 	createTopic(t, k, pl.topic, pl.partitions, map[string]string{"max.message.bytes": strconv.Itoa(64 << 10)})
@@ -506,6 +511,7 @@ func createTopic(t *testing.T, k *devstack.Kafka, topic string, partitions int32
 // sarama's murmur2 partitioner does, so the move to the new producer
 // moves no key.
 func TestMurmur2MatchesSarama(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(1, 2))
 	sp := sarama.NewMurmur2Partitioner("t")
 	key := make([]byte, 64)
@@ -569,6 +575,7 @@ func midStream(t *testing.T, p *kafka.Producer, r *recorder, pl plan, start, end
 // records flow: batches in flight are sent again under their sequences,
 // no bump, every record once.
 func TestProduceThroughARestart(t *testing.T) {
+	t.Parallel()
 	pl := plan{topic: "out", partitions: 12, count: 30000, size: 100, window: 3000}
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{pl.topic: pl.partitions}})
 	r := newRecorder()
@@ -592,6 +599,7 @@ func TestProduceThroughARestart(t *testing.T) {
 // for 3 s: the requests time out, their connection is closed, the
 // batches are sent again; the destination is seen failing, then flows.
 func TestProduceThroughAHang(t *testing.T) {
+	t.Parallel()
 	pl := plan{topic: "out", partitions: 12, count: 20000, size: 100, window: 3000}
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{pl.topic: pl.partitions}})
 	r := newRecorder()
@@ -615,6 +623,7 @@ func TestProduceThroughAHang(t *testing.T) {
 // with requests in flight, dials refused until the destination is seen
 // failing, then healed.
 func TestProduceThroughACutLink(t *testing.T) {
+	t.Parallel()
 	pl := plan{topic: "out", partitions: 12, count: 30000, size: 100, window: 5000}
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Brokers: 3, Topics: map[string]int32{pl.topic: pl.partitions}})
 	link := devstack.NewLink()
@@ -634,6 +643,7 @@ func TestProduceThroughACutLink(t *testing.T) {
 // partition's leader moves after every 500 records given, with records
 // in flight.
 func TestProduceWhileLeadersMove(t *testing.T) {
+	t.Parallel()
 	pl := plan{topic: "out", partitions: 12, count: 30000, size: 100, window: 3000}
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Brokers: 3, Topics: map[string]int32{pl.topic: pl.partitions}})
 	r := newRecorder()
@@ -770,6 +780,7 @@ func BenchmarkProduce(b *testing.B) {
 // destination that answers nothing returns at its deadline, not after
 // the read timeout, and hands back every unreported message.
 func TestProduceCloseOnAHungDestination(t *testing.T) {
+	t.Parallel()
 	pl := plan{topic: "out", partitions: 4, count: 2000, size: 100}
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{pl.topic: pl.partitions}})
 	r := newRecorder()
@@ -876,6 +887,7 @@ func ExampleProducer() {
 // when nothing fails; with acks leader a batch too large is split and
 // the record too large refused as with acks all.
 func TestProduceAcks(t *testing.T) {
+	t.Parallel()
 	for _, acks := range []sarama.RequiredAcks{sarama.WaitForLocal, sarama.NoResponse} {
 		t.Run(fmt.Sprintf("acks=%d", acks), func(t *testing.T) {
 			pl := plan{topic: "out", partitions: 12, count: 12000, size: 100, codecs: allCodecs, window: 3000}
@@ -919,6 +931,7 @@ func TestProduceAcks(t *testing.T) {
 // not have wait (Stalled, with the error saying which partition has no
 // leader), and are written once the topic is created.
 func TestProduceToATopicCreatedLater(t *testing.T) {
+	t.Parallel()
 	pl := plan{topic: "later", partitions: 3, count: 300, size: 100}
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{})
 	r := newRecorder()
@@ -951,6 +964,7 @@ func TestProduceToATopicCreatedLater(t *testing.T) {
 // old sequence (answered as a duplicate) instead of renumbering it under
 // the new producer id: partition 0 holds it once.
 func TestProduceBumpKeepsAnUnsureBatch(t *testing.T) {
+	t.Parallel()
 	pl := plan{topic: "out", partitions: 2, count: 2, size: 100}
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{pl.topic: 2}})
 	k.Cluster().Fault(
@@ -976,6 +990,7 @@ func TestProduceBumpKeepsAnUnsureBatch(t *testing.T) {
 // under a new producer id, not answered as a duplicate of the refused
 // one's sequence and lost.
 func TestProduceRefusedAfterAnUnansweredSend(t *testing.T) {
+	t.Parallel()
 	pl := plan{topic: "out", partitions: 1, count: 2, size: 100}
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{pl.topic: 1}})
 	k.Cluster().Fault(
@@ -1005,6 +1020,7 @@ func TestProduceRefusedAfterAnUnansweredSend(t *testing.T) {
 // Stalled names the error, and once InitProducerID answers again the
 // bump is made and every record written once.
 func TestProduceBumpRetriesInitProducerID(t *testing.T) {
+	t.Parallel()
 	pl := plan{topic: "out", partitions: 1, count: 2, size: 100}
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{pl.topic: 1}})
 	r := newRecorder()
@@ -1038,6 +1054,7 @@ func TestProduceBumpRetriesInitProducerID(t *testing.T) {
 // 500 ms deadline returns at it with DeadlineExceeded, and the resolver
 // returns by itself after its current call.
 func TestProduceCloseWhileLookingLeadersUp(t *testing.T) {
+	t.Parallel()
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{"out": 1}})
 	r := newRecorder()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
@@ -1087,6 +1104,7 @@ func TestProduceCloseWhileLookingLeadersUp(t *testing.T) {
 // only, not of its last 5) gets one batch of a partition in flight at a
 // time, and every record is written once, in order.
 func TestProduceOldBrokerOneBatchInFlight(t *testing.T) {
+	t.Parallel()
 	pl := plan{topic: "out", partitions: 2, count: 3000, size: 100}
 	vs := kversion.Stable()
 	vs.SetMaxKeyVersion(int16(kmsg.Produce), 3)
@@ -1143,6 +1161,7 @@ func TestProduceOldBrokerOneBatchInFlight(t *testing.T) {
 // TestProduceCorruptMessageRetried: CORRUPT_MESSAGE (a CRC mismatch on
 // the way) is sent again, not refused: every record written once.
 func TestProduceCorruptMessageRetried(t *testing.T) {
+	t.Parallel()
 	pl := plan{topic: "out", partitions: 1, count: 2, size: 100}
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{pl.topic: 1}})
 	k.Cluster().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: pl.topic, Partitions: []int32{0}, Err: kerr.CorruptMessage})

@@ -40,6 +40,7 @@ func partitionsWithin(t *testing.T, p *kafka.Producer, topic string, bound time.
 // produced to the topic are written once each, in order. A topic the
 // cluster had when the producer opened is known from the start.
 func TestProducePartitionsOffTheRecordPath(t *testing.T) {
+	t.Parallel()
 	pl := plan{topic: "later", partitions: 4, count: 400, size: 100}
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{"out": 3}})
 	r := newRecorder()
@@ -79,6 +80,7 @@ func TestProducePartitionsOffTheRecordPath(t *testing.T) {
 // within PartitionsRefresh, and records produced to the new ones are
 // written.
 func TestProducePartitionsGrow(t *testing.T) {
+	t.Parallel()
 	pl := plan{topic: "out", partitions: 6, count: 600, size: 100}
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{pl.topic: 3}})
 	cfg := testConfig()
@@ -113,6 +115,7 @@ func TestProducePartitionsGrow(t *testing.T) {
 // reached the broker). The partitions wait meanwhile, then every record
 // is written once, in order.
 func TestProduceBumpsAtMostOncePerInterval(t *testing.T) {
+	t.Parallel()
 	pl := plan{topic: "out", partitions: 2, count: 200, size: 100}
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{pl.topic: 2}})
 	cfg := testConfig()

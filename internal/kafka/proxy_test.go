@@ -50,6 +50,7 @@ func allPartitions(n int32) []kafka.TopicPartition {
 // destination), and through nothing else: once the proxy's link is cut,
 // no broker answers them.
 func TestProxyCarriesEveryConnection(t *testing.T) {
+	t.Parallel()
 	k, s, link, cl := proxied(t)
 	client, err := kafka.NewClient("P", cl)
 	if err != nil {
@@ -118,6 +119,7 @@ func TestProxyCarriesEveryConnection(t *testing.T) {
 // TestDialerReplacesProxy: an Options.Dialer (a test's link) carries the
 // connections instead of the cluster's proxy.
 func TestDialerReplacesProxy(t *testing.T) {
+	t.Parallel()
 	_, s, _, cl := proxied(t)
 	d := devstack.NewLink()
 	client, err := kafka.NewClientWith("P", cl, kafka.Options{Dialer: d})
@@ -140,6 +142,7 @@ func TestDialerReplacesProxy(t *testing.T) {
 // CONNECT (the link blackholed); the client's dial gives up after its
 // dial timeout instead of waiting for good.
 func TestProxyDialIsBounded(t *testing.T) {
+	t.Parallel()
 	_, _, link, cl := proxied(t)
 	link.Set(netfault.Fault{Blackhole: true})
 	const timeout = 300 * time.Millisecond
@@ -158,6 +161,7 @@ func TestProxyDialIsBounded(t *testing.T) {
 }
 
 func TestBadProxyIsAnError(t *testing.T) {
+	t.Parallel()
 	_, err := kafka.Config(config.Cluster{Brokers: []string{"h:1"}, Version: config.DefaultKafkaVersion, Proxy: "http://u:pw@h:3128"})
 	if err == nil || !strings.Contains(err.Error(), `proxy: http://u:xxxxx@h:3128: scheme "http" is not socks5`) {
 		t.Errorf("Config with an http proxy: %v", err)

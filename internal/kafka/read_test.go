@@ -20,6 +20,7 @@ import (
 // WaitStable waits for it, and says which offsets it waited on when its
 // context ends first.
 func TestWaitStable(t *testing.T) {
+	t.Parallel()
 	k := testenv.StartKafkaT(t, "S", devstack.KafkaOptions{Topics: map[string]int32{"positions": 1}})
 	produce := func(id string, commit bool, value string) *kgo.Client {
 		t.Helper()

@@ -28,6 +28,7 @@ const (
 // client certificate, connects and produces; a wrong password is refused
 // at once, not after a timeout, and for SCRAM with an error that says so.
 func TestSASLAndTLS(t *testing.T) {
+	t.Parallel()
 	pki, err := devstack.NewPKI(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -103,6 +104,7 @@ func TestSASLAndTLS(t *testing.T) {
 // TestTLSUntrustedServer: a broker whose certificate the configured CA
 // did not sign is refused.
 func TestTLSUntrustedServer(t *testing.T) {
+	t.Parallel()
 	pki, err := devstack.NewPKI(t.TempDir())
 	if err != nil {
 		t.Fatal(err)

@@ -27,6 +27,7 @@ import (
 // written on a closed connection: it is sent on a new one and commits,
 // rather than A being broken too.
 func TestTxnCommitAfterAnotherStreamLostTheConnection(t *testing.T) {
+	t.Parallel()
 	const parts, idA, idB = 3, "kswitch/test/C/in/A/20", "kswitch/test/C/in/B/20"
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{"a": parts, "b": parts}})
 	p := newProducer(t, k, testConfig(), newRecorder())
@@ -68,6 +69,7 @@ func TestTxnCommitAfterAnotherStreamLostTheConnection(t *testing.T) {
 // as the idempotent path refuses them), and the next Commit commits the
 // other records once, rather than every Commit aborting again.
 func TestTxnTopicNotAuthorizedIsRefused(t *testing.T) {
+	t.Parallel()
 	const parts = 3
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{"out": parts, "secret": 1}})
 	p := newProducer(t, k, testConfig(), newRecorder())
@@ -105,6 +107,7 @@ func TestTxnTopicNotAuthorizedIsRefused(t *testing.T) {
 // every commit would abort again): the denial holds for the partition,
 // not for the records it was asked for.
 func TestTxnMessagesAfterADenialAreRefusedToo(t *testing.T) {
+	t.Parallel()
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{"out": 1, "secret": 1}})
 	p := newProducer(t, k, testConfig(), newRecorder())
 	s := openTxn(t, p, "kswitch/test/C/in/A/22")

@@ -169,6 +169,7 @@ func writtenAtLeast(t *testing.T, k *devstack.Kafka, topic string, partitions in
 // records given during a commit are in the next, and read_committed sees
 // every record once in order.
 func TestTxnCommits(t *testing.T) {
+	t.Parallel()
 	const topic, positions, parts, count = "out", "positions", 6, 6000
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Brokers: 3, Topics: map[string]int32{topic: parts, positions: 1}})
 	p := newProducer(t, k, testConfig(), newRecorder())
@@ -239,6 +240,7 @@ func TestTxnCommits(t *testing.T) {
 // aborted (Abort returns them); the same records given again are
 // committed: each once, nothing of the aborted transaction visible.
 func TestTxnAbortThenCommit(t *testing.T) {
+	t.Parallel()
 	const topic, parts = "out", 6
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{topic: parts}})
 	p := newProducer(t, k, testConfig(), newRecorder())
@@ -271,6 +273,7 @@ func TestTxnAbortThenCommit(t *testing.T) {
 // inside a transaction): Commit aborts, bumps the epoch and returns
 // ErrTxnAborted; the next Commit commits the same records, each once.
 func TestTxnProduceRefusedAborts(t *testing.T) {
+	t.Parallel()
 	const topic, parts = "out", 6
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{topic: parts}})
 	p := newProducer(t, k, testConfig(), newRecorder())
@@ -305,6 +308,7 @@ func TestTxnProduceRefusedAborts(t *testing.T) {
 // from then on, and its open transaction's records (written) are never
 // visible; the second stream's commit is.
 func TestTxnFenced(t *testing.T) {
+	t.Parallel()
 	const topic, parts, id = "out", 6, "kswitch/test/C/in/A/3"
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Brokers: 3, Topics: map[string]int32{topic: parts}})
 	p := newProducer(t, k, testConfig(), newRecorder())
@@ -334,6 +338,7 @@ func TestTxnFenced(t *testing.T) {
 // transactions on 3 brokers: every transaction commits (the stream finds
 // the coordinator again and resends), every record once.
 func TestTxnCoordinatorMoved(t *testing.T) {
+	t.Parallel()
 	const topic, parts = "out", 6
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Brokers: 3, Topics: map[string]int32{topic: parts}})
 	p := newProducer(t, k, testConfig(), newRecorder())
@@ -365,6 +370,7 @@ func TestTxnCoordinatorMoved(t *testing.T) {
 // id opened again aborts what was not committed, and the records sent
 // again in it are committed once.
 func TestTxnBrokenCommit(t *testing.T) {
+	t.Parallel()
 	const topic, parts, id = "out", 6, "kswitch/test/C/in/A/5"
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{topic: parts}})
 	p := newProducer(t, k, testConfig(), newRecorder())
@@ -395,6 +401,7 @@ func TestTxnBrokenCommit(t *testing.T) {
 // aborted; Commit's TxnAbortedError names it, and the next Commit
 // commits every other record once, in order.
 func TestTxnRecordRefusedForGood(t *testing.T) {
+	t.Parallel()
 	const topic, parts = "small", 3
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{})
 	createTopic(t, k, topic, parts, map[string]string{"max.message.bytes": "65536"})
@@ -426,6 +433,7 @@ func TestTxnRecordRefusedForGood(t *testing.T) {
 // CONCURRENT_TRANSACTIONS, COORDINATOR_LOAD_IN_PROGRESS; answered so for
 // longer than RetryTimeout it fails, saying why.
 func TestTxnOpenRetries(t *testing.T) {
+	t.Parallel()
 	const topic, parts = "out", 3
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{topic: parts}})
 	p := newProducer(t, k, testConfig(), newRecorder())
@@ -556,6 +564,7 @@ func BenchmarkTxn(b *testing.B) {
 // transaction: Commit returns only the first records, Abort of the next
 // transaction returns the others, and only the first are visible.
 func TestTxnRecordsGivenDuringACommitAreInTheNext(t *testing.T) {
+	t.Parallel()
 	const topic, parts = "out", 6
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{topic: parts}})
 	p := newProducer(t, k, testConfig(), newRecorder())
@@ -607,6 +616,7 @@ func TestTxnRecordsGivenDuringACommitAreInTheNext(t *testing.T) {
 // committed; the next Abort returns them, and a later transaction commits
 // with none of them visible.
 func TestTxnAbortGivenUpIsNotACommit(t *testing.T) {
+	t.Parallel()
 	const topic, parts = "out", 3
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{topic: parts}})
 	p := newProducer(t, k, testConfig(), newRecorder())
@@ -699,6 +709,7 @@ func (d *deadBroker) kill(addr string) {
 // the new coordinator and the leaders, and the next 5 transactions
 // commit, every record once.
 func TestTxnCoordinatorRemoved(t *testing.T) {
+	t.Parallel()
 	const topic, parts, id = "out", 6, "kswitch/test/C/in/A/10"
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Brokers: 3, Topics: map[string]int32{topic: parts}})
 	d := &deadBroker{conns: map[string][]net.Conn{}}
@@ -742,6 +753,7 @@ func TestTxnCoordinatorRemoved(t *testing.T) {
 // goes to a partition already in the transaction, whose batches were all
 // acknowledged: it is sent (its sink woken) and committed last.
 func TestTxnCommitLastToAPartitionInTheTransaction(t *testing.T) {
+	t.Parallel()
 	const topic, parts = "out", 6
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{topic: parts}})
 	p := newProducer(t, k, testConfig(), newRecorder())
@@ -761,6 +773,7 @@ func TestTxnCommitLastToAPartitionInTheTransaction(t *testing.T) {
 // cannot be sent (their topic does not exist) returns ErrTxnClosed once
 // the Producer is closed, and the stream's goroutine is gone.
 func TestTxnProducerClosedDuringACommit(t *testing.T) {
+	t.Parallel()
 	k := testenv.StartKafkaT(t, "C", devstack.KafkaOptions{Topics: map[string]int32{"out": 1}})
 	p := newProducer(t, k, testConfig(), newRecorder())
 	s := openTxn(t, p, "kswitch/test/C/in/A/12")
