@@ -311,7 +311,7 @@ func runFailover(t *testing.T, tc failoverCase) (rep scenarioReport) {
 		fatal(t, err)
 	}
 	handOvers := map[string]map[int32]map[int64]bool{"A": tl.handOvers("A", "orders"), "B": tl.handOvers("B", remote)}
-	v, err := judge(segs, map[string]map[int32][]kRecord{"A": contentA, "B": contentB}, delivered, replicatedAtFault, handOvers)
+	v, err := judge(segs, map[string]map[int32][]kRecord{"A": contentA, "B": contentB}, delivered, redeliverableFrom(replicatedAtFault, failover, remote), handOvers)
 	if err != nil {
 		fatal(t, err)
 	}

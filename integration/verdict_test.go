@@ -143,10 +143,35 @@ func (v verdict) ok() bool {
 	return v.LostCount == 0 && len(v.BadDuplicates) == 0 && len(v.PositionMismatch) == 0
 }
 
+// redeliverableFrom returns, per partition of the copy of A's topic on B
+// (toTopic), the offset on B from which a record the fleet consumed on A
+// before the failover may be consumed again from B: B's end when A failed
+// (replicatedAtFault: what B lacked then, copied later), or lower, the
+// offset the failover translated to when it declared a rewind (a method
+// other than fingerprint: the offset-syncs or a timestamp, which continue
+// at or before the position, never after). Both are what the product says
+// it does at least once; a record only counts if A's segment consumed it,
+// which bounds it by the position the failover translated.
+func redeliverableFrom(replicatedAtFault map[int32]int64, failover switchEvent, toTopic string) map[int32]int64 {
+	out := maps.Clone(replicatedAtFault)
+	if out == nil {
+		out = map[int32]int64{}
+	}
+	for _, ps := range failover.Partitions {
+		if ps.ToTopic != toTopic || ps.Method == "fingerprint" {
+			continue
+		}
+		if end, ok := out[ps.Partition]; !ok || ps.ToOffset < end {
+			out[ps.Partition] = ps.ToOffset
+		}
+	}
+	return out
+}
+
 // judge computes the verdict. content holds what kcat read back of the
 // source topic on each cluster; delivered the channel topic;
-// replicatedAtFault is B's end offset per partition when A failed
-// (nothing could reach B after that until A was back); handOvers the
+// replicatedAtFault is, per partition, the offset on B from which a record
+// consumed on A may be delivered again from B (redeliverableFrom); handOvers the
 // offsets at which each partition changed owner, by cluster
 // (timeline.handOvers). Every record on A must be delivered.
 func judge(segs []segment, content map[string]map[int32][]kRecord, delivered map[int32][]kRecord, replicatedAtFault map[int32]int64,
@@ -155,7 +180,8 @@ func judge(segs []segment, content map[string]map[int32][]kRecord, delivered map
 		segs: segs, content: map[physical]map[int32][]kRecord{}, written: map[string]bool{}, delivered: delivered,
 		handOvers: map[physical]map[int32]map[int64]bool{},
 		// A record consumed on A that had not reached B when A failed,
-		// consumed again on B once MirrorMaker 2 copied it.
+		// consumed again on B once MirrorMaker 2 copied it, or one the
+		// failover declared rewound.
 		unreplicated: func(ds []delivery) bool {
 			return len(ds) == 2 && ds[0].Segment == 0 && ds[0].Cluster == "A" && ds[1].Segment == 1 && ds[1].Cluster == "B" &&
 				ds[1].Offset >= replicatedAtFault[ds[1].Partition]
@@ -322,7 +348,7 @@ func sortedKeys[V any](m map[string]V) []string {
 
 // String is the verdict in one line.
 func (v verdict) String() string {
-	return fmt.Sprintf("%d records, %d delivered, %d lost, %d duplicates (%d of records not yet replicated at the fault, %d after a hand-over); "+
+	return fmt.Sprintf("%d records, %d delivered, %d lost, %d duplicates (%d of records not yet replicated at the fault or declared rewound, %d after a hand-over); "+
 		"the committed ranges account for %d deliveries, %d ids differ, %d duplicates unexplained",
 		v.Records, v.Delivered, v.LostCount, v.Duplicates, v.DuplicatesUnreplicated, v.DuplicatesHandOver, v.ByPosition,
 		len(v.PositionMismatch), len(v.BadDuplicates))
@@ -340,9 +366,9 @@ func recs(p int32, from int64, ns ...int) []kRecord {
 
 // TestJudge checks the verdict on made-up reads: a record missing from
 // the channel is lost and fails the scenario; a duplicate is allowed only
-// when it is a record B did not have at the fault, delivered on A and
-// again on B, or one of a run delivered again from where the partition
-// changed owner.
+// when it is a record B did not have at the fault or the failover declared
+// rewound, delivered on A and again on B, or one of a run delivered again
+// from where the partition changed owner.
 func TestJudge(t *testing.T) {
 	onA := map[string]map[int32][]kRecord{"A": {0: recs(0, 0, 0, 1, 2, 3, 4)}}
 	onlyA := []segment{{Cluster: "A", Topic: "orders", Partition: 0, From: 0, To: 5}}
@@ -377,6 +403,17 @@ func TestJudge(t *testing.T) {
 	}
 	if v, err := judge(segs, content, delivered, map[int32]int64{0: 3}, nil); err != nil || v.ok() || len(v.BadDuplicates) != 1 {
 		errorf(t, "r2 on B at the fault, delivered from A and from B: %s, ok %v, %v", v, v.ok(), err)
+	}
+	// The same with r2 on B at the fault, but the failover translated by
+	// the offset-syncs to offset 2 (a declared rewind): r2 again is what
+	// the product says it does at least once. By fingerprint it is not.
+	rewound := switchEvent{Partitions: []partitionSwitch{{ToTopic: "A.orders", Partition: 0, FromOffset: 3, ToOffset: 2, Method: "mm2", Rewound: -1}}}
+	if v, err := judge(segs, content, delivered, redeliverableFrom(map[int32]int64{0: 3}, rewound, "A.orders"), nil); err != nil || !v.ok() || v.DuplicatesUnreplicated != 1 {
+		errorf(t, "r2 on B at the fault, translated by the offset-syncs to offset 2, delivered from A and from B: %s (bad %v), %v", v, v.BadDuplicates, err)
+	}
+	exact := switchEvent{Partitions: []partitionSwitch{{ToTopic: "A.orders", Partition: 0, FromOffset: 3, ToOffset: 2, Method: "fingerprint"}}}
+	if v, err := judge(segs, content, delivered, redeliverableFrom(map[int32]int64{0: 3}, exact, "A.orders"), nil); err != nil || v.ok() || len(v.BadDuplicates) != 1 {
+		errorf(t, "r2 on B at the fault, translated by fingerprint, delivered from A and from B: %s, ok %v, %v", v, v.ok(), err)
 	}
 	// A delivery no committed range holds.
 	if v, err := judge(segs, content, map[int32][]kRecord{0: recs(0, 0, 0, 1, 2, 2, 3, 5)}, map[int32]int64{0: 2}, nil); err != nil || v.ok() || len(v.PositionMismatch) != 1 {

@@ -303,7 +303,7 @@ func runRelayAcrossVersions(t *testing.T, leg versionsLeg) (rep scenarioReport) 
 			fatal(t, err)
 		}
 		handOvers := map[string]map[int32]map[int64]bool{"A": st.tl.handOvers("A", "orders"), "B": st.tl.handOvers("B", remote)}
-		v, err := judge(segs, map[string]map[int32][]kRecord{"A": source, "B": contentB}, channel, replicatedAtFault, handOvers)
+		v, err := judge(segs, map[string]map[int32][]kRecord{"A": source, "B": contentB}, channel, redeliverableFrom(replicatedAtFault, failover, remote), handOvers)
 		if err != nil {
 			fatal(t, err)
 		}
