@@ -290,6 +290,7 @@ func (s *stack) fault(target, action string) error {
 			if err := k.Restart(); err != nil {
 				return err
 			}
+			s.installSlow(target, k)
 		}
 	case "fail":
 		k.Fail()
@@ -298,9 +299,7 @@ func (s *stack) fault(target, action string) error {
 	case "starve":
 		k.Starve()
 	case "slow":
-		if err := s.slowOn(target, k); err != nil {
-			return err
-		}
+		s.slowOn(target, k)
 	case "recover":
 		k.Recover()
 		s.slowOff(target)

@@ -3,7 +3,6 @@
 package main
 
 import (
-	"fmt"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -24,8 +23,10 @@ const slowMax = 400 * time.Millisecond
 // (SleepControl, which lets the cluster serve other connections
 // meanwhile), then leaves it to the cluster. The control is installed on
 // the kfake cluster running when the fault is turned on; a restart makes a
-// new cluster without it, and the next on installs it again. on and off
-// are called under the stack's mu; the control runs on kfake's goroutines.
+// new cluster without it, and the restart installs it again
+// (installSlow). A fault turned on while the cluster is stopped (another
+// fault holds it) takes effect when it starts again. on and off are called
+// under the stack's mu; the control runs on kfake's goroutines.
 type slowFault struct {
 	installed *kfake.Cluster
 
@@ -34,12 +35,8 @@ type slowFault struct {
 	healed chan struct{} // closed by off: sleeping requests go on at once
 }
 
-// slowOn slows cluster name (k).
-func (s *stack) slowOn(name string, k *devstack.Kafka) error {
-	c := k.Cluster()
-	if c == nil {
-		return fmt.Errorf("%s: slow: the cluster is stopped", name)
-	}
+// slowOn slows cluster name (k), now or, stopped, from its restart.
+func (s *stack) slowOn(name string, k *devstack.Kafka) {
 	if s.slow == nil {
 		s.slow = map[string]*slowFault{}
 	}
@@ -51,11 +48,20 @@ func (s *stack) slowOn(name string, k *devstack.Kafka) error {
 	f.mu.Lock()
 	f.on, f.healed = true, make(chan struct{})
 	f.mu.Unlock()
-	if f.installed != c {
-		c.Control(f.control(c))
-		f.installed = c
+	s.installSlow(name, k)
+}
+
+// installSlow installs name's slow control, if it has one, on k's running
+// cluster (once per cluster: a restarted cluster is a new one). The
+// control does nothing while the fault is off.
+func (s *stack) installSlow(name string, k *devstack.Kafka) {
+	f := s.slow[name]
+	c := k.Cluster()
+	if f == nil || c == nil || f.installed == c {
+		return
 	}
-	return nil
+	c.Control(f.control(c))
+	f.installed = c
 }
 
 // slowOff lifts name's slowness, if any: requests sleeping go on.
