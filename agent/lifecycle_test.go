@@ -186,7 +186,7 @@ func TestNewPartitionsAreConsumedWithinThreeSeconds(t *testing.T) {
 		agents = append(agents, startConsumer(t, cfg, l.handler(id)))
 	}
 	waitBalanced(t, 12, agents...)
-	// Within 3 s (the bound docs/ARCHITECTURE.md's topic lifecycle promises): a listing every refresh_interval (1 s by
+	// Within 3 s (the bound docs/CONSUMING.md's topic lifecycle promises): a listing every refresh_interval (1 s by
 	// default), the leader's turn and a generation, the owner's start
 	// and a fetch (about 1.2 s in all measured under -race), the
 	// producer's own start, and slack for -race on loaded cores.

@@ -160,7 +160,7 @@ func (bx *bench) throughput() {
 const kswitchExactlyOnce = "kswitch-exactly-once"
 
 // noMemoryLimit is the environment of the memory-limit figure's baseline:
-// GOMEMLIMIT wins over agent.memory_limit_mib (docs/ARCHITECTURE.md), and
+// GOMEMLIMIT wins over agent.memory_limit_mib (docs/CONSUMING.md), and
 // 8 GiB is more than the agent ever holds here.
 const noMemoryLimit = "GOMEMLIMIT=8GiB"
 

@@ -75,7 +75,7 @@ func runExactlyOnce(t *testing.T) (rep scenarioReport) {
 	// then catches up: what A held when B was back is committed, in the
 	// channel and in etcd, before the next fault. (A commit whose answer
 	// was lost with B, followed by a switch before the fleet caught up, is
-	// the limit in docs/ARCHITECTURE.md, exactly once.) MirrorMaker 2 is
+	// the limit in docs/ROUTING.md, exactly once.) MirrorMaker 2 is
 	// not waited for.
 	stopProc(t, b.proc, syscall.SIGKILL)
 	b.start(t)
