@@ -67,7 +67,7 @@ image:
 	CGO_ENABLED=0 GOOS=linux $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/kswitch-linux ./cmd/kswitch
 	cd deploy/image && SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 0) $(GO) run . -binary $(CURDIR)/$(BIN)/kswitch-linux -version $(VERSION) -tag kswitch:$(VERSION) -o $(CURDIR)/$(BIN)/kswitch-image.tar
 
-## example: build, vet and run examples/embed, a module of its own that embeds an agent through the public API
+## example: build, vet and run examples/embed, a module of its own that routes records through a fleet.Member with the public API
 example:
 	cd examples/embed && $(GO) vet ./... && $(GO) run -race . -records 200
 
