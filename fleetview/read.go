@@ -199,19 +199,27 @@ func getValue(ctx context.Context, c *clientv3.Client, key string) ([]byte, bool
 	return resp.Kvs[0].Value, true, nil
 }
 
+// readParsed reads key and parses its value with parse: nil when the key
+// is absent, and nil with the parse error added to refused when the value
+// does not parse. The error is etcd's.
+func readParsed[T any](ctx context.Context, c *clientv3.Client, key string, parse func([]byte) (T, error), refused *[]string) (*T, error) {
+	b, ok, err := getValue(ctx, c, key)
+	if err != nil || !ok {
+		return nil, err
+	}
+	val, err := parse(b)
+	if err != nil {
+		*refused = append(*refused, err.Error())
+		return nil, nil
+	}
+	return &val, nil
+}
+
 // readActive sets the active cluster (state/active), when the leader
 // wrote it; a value that does not parse is added to v.Refused.
-func (v *FleetView) readActive(ctx context.Context, c *clientv3.Client, k keys.Fleet) error {
-	b, ok, err := getValue(ctx, c, k.Active())
-	if err != nil || !ok {
-		return err
-	}
-	if a, err := state.ParseActive(b); err != nil {
-		v.Refused = append(v.Refused, err.Error())
-	} else {
-		v.Active = &a
-	}
-	return nil
+func (v *FleetView) readActive(ctx context.Context, c *clientv3.Client, k keys.Fleet) (err error) {
+	v.Active, err = readParsed(ctx, c, k.Active(), state.ParseActive, &v.Refused)
+	return err
 }
 
 // readFailback sets the leader's last failback check when it was made in
@@ -219,48 +227,32 @@ func (v *FleetView) readActive(ctx context.Context, c *clientv3.Client, k keys.F
 // is under way: an older check says nothing of why the fleet does not fail
 // back now. It reads v.Active, so it runs after readActive.
 func (v *FleetView) readFailback(ctx context.Context, c *clientv3.Client, k keys.Fleet) error {
-	b, ok, err := getValue(ctx, c, k.Failback())
-	if err != nil || !ok || v.Active == nil {
-		return err
+	if v.Active == nil {
+		return nil
 	}
-	if fb, err := state.ParseFailbackCheck(b); err != nil {
-		v.Refused = append(v.Refused, err.Error())
-	} else if fb.Standby == v.Active.Cluster && fb.Epoch == v.Active.Epoch && v.Active.Phase == state.PhaseActive {
-		v.Failback = &fb
+	fb, err := readParsed(ctx, c, k.Failback(), state.ParseFailbackCheck, &v.Refused)
+	if fb != nil && fb.Standby == v.Active.Cluster && fb.Epoch == v.Active.Epoch && v.Active.Phase == state.PhaseActive {
+		v.Failback = fb
 	}
-	return nil
+	return err
 }
 
 // readStages sets the staged move's progress (state/stages) and its steps,
 // when there is one.
-func (v *FleetView) readStages(ctx context.Context, c *clientv3.Client, k keys.Fleet) error {
-	b, ok, err := getValue(ctx, c, k.StagesState())
-	if err != nil || !ok {
+func (v *FleetView) readStages(ctx context.Context, c *clientv3.Client, k keys.Fleet) (err error) {
+	v.Stages, err = readParsed(ctx, c, k.StagesState(), state.ParseStageState, &v.Refused)
+	if err != nil || v.Stages == nil {
 		return err
 	}
-	st, err := state.ParseStageState(b)
-	if err != nil {
-		v.Refused = append(v.Refused, err.Error())
-		return nil
-	}
-	v.Stages = &st
-	v.StageSteps, err = readStageSteps(ctx, c, k, st.Revision, &v.Refused)
+	v.StageSteps, err = readStageSteps(ctx, c, k, v.Stages.Revision, &v.Refused)
 	return err
 }
 
 // readStalled sets the leader's list of stalled partitions, when there is
 // one.
-func (v *FleetView) readStalled(ctx context.Context, c *clientv3.Client, k keys.Fleet) error {
-	b, ok, err := getValue(ctx, c, k.Stalled())
-	if err != nil || !ok {
-		return err
-	}
-	if st, err := state.ParseStalled(b); err != nil {
-		v.Refused = append(v.Refused, err.Error())
-	} else {
-		v.Stalled = &st
-	}
-	return nil
+func (v *FleetView) readStalled(ctx context.Context, c *clientv3.Client, k keys.Fleet) (err error) {
+	v.Stalled, err = readParsed(ctx, c, k.Stalled(), state.ParseStalled, &v.Refused)
+	return err
 }
 
 // readAssignment sets the assignment, when one was published, and the
