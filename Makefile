@@ -48,14 +48,23 @@ build:
 test: lint unit example deploy
 
 # Most tests wait on the protocol's clocks (session TTLs, probe and
-# failure windows), not on the CPU: six run at once (-parallel 6) on two
-# cores. Those that count goroutines or memory, or measure delivery gaps
-# and deadlines against load, do not call t.Parallel and run alone first.
-# The agent package takes about 4 minutes with -race (more on loaded
-# cores, up to 9 when sequential): go test's default 10-minute timeout is
-# too close.
+# failure windows), not on the CPU, and call t.Parallel: three per idle
+# core run at once (six on an idle 2-core machine). Cores other work
+# already holds do not count (their share of /proc/stat's idle time over a
+# second, measured as the tests start), down to two at once on a machine
+# that is busy anyway: squeezed further, the tests' probes and sessions
+# would time out for want of CPU, not because of what they test. Set
+# TEST_PARALLEL to choose. Tests that count goroutines or memory, or
+# measure delivery gaps and deadlines against load, do not call
+# t.Parallel and run alone first. The agent package takes about 4 minutes
+# with -race on an idle machine, up to 10 on a loaded one: go test's
+# default 10-minute timeout is too close.
+TEST_PARALLEL ?= $(shell { head -1 /proc/stat; sleep 1; head -1 /proc/stat; } 2>/dev/null | \
+	awk -v n=$$(nproc 2>/dev/null || echo 2) 'NR == 1 { for (i = 2; i <= NF; i++) t1 += $$i; i1 = $$5 + $$6 } \
+	NR == 2 { for (i = 2; i <= NF; i++) t2 += $$i; i2 = $$5 + $$6 } \
+	END { p = 2; if (t2 > t1) p = int(3 * n * (i2 - i1) / (t2 - t1) + 0.5); if (p < 2) p = 2; if (p > 3 * n) p = 3 * n; print p }')
 unit: $(PROMTOOL)
-	KSWITCH_TEST_SCREENSHOTS=$(CURDIR)/$(BIN)/screenshots KSWITCH_PROMTOOL=$(PROMTOOL) $(GO) test -race -count=1 -parallel 6 -timeout 30m ./...
+	KSWITCH_TEST_SCREENSHOTS=$(CURDIR)/$(BIN)/screenshots KSWITCH_PROMTOOL=$(PROMTOOL) $(GO) test -race -count=1 -parallel $(TEST_PARALLEL) -timeout 30m ./...
 
 ## deploy: deploy/kubernetes's manifests decoded strictly into the Kubernetes API types and checked against the agent's configuration, and the container image built, loaded back and run against the StatefulSet (modules of their own)
 deploy:

@@ -119,6 +119,6 @@ func TestFlappingPrimaryTripsTheCircuitBreaker(t *testing.T) {
 		}
 	}
 
-	dups, _ := drain(t, d, p, l, ho, "B")
+	dups, _ := drain(t, d, l, ho, true, flow{p, "orders"})
 	t.Logf("%d duplicates over 3 switches", dups)
 }

@@ -103,7 +103,7 @@ func TestAgentCutOffFromTheActiveClusterGivesItsPartitionsAway(t *testing.T) {
 		return nil
 	})
 	// Records produced after the heal reach every agent's partitions.
-	if dups, dupFirst := drain(t, d, p, l, ho, "A"); dups != 0 {
+	if dups, dupFirst := drain(t, d, l, ho, false, flow{p, "orders"}); dups != 0 {
 		t.Errorf("%d duplicates (first handled by %v): hand-overs through etcd commits must not repeat records", dups, dupFirst)
 	}
 }

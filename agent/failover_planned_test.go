@@ -156,7 +156,7 @@ func TestPlannedSwitchIsMadeBeforeItIsBroken(t *testing.T) {
 			t.Errorf("%s/%d translated by %s, lagged %d (%s); want fingerprint, no lag", ps.Topic, ps.Partition, ps.Method, ps.Lagged, ps.Detail)
 		}
 	}
-	if dups, dupFirst := drain(t, d, p, l, ho, "B"); dups != 0 {
+	if dups, dupFirst := drain(t, d, l, ho, true, flow{p, "orders"}); dups != 0 {
 		t.Errorf("%d duplicates (first handled by %v) after a planned switch translated by fingerprint", dups, dupFirst)
 	}
 }
@@ -289,7 +289,7 @@ func TestLeaderKilledWhilePreparingASwitch(t *testing.T) {
 	if ev := evs[0]; ev.From != "A" || ev.To != "B" || ev.Leader == leader.ID() || ev.Phases["prepare"] == 0 {
 		t.Errorf("switch %s→%s by %s, phases %v: want A→B prepared and completed by a new leader", ev.From, ev.To, ev.Leader, ev.Phases)
 	}
-	_, dupFirst := drain(t, d, p, l, ho, "B")
+	_, dupFirst := drain(t, d, l, ho, true, flow{p, "orders"})
 	for id, n := range dupFirst {
 		if id != leader.ID() {
 			t.Errorf("%d duplicates of records first handled by %s, which was not killed", n, id)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -726,32 +727,49 @@ func logHistory(t *testing.T, e *devstack.Etcd) (lagged int64) {
 	return lagged
 }
 
-// drain ends a failover test that must lose nothing: once records
-// produced after the last change are handled, the producer stops (and,
-// when the fleet consumes B, the mirror catches up), and every record on A
-// must have been handled, and the hand-over invariants must hold. It
-// returns how many records were handled twice, and by which agent first.
-func drain(t *testing.T, d *dc, p *producer, l *ledger, ho *handovers, consuming string) (dups int, dupFirst map[string]int) {
+// flow is a producer and the topic on A it writes.
+type flow struct {
+	p     *producer
+	topic string
+}
+
+// drain ends a test that must lose nothing: once records the flows write
+// after now are handled, it stops the producers, waits for the mirror to
+// have copied A to B when the fleet may consume B (mirrored), then for
+// every record on the flows' topics on A to be handled; the hand-overs
+// must not have delivered anything twice. It returns the records handled
+// more than once, and by whom first.
+func drain(t *testing.T, d *dc, l *ledger, ho *handovers, mirrored bool, flows ...flow) (dups int, dupFirst map[string]int) {
 	t.Helper()
-	mark := p.next.Load() + 100
-	wait.For(t, 20*time.Second, "records produced after the last change handled", func() error {
-		if l.timesHandled(fmt.Sprint(mark)) == 0 {
-			return fmt.Errorf("record %d not handled", mark)
+	var marks []string
+	for _, f := range flows {
+		marks = append(marks, fmt.Sprint(f.p.next.Load()+50))
+	}
+	wait.For(t, 30*time.Second, "records produced after the last change handled", func() error {
+		for _, m := range marks {
+			if l.timesHandled(m) == 0 {
+				return fmt.Errorf("record %s not handled", m)
+			}
 		}
 		return nil
 	})
-	p.halt()
-	if consuming == "B" {
+	for _, f := range flows {
+		f.p.halt()
+	}
+	if mirrored {
 		mctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
 		if err := d.mirror.CaughtUp(mctx); err != nil {
 			t.Fatalf("the mirror did not catch up: %v", err)
 		}
 	}
-	onA := idsOn(t, d.a, "orders")
-	waitAllHandled(t, l, onA, 20*time.Second)
+	ids := map[string]bool{}
+	for _, f := range flows {
+		maps.Copy(ids, idsOn(t, d.a, f.topic))
+	}
+	waitAllHandled(t, l, ids, 30*time.Second)
 	_, dups, dupFirst = l.result(0)
-	t.Logf("%d records, 0 lost, %d duplicates", len(onA), dups)
+	t.Logf("%d records, 0 lost, %d duplicates", len(ids), dups)
 	for _, d := range l.dupDeliveries() {
 		t.Log(d)
 	}

@@ -88,6 +88,6 @@ func TestPinSwitchesAndHoldsUntilRemoved(t *testing.T) {
 	// reported as lagged and its records delivered again, so the count is
 	// logged, not bounded (TestPlannedSwitchIsMadeBeforeItIsBroken bounds
 	// it with the default window).
-	dups, _ := drain(t, d, p, l, ho, "A")
+	dups, _ := drain(t, d, l, ho, false, flow{p, "orders"})
 	t.Logf("%d duplicates over 4 planned switches", dups)
 }

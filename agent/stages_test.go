@@ -192,37 +192,11 @@ func (f *stagedFleet) placedOn(t *testing.T, cluster string, topics ...string) {
 // duplicates.
 func (f *stagedFleet) drain(t *testing.T) int {
 	t.Helper()
-	var marks []string
-	for _, p := range f.prods {
-		marks = append(marks, fmt.Sprint(p.next.Load()+50))
-	}
-	wait.For(t, 30*time.Second, "records produced after the last change handled", func() error {
-		for _, m := range marks {
-			if f.l.timesHandled(m) == 0 {
-				return fmt.Errorf("record %s not handled", m)
-			}
-		}
-		return nil
-	})
-	for _, p := range f.prods {
-		p.halt()
-	}
-	mctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := f.d.mirror.CaughtUp(mctx); err != nil {
-		t.Fatalf("the mirror did not catch up: %v", err)
-	}
-	ids := map[string]bool{}
+	var flows []flow
 	for _, topic := range stagedTopics {
-		maps.Copy(ids, idsOn(t, f.d.a, topic))
+		flows = append(flows, flow{f.prods[topic], topic})
 	}
-	waitAllHandled(t, f.l, ids, 30*time.Second)
-	_, dups, _ := f.l.result(0)
-	t.Logf("%d records, 0 lost, %d duplicates", len(ids), dups)
-	for _, d := range f.l.dupDeliveries() {
-		t.Log(d)
-	}
-	f.ho.check(t, f.l)
+	dups, _ := drain(t, f.d, f.l, f.ho, true, flows...)
 	return dups
 }
 

@@ -164,7 +164,7 @@ func TestSwitchIsAbandonedWhenItsTargetDies(t *testing.T) {
 		t.Logf("abandoned: %s", evs[0].Abandoned)
 	}
 
-	if dups, dupFirst := drain(t, d, p, l, ho, "A"); dups != 0 {
+	if dups, dupFirst := drain(t, d, l, ho, false, flow{p, "orders"}); dups != 0 {
 		t.Errorf("%d duplicates (first handled by %v): every record was committed on A before the switch", dups, dupFirst)
 	}
 }

@@ -188,31 +188,7 @@ func (f *topicsFleet) waitTopicOn(t *testing.T, topic, cluster string, after int
 // duplicates.
 func (f *topicsFleet) drain(t *testing.T) int {
 	t.Helper()
-	marks := []string{fmt.Sprint(f.orders.next.Load() + 50), fmt.Sprint(f.audit.next.Load() + 50)}
-	wait.For(t, 20*time.Second, "records produced after the last change handled", func() error {
-		for _, m := range marks {
-			if f.l.timesHandled(m) == 0 {
-				return fmt.Errorf("record %s not handled", m)
-			}
-		}
-		return nil
-	})
-	f.orders.halt()
-	f.audit.halt()
-	mctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := f.d.mirror.CaughtUp(mctx); err != nil {
-		t.Fatalf("the mirror did not catch up: %v", err)
-	}
-	ids := idsOn(t, f.d.a, "orders")
-	maps.Copy(ids, idsOn(t, f.d.a, "audit"))
-	waitAllHandled(t, f.l, ids, 20*time.Second)
-	_, dups, _ := f.l.result(0)
-	t.Logf("%d records, 0 lost, %d duplicates", len(ids), dups)
-	for _, d := range f.l.dupDeliveries() {
-		t.Log(d)
-	}
-	f.ho.check(t, f.l)
+	dups, _ := drain(t, f.d, f.l, f.ho, true, flow{f.orders, "orders"}, flow{f.audit, "audit"})
 	return dups
 }
 
