@@ -41,6 +41,7 @@ func TestFailoverToTheReplicaAndBack(t *testing.T) {
 	if took > bound {
 		t.Errorf("failover took %v, want <= failure window + push/pull interval + 1 s = %v", took, bound)
 	}
+	recordedWithActivation(t, testenv.EtcdClientT(t, d.etcd))
 
 	// Everything that reached B before the failure is handled, once.
 	onB := idsOn(t, d.b, "A.orders")

@@ -122,6 +122,33 @@ func readActive(cli *clientv3.Client) (state.Active, error) {
 	return state.ParseActive(resp.Kvs[0].Value)
 }
 
+// recordedWithActivation checks that the switch in force (state/active)
+// is in history/, written by the transaction that activated it: a switch
+// never takes effect unrecorded, whatever etcd does next.
+func recordedWithActivation(t *testing.T, cli *clientv3.Client) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ar, err := cli.Get(ctx, fleetKeys.Active())
+	if err != nil || len(ar.Kvs) == 0 {
+		t.Fatalf("state/active: %v (%d keys)", err, len(ar.Kvs))
+	}
+	a, err := state.ParseActive(ar.Kvs[0].Value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hr, err := cli.Get(ctx, fleetKeys.HistoryEvent(a.Epoch))
+	switch {
+	case err != nil:
+		t.Fatal(err)
+	case len(hr.Kvs) == 0:
+		t.Errorf("state/active is epoch %d, and history/ has no record of it", a.Epoch)
+	case hr.Kvs[0].CreateRevision != ar.Kvs[0].ModRevision:
+		t.Errorf("history/%d was first written at revision %d, state/active at %d: the switch was recorded apart from its activation",
+			a.Epoch, hr.Kvs[0].CreateRevision, ar.Kvs[0].ModRevision)
+	}
+}
+
 // readHistory reads history/, oldest first.
 func readHistory(t testing.TB, cli *clientv3.Client) []state.SwitchEvent {
 	t.Helper()

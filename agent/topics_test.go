@@ -223,6 +223,7 @@ func TestTopicPinMovesOneTopicAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	toB := f.waitTopicOn(t, "audit", "B", 0)
+	recordedWithActivation(t, f.cli)
 	leader := leaderOf(t, f.agents...)
 	st := leader.Status().Coordinator
 	if st == nil || st.TopicPins["audit"] != "B" {

@@ -113,12 +113,9 @@ func (r *leaderRun) switchTo(ctx context.Context, t *term, req switchRequest) (s
 	ta := time.Now()
 	active := state.Active{Cluster: to, Epoch: ev.Epoch, Phase: state.PhaseActive, From: from, Reason: reason, Since: time.Now().UTC(), Automatic: auto}
 	active.Topics = placedElsewhere(leaving.Topics, to)
-	if err := r.activateOn(ctx, t, to, active, ops); err != nil {
+	if err := r.activateOn(ctx, t, to, activation{active: active, ops: ops, ev: &ev, began: ta}); err != nil {
 		return fail(err)
 	}
-	ev.Phases["activate"] = time.Since(ta).Seconds()
-	ev.Finished = time.Now().UTC()
-	r.record(ctx, t.Term, ev, log)
 	r.countLate(ctx, t.Term, ev, log)
 	log.Info("switched clusters", zap.Duration("took", ev.Finished.Sub(ev.Started)), zap.Int("partitions", len(ev.Partitions)))
 	return ev, nil
@@ -149,16 +146,29 @@ func placedElsewhere(topics map[string]state.TopicActive, to string) map[string]
 	return out
 }
 
-// activateOn is activate, planned on the partitions consumed under a: the
-// translation's listing of `to` (t.found) with the leader's of the others.
-func (r *leaderRun) activateOn(ctx context.Context, t *term, to string, a state.Active, ops []clientv3.Op) error {
+// activation is what activate writes in one transaction: the state
+// (active), the translated positions (ops), and the switch's record
+// (history/<epoch>), so that no switch takes effect unrecorded. The
+// event's activate phase, from began, and its Finished are set as the
+// transaction is sent.
+type activation struct {
+	active state.Active
+	ops    []clientv3.Op
+	ev     *state.SwitchEvent
+	began  time.Time
+}
+
+// activateOn is activate, planned on the partitions consumed under
+// act.active: the translation's listing of `to` (t.found) with the
+// leader's of the others.
+func (r *leaderRun) activateOn(ctx context.Context, t *term, to string, act activation) error {
 	lists := maps.Clone(r.lists)
 	lists[to] = t.found
-	parts, listed := consumed(a, lists, r.conf().naming)
+	parts, listed := consumed(act.active, lists, r.conf().naming)
 	if !listed {
-		return fmt.Errorf("coordinator: activate %s: the partitions of %s are not listed yet", to, strings.Join(inUse(a), ", "))
+		return fmt.Errorf("coordinator: activate %s: the partitions of %s are not listed yet", to, strings.Join(inUse(act.active), ", "))
 	}
-	return r.activate(ctx, t, a, ops, parts)
+	return r.activate(ctx, t, act, parts)
 }
 
 // maxSwitchOps bounds the operations of one switch transaction, under
@@ -167,14 +177,18 @@ const maxSwitchOps = 100
 
 // activate completes a switch in one transaction, fenced by the term and
 // the revisions of state/active and state/assignment: the translated
-// positions (ops), state/active := a, and the next generation over the
-// agents live now and not cut off (by cluster), planned on parts: by cluster, the
-// partitions consumed there under a (those the translation listed on the
-// target among them). Agents start on the new cluster the moment the
-// switch is visible, at the positions written with it. Positions too many
-// for one transaction are written first, fenced the same way: harmless,
-// as nobody consumes the target before state/active says so.
-func (r *leaderRun) activate(ctx context.Context, t *term, a state.Active, ops []clientv3.Op, parts map[string][]state.TopicPartition) error {
+// positions (act.ops), state/active := act.active, the next generation
+// over the agents live now and not cut off (by cluster), planned on parts:
+// by cluster, the partitions consumed there under act.active (those the
+// translation listed on the target among them), and the switch's record
+// in history/. Agents start on the new cluster the moment the switch is
+// visible, at the positions written with it. Positions too many for one
+// transaction, and the chunks of a record too large for one value, are
+// written first, fenced the same way: harmless, as nobody consumes the
+// target before state/active says so, and nobody reads a chunk without
+// its event.
+func (r *leaderRun) activate(ctx context.Context, t *term, act activation, parts map[string][]state.TopicPartition) error {
+	a, ops := act.active, act.ops
 	l, live, cut := r.Leader, r.liveNow(), r.cutOffAll(time.Now())
 	a.Leader, a.Token = t.ID, t.Rev
 	aval, err := json.Marshal(a)
@@ -194,6 +208,13 @@ func (r *leaderRun) activate(ctx context.Context, t *term, a state.Active, ops [
 		final = append(final, clientv3.OpPut(l.keys.Assignment(), string(val)))
 	} else {
 		changed = false
+	}
+	if act.ev != nil {
+		put, err := r.recordWith(ctx, t, act)
+		if err != nil {
+			return err
+		}
+		final = append(final, put)
 	}
 	if len(ops)+len(final) > maxSwitchOps {
 		for chunk := range slices.Chunk(ops, maxSwitchOps) {
@@ -220,6 +241,24 @@ func (r *leaderRun) activate(ctx context.Context, t *term, a state.Active, ops [
 			zap.Bool("with_activation", true))
 	}
 	return nil
+}
+
+// recordWith completes act's event as of now, writes the chunks of its
+// partitions if it has too many for one value, and returns the write of
+// the event for the activation's transaction.
+func (r *leaderRun) recordWith(ctx context.Context, t *term, act activation) (clientv3.Op, error) {
+	act.ev.Phases["activate"] = time.Since(act.began).Seconds()
+	act.ev.Finished = time.Now().UTC()
+	chunks, put, err := historyOps(r.keys, *act.ev)
+	if err != nil {
+		return put, err
+	}
+	wctx, cancel := context.WithTimeout(ctx, r.cfg.Etcd.RequestTimeout*time.Duration(1+len(chunks)))
+	defer cancel()
+	if err := writeChunks(wctx, t.Term, chunks); err != nil {
+		return put, fmt.Errorf("coordinator: record the switch in history/: %w", err)
+	}
+	return put, nil
 }
 
 // abandonSwitch ends the switch in progress without completing it: the

@@ -194,15 +194,12 @@ func (r *leaderRun) topicSwitch(ctx context.Context, t *term, mv *topicMove) (st
 	// generation that assigns them there.
 	ta := time.Now()
 	done := topicsMoved(t.active, mv, epoch)
-	if err := r.activateOn(ctx, t, mv.to, done, ops); err != nil {
+	if err := r.activateOn(ctx, t, mv.to, activation{active: done, ops: ops, ev: &ev, began: ta}); err != nil {
 		return fail(err)
 	}
 	if r.lists[mv.to] == nil {
 		r.lists[mv.to] = t.found
 	}
-	ev.Phases["activate"] = time.Since(ta).Seconds()
-	ev.Finished = time.Now().UTC()
-	r.record(ctx, t.Term, ev, log)
 	log.Info("switched topics", zap.Duration("took", ev.Finished.Sub(ev.Started)), zap.Int("partitions", len(ev.Partitions)))
 	return ev, nil
 }
