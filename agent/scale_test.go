@@ -116,6 +116,13 @@ func (f *scaleFleet) config(id string) config.Config {
 	cfg.Source.Topics = f.topics
 	// The default commit interval: what a fleet this size runs with.
 	cfg.Source.CommitInterval = config.Default().Source.CommitInterval
+	// A metadata probe of A's 1200 partitions takes longer than the
+	// small fleets' 400 ms on loaded cores under -race: a probe that
+	// times out for want of CPU must not fail the fleet over. The
+	// failover this fleet is put through, A refusing every connection,
+	// is judged on the hard failure window (500 ms) all the same.
+	cfg.Failover.ProbeTimeout = 3 * time.Second
+	cfg.Failover.FailureWindow = 5 * time.Second
 	if f.configure != nil {
 		f.configure(&cfg)
 	}
