@@ -568,9 +568,14 @@ func (d *dc) config(id string) config.Config {
 	cfg.Source.Topics = []string{"orders"}
 	cfg.Source.CommitInterval = 100 * time.Millisecond
 	cfg.Source.RefreshInterval = time.Second
+	// Probes every 200 ms, each given 1 s, and a cluster judged down after
+	// 2 s without one: short enough for quick tests, long enough that
+	// probes starved of CPU (tests run six at once under -race) do not
+	// fail a healthy fleet over. A cluster refusing connections is judged
+	// on the hard failure window (500 ms) all the same.
 	cfg.Failover.ProbeInterval = 200 * time.Millisecond
-	cfg.Failover.ProbeTimeout = 400 * time.Millisecond
-	cfg.Failover.FailureWindow = time.Second
+	cfg.Failover.ProbeTimeout = time.Second
+	cfg.Failover.FailureWindow = 2 * time.Second
 	cfg.Failover.FailbackStable = 2 * time.Second
 	return cfg
 }
