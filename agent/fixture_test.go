@@ -802,8 +802,8 @@ func drain(t *testing.T, d *dc, l *ledger, ho *handovers, mirrored bool, flows .
 	waitAllHandled(t, l, ids, 30*time.Second)
 	_, dups, dupFirst = l.result(0)
 	t.Logf("%d records, 0 lost, %d duplicates", len(ids), dups)
-	for _, d := range l.dupDeliveries() {
-		t.Log(d)
+	for _, dup := range l.dupDeliveries() {
+		t.Log(dup)
 	}
 	ho.check(t, l)
 	return dups, dupFirst

@@ -111,8 +111,7 @@ func quotas(held [][]state.TopicPartition, n int) []int {
 
 // balancer builds Balance's lists, agent by agent (by index).
 type balancer struct {
-	k        int
-	quota    []int
+	quota    []int // by agent; its length is the number of agents
 	perTopic map[string]int
 	lists    [][]state.TopicPartition
 	owned    []map[string]int // owned[i][topic]: lists[i]'s partitions of topic
@@ -122,7 +121,7 @@ type balancer struct {
 
 func newBalancer(parts []state.TopicPartition, quota []int) *balancer {
 	k := len(quota)
-	b := &balancer{k: k, quota: quota, perTopic: map[string]int{}, lists: make([][]state.TopicPartition, k),
+	b := &balancer{quota: quota, perTopic: map[string]int{}, lists: make([][]state.TopicPartition, k),
 		owned: make([]map[string]int, k), atCeil: map[string]int{}, kept: map[state.TopicPartition]bool{}}
 	for _, tp := range parts {
 		b.perTopic[tp.Topic]++
@@ -137,7 +136,7 @@ func newBalancer(parts []state.TopicPartition, quota []int) *balancer {
 func (b *balancer) keep(i int, tp state.TopicPartition) {
 	b.lists[i] = append(b.lists[i], tp)
 	b.kept[tp] = true
-	if b.owned[i][tp.Topic]++; b.owned[i][tp.Topic] == b.perTopic[tp.Topic]/b.k+1 {
+	if b.owned[i][tp.Topic]++; b.owned[i][tp.Topic] == b.perTopic[tp.Topic]/len(b.quota)+1 {
 		b.atCeil[tp.Topic]++
 	}
 }
@@ -153,11 +152,11 @@ func (b *balancer) keepSome(i int, held []state.TopicPartition) {
 		}
 		return x.Compare(y)
 	})
-	floor := func(tp state.TopicPartition) int { return b.perTopic[tp.Topic] / b.k }
+	floor := func(tp state.TopicPartition) int { return b.perTopic[tp.Topic] / len(b.quota) }
 	for _, pass := range []func(state.TopicPartition) bool{
 		func(tp state.TopicPartition) bool { return b.owned[i][tp.Topic] < floor(tp) },
 		func(tp state.TopicPartition) bool {
-			return b.owned[i][tp.Topic] == floor(tp) && b.atCeil[tp.Topic] < b.perTopic[tp.Topic]%b.k
+			return b.owned[i][tp.Topic] == floor(tp) && b.atCeil[tp.Topic] < b.perTopic[tp.Topic]%len(b.quota)
 		},
 		func(state.TopicPartition) bool { return true },
 	} {
