@@ -301,10 +301,16 @@ func TestSecureFleet(t *testing.T) {
 		return err
 	})
 	for _, a := range agents {
-		code, reason, err := w.readyz(a)
-		if err != nil || code != http.StatusOK {
-			t.Errorf("%s /readyz = %d %q, %v", a.ID(), code, reason, err)
-		}
+		// Readiness is live: a commit that runs late on a loaded
+		// machine holds delivery (and readiness) for a moment. The
+		// fleet must be ready, not at every instant.
+		wait.For(t, 10*time.Second, a.ID()+" ready over HTTPS", func() error {
+			code, reason, err := w.readyz(a)
+			if err == nil && code != http.StatusOK {
+				err = fmt.Errorf("/readyz = %d %q", code, reason)
+			}
+			return err
+		})
 		for _, path := range []string{"/status", "/metrics", "/leader", "/healthz"} {
 			code, body, err := w.get(a, path)
 			if err != nil || code != http.StatusOK {
