@@ -61,9 +61,14 @@ type Config struct {
 	Agent    Agent              `yaml:"agent"`
 	Etcd     Etcd               `yaml:"etcd"`
 	Clusters map[string]Cluster `yaml:"clusters"`
-	Source   Source             `yaml:"source"`
-	Failover Failover           `yaml:"failover"`
-	Routing  Routing            `yaml:"routing"`
+	// Replication lists MirrorMaker 2's flows between the source
+	// clusters, each once (replication.go). Required with more than one
+	// standby; with one, the clusters' own replication fields describe
+	// the flow into the standby and the flow back, and this stays empty.
+	Replication []Flow   `yaml:"replication,omitempty" leaf:"-"`
+	Source      Source   `yaml:"source"`
+	Failover    Failover `yaml:"failover"`
+	Routing     Routing  `yaml:"routing"`
 }
 
 // Log configures the agent's logger.
@@ -166,6 +171,12 @@ type Cluster struct {
 	Brokers []string `yaml:"brokers" help:"bootstrap brokers host:port (required)"`
 	// Role is primary, standby or sink.
 	Role Role `yaml:"role" help:"primary, standby or sink (required)"`
+	// Priority orders the standbys, lower first: a failover goes to the
+	// most preferred standby a quorum of agents reaches, and a failback
+	// returns to the most preferred healthy cluster (the primary before
+	// every standby). Required, and distinct, when there is more than one
+	// standby; with one it may stay 0.
+	Priority int `yaml:"priority" help:"a standby's place in the order of failover, lower first (required with more than one standby)"`
 	// Version is the Kafka protocol version the client speaks
 	// (sarama's KafkaVersion syntax, e.g. "3.9.0").
 	Version string `yaml:"version" help:"Kafka protocol version"`
@@ -485,6 +496,7 @@ func (c Config) Clone() Config {
 			c.Clusters[name] = cl
 		}
 	}
+	c.Replication = slices.Clone(c.Replication)
 	c.Routing = c.Routing.Clone()
 	return c
 }

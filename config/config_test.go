@@ -201,12 +201,12 @@ clusters:
     role: primary
     brokerz: [127.0.0.1:9092]
 `,
-			want: []string{`config: f.yaml line 7: unknown field "brokerz" in clusters.A (known: brokers, role, version, client_id, tls, sasl, proxy, replication_policy, source_alias, offset_syncs_topic, offset_syncs_on, checkpoints_topic, delivery, transaction_interval)`},
+			want: []string{`config: f.yaml line 7: unknown field "brokerz" in clusters.A (known: brokers, role, priority, version, client_id, tls, sasl, proxy, replication_policy, source_alias, offset_syncs_topic, offset_syncs_on, checkpoints_topic, delivery, transaction_interval)`},
 		},
 		{
 			name: "unknown top-level field",
 			src:  "fleet: x\nfailure_window: 3s\n",
-			want: []string{`line 2: unknown field "failure_window" at the top level (known: fleet, log, agent, etcd, clusters, source, failover, routing)`},
+			want: []string{`line 2: unknown field "failure_window" at the top level (known: fleet, log, agent, etcd, clusters, replication, source, failover, routing)`},
 		},
 		{
 			name: "unknown nested field",
@@ -339,9 +339,10 @@ func TestValidateErrors(t *testing.T) {
 		{"duplicate primary", func(c *Config) {
 			c.Clusters["B"] = Cluster{Brokers: []string{"b:1"}, Role: RolePrimary}
 		}, []string{`config: clusters.B.role: "primary" is also the role of cluster A; exactly one cluster may be primary (set the other to standby or sink)`}},
-		{"duplicate standby", func(c *Config) {
+		{"a second standby without its order or flows", func(c *Config) {
 			c.Clusters["C"] = Cluster{Brokers: []string{"c:1"}, Role: RoleStandby}
-		}, []string{`clusters.C.role: "standby" is also the role of cluster B; at most one cluster may be standby`}},
+		}, []string{"clusters.B.priority: required with more than one standby (B, C)", "clusters.C.priority: required with more than one standby (B, C)",
+			"config: replication: required with more than one standby (B, C): list MirrorMaker 2's flows"}},
 		{"no primary", func(c *Config) {
 			c.Clusters["A"] = Cluster{Brokers: []string{"a:1"}, Role: RoleSink}
 		}, []string{"clusters: no cluster has role primary"}},
@@ -387,17 +388,19 @@ func TestValidateErrors(t *testing.T) {
 		{"failure window not above probe interval", func(c *Config) { c.Failover.FailureWindow = 500 * time.Millisecond }, []string{"failover.failure_window: 500ms must be longer than failover.probe_interval (500ms)"}},
 		{"hard failure window above the failure window", func(c *Config) { c.Failover.HardFailureWindow = 4 * time.Second },
 			[]string{"failover.hard_failure_window: 4s must be between 0 (hard failures wait for failover.failure_window too) and failover.failure_window (3s)"}},
-		{"bad replication policy", func(c *Config) { setB(c, func(b *Cluster) { b.ReplicationPolicy = "default" }) },
+		{"bad replication policy", func(c *Config) { editCluster(c, "B", func(b *Cluster) { b.ReplicationPolicy = "default" }) },
 			[]string{`config: clusters.B.replication_policy: "default" is not a replication policy; use prefix`}},
-		{"bad offset_syncs_on", func(c *Config) { setB(c, func(b *Cluster) { b.OffsetSyncsOn = "standby" }) },
+		{"bad offset_syncs_on", func(c *Config) { editCluster(c, "B", func(b *Cluster) { b.OffsetSyncsOn = "standby" }) },
 			[]string{`config: clusters.B.offset_syncs_on: "standby" is not one of source, target`}},
-		{"bad source alias", func(c *Config) { setB(c, func(b *Cluster) { b.SourceAlias = "dc 1" }) },
+		{"bad source alias", func(c *Config) { editCluster(c, "B", func(b *Cluster) { b.SourceAlias = "dc 1" }) },
 			[]string{`config: clusters.B.source_alias: "dc 1" is not usable in Kafka topic names`}},
-		{"bad offset-syncs topic", func(c *Config) { setB(c, func(b *Cluster) { b.OffsetSyncsTopic = "mm2/syncs" }) },
+		{"bad offset-syncs topic", func(c *Config) { editCluster(c, "B", func(b *Cluster) { b.OffsetSyncsTopic = "mm2/syncs" }) },
 			[]string{`config: clusters.B.offset_syncs_topic: "mm2/syncs" is not a Kafka topic name`, "leave it empty for the default mm2-offset-syncs.<name>.internal"}},
-		{"too long checkpoints topic", func(c *Config) { setB(c, func(b *Cluster) { b.CheckpointsTopic = strings.Repeat("c", 250) }) },
+		{"too long checkpoints topic", func(c *Config) {
+			editCluster(c, "B", func(b *Cluster) { b.CheckpointsTopic = strings.Repeat("c", 250) })
+		},
 			[]string{`config: clusters.B.checkpoints_topic: "ccc`, "is not a Kafka topic name"}},
-		{"checkpoints topic dot", func(c *Config) { setB(c, func(b *Cluster) { b.CheckpointsTopic = ".." }) },
+		{"checkpoints topic dot", func(c *Config) { editCluster(c, "B", func(b *Cluster) { b.CheckpointsTopic = ".." }) },
 			[]string{`clusters.B.checkpoints_topic: ".." is not a Kafka topic name`}},
 		{"bad replication field on the primary", func(c *Config) {
 			a := c.Clusters["A"]
@@ -465,13 +468,13 @@ func TestValidateAccepts(t *testing.T) {
 		}},
 		{"cluster without version", func(c *Config) { c.Clusters["A"] = Cluster{Brokers: []string{"a:1"}, Role: RolePrimary} }},
 		{"replication fields on the standby", func(c *Config) {
-			setB(c, func(b *Cluster) {
+			editCluster(c, "B", func(b *Cluster) {
 				b.ReplicationPolicy, b.SourceAlias, b.OffsetSyncsOn = "identity", "dc-east.1", "target"
 				b.OffsetSyncsTopic, b.CheckpointsTopic = "mm2-offset-syncs.dr.internal", "dc-east.1.checkpoints.internal"
 			})
 		}},
 		{"replication fields explicitly default", func(c *Config) {
-			setB(c, func(b *Cluster) { b.ReplicationPolicy, b.OffsetSyncsOn = "prefix", "source" })
+			editCluster(c, "B", func(b *Cluster) { b.ReplicationPolicy, b.OffsetSyncsOn = "prefix", "source" })
 		}},
 		// The primary's fields describe the flow back from the standby;
 		// Validate cannot warn, so those of a sink are accepted (and
@@ -499,12 +502,6 @@ func TestValidateAccepts(t *testing.T) {
 }
 
 // setB modifies cluster B of a valid() configuration.
-func setB(c *Config, f func(b *Cluster)) {
-	b := c.Clusters["B"]
-	f(&b)
-	c.Clusters["B"] = b
-}
-
 // TestPrecedence checks flag > env > file > default for a scalar
 // (etcd.session_ttl), a list (source.topics) and a cluster field
 // (clusters.B.brokers).
@@ -680,7 +677,7 @@ func TestBadOverrides(t *testing.T) {
 		{"flag cluster syntax", nil, []string{"--cluster=A:brokers=x"},
 			[]string{`for "--cluster" flag: want NAME.field=value`}},
 		{"flag cluster field", nil, []string{"--cluster=A.brokerz=x:1"},
-			[]string{`for "--cluster" flag: unknown cluster field "brokerz" (known: brokers, role, version, client_id, tls.enabled, tls.ca_file, tls.cert_file, tls.key_file, tls.server_name, tls.insecure_skip_verify, sasl.mechanism, sasl.username, sasl.password, sasl.password_file, proxy, replication_policy, source_alias, offset_syncs_topic, offset_syncs_on, checkpoints_topic, delivery, transaction_interval)`}},
+			[]string{`for "--cluster" flag: unknown cluster field "brokerz" (known: brokers, role, priority, version, client_id, tls.enabled, tls.ca_file, tls.cert_file, tls.key_file, tls.server_name, tls.insecure_skip_verify, sasl.mechanism, sasl.username, sasl.password, sasl.password_file, proxy, replication_policy, source_alias, offset_syncs_topic, offset_syncs_on, checkpoints_topic, delivery, transaction_interval)`}},
 		{"flag ambiguous cluster", nil, []string{"--cluster=AB.role=sink"},
 			[]string{`config: --cluster AB.role: cluster "AB" matches clusters Ab and aB, which differ only in case`}},
 	} {
@@ -879,17 +876,24 @@ func TestIntLeaf(t *testing.T) {
 	}
 }
 
+// flow returns c's flow from → to, the zero Replication when there is none.
+func flow(c Config, from, to string) Replication {
+	r, _ := c.Flow(from, to)
+	return r
+}
+
 func TestReplication(t *testing.T) {
 	c := valid(t) // A primary, B standby, no replication fields
 	want := Replication{
 		From:               "A",
+		To:                 "B",
 		Policy:             "prefix",
 		SourceAlias:        "A",
 		OffsetSyncsTopic:   "mm2-offset-syncs.B.internal",
 		OffsetSyncsCluster: "A",
 		CheckpointsTopic:   "A.checkpoints.internal",
 	}
-	r := c.Replication("B")
+	r := flow(c, "A", "B")
 	if r != want {
 		t.Errorf("Replication(B) defaults = %+v, want %+v", r, want)
 	}
@@ -899,21 +903,23 @@ func TestReplication(t *testing.T) {
 	// The flow back, B → A: B's orders is B.orders on A.
 	back := Replication{
 		From:               "B",
+		To:                 "A",
 		Policy:             "prefix",
 		SourceAlias:        "B",
 		OffsetSyncsTopic:   "mm2-offset-syncs.A.internal",
 		OffsetSyncsCluster: "B",
 		CheckpointsTopic:   "B.checkpoints.internal",
 	}
-	if r := c.Replication("A"); r != back {
+	if r := flow(c, "B", "A"); r != back {
 		t.Errorf("Replication(A) defaults = %+v, want %+v", r, back)
 	}
 
 	// Explicit source alias: the prefix and the checkpoints topic follow it.
-	setB(&c, func(b *Cluster) { b.SourceAlias, b.OffsetSyncsOn = "east", "target" })
-	r = c.Replication("B")
+	editCluster(&c, "B", func(b *Cluster) { b.SourceAlias, b.OffsetSyncsOn = "east", "target" })
+	r = flow(c, "A", "B")
 	want = Replication{
 		From:               "A",
+		To:                 "B",
 		Policy:             "prefix",
 		SourceAlias:        "east",
 		OffsetSyncsTopic:   "mm2-offset-syncs.east.internal", // named after the source when on the target
@@ -928,13 +934,14 @@ func TestReplication(t *testing.T) {
 	}
 
 	// Everything explicit, identity policy.
-	setB(&c, func(b *Cluster) {
+	editCluster(&c, "B", func(b *Cluster) {
 		b.ReplicationPolicy, b.OffsetSyncsOn = "identity", "source"
 		b.OffsetSyncsTopic, b.CheckpointsTopic = "syncs", "checkpoints"
 	})
-	r = c.Replication("B")
+	r = flow(c, "A", "B")
 	want = Replication{
 		From:               "A",
+		To:                 "B",
 		Policy:             "identity",
 		SourceAlias:        "east",
 		OffsetSyncsTopic:   "syncs",
@@ -948,7 +955,7 @@ func TestReplication(t *testing.T) {
 		t.Errorf("identity RemoteTopic(orders) = %q, want orders", got)
 	}
 	// Identity is one way: nothing flows back into A.
-	if r := c.Replication("A"); r.From != "" {
+	if r, ok := c.Flow("B", "A"); ok {
 		t.Errorf("Replication(A) under identity = %+v, want no flow", r)
 	}
 	if err := c.Validate(); err != nil {
@@ -980,7 +987,7 @@ func TestReplicationOverrides(t *testing.T) {
 	if b.ReplicationPolicy != "identity" || b.SourceAlias != "east" || b.OffsetSyncsOn != "target" || b.CheckpointsTopic != "east.cp" {
 		t.Errorf("clusters.B = %+v", b)
 	}
-	if r := c.Replication("B"); r.RemoteTopic("orders") != "orders" || r.OffsetSyncsCluster != "B" {
+	if r := flow(c, "A", "B"); r.RemoteTopic("orders") != "orders" || r.OffsetSyncsCluster != "B" {
 		t.Errorf("Replication(B) = %+v", r)
 	}
 	if len(c.Clusters) != 2 {

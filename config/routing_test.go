@@ -153,7 +153,7 @@ func TestRoutingOverrides(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "unknown variable (known: KSWITCH_ROUTING_MODE, KSWITCH_ROUTING_DEFAULT, KSWITCH_ROUTING_DEAD_LETTER, KSWITCH_ROUTING_REFUSED)") {
 		t.Errorf("typo: error %v", err)
 	}
-	if !reflect.DeepEqual(fileOnlyPaths, []string{"routing.rules", "routing.channels"}) {
+	if !reflect.DeepEqual(fileOnlyPaths, []string{"replication", "routing.rules", "routing.channels"}) {
 		t.Errorf("fileOnlyPaths = %v", fileOnlyPaths)
 	}
 }

@@ -150,6 +150,7 @@ func (c *Config) validateClusters(p *problems) {
 	}
 	names := slices.Sorted(maps.Keys(c.Clusters))
 	byRole := map[Role]string{}
+	var standbys []string
 	folded := map[string]string{}
 	for _, name := range names {
 		cl := c.Clusters[name]
@@ -171,16 +172,14 @@ func (c *Config) validateClusters(p *problems) {
 		}
 
 		switch cl.Role {
-		case RolePrimary, RoleStandby:
+		case RolePrimary:
 			if other, dup := byRole[cl.Role]; dup {
-				how := "exactly one cluster may be primary (set the other to standby or sink)"
-				if cl.Role == RoleStandby {
-					how = "at most one cluster may be standby (set the other to sink)"
-				}
-				p.add(path+".role", "%q is also the role of cluster %s; %s", cl.Role, other, how)
+				p.add(path+".role", "%q is also the role of cluster %s; exactly one cluster may be primary (set the other to standby or sink)", cl.Role, other)
 			} else {
 				byRole[cl.Role] = name
 			}
+		case RoleStandby:
+			standbys = append(standbys, name)
 		case RoleSink:
 		case "":
 			p.add(path+".role", "required: primary, standby or sink")
@@ -215,7 +214,43 @@ func (c *Config) validateClusters(p *problems) {
 	if _, ok := byRole[RolePrimary]; !ok {
 		p.add("clusters", "no cluster has role primary; set role: primary on the cluster consumed from normally")
 	}
-	c.validateFlowBack(p, byRole[RolePrimary], byRole[RoleStandby])
+	c.validatePriorities(p, standbys)
+	if len(c.Replication) > 0 {
+		c.validateFlows(p)
+		return
+	}
+	if len(standbys) > 1 {
+		p.add("replication", "required with more than one standby (%s): list MirrorMaker 2's flows between the source clusters, each as from, to and its naming and topics", strings.Join(standbys, ", "))
+		return
+	}
+	var standby string
+	if len(standbys) == 1 {
+		standby = standbys[0]
+	}
+	c.validateFlowBack(p, byRole[RolePrimary], standby)
+}
+
+// validatePriorities checks the standbys' order: with more than one, each
+// states a priority of its own.
+func (c *Config) validatePriorities(p *problems, standbys []string) {
+	seen := map[int]string{}
+	for _, name := range standbys {
+		prio, path := c.Clusters[name].Priority, "clusters."+name+".priority"
+		switch {
+		case prio < 0:
+			p.add(path, "%d is negative; priorities are 1, 2, … in order of failover", prio)
+		case len(standbys) > 1 && prio == 0:
+			p.add(path, "required with more than one standby (%s): 1 for the first a failover goes to, 2 for the next, …", strings.Join(standbys, ", "))
+		case len(standbys) > 1 && seen[prio] != "":
+			p.add(path, "%d is also the priority of %s; the order of failover must be clear: give each standby its own", prio, seen[prio])
+		}
+		seen[prio] = name
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.Clusters)) {
+		if cl := c.Clusters[name]; cl.Role != RoleStandby && cl.Priority != 0 {
+			p.add("clusters."+name+".priority", "set on a %s; only standbys have a place in the order of failover (the primary comes first)", cl.Role)
+		}
+	}
 }
 
 // validateFlowBack checks the primary's replication fields, which describe
@@ -243,22 +278,29 @@ func (c *Config) validateFlowBack(p *problems, primary, standby string) {
 // cluster: they are accepted (not refused) on a sink, as Validate cannot
 // warn, and a bad value is wrong wherever it is.
 func validateReplication(p *problems, path string, cl Cluster) {
-	switch cl.ReplicationPolicy {
+	validateFlowFields(p, path, "replication_policy", "<name>", cl.flowInto("", "", cl.ReplicationPolicy))
+}
+
+// validateFlowFields checks a flow's naming and topics; policyField is the
+// name of its policy's field under path, target how the default
+// offset-syncs topic names the flow's target.
+func validateFlowFields(p *problems, path, policyField, target string, f Flow) {
+	switch f.Policy {
 	case "", "prefix", "identity":
 	default:
-		p.add(path+".replication_policy", "%q is not a replication policy; use prefix (MirrorMaker 2's default: orders is replicated as <source_alias>.orders) or identity (IdentityReplicationPolicy: the same name), or leave it empty for prefix", cl.ReplicationPolicy)
+		p.add(path+"."+policyField, "%q is not a replication policy; use prefix (MirrorMaker 2's default: orders is replicated as <source_alias>.orders) or identity (IdentityReplicationPolicy: the same name), or leave it empty for prefix", f.Policy)
 	}
-	switch cl.OffsetSyncsOn {
+	switch f.OffsetSyncsOn {
 	case "", "source", "target":
 	default:
-		p.add(path+".offset_syncs_on", "%q is not one of source, target (where MirrorMaker 2's offset-syncs.topic.location puts the topic); leave it empty for source", cl.OffsetSyncsOn)
+		p.add(path+".offset_syncs_on", "%q is not one of source, target (where MirrorMaker 2's offset-syncs.topic.location puts the topic); leave it empty for source", f.OffsetSyncsOn)
 	}
-	if cl.SourceAlias != "" && !validTopicName(cl.SourceAlias) {
-		p.add(path+".source_alias", "%q is not usable in Kafka topic names (letters, digits, '.', '_' and '-'); write MirrorMaker 2's alias of the cluster copied into this one, or leave it empty for its name", cl.SourceAlias)
+	if f.SourceAlias != "" && !validTopicName(f.SourceAlias) {
+		p.add(path+".source_alias", "%q is not usable in Kafka topic names (letters, digits, '.', '_' and '-'); write MirrorMaker 2's alias of the cluster copied from, or leave it empty for its name", f.SourceAlias)
 	}
 	for _, t := range []struct{ field, value, def string }{
-		{"offset_syncs_topic", cl.OffsetSyncsTopic, "mm2-offset-syncs.<name>.internal"},
-		{"checkpoints_topic", cl.CheckpointsTopic, "<source_alias>.checkpoints.internal"},
+		{"offset_syncs_topic", f.OffsetSyncsTopic, "mm2-offset-syncs." + target + ".internal"},
+		{"checkpoints_topic", f.CheckpointsTopic, "<source_alias>.checkpoints.internal"},
 	} {
 		if t.value != "" && !validTopicName(t.value) {
 			p.add(path+"."+t.field, "%q is not a Kafka topic name (letters, digits, '.', '_' and '-', at most 249); leave it empty for the default %s", t.value, t.def)

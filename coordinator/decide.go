@@ -17,18 +17,18 @@ import (
 // its start (a predecessor's, or a value someone else wrote: every key is
 // writable by whoever may write the fleet's prefix) is not resumed, ""
 // when it is. It is resumed when something calls for it: the cluster it
-// leaves is not reachable by a quorum (a failover), it goes to the
-// primary (where the fleet belongs: a failback), a pin or a staged move
+// leaves is not reachable by a quorum (a failover), it goes to a cluster
+// preferred to the one it leaves (a failback), a pin or a staged move
 // names its target. Otherwise it is abandoned, as a switch whose cause is
 // gone: the fleet stays where it is, and history/ records it abandoned.
 func (r *leaderRun) uncalledFor(conf *dynamic) string {
 	from, to := r.t.active.From, r.t.active.Cluster
 	st := r.stages
 	switch {
-	case !r.h.quorumUpNow(from), to == conf.primary, r.pn.get() == to, st != nil && st.Running() && st.Plan.To == to:
+	case !r.h.quorumUpNow(from), conf.rank(to) < conf.rank(from), r.pn.get() == to, st != nil && st.Running() && st.Plan.To == to:
 		return ""
 	}
-	return fmt.Sprintf("found in progress at the start of this term, and nothing calls for it: %s is reachable by a quorum of agents, %s is not the primary, and no pin or staged move names it", from, to)
+	return fmt.Sprintf("found in progress at the start of this term, and nothing calls for it: %s is reachable by a quorum of agents, %s is not preferred to it, and no pin or staged move names it", from, to)
 }
 
 // abandonFound abandons the switch in progress found at the term's start
@@ -47,13 +47,13 @@ func (r *leaderRun) abandonFound(ctx context.Context, why string) error {
 	return nil
 }
 
-// caughtUpGate is the failback gate's check that the primary holds what
-// the fleet consumed on the standby (Leader.caughtUp), made at most every
-// 2 s.
-func (r *leaderRun) caughtUpGate(ctx context.Context) (bool, string) {
-	if time.Since(r.caughtUpAt) > 2*time.Second {
-		r.caughtUpAt = time.Now()
-		r.caughtUp, r.caughtUpWhy = r.Leader.caughtUp(ctx, r.t, r.log)
+// caughtUpGate is the failback gate's check that cluster `to` holds what
+// the fleet consumed where it is (Leader.caughtUp), made at most every 2 s
+// for the same cluster.
+func (r *leaderRun) caughtUpGate(ctx context.Context, to string) (bool, string) {
+	if time.Since(r.caughtUpAt) > 2*time.Second || r.caughtUpTo != to {
+		r.caughtUpAt, r.caughtUpTo = time.Now(), to
+		r.caughtUp, r.caughtUpWhy = r.Leader.caughtUp(ctx, r.t, to, r.log)
 	}
 	return r.caughtUp, r.caughtUpWhy
 }

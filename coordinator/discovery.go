@@ -118,6 +118,9 @@ func (d *discovery) partitions(ctx context.Context, conf *dynamic) ([]state.Topi
 	var out []state.TopicPartition
 	listed := map[string]TopicMeta{}
 	for t, meta := range all {
+		if !conf.naming.Copy(d.cluster, t) {
+			continue // a second copy of a stream, by a longer path
+		}
 		logical := conf.naming.Logical(d.cluster, t)
 		_, named := want[logical]
 		internal := strings.HasPrefix(logical, "__")

@@ -8,6 +8,8 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -126,9 +128,18 @@ type dynamic struct {
 	regex    *regexp.Regexp
 	clusters map[string]config.Cluster
 	naming   Naming
-	primary  string
-	standby  string // "" when there is none
+	// sources are the source clusters in order of preference, primary
+	// is the first.
+	sources []string
+	primary string
 }
+
+// rank is cluster's place in the order of preference: 0 for the primary,
+// len(sources) for a cluster that is not a source.
+func (d *dynamic) rank(cluster string) int { return rankIn(d.sources, cluster) }
+
+// isSource reports whether cluster is a source cluster.
+func (d *dynamic) isSource(cluster string) bool { return slices.Contains(d.sources, cluster) }
 
 // SetConfig puts cfg's source and cluster definitions in force (a dynamic
 // configuration version, validated). Discovery lists the partitions at
@@ -140,7 +151,7 @@ type dynamic struct {
 func (l *Leader) SetConfig(cfg config.Config) error {
 	d := &dynamic{cfg: cfg, source: cfg.Source, clusters: cfg.Clusters, naming: NewNaming(cfg)}
 	d.primary, _ = cfg.Primary()
-	d.standby, _, _ = cfg.Standby()
+	d.sources = cfg.Sources()
 	if cfg.Source.TopicRegex != "" {
 		re, err := regexp.Compile(cfg.Source.TopicRegex)
 		if err != nil {
@@ -159,24 +170,33 @@ func (l *Leader) SetConfig(cfg config.Config) error {
 func (l *Leader) conf() *dynamic { return l.dyn.Load() }
 
 // CheckConfig refuses a configuration the fleet cannot take now: a change
-// of the standby while the fleet does not consume the primary, or while a
-// switch is in progress (the cluster being left or joined would lose its
-// role under it). Before this leader's first verdict it refuses any
-// change of the standby: try again in a moment.
+// of the standbys or their order while the fleet does not consume the
+// primary, or while a switch is in progress (the cluster being left or
+// joined would lose its role under it). Before this leader's first
+// verdict it refuses any change of the standbys: try again in a moment.
 func (l *Leader) CheckConfig(next, current config.Config) error {
-	was, _, _ := current.Standby()
-	now, _, _ := next.Standby()
-	if was == now {
+	was, now := current.Sources(), next.Sources()
+	if slices.Equal(was, now) {
 		return nil
+	}
+	standbys := func(s []string) string {
+		if len(s) < 2 {
+			return `""`
+		}
+		q := make([]string, 0, len(s)-1)
+		for _, c := range s[1:] {
+			q = append(q, strconv.Quote(c))
+		}
+		return strings.Join(q, ", ")
 	}
 	primary, _ := next.Primary()
 	st := l.status.Load()
 	switch {
 	case st == nil:
-		return fmt.Errorf("the standby changes from %q to %q, and the leader has not read the fleet's state yet; apply it again in a moment", was, now)
+		return fmt.Errorf("the standby changes from %s to %s, and the leader has not read the fleet's state yet; apply it again in a moment", standbys(was), standbys(now))
 	case st.Active.Cluster != primary || st.Active.Phase != state.PhaseActive:
-		return fmt.Errorf("the standby changes from %q to %q while the fleet consumes %s (%s): it can change only while the fleet consumes the primary %s",
-			was, now, st.Active.Cluster, st.Active.Phase, primary)
+		return fmt.Errorf("the standby changes from %s to %s while the fleet consumes %s (%s): it can change only while the fleet consumes the primary %s",
+			standbys(was), standbys(now), st.Active.Cluster, st.Active.Phase, primary)
 	}
 	return nil
 }
@@ -315,20 +335,21 @@ func (l *Leader) publishTerm(ctx context.Context, t *term, a state.Assignment) e
 	return nil
 }
 
-// caughtUp reports whether the primary holds the last record consumed on
-// the standby in every partition of every stream: the fingerprint
-// translation from the standby back to the primary must find it exactly.
+// caughtUp reports whether cluster `to` (the primary, or a standby
+// preferred to the active one) holds the last record consumed on the
+// active cluster in every partition of every stream: the fingerprint
+// translation from the active cluster to `to` must find it exactly.
 // For the primary's own records (B's A.orders back to A's orders) that is
 // the primary still holding what it wrote; for the records written on the
 // standby during the outage (B's orders to A's B.orders) it is MirrorMaker
 // 2's flow back having copied everything the fleet consumed. When not, the
 // reason names the partitions behind, and kswitch_failback_behind_partitions
 // counts them.
-func (l *Leader) caughtUp(ctx context.Context, t *term, log *zap.Logger) (bool, string) {
-	ok, why, behind := l.checkCaughtUp(ctx, t, log)
+func (l *Leader) caughtUp(ctx context.Context, t *term, to string, log *zap.Logger) (bool, string) {
+	ok, why, behind := l.checkCaughtUp(ctx, t, to, log)
 	l.metrics.failbackBehind(behind)
-	c := state.FailbackCheck{Standby: t.active.Cluster, Epoch: t.active.Epoch, CaughtUp: ok, Reason: why, Behind: behind}
-	if last := t.failback; last == nil || last.Standby != c.Standby || last.Epoch != c.Epoch || last.CaughtUp != ok || last.Reason != why {
+	c := state.FailbackCheck{Standby: t.active.Cluster, To: to, Epoch: t.active.Epoch, CaughtUp: ok, Reason: why, Behind: behind}
+	if last := t.failback; last == nil || last.Standby != c.Standby || last.To != to || last.Epoch != c.Epoch || last.CaughtUp != ok || last.Reason != why {
 		c.Checked, c.Leader = time.Now().UTC(), t.ID
 		if val, err := json.Marshal(c); err == nil {
 			wctx, cancel := context.WithTimeout(ctx, l.cfg.Etcd.RequestTimeout)
@@ -345,9 +366,9 @@ func (l *Leader) caughtUp(ctx context.Context, t *term, log *zap.Logger) (bool, 
 
 // checkCaughtUp is caughtUp's check; behind is -1 when it could not be
 // made.
-func (l *Leader) checkCaughtUp(ctx context.Context, t *term, log *zap.Logger) (bool, string, int) {
+func (l *Leader) checkCaughtUp(ctx context.Context, t *term, primary string, log *zap.Logger) (bool, string, int) {
 	conf := l.conf()
-	primary, standby := conf.primary, t.active.Cluster
+	standby := t.active.Cluster
 	// The check runs every 2 s while failback waits: discovery's warning
 	// of a configured topic missing on the primary is the discovery
 	// loop's to give, once, not this check's each time.

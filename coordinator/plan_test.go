@@ -1083,7 +1083,7 @@ func TestRecoveredActiveKeepsPlacements(t *testing.T) {
 		"A": {Role: config.RolePrimary},
 		"B": {Role: config.RoleStandby},
 	}}
-	conf := &dynamic{cfg: cfg, clusters: cfg.Clusters, naming: NewNaming(cfg), primary: "A", standby: "B"}
+	conf := &dynamic{cfg: cfg, clusters: cfg.Clusters, naming: NewNaming(cfg), primary: "A", sources: []string{"A", "B"}}
 	asg := state.Assignment{Generation: 7, Cluster: "A",
 		Owned: map[string][]state.TopicPartition{"agent-1": {{Topic: "orders", Partition: 0}}},
 		Placed: map[string]state.Placement{"B": {

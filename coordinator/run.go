@@ -99,6 +99,7 @@ type leaderRun struct {
 	lastVerdict string
 	// The failback gate's caught-up check, at most every 2 s.
 	caughtUpAt  time.Time
+	caughtUpTo  string
 	caughtUp    bool
 	caughtUpWhy string
 	unowned     *stalled
@@ -114,21 +115,16 @@ func (l *Leader) newRun(et election.Term) *leaderRun {
 		caughtUpWhy: "not checked yet", unowned: &stalled{since: map[state.ClusterPartition]time.Time{}, metrics: l.metrics}}
 	r.tp = &topicPins{prefix: l.keys.TopicPins(), vals: map[string]string{}, changed: make(chan struct{}, 1), log: log,
 		refused: func() { l.metrics.refusedValue(refused.Pin) }, valid: func(c string) bool {
-			conf := l.conf()
-			return c == conf.primary || c == conf.standby
+			return l.conf().isSource(c)
 		}}
 	r.sp = &stagePlan{changed: make(chan struct{}, 1), log: log, refused: func() { l.metrics.refusedValue(refused.Stages) },
-		valid: func(c string) bool {
-			conf := l.conf()
-			return c == conf.primary || c == conf.standby
-		},
+		valid: func(c string) bool { return l.conf().isSource(c) },
 		source: func(topic string) bool {
 			conf := l.conf()
 			return slices.Contains(conf.source.Topics, topic) || (conf.regex != nil && conf.regex.MatchString(topic))
 		}}
 	r.pn = &pin{changed: make(chan struct{}, 1), log: log, refused: func() { l.metrics.refusedValue(refused.Pin) }, valid: func(c string) bool {
-		conf := l.conf()
-		return c != "" && (c == conf.primary || c == conf.standby)
+		return c != "" && l.conf().isSource(c)
 	}}
 	return r
 }
@@ -231,14 +227,14 @@ func (r *leaderRun) turn(ctx context.Context) (again bool, err error) {
 	conf := r.conf()
 	live := r.live(now)
 	views := r.members.Views()
-	r.h.observe(now, live, views, []string{conf.primary, conf.standby})
+	r.h.observe(now, live, views, conf.sources)
 	if r.metrics != nil {
 		r.metrics.observe(views, r.t.active)
 		r.metrics.breaker(r.br.openUntil)
 	}
 	// A switch in progress (ours or a predecessor's) goes first.
-	dec, why := verdict(verdictInput{now: now, active: r.t.active, primary: conf.primary, standby: conf.standby, pin: r.pn.get(),
-		live: live, h: r.h, b: r.br, cfg: r.cfg.Failover, caughtUp: func() (bool, string) { return r.caughtUpGate(ctx) }})
+	dec, why := verdict(verdictInput{now: now, active: r.t.active, sources: conf.sources, pin: r.pn.get(),
+		live: live, h: r.h, b: r.br, cfg: r.cfg.Failover, caughtUp: func(to string) (bool, string) { return r.caughtUpGate(ctx, to) }})
 	switching := r.t.active.Phase == state.PhaseSwitching
 	found := switching && !r.foundJudged
 	r.foundJudged = true
@@ -281,8 +277,8 @@ func (r *leaderRun) turn(ctx context.Context) (again bool, err error) {
 
 // wait waits for what may change the next turn's decision: a member, an
 // acknowledgement, the pin, state/assignment or state/active changed; an
-// agent's failure window on the active cluster ends; the primary has been
-// up for failback_stable while the fleet is on the standby; the probe
+// agent's failure window on the active cluster ends; a cluster preferred
+// to the active one has been up for failback_stable; the probe
 // interval passed; discovery listed the partitions. A gossip-declared
 // death is confirmed and the agent evicted beside the loop.
 func (r *leaderRun) wait(ctx context.Context) error {
@@ -296,9 +292,16 @@ func (r *leaderRun) wait(ctx context.Context) error {
 	}
 	var stableAt <-chan time.Time
 	conf := r.conf()
-	if t.active.Cluster == conf.standby && conf.standby != "" && fo.Failback == "auto" {
-		if up := r.h.upFor(time.Now(), conf.primary); up > 0 && up < fo.FailbackStable {
-			stableAt = time.After(fo.FailbackStable - up)
+	if fo.Failback == "auto" {
+		// The first cluster ahead of the active one to become stable.
+		var next time.Duration
+		for _, c := range conf.sources[:min(conf.rank(t.active.Cluster), len(conf.sources))] {
+			if up := r.h.upFor(time.Now(), c); up > 0 && up < fo.FailbackStable && (next == 0 || fo.FailbackStable-up < next) {
+				next = fo.FailbackStable - up
+			}
+		}
+		if next > 0 {
+			stableAt = time.After(next)
 		}
 	}
 	select {

@@ -19,22 +19,25 @@ import (
 )
 
 // translation is what a switch translates positions with: a client of the
-// target, one Translator per MirrorMaker 2 flow between the two clusters,
-// and the source partitions found on the target. A planned switch opens it
-// before it revokes anything, so that the translation after the revoke
-// runs on connected clients with loaded metadata.
+// target, one Translator per MirrorMaker 2 flow between the two clusters
+// (and one without MirrorMaker 2's data, for streams no flow between them
+// copies directly), and the source partitions found on the target. A
+// planned switch opens it before it revokes anything, so that the
+// translation after the revoke runs on connected clients with loaded
+// metadata.
 //
-// A physical topic whose origin is `from` (A's orders, going to B's
-// A.orders) is translated forward along the flow into `to`; one whose
-// origin is `to` (A's B.orders, going back to B's orders) backward along
-// the flow into `from`.
+// A stream whose copy on `to` is made from its copy on `from` (A's orders,
+// going to B's A.orders) is translated forward along the flow from → to;
+// one whose copy on `from` is made from its copy on `to` (A's B.orders,
+// going back to B's orders) backward along the flow to → from (Naming.Flow).
 type translation struct {
 	from, to string
 	naming   Naming
 	target   sarama.Client
-	// fwd translates along the flow into `to`, back along the flow into
-	// `from`.
-	fwd, back *translate.Translator
+	// byFlow are the translators of the flows from → to and to → from, by
+	// their ends; bare translates by the records alone.
+	byFlow map[[2]string]*translate.Translator
+	bare   *translate.Translator
 	// source is a client of `from`, opened only when a flow's
 	// offset-syncs live there (in a failover `from` is down, and opening
 	// it costs a connection timeout): at most once, on first use.
@@ -128,19 +131,23 @@ func (l *Leader) openTranslation(ctx context.Context, from, to string, fromDown 
 		return nil, err
 	}
 	x.tps = x.all
-	flow := func(into string) *translate.Translator {
-		rep := conf.cfg.Replication(into)
-		tr := &translate.Translator{Target: target, Replication: rep, TimestampMargin: l.cfg.Failover.TimestampMargin,
-			SyncsCache: new(translate.SyncsCache)}
+	margin := l.cfg.Failover.TimestampMargin
+	x.bare = &translate.Translator{Target: target, TimestampMargin: margin}
+	x.byFlow = map[[2]string]*translate.Translator{}
+	for _, ends := range [][2]string{{from, to}, {to, from}} {
+		rep, ok := conf.cfg.Flow(ends[0], ends[1])
+		if !ok {
+			continue
+		}
+		tr := &translate.Translator{Target: target, Replication: rep, TimestampMargin: margin, SyncsCache: new(translate.SyncsCache)}
 		switch rep.OffsetSyncsCluster {
 		case to:
 			tr.Syncs = target
 		case from:
 			tr.OpenSyncs = x.source.get
 		}
-		return tr
+		x.byFlow[ends] = tr
 	}
-	x.fwd, x.back = flow(to), flow(from)
 	return x, nil
 }
 
@@ -171,13 +178,18 @@ func (x *translation) request(s Stream, tp state.TopicPartition, pos offsets.Com
 		// Records written on the standby are never skipped.
 		req.Unconsumed = "oldest"
 	}
-	if _, forward := x.naming.Flow(x.from, x.to, s); !forward {
+	rep, dir, ok := x.naming.Flow(x.from, x.to, s)
+	switch {
+	case !ok:
+		req.Direction = translate.Forward
+		return x.bare, req
+	case dir == translate.Backward:
 		req.Direction = translate.Backward
-		return x.back, req
+		return x.byFlow[[2]string{rep.From, rep.To}], req
 	}
 	// Checkpoints are the group's on the flow's target: only forward.
 	req.Direction, req.Group = translate.Forward, group
-	return x.fwd, req
+	return x.byFlow[[2]string{rep.From, rep.To}], req
 }
 
 // committed returns the positions committed on cluster, by physical

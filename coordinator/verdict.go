@@ -220,17 +220,20 @@ type decision struct {
 // verdict decides whether the fleet should switch clusters now. It is pure:
 // everything it needs is passed in.
 type verdictInput struct {
-	now              time.Time
-	active           state.Active
-	primary, standby string
-	pin              string
-	live             []string
-	h                *health
-	b                *breaker
-	cfg              config.Failover
-	// caughtUp reports whether the primary holds everything consumed on
-	// the standby; called only when a failback is otherwise due.
-	caughtUp func() (bool, string)
+	now    time.Time
+	active state.Active
+	// sources are the source clusters in order of preference, the
+	// primary first.
+	sources []string
+	pin     string
+	live    []string
+	h       *health
+	b       *breaker
+	cfg     config.Failover
+	// caughtUp reports whether cluster `to` holds everything the fleet
+	// consumed where it is; called only when a failback there is
+	// otherwise due.
+	caughtUp func(to string) (bool, string)
 }
 
 func verdict(in verdictInput) (decision, string) {
@@ -250,34 +253,30 @@ func verdict(in verdictInput) (decision, string) {
 	if in.b.open(in.now) {
 		return decision{}, fmt.Sprintf("circuit breaker open until %s", in.b.openUntil.Format(time.RFC3339))
 	}
-	other := in.standby
-	if cur == in.standby {
-		other = in.primary
-	}
-	if other == "" {
+	others := slices.DeleteFunc(slices.Clone(in.sources), func(c string) bool { return c == cur })
+	if len(others) == 0 {
 		return decision{}, "no standby configured"
 	}
 	down, n := in.h.down(in.now, cur, in.live, in.cfg.FailureWindow)
 	hard := !down && in.h.hardDown(in.now, cur, in.live, in.cfg.HardFailureWindow)
 	if down || hard {
-		if !in.h.quorumUpNow(other) {
-			return decision{}, fmt.Sprintf("%s is down but %s is not reachable by a quorum either", cur, other)
+		// The most preferred other cluster a quorum reaches.
+		i := slices.IndexFunc(others, in.h.quorumUpNow)
+		switch {
+		case i < 0 && len(others) == 1:
+			return decision{}, fmt.Sprintf("%s is down but %s is not reachable by a quorum either", cur, others[0])
+		case i < 0:
+			return decision{}, fmt.Sprintf("%s is down and none of %s is reachable by a quorum", cur, strings.Join(others, ", "))
 		}
+		other := others[i]
 		reason := fmt.Sprintf("failover: %s unreachable from %d of %d agents for %s", cur, n, len(in.live), in.cfg.FailureWindow)
 		if hard {
 			reason = fmt.Sprintf("failover: every broker of %s refused the connections of all %d agents for %s", cur, len(in.live), in.cfg.HardFailureWindow)
 		}
 		return decision{to: other, auto: true, reason: reason}, ""
 	}
-	if cur == in.standby && in.cfg.Failback == "auto" {
-		up := in.h.upFor(in.now, in.primary)
-		if up < in.cfg.FailbackStable {
-			return decision{}, fmt.Sprintf("waiting for %s to be healthy for %s (%s so far)", in.primary, in.cfg.FailbackStable, up.Round(time.Second))
-		}
-		if ok, why := in.caughtUp(); !ok {
-			return decision{}, fmt.Sprintf("%s is healthy but not caught up: %s", in.primary, why)
-		}
-		return decision{to: in.primary, auto: true, reason: fmt.Sprintf("failback: %s healthy for %s and caught up", in.primary, up.Round(time.Second))}, ""
+	if ahead := in.sources[:rankIn(in.sources, cur)]; len(ahead) > 0 && in.cfg.Failback == "auto" {
+		return failback(in, ahead)
 	}
 	if seen := in.h.seenDown(cur); len(seen) > 0 {
 		// Not (yet) a verdict: say who sees it, so that an operator (and a
@@ -287,6 +286,35 @@ func verdict(in verdictInput) (decision, string) {
 			cur, strings.Join(seen, ", "), n, len(in.live), in.cfg.FailureWindow, quorum(len(in.live)))
 	}
 	return decision{}, ""
+}
+
+// failback decides a failback to the most preferred of the clusters ahead
+// of the active one (in order) that has been healthy for failback_stable,
+// once it holds what the fleet consumed: directly, not through the
+// clusters between (D → A, not D → B → A: each switch costs a release, a
+// translation and, at least once, its rewinds). While that cluster
+// catches up, the fleet waits where it is rather than move to one between.
+func failback(in verdictInput, ahead []string) (decision, string) {
+	for _, c := range ahead {
+		up := in.h.upFor(in.now, c)
+		if up < in.cfg.FailbackStable {
+			continue
+		}
+		if ok, why := in.caughtUp(c); !ok {
+			return decision{}, fmt.Sprintf("%s is healthy but not caught up: %s", c, why)
+		}
+		return decision{to: c, auto: true, reason: fmt.Sprintf("failback: %s healthy for %s and caught up", c, up.Round(time.Second))}, ""
+	}
+	up := in.h.upFor(in.now, ahead[0])
+	return decision{}, fmt.Sprintf("waiting for %s to be healthy for %s (%s so far)", ahead[0], in.cfg.FailbackStable, up.Round(time.Second))
+}
+
+// rankIn is cluster's place in sources, len(sources) when it is not one.
+func rankIn(sources []string, cluster string) int {
+	if i := slices.Index(sources, cluster); i >= 0 {
+		return i
+	}
+	return len(sources)
 }
 
 // quorumUpNow reports whether a quorum reached cluster at the last observe.

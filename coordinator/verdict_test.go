@@ -59,8 +59,8 @@ func TestVerdictPinAndBreaker(t *testing.T) {
 	h.observe(now, live, down, []string{"A", "B"})
 	onA := state.Active{Cluster: "A", Epoch: 1, Phase: state.PhaseActive}
 	in := func(pin string, b *breaker) verdictInput {
-		return verdictInput{now: now, active: onA, primary: "A", standby: "B", pin: pin, live: live, h: h, b: b, cfg: cfg,
-			caughtUp: func() (bool, string) { return true, "" }}
+		return verdictInput{now: now, active: onA, sources: []string{"A", "B"}, pin: pin, live: live, h: h, b: b, cfg: cfg,
+			caughtUp: func(string) (bool, string) { return true, "" }}
 	}
 	closed := &breaker{cfg: cfg}
 	if d, _ := verdict(in("", closed)); d.to != "B" || !d.auto {
@@ -157,8 +157,8 @@ func TestHardFailureHasTheShortWindow(t *testing.T) {
 	decide := func(v AgentViews, after time.Duration, b *breaker) (decision, string) {
 		h := newHealth()
 		h.observe(t0, live, v, []string{"A", "B"})
-		return verdict(verdictInput{now: t0.Add(after), active: onA, primary: "A", standby: "B", live: live, h: h, b: b, cfg: cfg,
-			caughtUp: func() (bool, string) { return true, "" }})
+		return verdict(verdictInput{now: t0.Add(after), active: onA, sources: []string{"A", "B"}, live: live, h: h, b: b, cfg: cfg,
+			caughtUp: func(string) (bool, string) { return true, "" }})
 	}
 	closed := &breaker{cfg: cfg}
 	if d, why := decide(views(true, true, true), 400*time.Millisecond, closed); d.to != "" {
@@ -181,5 +181,65 @@ func TestHardFailureHasTheShortWindow(t *testing.T) {
 	cfg.HardFailureWindow = 0
 	if d, _ := decide(views(true, true, true), 2*time.Second, &breaker{cfg: cfg}); d.to != "" {
 		t.Errorf("hard_failure_window 0, refused for 2 s: %+v, want the full window", d)
+	}
+}
+
+// TestVerdictAlongTheChain: with three source clusters a failover goes to
+// the most preferred cluster a quorum reaches, and a failback to the most
+// preferred cluster healthy for failback_stable, directly, once it has
+// caught up; the fleet waits for it rather than stop between.
+func TestVerdictAlongTheChain(t *testing.T) {
+	cfg := config.Default().Failover
+	cfg.FailureWindow, cfg.FailbackStable = time.Second, 10*time.Second
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	live := []string{"a1", "a2", "a3"}
+	sources := []string{"A", "B", "D"}
+	// up maps each cluster to how long a quorum has reached it; a cluster
+	// not in it is unreachable (for longer than the failure window).
+	verdictOn := func(on string, up map[string]time.Duration, caughtUp map[string]bool) (decision, string) {
+		h := newHealth()
+		for _, ago := range []time.Duration{time.Minute, 10 * time.Second, 5 * time.Second, 0} {
+			views := AgentViews{}
+			for _, a := range live {
+				views[a] = map[string]ClusterView{}
+				for _, c := range sources {
+					d, reached := up[c]
+					views[a][c] = ClusterView{Reachable: reached && d >= ago}
+				}
+			}
+			h.observe(now.Add(-ago), live, views, sources)
+		}
+		return verdict(verdictInput{now: now, active: state.Active{Cluster: on, Epoch: 3, Phase: state.PhaseActive}, sources: sources,
+			live: live, h: h, b: &breaker{cfg: cfg}, cfg: cfg,
+			caughtUp: func(to string) (bool, string) { return caughtUp[to], to + " lacks a record" }})
+	}
+	const long, short = time.Minute, 5 * time.Second
+	for _, tc := range []struct {
+		name     string
+		on       string
+		up       map[string]time.Duration
+		caughtUp map[string]bool
+		to, why  string
+	}{
+		{name: "A fails, B is up", on: "A", up: map[string]time.Duration{"B": long, "D": long}, to: "B"},
+		{name: "A and B fail", on: "A", up: map[string]time.Duration{"D": long}, to: "D"},
+		{name: "B fails while the fleet is on it, A is back", on: "B", up: map[string]time.Duration{"A": long, "D": long}, to: "A"},
+		{name: "B fails while the fleet is on it", on: "B", up: map[string]time.Duration{"D": long}, to: "D"},
+		{name: "every cluster fails", on: "D", up: map[string]time.Duration{}, why: "D is down and none of A, B is reachable by a quorum"},
+		{name: "A stable and caught up: straight back from D", on: "D", up: map[string]time.Duration{"A": long, "B": long, "D": long},
+			caughtUp: map[string]bool{"A": true, "B": true}, to: "A"},
+		{name: "A stable but behind: wait on D, not B", on: "D", up: map[string]time.Duration{"A": long, "B": long, "D": long},
+			caughtUp: map[string]bool{"B": true}, why: "A is healthy but not caught up: A lacks a record"},
+		{name: "only B stable yet", on: "D", up: map[string]time.Duration{"A": short, "B": long, "D": long},
+			caughtUp: map[string]bool{"A": true, "B": true}, to: "B"},
+		{name: "nothing stable yet", on: "D", up: map[string]time.Duration{"A": short, "D": long},
+			why: "waiting for A to be healthy for 10s (5s so far)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, why := verdictOn(tc.on, tc.up, tc.caughtUp)
+			if d.to != tc.to || (tc.to != "" && !d.auto) || (tc.why != "" && why != tc.why) {
+				t.Errorf("verdict on %s = %+v, %q; want a switch to %q (%q)", tc.on, d, why, tc.to, tc.why)
+			}
+		})
 	}
 }

@@ -148,6 +148,10 @@ type FailbackCheck struct {
 	// value is stale once the fleet is elsewhere.
 	Standby string `json:"standby"`
 	Epoch   int64  `json:"epoch"`
+	// To is the cluster checked for the failback: the primary, or a
+	// standby preferred to the active one. Empty in values written
+	// before there could be several standbys: the primary.
+	To string `json:"to,omitempty"`
 	// CaughtUp is the outcome; Reason says why not, Behind counts the
 	// partitions behind.
 	CaughtUp bool      `json:"caught_up"`

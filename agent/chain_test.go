@@ -1,0 +1,114 @@
+package agent_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/kswitch/kswitch/agent"
+	"github.com/kswitch/kswitch/config"
+	"github.com/kswitch/kswitch/devstack"
+	"github.com/kswitch/kswitch/devstack/mirror"
+	"github.com/kswitch/kswitch/internal/testkit/testenv"
+	"github.com/kswitch/kswitch/internal/testkit/wait"
+)
+
+// threeDC is two cities, three data centres: dc's A and B, and the remote
+// D, which a second mirror fills from A (a star: A → B, A → D) with
+// offsets 29 ahead of A's (B's are 17 ahead).
+type threeDC struct {
+	*dc
+	d       *devstack.Kafka
+	mirrorD *mirror.Mirror
+}
+
+func startThreeDC(t *testing.T) *threeDC {
+	t.Helper()
+	d := &threeDC{dc: startDC(t), d: testenv.StartKafkaT(t, "D", devstack.KafkaOptions{})}
+	m, err := mirror.Start(context.Background(), mirror.Config{
+		Source: d.a.Brokers(), Target: d.d.Brokers(), SourceName: "A", TargetName: "D",
+		Topics: []string{"orders"}, RemoteTopic: func(t string) string { return "A." + t },
+		TargetPrefill: 29, OffsetSyncsTopic: "mm2-offset-syncs.A.internal", OffsetSyncsOnTarget: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.mirrorD = m
+	t.Cleanup(m.Stop)
+	return d
+}
+
+// config is dc's with D as the second standby, and the star's flows.
+func (d *threeDC) config(id string) config.Config {
+	cfg := d.dc.config(id)
+	cfg.Clusters = map[string]config.Cluster{
+		"A": {Brokers: d.a.Brokers(), Role: config.RolePrimary},
+		"B": {Brokers: d.b.Brokers(), Role: config.RoleStandby, Priority: 1},
+		"D": {Brokers: d.d.Brokers(), Role: config.RoleStandby, Priority: 2},
+	}
+	cfg.Replication = []config.Flow{{From: "A", To: "B", OffsetSyncsOn: "target"}, {From: "A", To: "D", OffsetSyncsOn: "target"}}
+	return cfg
+}
+
+// TestFailoverAlongTheChainAndStraightBack: A fails and the fleet moves to
+// B, the first standby; B fails while the fleet is on it and the fleet
+// moves to D, the second (no flow joins B and D: the records' fingerprints
+// translate the positions); A returns while B is still down and the fleet
+// fails back from D to A directly. Every record written on A is handled;
+// a record is handled twice only when a replica lagged behind what the
+// fleet had consumed, as the history says.
+func TestFailoverAlongTheChainAndStraightBack(t *testing.T) {
+	t.Parallel()
+	d := startThreeDC(t)
+	l := newLedger()
+	var agents []*agent.Agent
+	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
+		agents = append(agents, startConsumer(t, d.config(id), l.handler(id)))
+	}
+	waitConsuming(t, 20*time.Second, "A", agents...)
+	p := startProducer(t, d.a.Brokers(), "orders", 0)
+	wait.For(t, 20*time.Second, "records handled and mirrored to B and D", func() error {
+		if h, b, dd := l.count(), d.mirror.Copied(), d.mirrorD.Copied(); h < 500 || b < 500 || dd < 500 {
+			return fmt.Errorf("%d handled, %d mirrored to B, %d to D", h, b, dd)
+		}
+		return nil
+	})
+	cfg := d.config("x")
+	switchWithin := cfg.Failover.ProbeInterval + cfg.Failover.FailureWindow + agent.PushPullInterval + 10*time.Second
+
+	d.a.Fail()
+	waitConsuming(t, switchWithin, "B", agents...)
+	p.halt()
+	waitAllHandled(t, l, idsOn(t, d.b, "A.orders"), 20*time.Second)
+
+	d.b.Fail()
+	waitConsuming(t, switchWithin, "D", agents...)
+	waitAllHandled(t, l, idsOn(t, d.d, "A.orders"), 20*time.Second)
+
+	d.a.Recover()
+	waitConsuming(t, cfg.Failover.FailbackStable+20*time.Second, "A", agents...)
+	p2 := startProducer(t, d.a.Brokers(), "orders", 2_000_000)
+	wait.For(t, 20*time.Second, "records produced after the failback handled", func() error {
+		if l.timesHandled("2000100") == 0 {
+			return fmt.Errorf("record 2000100 not handled")
+		}
+		return nil
+	})
+	p2.halt()
+	waitAllHandled(t, l, idsOn(t, d.a, "orders"), 20*time.Second)
+
+	cli := testenv.EtcdClientT(t, d.etcd)
+	h := readHistory(t, cli)
+	var path []string
+	for _, ev := range h {
+		path = append(path, ev.From+"→"+ev.To)
+	}
+	if got := fmt.Sprint(path); got != "[A→B B→D D→A]" {
+		t.Errorf("switches %s, want [A→B B→D D→A]: failover down the chain, then straight back", got)
+	}
+	if dups, lagged := l.duplicates(), logHistory(t, d.etcd); int64(dups) > lagged {
+		t.Errorf("%d duplicates, more than the %d records the replicas lagged by", dups, lagged)
+	}
+	l.check(t)
+}
