@@ -58,8 +58,10 @@ func (d *threeDC) config(id string) config.Config {
 // fails back from D to A directly. Every record written on A is handled;
 // a record is handled twice only when a replica lagged behind what the
 // fleet had consumed, as the history says.
+//
+// Not parallel, as TestPinToTheSecondStandbyAndBack: three clusters and
+// two mirrors weigh more than the tests run six at once.
 func TestFailoverAlongTheChainAndStraightBack(t *testing.T) {
-	t.Parallel()
 	d := startThreeDC(t)
 	l := newLedger()
 	var agents []*agent.Agent
@@ -111,4 +113,63 @@ func TestFailoverAlongTheChainAndStraightBack(t *testing.T) {
 		t.Errorf("%d duplicates, more than the %d records the replicas lagged by", dups, lagged)
 	}
 	l.check(t)
+}
+
+// TestPinToTheSecondStandbyAndBack: a pin names any source cluster; the
+// fleet moves from A to D (translated along the flow A → D) while A and B
+// are healthy and stays there, and goes back to A when the pin is
+// removed. A planned switch waits for the replica: nothing is handled
+// twice.
+func TestPinToTheSecondStandbyAndBack(t *testing.T) {
+	d := startThreeDC(t)
+	l, ho := newLedger(), newHandovers()
+	var agents []*agent.Agent
+	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
+		agents = append(agents, startConsumer(t, d.config(id), ho.wrap(id, l.handler(id))))
+	}
+	waitConsuming(t, 20*time.Second, "A", agents...)
+	p := startProducer(t, d.a.Brokers(), "orders", 0)
+	waitFlowing(t, d.dc, l, 300)
+	op := operator(t, d.etcd)
+	ctx := context.Background()
+	if err := op.Pin(ctx, "D"); err != nil {
+		t.Fatal(err)
+	}
+	cfg := d.config("x")
+	waitConsuming(t, 20*time.Second, "D", agents...)
+	pinned := time.Now()
+	// Held past failback_stable, A healthy all along.
+	wait.For(t, cfg.Failover.FailbackStable+20*time.Second, "records handled on D past failback_stable", func() error {
+		if since := time.Since(pinned); since < cfg.Failover.FailbackStable+time.Second {
+			return fmt.Errorf("pinned for %v", since)
+		}
+		if c, err := activeOf(agents...); err != nil || c != "D" {
+			return fmt.Errorf("the fleet left D while pinned to it: %q, %v", c, err)
+		}
+		return nil
+	})
+	if c, err := activeOf(agents...); err != nil || c != "D" {
+		t.Fatalf("the fleet left D while pinned to it: %q, %v", c, err)
+	}
+	if err := op.Unpin(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitConsuming(t, cfg.Failover.FailbackStable+20*time.Second, "A", agents...)
+	dups, _ := drain(t, d.dc, l, ho, false, flow{p, "orders"})
+	h := readHistory(t, testenv.EtcdClientT(t, d.etcd))
+	var path []string
+	for _, ev := range h {
+		path = append(path, ev.From+"→"+ev.To)
+		for _, ps := range ev.Partitions {
+			if ps.Method != "fingerprint" {
+				t.Errorf("%s → %s translated %s/%d by %s (%s), want fingerprint", ev.From, ev.To, ps.Topic, ps.Partition, ps.Method, ps.Detail)
+			}
+		}
+	}
+	if got := fmt.Sprint(path); got != "[A→D D→A]" {
+		t.Errorf("switches %s, want [A→D D→A]", got)
+	}
+	if dups != 0 {
+		t.Errorf("%d duplicates after planned switches", dups)
+	}
 }

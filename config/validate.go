@@ -187,33 +187,45 @@ func (c *Config) validateClusters(p *problems) {
 			p.add(path+".role", "%q is not a role; use primary, standby or sink", cl.Role)
 		}
 
-		if !kafkaVersionRE.MatchString(cl.Version) {
-			p.add(path+".version", "%q is not a Kafka version; write e.g. %q (or 0.x.y.z before 1.0)", cl.Version, DefaultKafkaVersion)
-		}
-		if strings.ContainsFunc(cl.ClientID, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
-			p.add(path+".client_id", "%q must not contain control characters", cl.ClientID)
-		}
-		if cl.Proxy != "" {
-			if _, _, _, err := cl.Proxy.SOCKS5(); err != nil {
-				p.add(path+".proxy", "%v", err)
-			}
-		}
-		validateReplication(p, path, cl)
-		switch cl.Delivery {
-		case AtLeastOnce, ExactlyOnce:
-		default:
-			p.add(path+".delivery", "%q is not a delivery mode; use %s (the default) or %s", cl.Delivery, AtLeastOnce, ExactlyOnce)
-		}
-		if cl.TransactionInterval < 10*time.Millisecond || cl.TransactionInterval > time.Minute {
-			p.add(path+".transaction_interval", "%s is outside 10ms-1m: it is how often an exactly_once transaction commits (records wait that long to be visible)", cl.TransactionInterval)
-		}
-		if cl.ExactlyOnce() && !transactional(cl.Version) {
-			p.add(path+".delivery", "exactly_once needs Kafka transactions (0.11 or later); the cluster's version is %s", cl.Version)
-		}
+		validateCluster(p, path, cl)
 	}
 	if _, ok := byRole[RolePrimary]; !ok {
 		p.add("clusters", "no cluster has role primary; set role: primary on the cluster consumed from normally")
 	}
+	c.validateOrder(p, byRole[RolePrimary], standbys)
+}
+
+// validateCluster checks one cluster's connection and delivery fields.
+func validateCluster(p *problems, path string, cl Cluster) {
+	if !kafkaVersionRE.MatchString(cl.Version) {
+		p.add(path+".version", "%q is not a Kafka version; write e.g. %q (or 0.x.y.z before 1.0)", cl.Version, DefaultKafkaVersion)
+	}
+	if strings.ContainsFunc(cl.ClientID, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+		p.add(path+".client_id", "%q must not contain control characters", cl.ClientID)
+	}
+	if cl.Proxy != "" {
+		if _, _, _, err := cl.Proxy.SOCKS5(); err != nil {
+			p.add(path+".proxy", "%v", err)
+		}
+	}
+	validateReplication(p, path, cl)
+	switch cl.Delivery {
+	case AtLeastOnce, ExactlyOnce:
+	default:
+		p.add(path+".delivery", "%q is not a delivery mode; use %s (the default) or %s", cl.Delivery, AtLeastOnce, ExactlyOnce)
+	}
+	if cl.TransactionInterval < 10*time.Millisecond || cl.TransactionInterval > time.Minute {
+		p.add(path+".transaction_interval", "%s is outside 10ms-1m: it is how often an exactly_once transaction commits (records wait that long to be visible)", cl.TransactionInterval)
+	}
+	if cl.ExactlyOnce() && !transactional(cl.Version) {
+		p.add(path+".delivery", "exactly_once needs Kafka transactions (0.11 or later); the cluster's version is %s", cl.Version)
+	}
+}
+
+// validateOrder checks the standbys' order and MirrorMaker 2's flows
+// between the source clusters: the replication list when there is one
+// (required with more than one standby), else the clusters' own fields.
+func (c *Config) validateOrder(p *problems, primary string, standbys []string) {
 	c.validatePriorities(p, standbys)
 	if len(c.Replication) > 0 {
 		c.validateFlows(p)
@@ -227,7 +239,7 @@ func (c *Config) validateClusters(p *problems) {
 	if len(standbys) == 1 {
 		standby = standbys[0]
 	}
-	c.validateFlowBack(p, byRole[RolePrimary], standby)
+	c.validateFlowBack(p, primary, standby)
 }
 
 // validatePriorities checks the standbys' order: with more than one, each

@@ -115,7 +115,7 @@ func TestDecodeRefusesBadLayersNamingTheKey(t *testing.T) {
 		{"unknown role", dynconfig.Layer{Clusters: map[string][]byte{"C": []byte("brokers: [c:9092]\nrole: backup\n")}}, "role"},
 		{"primary changed", dynconfig.Layer{Clusters: map[string][]byte{"B": []byte("brokers: [b:9092]\nrole: primary\n")}}, "cannot change at run time"},
 		{"primary added", dynconfig.Layer{Clusters: map[string][]byte{"C": []byte("brokers: [c:9092]\nrole: primary\n")}}, "the primary is the file's"},
-		{"second standby", dynconfig.Layer{Clusters: map[string][]byte{"C": []byte("brokers: [c:9092]\nrole: standby\n")}}, "at most one cluster may be standby"},
+		{"second standby", dynconfig.Layer{Clusters: map[string][]byte{"C": []byte("brokers: [c:9092]\nrole: standby\n")}}, "replication: required with more than one standby"},
 		{"replication changed", dynconfig.Layer{Clusters: map[string][]byte{"B": []byte("brokers: [b:9092]\nrole: standby\nreplication_policy: identity\n")}}, "replication_policy"},
 		{"no topics", dynconfig.Layer{Source: []byte("topics: []\n")}, "topic"},
 	} {
