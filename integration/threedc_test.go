@@ -83,10 +83,29 @@ func runThreeDC(t *testing.T) (rep scenarioReport) {
 		})
 	}
 
+	// The fleet falls behind A by a backlog that B and D hold, so that it
+	// has records to consume on B after the failover (paused through the
+	// fault, started once on B).
+	put(t, etcd, fleetPrefix+"signals/fleet", "pause")
+	atPause := sum(offsetsOf(tl.offsets("A", "orders")))
+	for _, k := range []*kafkaBroker{b, d} {
+		waitFor(t, 30*time.Second, "a backlog of 150 records on "+k.name, func() error {
+			ends, err := endOffsets(k.addr, "A.orders")
+			if err != nil {
+				return err
+			}
+			if sum(ends) < atPause+150 {
+				return fmt.Errorf("%s holds %d records, the fleet is at %d", k.name, sum(ends), atPause)
+			}
+			return nil
+		})
+	}
+
 	// 1. A dies: the fleet moves to B, the first standby.
 	faultA := time.Now()
 	stopProc(t, a.proc, syscall.SIGKILL)
 	timed("failover_a_b_switched", tl.waitActive(t, faultA, "B", failureWindow+45*time.Second).Sub(faultA))
+	put(t, etcd, fleetPrefix+"signals/fleet", "start")
 	// Nothing reaches B or D while A is down: what they hold now is what
 	// MirrorMaker 2 copied before the fault.
 	atFault := map[string]map[int32]int64{}
@@ -131,6 +150,24 @@ func runThreeDC(t *testing.T) (rep scenarioReport) {
 	back := lastSwitch(t, tl, "D", "A")
 	rep.Methods["failback_d_a"] = methods(back)
 	t.Logf("failback D → A: %s", describe(back))
+	// Each cluster of the chain had records to deliver: the backlog on
+	// B, and on D what MirrorMaker 2 copied once A returned.
+	for _, seg := range []struct {
+		on       string
+		from, to switchEvent
+	}{{"B", toB, toD}, {"D", toD, back}} {
+		consumed := int64(0)
+		for _, ps := range seg.to.Partitions {
+			for _, in := range seg.from.Partitions {
+				if in.Partition == ps.Partition {
+					consumed += ps.FromOffset - in.ToOffset
+				}
+			}
+		}
+		if consumed <= 0 {
+			errorf(t, "the fleet delivered nothing on %s (%s, then %s): the scenario does not test the chain", seg.on, describe(seg.from), describe(seg.to))
+		}
+	}
 
 	// 4. Verdict.
 	prod.finish(t, time.Minute)
