@@ -34,9 +34,18 @@ record to a channel on C. The story, narrated as a timeline:
 With --exactly-once, C is an exactly_once cluster: the channel gets each
 record once, the killed agent's last records included (read_committed).
 
+With --clusters 3, two cities and three data centres: A (primary), B
+(standby, priority 1, the same city) and D (standby, priority 2, the remote
+city), mirrors A → B and A → D. A fails: failover to B; B fails while the
+fleet consumes it: failover to D, translated by fingerprint (no mirror joins
+B and D); A returns while B stays down: failback from D straight to A. The
+summary: written, delivered, lost (must be 0), duplicated, and the three
+switches' times.
+
 Exit status is non-zero when a record was lost or a step missed its bound.`,
 		Example: `  kswitch demo
   kswitch demo --exactly-once
+  kswitch demo --clusters 3
   kswitch demo --agents 5 --rate 500 --keep-running`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -57,6 +66,7 @@ Exit status is non-zero when a record was lost or a step missed its bound.`,
 	cmd.Flags().DurationVar(&o.Duration, "duration", 12*time.Second, "how long the calm phases of the story last altogether (the switches add about 10s)")
 	cmd.Flags().BoolVar(&o.KeepRunning, "keep-running", false, "leave everything up after the story, with the producer writing again; print the agents' URLs and etcdctl lines to try (pause, pin, routes)")
 	cmd.Flags().BoolVar(&o.ExactlyOnce, "exactly-once", false, "make C an exactly_once cluster (Kafka transactions with the source positions): 0 duplicated, the killed agent's records included")
+	cmd.Flags().IntVar(&o.Clusters, "clusters", 2, "source clusters: 2 (A and its replica B: the outage story) or 3 (A, B and D, two cities and three data centres: A fails, then B, then A returns)")
 	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "also print the agents' logs (console format) on stderr")
 	return cmd
 }

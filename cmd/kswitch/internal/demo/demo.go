@@ -30,7 +30,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/agent"
-	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/devstack/mirror"
 	"github.com/kswitch/kswitch/fleet"
@@ -56,6 +55,10 @@ type Options struct {
 	// ExactlyOnce makes C an exactly_once cluster: the killed agent's
 	// last records are not delivered twice.
 	ExactlyOnce bool
+	// Clusters is the number of source clusters: 2 (default: A and its
+	// replica B, the outage story) or 3 (A, B and D: the chain story,
+	// chain.go).
+	Clusters int
 }
 
 const (
@@ -81,6 +84,13 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	if o.Rate <= 0 {
 		o.Rate = 200
 	}
+	switch o.Clusters {
+	case 0:
+		o.Clusters = 2
+	case 2, 3:
+	default:
+		return Summary{}, fmt.Errorf("demo: --clusters %d: the stories are for 2 source clusters (A and B) or 3 (A, B and D)", o.Clusters)
+	}
 	if o.Duration <= 0 {
 		o.Duration = 12 * time.Second
 	}
@@ -92,15 +102,22 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	}
 	d := &demo{o: o, phase: o.Duration / 4, start: time.Now()}
 	defer d.close()
-	if err := d.setUp(ctx); err != nil {
+	setUp, story := d.setUp, d.story
+	if o.Clusters == 3 {
+		setUp, story = d.setUpChain, d.chainStory
+	}
+	if err := setUp(ctx); err != nil {
 		return Summary{}, err
 	}
-	err := d.story(ctx)
+	err := story(ctx)
 	if ctx.Err() != nil {
 		return Summary{}, fmt.Errorf("demo: interrupted: %w", ctx.Err())
 	}
 	sum, serr := d.summarize(ctx)
-	if serr == nil {
+	switch {
+	case serr == nil && o.Clusters == 3:
+		d.printChainSummary(sum)
+	case serr == nil:
 		d.printSummary(sum)
 	}
 	err = errors.Join(err, serr)
@@ -124,14 +141,19 @@ type demo struct {
 	etcd    *devstack.Etcd
 	a, b, c *devstack.Kafka
 	ab, ba  *mirror.Mirror // A → B and B → A
-	cli     *clientv3.Client
-	fleet   []*fleetMember // live members, in start order
-	prod    *producer      // the producer's current stint
-	stints  []*producer    // its stints before, stopped
-	c2      *reader
+	// far is the chain story's remote cluster D, filled by ad (A → D);
+	// ba is nil there.
+	far    *devstack.Kafka
+	ad     *mirror.Mirror
+	cli    *clientv3.Client
+	fleet  []*fleetMember // live members, in start order
+	prod   *producer      // the producer's current stint
+	stints []*producer    // its stints before, stopped
+	c2     *reader
 
 	// Measured by the story, from C's arrivals.
 	pauseApply, failover, failback time.Duration
+	failoverD                      time.Duration // the chain's second failover
 	late                           int64
 	lateBy                         time.Duration
 	// shown is the epoch of the last switch printed.
@@ -149,65 +171,6 @@ func (d *demo) say(format string, args ...any) {
 	fmt.Fprintf(d.o.Out, "%6.1fs  %s\n", time.Since(d.start).Seconds(), fmt.Sprintf(format, args...))
 }
 
-func (d *demo) setUp(ctx context.Context) error {
-	var err error
-	if d.dir, err = os.MkdirTemp("", "kswitch-demo-"); err != nil {
-		return fmt.Errorf("demo: temp dir: %w", err)
-	}
-	if d.etcd, err = devstack.StartEtcd(d.dir+"/etcd", d.o.Logger.Named("etcd")); err != nil {
-		return fmt.Errorf("demo: start embedded etcd: %w", err)
-	}
-	if d.cli, err = d.etcd.Client(); err != nil {
-		return err
-	}
-	if d.a, err = devstack.StartKafka("A", devstack.KafkaOptions{DataDir: d.dir + "/A", Topics: map[string]int32{topic: partitions}}); err != nil {
-		return fmt.Errorf("demo: start Kafka A: %w", err)
-	}
-	if d.b, err = devstack.StartKafka("B", devstack.KafkaOptions{DataDir: d.dir + "/B", Topics: map[string]int32{topic: partitions}}); err != nil {
-		return fmt.Errorf("demo: start Kafka B: %w", err)
-	}
-	if d.c, err = devstack.StartKafka("C", devstack.KafkaOptions{DataDir: d.dir + "/C", Topics: map[string]int32{outTopic: partitions}}); err != nil {
-		return fmt.Errorf("demo: start Kafka C: %w", err)
-	}
-	d.say("etcd %s; Kafka A %s and B %s (topic %s on each, %d partitions), C %s (topic %s)",
-		d.etcd.Endpoints()[0], d.a.Brokers()[0], d.b.Brokers()[0], topic, partitions, d.c.Brokers()[0], outTopic)
-	mirrorOf := func(src, dst *devstack.Kafka, prefill int) (*mirror.Mirror, error) {
-		from := src.Name()
-		m, err := mirror.Start(ctx, mirror.Config{
-			Source: src.Brokers(), Target: dst.Brokers(), SourceName: from, TargetName: dst.Name(),
-			Topics: []string{topic}, RemoteTopic: func(t string) string { return from + "." + t },
-			TargetPrefill: prefill, OffsetSyncsTopic: "mm2-offset-syncs." + from + ".internal", OffsetSyncsOnTarget: true,
-			Logger: d.o.Logger.Named("mirror-" + from),
-		})
-		if err != nil {
-			return nil, fmt.Errorf("demo: start the mirror %s → %s: %w", from, dst.Name(), err)
-		}
-		return m, nil
-	}
-	if d.ab, err = mirrorOf(d.a, d.b, 100); err != nil {
-		return err
-	}
-	if d.ba, err = mirrorOf(d.b, d.a, 50); err != nil {
-		return err
-	}
-	d.say("mirrors both ways, like MirrorMaker 2 for a data-centre outage: A's %s is A.%s on B (offsets 100 ahead), B's %s is B.%s on A (50 ahead); the fleet consumes both copies on the active cluster",
-		topic, topic, topic, topic)
-	if d.c2, err = startReader(d.c.Brokers(), outTopic, partitions); err != nil {
-		return err
-	}
-	r := d.config("").Routing
-	d.say("routing: rule %q (%s) → channel %s = C/%s, keyed by %s, so that C shows where each record was consumed",
-		r.Rules[0].Name, r.Rules[0].Match, channel, outTopic, r.Channels[channel].Key)
-	for i := range d.o.Agents {
-		if err := d.startMember(ctx, fmt.Sprintf("agent-%d", i+1)); err != nil {
-			return err
-		}
-	}
-	d.prod = startProducer("A", d.a.Brokers(), d.o.Rate, 0)
-	d.say("producer: %d records/s to A, numbered from 0", d.o.Rate)
-	return nil
-}
-
 // moveProducer stops the producer's stint and starts the next on cluster
 // k, numbered from `from`.
 func (d *demo) moveProducer(k *devstack.Kafka, from int64) {
@@ -222,58 +185,6 @@ func (d *demo) producers() []*producer {
 		return d.stints
 	}
 	return append(slices.Clone(d.stints), d.prod)
-}
-
-// config is the configuration of agent id.
-func (d *demo) config(id string) config.Config {
-	cfg := config.Default()
-	cfg.Fleet = fleetName
-	cfg.Agent.ID = id
-	cfg.Agent.HTTP = "127.0.0.1:0"
-	cfg.Agent.Gossip = "127.0.0.1:0"
-	cfg.Etcd.Endpoints = d.etcd.Endpoints()
-	cfg.Etcd.SessionTTL = 2 * time.Second
-	cfg.Etcd.RequestTimeout = time.Second
-	cfg.Clusters = map[string]config.Cluster{
-		// Both flows keep their offset-syncs on their target, readable
-		// while the source is down.
-		"A": {Brokers: d.a.Brokers(), Role: config.RolePrimary, OffsetSyncsOn: "target"},
-		"B": {Brokers: d.b.Brokers(), Role: config.RoleStandby, OffsetSyncsOn: "target"},
-		"C": {Brokers: d.c.Brokers(), Role: config.RoleSink},
-	}
-	if d.o.ExactlyOnce {
-		c := cfg.Clusters["C"]
-		c.Delivery = config.ExactlyOnce
-		cfg.Clusters["C"] = c
-	}
-	cfg.Source.Topics = []string{topic}
-	cfg.Source.Group = fleetName
-	cfg.Source.CommitInterval = 200 * time.Millisecond
-	cfg.Failover.ProbeInterval = 250 * time.Millisecond
-	cfg.Failover.ProbeTimeout = 500 * time.Millisecond
-	cfg.Failover.FailureWindow = 1500 * time.Millisecond
-	cfg.Failover.FailbackStable = 3 * time.Second
-	cfg.Routing = config.Routing{
-		Rules: []config.RoutingRule{{Name: "orders", Match: `topic == "orders"`, Channels: []string{channel}}},
-		Channels: map[string]config.RoutingChannel{
-			channel: {Cluster: "C", Topic: outTopic, Key: `key + "@" + cluster`},
-		},
-	}
-	return cfg
-}
-
-func (d *demo) startMember(ctx context.Context, id string) error {
-	m, err := fleet.NewMember(d.config(id), agent.Options{Logger: d.o.Logger.Named(id)})
-	if err != nil {
-		return err
-	}
-	f := &fleetMember{m: m}
-	if err := m.Start(ctx); err != nil {
-		return err
-	}
-	d.fleet = append(d.fleet, f)
-	d.say("%s up: http://%s/status (also /leader /readyz /metrics)", id, f.agent().HTTPAddr())
-	return nil
 }
 
 // await polls cond every 10 ms until it holds, timeout passes, or ctx
@@ -315,15 +226,19 @@ func (d *demo) leader() *agent.Agent {
 // cluster, all partitions of both copies of the topic are owned, and
 // each agent has its share.
 func (d *demo) consuming(cluster string) bool {
+	copies := 2 // the local topic and the other cluster's, with mirrors both ways
+	if d.far != nil {
+		copies = 1 // the chain story's mirrors go one way, from A
+	}
 	n := 0
 	for _, f := range d.fleet {
 		st := f.agent().Status()
-		if st.Active != cluster || len(st.Owned) < 2*partitions/len(d.fleet) {
+		if st.Active != cluster || len(st.Owned) < copies*partitions/len(d.fleet) {
 			return false
 		}
 		n += len(st.Owned)
 	}
-	return n == 2*partitions
+	return n == copies*partitions
 }
 
 func (d *demo) story(ctx context.Context) error {
@@ -331,20 +246,9 @@ func (d *demo) story(ctx context.Context) error {
 	etcdctl := "etcdctl --endpoints " + d.etcd.Endpoints()[0]
 
 	// 1. Steady state.
-	if err := d.await(ctx, 20*time.Second, "the fleet consumes A", func() bool { return d.consuming("A") && d.leader() != nil }); err != nil {
+	if err := d.steady(ctx); err != nil {
 		return err
 	}
-	l := d.leader()
-	d.say("%s leads (fencing token %d); the fleet consumes A:", l.ID(), l.LeaderView().FencingToken)
-	for _, f := range d.fleet {
-		d.say("    %s owns %s", f.agent().ID(), owned(f.agent()))
-	}
-	began, onC := time.Now(), d.c2.count()
-	if err := d.sleep(ctx, d.phase); err != nil {
-		return err
-	}
-	d.say("steady: %d records written to A, %d on C, %.0f/s reaching C",
-		d.prod.count(), d.c2.count(), float64(d.c2.count()-onC)/time.Since(began).Seconds())
 
 	// 2. Pause through the signal key. While the fleet is paused, the
 	// mirror A → B falls behind: what A takes now is its unmirrored tail,
@@ -498,19 +402,7 @@ func (d *demo) story(ctx context.Context) error {
 		d.failback.Round(time.Millisecond), d.c2.longestGap(back, fromA).Round(time.Millisecond))
 
 	// 6. The end: stop producing, let everything reach C.
-	if err := d.sleep(ctx, d.phase); err != nil {
-		return err
-	}
-	d.prod.stop()
-	var ids []int64
-	for _, p := range d.producers() {
-		ids = append(ids, p.ids()...)
-	}
-	d.say("producer stopped after %d records (A and B); waiting for C to have them all", len(ids))
-	if err := d.await(ctx, 30*time.Second, "every record on C", func() bool { return d.c2.hasAll(ids) }); err != nil {
-		d.say("%v", err) // the summary says which are missing
-	}
-	return nil
+	return d.finish(ctx)
 }
 
 // keepRunning writes again and prints what to try, until ctx ends.
@@ -559,7 +451,7 @@ func (d *demo) close() {
 	if d.c2 != nil {
 		d.c2.stop()
 	}
-	for _, m := range []*mirror.Mirror{d.ab, d.ba} {
+	for _, m := range []*mirror.Mirror{d.ab, d.ba, d.ad} {
 		if m != nil {
 			m.Stop()
 		}
@@ -567,7 +459,7 @@ func (d *demo) close() {
 	if d.cli != nil {
 		d.cli.Close()
 	}
-	for _, k := range []*devstack.Kafka{d.a, d.b, d.c} {
+	for _, k := range []*devstack.Kafka{d.a, d.b, d.far, d.c} {
 		if k != nil {
 			k.Stop()
 		}

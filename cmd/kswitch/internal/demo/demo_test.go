@@ -273,3 +273,39 @@ func TestDemoExactlyOnce(t *testing.T) {
 		t.Errorf("the story did not kill an agent and start another:\n%s", out.String())
 	}
 }
+
+// TestDemoThreeClusters plays the chain story (--clusters 3): the fleet
+// goes A → B → D and back to A directly, every record A acknowledged is
+// read back from C, and each switch was measured.
+func TestDemoThreeClusters(t *testing.T) {
+	out := &output{}
+	s, err := Run(t.Context(), Options{Agents: 3, Rate: 100, Duration: 4 * time.Second, Clusters: 3, Out: out})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	text := out.String()
+	for _, step := range []string{
+		"switch A → B (epoch 2)",
+		"switch B → D (epoch 3)",
+		"B's A.orders offset",
+		"switch D → A (epoch 4): failback",
+		"failback D → A (A back → first record from A on C)",
+	} {
+		if !strings.Contains(text, step) {
+			t.Errorf("the timeline has no line with %q:\n%s", step, text)
+		}
+	}
+	if s.Produced == 0 || s.Lost != 0 || s.Delivered != s.Produced {
+		t.Errorf("%d of %d records A acknowledged were read back from C (%d lost)", s.Delivered, s.Produced, s.Lost)
+	}
+	if s.Failover == 0 || s.FailoverD == 0 || s.Failback == 0 {
+		t.Errorf("switch times not all measured: A → B %v, B → D %v, D → A %v", s.Failover, s.FailoverD, s.Failback)
+	}
+}
+
+func TestDemoRefusesFourClusters(t *testing.T) {
+	_, err := Run(t.Context(), Options{Clusters: 4, Out: &output{}})
+	if err == nil || !strings.Contains(err.Error(), "--clusters 4") {
+		t.Fatalf("Run with four clusters: %v, want a refusal naming --clusters", err)
+	}
+}

@@ -41,6 +41,9 @@ type Summary struct {
 	// from B reaching C; Failback from A's return to the first record
 	// consumed from A again reaching C.
 	Failover, Failback time.Duration
+	// FailoverD is, in the chain story, from B failing to every agent
+	// consuming D.
+	FailoverD time.Duration
 }
 
 // owned lists a's partitions.
@@ -86,7 +89,7 @@ func (d *demo) printSwitch(ctx context.Context, to string) state.SwitchEvent {
 // summarize reads C to the end of every partition and counts what
 // reached it of what A and B acknowledged.
 func (d *demo) summarize(ctx context.Context) (Summary, error) {
-	s := Summary{PauseApply: d.pauseApply, Failover: d.failover, Failback: d.failback, Late: d.late, LateBy: d.lateBy}
+	s := Summary{PauseApply: d.pauseApply, Failover: d.failover, Failback: d.failback, FailoverD: d.failoverD, Late: d.late, LateBy: d.lateBy}
 	if d.prod == nil || d.c2 == nil {
 		return s, nil
 	}
