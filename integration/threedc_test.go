@@ -272,7 +272,9 @@ func startThreeDCStack(t *testing.T, timed func(string, time.Duration)) *threeDC
 	errs := make([]error, len(names))
 	var wg sync.WaitGroup
 	for i, name := range names {
-		wg.Go(func() { brokers[i], errs[i] = newKafkaBroker(st.env, name, filepath.Join(t.TempDir(), "kafka-"+name), logs) })
+		wg.Go(func() {
+			brokers[i], errs[i] = newKafkaBroker(st.env, name, filepath.Join(t.TempDir(), "kafka-"+name), logs)
+		})
 	}
 	st.etcd = startEtcdCluster(t, 3)
 	wg.Wait()
