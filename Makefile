@@ -106,7 +106,7 @@ bench: build etcd-bin kafka-jars kafka-tools
 	@command -v kcat >/dev/null || { echo "kcat is missing: apt-get install kcat"; exit 1; }
 	@set -o pipefail; start=$$(date +%s); echo "load average: $$(cut -d' ' -f1-3 /proc/loadavg)"; \
 	$(GO) build -o $(BIN)/relayloop ./integration/tools/relayloop && \
-	KSWITCH_BENCH_OUT=$(CURDIR)/docs $(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 60m ./... | tee $(BIN)/bench.txt | grep --line-buffered -E '^(Benchmark|scale|etcd flat|etcd ceiling|pause apply|planned switch|dynamic source|relay of|exactly-once cost|etcd outage|ok|FAIL|PASS)' && \
+	KSWITCH_BENCH_OUT=$(CURDIR)/docs $(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 60m ./... | tee $(BIN)/bench.txt | grep --line-buffered -E '^(Benchmark|scale|etcd flat|etcd ceiling|pause apply|planned switch|dynamic source|relay of|exactly-once cost|etcd outage|chain switches|ok|FAIL|PASS)' && \
 	KSWITCH_TEST_BIN=$(CURDIR)/$(BIN)/kswitch KSWITCH_TEST_ETCD_DIR=$(ETCD_DIR) KSWITCH_TEST_KAFKA_DIR=$(KAFKA_DIR) \
 	KSWITCH_TEST_LOG_DIR=$(CURDIR)/integration/logs KSWITCH_BENCH_RELAYLOOP=$(CURDIR)/$(BIN)/relayloop \
 	KSWITCH_BENCH_TOOLS=$(KAFKA_TOOLS_DIR)/libs KSWITCH_BENCH_GO=$(CURDIR)/$(BIN)/bench.txt KSWITCH_BENCH_OUT=$(CURDIR)/docs KSWITCH_BENCH_MAKE_STARTED=$$start \

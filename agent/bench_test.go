@@ -13,7 +13,6 @@ import (
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
-	"github.com/kswitch/kswitch/internal/testkit/wait"
 	"github.com/kswitch/kswitch/keys"
 )
 
@@ -173,16 +172,7 @@ func plannedSwitchGaps(b *testing.B, n int, breakBeforeMake bool, dups *int, pha
 	waitConsuming(b, 20*time.Second, "A", agents...)
 	waitBalanced(b, failoverPartitions, agents...)
 	p := startProducer(b, d.a.Brokers(), "orders", 0)
-	flowing := func(what string) {
-		want := l.count() + 200
-		wait.For(b, 20*time.Second, what, func() error {
-			if c := l.count(); c < want {
-				return fmt.Errorf("%d handled, want %d", c, want)
-			}
-			return nil
-		})
-	}
-	flowing("records flowing")
+	waitCounted(b, l, 200, "records flowing")
 	var gaps []time.Duration
 	for i := range n {
 		to := "B"
@@ -194,7 +184,7 @@ func plannedSwitchGaps(b *testing.B, n int, breakBeforeMake bool, dups *int, pha
 		}
 		waitConsuming(b, 20*time.Second, to, agents...)
 		gaps = append(gaps, gm.waitGap(b, i+1, 10*time.Second).gap)
-		flowing("records flowing from " + to)
+		waitCounted(b, l, 200, "records flowing from "+to)
 	}
 	p.halt()
 	_, dup, _ := l.result(0)

@@ -23,7 +23,7 @@ type threeDC struct {
 	mirrorD *mirror.Mirror
 }
 
-func startThreeDC(t *testing.T) *threeDC {
+func startThreeDC(t testing.TB) *threeDC {
 	t.Helper()
 	d := &threeDC{dc: startDC(t), d: testenv.StartKafkaT(t, "D", devstack.KafkaOptions{})}
 	m, err := mirror.Start(context.Background(), mirror.Config{

@@ -142,7 +142,7 @@ func goBenchLines(path string) []string {
 	var out []string
 	for _, l := range strings.Split(string(b), "\n") {
 		if strings.HasPrefix(l, "Benchmark") || strings.HasPrefix(l, "pause apply") || strings.HasPrefix(l, "exactly-once cost") ||
-			strings.HasPrefix(l, "scale") || strings.HasPrefix(l, "etcd flat") || strings.HasPrefix(l, "etcd ceiling") || strings.HasPrefix(l, "FAIL") {
+			strings.HasPrefix(l, "scale") || strings.HasPrefix(l, "etcd flat") || strings.HasPrefix(l, "etcd ceiling") || strings.HasPrefix(l, "chain switches") || strings.HasPrefix(l, "FAIL") {
 			out = append(out, strings.Join(strings.Fields(l), " "))
 		}
 	}
