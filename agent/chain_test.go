@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"testing"
 	"time"
 
@@ -87,6 +88,19 @@ func TestFailoverAlongTheChainAndStraightBack(t *testing.T) {
 	d.b.Fail()
 	waitConsuming(t, switchWithin, "D", agents...)
 	waitAllHandled(t, l, idsOn(t, d.d, "A.orders"), 20*time.Second)
+	// kswitch status shows the order and who is down.
+	op := operator(t, d.etcd)
+	var text string
+	wait.For(t, 10*time.Second, "kswitch status showing A and B down, D active", func() error {
+		text = statusText(t, op, false)
+		for _, row := range []string{`primary +A +down`, `standby 1 +B +down`, `standby 2 \* +D +up .* \(active\)`} {
+			if !regexp.MustCompile(row).MatchString(text) {
+				return fmt.Errorf("no line matching %q in:\n%s", row, text)
+			}
+		}
+		return nil
+	})
+	t.Logf("kswitch status on D:\n%s", text)
 
 	d.a.Recover()
 	waitConsuming(t, cfg.Failover.FailbackStable+20*time.Second, "A", agents...)
@@ -99,6 +113,23 @@ func TestFailoverAlongTheChainAndStraightBack(t *testing.T) {
 	})
 	p2.halt()
 	waitAllHandled(t, l, idsOn(t, d.a, "orders"), 20*time.Second)
+	// Back on A, the leader checks how far D is behind: it holds every
+	// record consumed on A once the mirror copied them.
+	wait.For(t, 3*cfg.Failover.FailbackStable+10*time.Second, "state/clusters: D caught up with A", func() error {
+		v, err := op.Status(context.Background())
+		if err != nil {
+			return err
+		}
+		if v.Clusters == nil || v.Clusters.Active != "A" {
+			return fmt.Errorf("state/clusters %+v", v.Clusters)
+		}
+		for _, c := range v.Clusters.Clusters {
+			if c.Name == "D" && (!c.Up || c.Behind != 0) {
+				return fmt.Errorf("D: %+v", c)
+			}
+		}
+		return nil
+	})
 
 	cli := testenv.EtcdClientT(t, d.etcd)
 	h := readHistory(t, cli)

@@ -346,7 +346,7 @@ func (l *Leader) publishTerm(ctx context.Context, t *term, a state.Assignment) e
 // reason names the partitions behind, and kswitch_failback_behind_partitions
 // counts them.
 func (l *Leader) caughtUp(ctx context.Context, t *term, to string, log *zap.Logger) (bool, string) {
-	ok, why, behind := l.checkCaughtUp(ctx, t, to, log)
+	ok, why, behind, _ := l.checkCaughtUp(ctx, t.active, to, log)
 	l.metrics.failbackBehind(behind)
 	c := state.FailbackCheck{Standby: t.active.Cluster, To: to, Epoch: t.active.Epoch, CaughtUp: ok, Reason: why, Behind: behind}
 	if last := t.failback; last == nil || last.Standby != c.Standby || last.To != to || last.Epoch != c.Epoch || last.CaughtUp != ok || last.Reason != why {
@@ -364,26 +364,28 @@ func (l *Leader) caughtUp(ctx context.Context, t *term, to string, log *zap.Logg
 	return ok, why
 }
 
-// checkCaughtUp is caughtUp's check; behind is -1 when it could not be
-// made.
-func (l *Leader) checkCaughtUp(ctx context.Context, t *term, primary string, log *zap.Logger) (bool, string, int) {
+// checkCaughtUp is caughtUp's check of cluster primary against the active
+// state a: behind counts the partitions whose last consumed record it
+// lacks, lacking the consumed records it lacks where the translation
+// could tell; both -1 when the check could not be made.
+func (l *Leader) checkCaughtUp(ctx context.Context, a state.Active, primary string, log *zap.Logger) (ok bool, why string, behind int, lacking int64) {
 	conf := l.conf()
-	standby := t.active.Cluster
+	standby := a.Cluster
 	// The check runs every 2 s while failback waits: discovery's warning
 	// of a configured topic missing on the primary is the discovery
 	// loop's to give, once, not this check's each time.
 	x, err := l.openTranslation(ctx, standby, primary, false, zap.NewNop())
 	if err != nil {
-		return false, err.Error(), -1
+		return false, err.Error(), -1, -1
 	}
 	defer x.close()
 	// Only the topics consumed on the standby: those placed on the
 	// primary are there already.
-	onStandby := func(logical string) bool { return t.active.PositionsOf(logical) == standby }
+	onStandby := func(logical string) bool { return a.PositionsOf(logical) == standby }
 	x.restrict(onStandby)
 	positions, err := l.committed(ctx, standby, log)
 	if err != nil {
-		return false, err.Error(), -1
+		return false, err.Error(), -1, -1
 	}
 	maps.DeleteFunc(positions, func(tp state.TopicPartition, _ offsets.Position) bool {
 		return !onStandby(conf.naming.Logical(standby, tp.Topic))
@@ -394,8 +396,9 @@ func (l *Leader) checkCaughtUp(ctx context.Context, t *term, primary string, log
 		if ps.Method == string(translate.MethodFingerprint) && ps.Lagged == 0 {
 			exact[state.TopicPartition{Topic: ps.ToTopic, Partition: ps.Partition}] = true
 		}
+		lacking += max(ps.Lagged, 0)
 	}
-	var behind []string
+	var behindTPs []string
 	for _, tp := range slices.SortedFunc(maps.Keys(positions), state.TopicPartition.Compare) {
 		if len(positions[tp].Fingerprints) == 0 {
 			continue // nothing consumed there
@@ -403,20 +406,20 @@ func (l *Leader) checkCaughtUp(ctx context.Context, t *term, primary string, log
 		s := conf.naming.Stream(standby, tp.Topic)
 		on := conf.naming.PartitionOn(standby, primary, tp)
 		if !exact[on] {
-			behind = append(behind, fmt.Sprintf("%s (%s on %s, written on %s) is not on %s's %s yet", tp, tp.Topic, standby, s.Origin, primary, on))
+			behindTPs = append(behindTPs, fmt.Sprintf("%s (%s on %s, written on %s) is not on %s's %s yet", tp, tp.Topic, standby, s.Origin, primary, on))
 		}
 	}
-	if len(behind) == 0 {
-		return true, "", 0
+	if len(behindTPs) == 0 {
+		return true, "", 0, lacking
 	}
-	why := fmt.Sprintf("%d partitions behind: the last record consumed on %s", len(behind), behind[0])
-	if len(behind) > 1 {
-		why += fmt.Sprintf(", and %d more", len(behind)-1)
+	why = fmt.Sprintf("%d partitions behind: the last record consumed on %s", len(behindTPs), behindTPs[0])
+	if len(behindTPs) > 1 {
+		why += fmt.Sprintf(", and %d more", len(behindTPs)-1)
 	}
 	if terr != nil {
 		log.Debug("failback check: translation errors", zap.Error(terr))
 	}
-	return false, why, len(behind)
+	return false, why, len(behindTPs), lacking
 }
 
 // evict frees the partitions of an agent that gossip declared dead without

@@ -19,13 +19,16 @@ type Metrics struct {
 	switchFailures prometheus.Counter
 	translation    *prometheus.CounterVec
 	reachable      *prometheus.GaugeVec
-	breakerOpen    prometheus.Gauge
-	behind         prometheus.Gauge
-	repairs        *prometheus.CounterVec
-	refuted        prometheus.Counter
-	unassignedN    prometheus.Gauge
-	late           prometheus.Counter
-	lateBy         prometheus.Gauge
+	// place, up and clusterBehind are the leader's view of each source
+	// cluster (clusters.go).
+	place, up, clusterBehind *prometheus.GaugeVec
+	breakerOpen              prometheus.Gauge
+	behind                   prometheus.Gauge
+	repairs                  *prometheus.CounterVec
+	refuted                  prometheus.Counter
+	unassignedN              prometheus.Gauge
+	late                     prometheus.Counter
+	lateBy                   prometheus.Gauge
 	// topicEvents counts the source topics' lifecycle events
 	// (lifecycle.go) as kswitch_source_topic_recreated_total and
 	// kswitch_source_partitions_changed_total.
@@ -65,6 +68,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		reachable: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "kswitch_cluster_reachable", Help: "1 when the agent's last probe reached the cluster, as gossiped to the leader.",
 		}, []string{"agent", "cluster"}),
+		place: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kswitch_cluster_place", Help: "A source cluster's place in the order of failover, as the leader sees it: 0 for the primary, then the standbys by priority.",
+		}, []string{"cluster"}),
+		up: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kswitch_cluster_up", Help: "1 when a quorum of the live agents reaches the source cluster, as the leader sees it.",
+		}, []string{"cluster"}),
+		clusterBehind: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kswitch_cluster_behind_partitions",
+			Help: "Partitions whose last record consumed on the active cluster a source cluster lacks, at the leader's last check (every failback_stable, of each cluster a quorum reaches); no series for the active cluster and clusters not checked.",
+		}, []string{"cluster"}),
 		breakerOpen: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kswitch_circuit_breaker_open", Help: "1 while automatic switching is off after too many failed or flapping switches.",
 		}),
@@ -102,7 +115,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"cluster", "topic", "change"}),
 	}
 	reg.MustRegister(m.recreated, m.partitionsChanged)
-	reg.MustRegister(m.activeCluster, m.topicActive, m.lastSwitch, m.switchDuration, m.switchPhase, m.switchFailures, m.translation, m.reachable, m.breakerOpen,
+	reg.MustRegister(m.activeCluster, m.topicActive, m.lastSwitch, m.switchDuration, m.switchPhase, m.switchFailures, m.translation, m.reachable, m.place, m.up, m.clusterBehind, m.breakerOpen,
 		m.behind, m.late, m.lateBy, m.repairs, m.refuted, m.unassignedN)
 	var err error
 	if m.refused, err = refused.Counter(reg); err != nil {
@@ -173,6 +186,23 @@ func (m *Metrics) lateRecords(ev state.SwitchEvent) {
 	if m != nil && ev.Late > 0 {
 		m.late.Add(float64(ev.Late))
 		m.lateBy.Set(ev.LateBySeconds)
+	}
+}
+
+// clusters records the leader's view of the source clusters.
+func (m *Metrics) clusters(cs []state.ClusterHealth) {
+	for _, c := range cs {
+		m.place.WithLabelValues(c.Name).Set(float64(c.Place))
+		up := 0.0
+		if c.Up {
+			up = 1
+		}
+		m.up.WithLabelValues(c.Name).Set(up)
+		if c.Behind >= 0 {
+			m.clusterBehind.WithLabelValues(c.Name).Set(float64(c.Behind))
+		} else {
+			m.clusterBehind.DeleteLabelValues(c.Name)
+		}
 	}
 }
 

@@ -98,12 +98,17 @@ type leaderRun struct {
 
 	lastVerdict string
 	// The failback gate's caught-up check, at most every 2 s.
-	caughtUpAt  time.Time
-	caughtUpTo  string
-	caughtUp    bool
-	caughtUpWhy string
-	unowned     *stalled
-	probe       *time.Ticker
+	caughtUpAt time.Time
+	caughtUpTo string
+	// The clusters' report (clusters.go): how far each is behind, and
+	// what was last written to state/clusters, when.
+	behind       *behindChecker
+	lastClusters *state.ClusterState
+	clustersAt   time.Time
+	caughtUp     bool
+	caughtUpWhy  string
+	unowned      *stalled
+	probe        *time.Ticker
 }
 
 func (l *Leader) newRun(et election.Term) *leaderRun {
@@ -112,7 +117,7 @@ func (l *Leader) newRun(et election.Term) *leaderRun {
 	r := &leaderRun{Leader: l, log: log, ak: ak, quiet: newSilence(silentAfter(l.cfg.Etcd.SessionTTL), log), asg: newKeyWatch(), act: newKeyWatch(),
 		t: &term{Term: et, log: log, acks: ak}, h: newHealth(), br: &breaker{cfg: l.cfg.Failover},
 		disc: map[string]*discoveryRun{}, lists: map[string][]state.TopicPartition{}, listed: make(chan struct{}, 1), failedEpoch: -1,
-		caughtUpWhy: "not checked yet", unowned: &stalled{since: map[state.ClusterPartition]time.Time{}, metrics: l.metrics}}
+		caughtUpWhy: "not checked yet", behind: newBehindChecker(l, log), unowned: &stalled{since: map[state.ClusterPartition]time.Time{}, metrics: l.metrics}}
 	r.tp = &topicPins{prefix: l.keys.TopicPins(), vals: map[string]string{}, changed: make(chan struct{}, 1), log: log,
 		refused: func() { l.metrics.refusedValue(refused.Pin) }, valid: func(c string) bool {
 			return l.conf().isSource(c)
@@ -133,6 +138,7 @@ func (l *Leader) newRun(et election.Term) *leaderRun {
 // state/active, control/pin) on wg, and subscribes to the membership.
 func (r *leaderRun) follow(ctx context.Context, wg *sync.WaitGroup) {
 	timeout := r.cfg.Etcd.RequestTimeout
+	wg.Go(func() { r.behind.run(ctx) })
 	wg.Go(func() {
 		_ = etcdwatch.Follow(ctx, r.etcd, etcdwatch.Target{Key: r.keys.Acks(), Prefix: true, Timeout: timeout}, r.ak)
 	})
@@ -228,6 +234,7 @@ func (r *leaderRun) turn(ctx context.Context) (again bool, err error) {
 	live := r.live(now)
 	views := r.members.Views()
 	r.h.observe(now, live, views, conf.sources)
+	r.reportClusters(ctx, now, conf, live, views)
 	if r.metrics != nil {
 		r.metrics.observe(views, r.t.active)
 		r.metrics.breaker(r.br.openUntil)

@@ -50,6 +50,10 @@ type FleetView struct {
 	// Failback is the leader's last failback check while the fleet is
 	// on the standby (nil otherwise): why it does not fail back yet.
 	Failback *state.FailbackCheck `json:"failback,omitempty"`
+	// Clusters is the leader's view of the source clusters
+	// (state/clusters): their order, health and how far each is behind
+	// the active one; nil before a leader wrote it.
+	Clusters *state.ClusterState `json:"clusters,omitempty"`
 	// Stages is the staged move's progress (state/stages), nil when
 	// there is none.
 	Stages *state.StageState `json:"stages,omitempty"`
@@ -159,6 +163,9 @@ func ReadFleet(ctx context.Context, c *clientv3.Client, k keys.Fleet) (FleetView
 		return v, err
 	}
 	if err := v.readFailback(ctx, c, k); err != nil {
+		return v, err
+	}
+	if v.Clusters, err = readParsed(ctx, c, k.Clusters(), state.ParseClusterState, &v.Refused); err != nil {
 		return v, err
 	}
 	if err := v.readStages(ctx, c, k); err != nil {

@@ -34,6 +34,7 @@ func orDash(n int64) string {
 // ages are counted to.
 func (v FleetView) WriteText(w io.Writer, now time.Time) {
 	v.writeActive(w)
+	v.writeClusters(w, now)
 	v.writeFailback(w)
 	v.writeStages(w)
 	v.writeStalled(w, now)
@@ -67,11 +68,53 @@ func (v FleetView) writeActive(w io.Writer) {
 	}
 }
 
+// writeClusters writes the leader's view of the source clusters, in
+// order of preference: place, health and how far each is behind the
+// active one.
+func (v FleetView) writeClusters(w io.Writer, now time.Time) {
+	cs := v.Clusters
+	if cs == nil {
+		return
+	}
+	fmt.Fprintf(w, "clusters: in order of failover, as the leader %s saw them %s ago\n", cs.Leader, now.Sub(cs.Updated).Round(time.Second))
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  PLACE\tCLUSTER\tHEALTH\tREACHED BY\tBEHIND THE ACTIVE ONE")
+	for _, c := range cs.Clusters {
+		place := "primary"
+		if c.Place > 0 {
+			place = fmt.Sprintf("standby %d", c.Place)
+		}
+		health := "down"
+		if c.Up {
+			health = "up"
+		}
+		if !c.Since.IsZero() {
+			health += " for " + now.Sub(c.Since).Round(time.Second).String()
+		}
+		behind := "-"
+		switch {
+		case c.Name == cs.Active:
+			behind, place = "(active)", place+" *"
+		case c.Behind == 0:
+			behind = fmt.Sprintf("caught up (checked %s ago)", now.Sub(c.Checked).Round(time.Second))
+		case c.Behind > 0:
+			behind = fmt.Sprintf("%d partitions, %d records (checked %s ago)", c.Behind, c.Lacking, now.Sub(c.Checked).Round(time.Second))
+		case c.Up:
+			behind = "not checked yet"
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%d of %d agents\t%s\n", place, c.Name, health, c.Reached, c.Agents, behind)
+	}
+	tw.Flush()
+}
+
 // writeFailback writes the leader's last failback check, when the fleet
 // is on the standby: why it does not fail back yet.
 func (v FleetView) writeFailback(w io.Writer) {
 	if fb := v.Failback; fb != nil {
 		verdict := "the primary holds everything consumed here"
+		if fb.To != "" {
+			verdict = fb.To + " holds everything consumed here"
+		}
 		if !fb.CaughtUp {
 			verdict = "waiting: " + fb.Reason
 		}

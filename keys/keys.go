@@ -97,6 +97,11 @@ func (f Fleet) Assignment() string { return f.State() + "assignment" }
 // not.
 func (f Fleet) Failback() string { return f.State() + "failback" }
 
+// Clusters is the leader's view of every source cluster: its place in
+// the order of preference, its health, and how far it is behind the
+// active one (state.ClusterState).
+func (f Fleet) Clusters() string { return f.State() + "clusters" }
+
 // Stalled lists the discovered partitions that no agent has consumed for
 // longer than the leader's bound (state.Stalled); absent when none.
 func (f Fleet) Stalled() string { return f.State() + "stalled" }
