@@ -51,7 +51,7 @@ func BenchmarkChainSwitches(b *testing.B) {
 // and A's return, and returns how long each switch took to show in every
 // agent, and the failback_stable in force.
 func chainSwitchTimes(b *testing.B) (ab, bd, da, stable time.Duration) {
-	d := startThreeDC(b)
+	d := startThreeDC(b, false)
 	l := newLedger()
 	var agents []*agent.Agent
 	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {

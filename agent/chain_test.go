@@ -16,22 +16,32 @@ import (
 )
 
 // threeDC is two cities, three data centres: dc's A and B, and the remote
-// D, which a second mirror fills from A (a star: A → B, A → D) with
-// offsets 29 ahead of A's (B's are 17 ahead).
+// D, which a second mirror fills with offsets 29 ahead of A's (B's are 17
+// ahead): from A in a star (A → B, A → D: A.orders on D), from B in a
+// chain (A → B → D: B.A.orders on D).
 type threeDC struct {
 	*dc
 	d       *devstack.Kafka
 	mirrorD *mirror.Mirror
+	chain   bool
+	// onD is A's orders on D.
+	onD string
 }
 
-func startThreeDC(t testing.TB) *threeDC {
+func startThreeDC(t testing.TB, chain bool) *threeDC {
 	t.Helper()
-	d := &threeDC{dc: startDC(t), d: testenv.StartKafkaT(t, "D", devstack.KafkaOptions{})}
-	m, err := mirror.Start(context.Background(), mirror.Config{
+	d := &threeDC{dc: startDC(t), d: testenv.StartKafkaT(t, "D", devstack.KafkaOptions{}), chain: chain, onD: "A.orders"}
+	mc := mirror.Config{
 		Source: d.a.Brokers(), Target: d.d.Brokers(), SourceName: "A", TargetName: "D",
 		Topics: []string{"orders"}, RemoteTopic: func(t string) string { return "A." + t },
 		TargetPrefill: 29, OffsetSyncsTopic: "mm2-offset-syncs.A.internal", OffsetSyncsOnTarget: true,
-	})
+	}
+	if chain {
+		d.onD = "B.A.orders"
+		mc.Source, mc.SourceName, mc.Topics = d.b.Brokers(), "B", []string{"A.orders"}
+		mc.RemoteTopic, mc.OffsetSyncsTopic = func(t string) string { return "B." + t }, "mm2-offset-syncs.B.internal"
+	}
+	m, err := mirror.Start(context.Background(), mc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +50,8 @@ func startThreeDC(t testing.TB) *threeDC {
 	return d
 }
 
-// config is dc's with D as the second standby, and the star's flows.
+// config is dc's with D as the second standby, and the flows of the star
+// or the chain.
 func (d *threeDC) config(id string) config.Config {
 	cfg := d.dc.config(id)
 	cfg.Clusters = map[string]config.Cluster{
@@ -48,22 +59,33 @@ func (d *threeDC) config(id string) config.Config {
 		"B": {Brokers: d.b.Brokers(), Role: config.RoleStandby, Priority: 1},
 		"D": {Brokers: d.d.Brokers(), Role: config.RoleStandby, Priority: 2},
 	}
-	cfg.Replication = []config.Flow{{From: "A", To: "B", OffsetSyncsOn: "target"}, {From: "A", To: "D", OffsetSyncsOn: "target"}}
+	into := config.Flow{From: "A", To: "D", OffsetSyncsOn: "target"}
+	if d.chain {
+		into.From = "B"
+	}
+	cfg.Replication = []config.Flow{{From: "A", To: "B", OffsetSyncsOn: "target"}, into}
 	return cfg
 }
 
 // TestFailoverAlongTheChainAndStraightBack: A fails and the fleet moves to
 // B, the first standby; B fails while the fleet is on it and the fleet
-// moves to D, the second (no flow joins B and D: the records' fingerprints
-// translate the positions); A returns while B is still down and the fleet
-// fails back from D to A directly. Every record written on A is handled;
-// a record is handled twice only when a replica lagged behind what the
-// fleet had consumed, as the history says.
+// moves to D, the second; A returns while B is still down and the fleet
+// fails back from D to A directly. In a star no flow joins B and D (the
+// records' fingerprints translate the positions); in a chain D holds A's
+// orders as B.A.orders, and no flow joins D and A. Every record written
+// on A is handled; a record is handled twice only when a replica lagged
+// behind what the fleet had consumed, as the history says.
 //
 // Not parallel, as TestPinToTheSecondStandbyAndBack: three clusters and
 // two mirrors weigh more than the tests run six at once.
 func TestFailoverAlongTheChainAndStraightBack(t *testing.T) {
-	d := startThreeDC(t)
+	for _, topology := range []string{"star", "chain"} {
+		t.Run(topology, func(t *testing.T) { failoverAlongTheChain(t, topology == "chain") })
+	}
+}
+
+func failoverAlongTheChain(t *testing.T, chain bool) {
+	d := startThreeDC(t, chain)
 	l := newLedger()
 	var agents []*agent.Agent
 	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
@@ -87,7 +109,7 @@ func TestFailoverAlongTheChainAndStraightBack(t *testing.T) {
 
 	d.b.Fail()
 	waitConsuming(t, switchWithin, "D", agents...)
-	waitAllHandled(t, l, idsOn(t, d.d, "A.orders"), 20*time.Second)
+	waitAllHandled(t, l, idsOn(t, d.d, d.onD), 20*time.Second)
 	// kswitch status shows the order and who is down.
 	op := operator(t, d.etcd)
 	var text string
@@ -113,9 +135,16 @@ func TestFailoverAlongTheChainAndStraightBack(t *testing.T) {
 	})
 	p2.halt()
 	waitAllHandled(t, l, idsOn(t, d.a, "orders"), 20*time.Second)
-	// Back on A, the leader checks how far D is behind: it holds every
-	// record consumed on A once the mirror copied them.
-	wait.For(t, 3*cfg.Failover.FailbackStable+10*time.Second, "state/clusters: D caught up with A", func() error {
+	// Back on A, the leader checks how far D is behind: in the star it
+	// holds every record consumed on A once the mirror copied them; in
+	// the chain, with B still down, it lacks what was consumed since in
+	// every partition. The check runs every failback_stable, at least
+	// every 10 s.
+	wantBehind, what := 0, "state/clusters: D caught up with A"
+	if chain {
+		wantBehind, what = failoverPartitions, "state/clusters: D behind A in every partition while B is down"
+	}
+	wait.For(t, 25*time.Second, what, func() error {
 		v, err := op.Status(context.Background())
 		if err != nil {
 			return err
@@ -124,7 +153,7 @@ func TestFailoverAlongTheChainAndStraightBack(t *testing.T) {
 			return fmt.Errorf("state/clusters %+v", v.Clusters)
 		}
 		for _, c := range v.Clusters.Clusters {
-			if c.Name == "D" && (!c.Up || c.Behind != 0) {
+			if c.Name == "D" && (!c.Up || c.Behind != wantBehind) {
 				return fmt.Errorf("D: %+v", c)
 			}
 		}
@@ -152,7 +181,7 @@ func TestFailoverAlongTheChainAndStraightBack(t *testing.T) {
 // removed. A planned switch waits for the replica: nothing is handled
 // twice.
 func TestPinToTheSecondStandbyAndBack(t *testing.T) {
-	d := startThreeDC(t)
+	d := startThreeDC(t, false)
 	l, ho := newLedger(), newHandovers()
 	var agents []*agent.Agent
 	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {

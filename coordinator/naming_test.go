@@ -151,3 +151,32 @@ func TestNamingPicksOneCopyInAStar(t *testing.T) {
 		t.Errorf("Flow(D → A, A's orders) = %+v, %v, %v; want backward along A → D", r, dir, ok)
 	}
 }
+
+// TestNamingIdentityChain: with identity copies A → B → D every copy keeps
+// its name, and every topic on B and D is A's; a switch between A and D
+// has no flow between them.
+func TestNamingIdentityChain(t *testing.T) {
+	n := NewNaming(config.Config{
+		Clusters: map[string]config.Cluster{
+			"A": {Role: config.RolePrimary},
+			"B": {Role: config.RoleStandby, Priority: 1},
+			"D": {Role: config.RoleStandby, Priority: 2},
+		},
+		Replication: []config.Flow{{From: "A", To: "B", Policy: "identity"}, {From: "B", To: "D", Policy: "identity"}},
+	})
+	a := Stream{"orders", "A"}
+	for _, c := range []string{"A", "B", "D"} {
+		if s := n.Stream(c, "orders"); s != a {
+			t.Errorf("Stream(%s, orders) = %+v, want A's", c, s)
+		}
+		if got := n.TopicOn(c, a); got != "orders" {
+			t.Errorf("TopicOn(%s, A's orders) = %s, want orders", c, got)
+		}
+	}
+	if r, dir, ok := n.Flow("B", "D", a); !ok || dir != translate.Forward || r.From != "B" {
+		t.Errorf("Flow(B → D) = %+v, %v, %v; want forward along B → D", r, dir, ok)
+	}
+	if _, _, ok := n.Flow("D", "A", a); ok {
+		t.Error("Flow(D → A) found a flow; the chain has none between its ends")
+	}
+}
