@@ -16,19 +16,27 @@ import (
 // TestThreeDataCentresOnRealKafka is two cities, three data centres, on
 // real processes: Kafka A (the primary), B (the same-city standby,
 // priority 1) and D (the remote one, priority 2), each a single KRaft node
-// with a small heap; one MirrorMaker 2 copying A to B and A to D (a star,
-// default naming: A.orders on both, offset-syncs on the targets); etcd ×3,
+// with a small heap; one MirrorMaker 2 copying A to B and A to D (star:
+// A.orders on both) or A to B and B to D (chain: B.A.orders on D), default
+// naming, offset-syncs on the targets; etcd ×3,
 // three kswitch agents, kcat producing to A at a steady rate, and the
 // fleet's channel "delivered" on D. A's broker is killed (SIGKILL) and the
-// fleet fails over to B; B's broker is killed while the fleet consumes it
-// and the fleet fails over to D (no flow joins B and D: the records'
-// fingerprints translate); A's broker is started again on its data while
-// B stays down, and the fleet fails back from D to A directly. Read back
+// fleet fails over to B; one agent stays paused there, so that its
+// partitions' backlog waits for D; B's broker is killed while the fleet
+// consumes it and the fleet fails over to D (star: no flow joins B and D,
+// the records' fingerprints translate; chain: along B -> D); A's broker is
+// started again on its data while B stays down, and the fleet fails back
+// from D to A directly. Read back
 // with kcat: every record written to A is in the channel; a record is
 // delivered twice only when it reached the standby the fleet moved to
 // after the fleet had consumed it elsewhere (MirrorMaker 2 stopped with A,
 // and copied the rest once A returned).
-func TestThreeDataCentresOnRealKafka(t *testing.T) { addReport(runThreeDC(t)) }
+func TestThreeDataCentresOnRealKafka(t *testing.T) {
+	for _, chain := range []bool{false, true} {
+		name := map[bool]string{false: "star", true: "chain"}[chain]
+		t.Run(name, func(t *testing.T) { addReport(runThreeDC(t, chain)) })
+	}
+}
 
 // threeDCStack is the three clusters, MirrorMaker 2 and etcd.
 type threeDCStack struct {
@@ -39,13 +47,19 @@ type threeDCStack struct {
 	tl      *timeline
 }
 
-func runThreeDC(t *testing.T) (rep scenarioReport) {
-	rep = newReport("three-dc")
+func runThreeDC(t *testing.T, chain bool) (rep scenarioReport) {
+	rep = newReport("three-dc-star")
 	rep.Covers = "three clusters, MirrorMaker 2 as a star A->B, A->D; SIGKILL of A, then of B: failover A->B->D; A back: failback D->A directly"
+	flowD, onD := "{from: A, to: D, offset_syncs_on: target}", "A.orders"
+	if chain {
+		rep = newReport("three-dc-chain")
+		rep.Covers = "three clusters, MirrorMaker 2 as a chain A->B->D (B.A.orders on D); SIGKILL of A, then of B: failover A->B->D; A back: failback D->A directly"
+		flowD, onD = "{from: B, to: D, offset_syncs_on: target}", "B.A.orders"
+	}
 	defer func() { rep.Passed = !t.Failed() }()
 	timed := rep.timer(t)
 	began := time.Now()
-	st := startThreeDCStack(t, timed)
+	st := startThreeDCStack(t, timed, chain, onD)
 	etcd, a, b, d, tl := st.etcd, st.a, st.b, st.d, st.tl
 	conf := agentConfig{
 		Endpoints: etcd.endpoints(),
@@ -54,7 +68,7 @@ func runThreeDC(t *testing.T) (rep scenarioReport) {
 		Source: fmt.Sprintf("  topics: [orders]\n  group: orders\n  initial_offset: oldest\n  refresh_interval: 2s\n  commit_interval: %s\n", commitInterval),
 		Failover: fmt.Sprintf("  probe_interval: %s\n  probe_timeout: 1s\n  failure_window: %s\n  failback: auto\n  failback_stable: %s\n",
 			probeInterval, failureWindow, failbackStable),
-		Extra: "replication:\n  - {from: A, to: B, offset_syncs_on: target}\n  - {from: A, to: D, offset_syncs_on: target}\n" +
+		Extra: "replication:\n  - {from: A, to: B, offset_syncs_on: target}\n  - " + flowD + "\n" +
 			"routing:\n  default: [delivered]\n  channels:\n    delivered: {cluster: D, topic: delivered, partitioner: manual-same-partition}\n",
 	}
 	agentsAt := time.Now()
@@ -62,6 +76,7 @@ func runThreeDC(t *testing.T) (rep scenarioReport) {
 		startAgentWith(t, fmt.Sprintf("agent-%d", i), conf)
 	}
 	prod := startProducer(t, a.addr, "orders", produceRate)
+	var err error
 	waitFor(t, time.Minute, "the fleet commits offsets on A for every partition", func() error {
 		got := offsetsOf(tl.offsets("A", "orders"))
 		if len(got) < ordersPartitions || sum(got) < 4*ordersPartitions {
@@ -70,14 +85,17 @@ func runThreeDC(t *testing.T) (rep scenarioReport) {
 		return nil
 	})
 	timed("fleet_consuming_a", time.Since(agentsAt))
+	topicOn := func(cluster string) string {
+		return map[string]string{"A": "orders", "B": "A.orders", "D": onD}[cluster]
+	}
 	for _, k := range []*kafkaBroker{b, d} {
 		waitFor(t, 30*time.Second, "MirrorMaker 2 copies the records to "+k.name, func() error {
-			ends, err := endOffsets(k.addr, "A.orders")
+			ends, err := endOffsets(k.addr, topicOn(k.name))
 			if err != nil {
 				return err
 			}
 			if sum(ends) < 4*ordersPartitions {
-				return fmt.Errorf("A.orders on %s holds %d records", k.name, sum(ends))
+				return fmt.Errorf("%s on %s holds %d records", topicOn(k.name), k.name, sum(ends))
 			}
 			return nil
 		})
@@ -90,7 +108,7 @@ func runThreeDC(t *testing.T) (rep scenarioReport) {
 	atPause := sum(offsetsOf(tl.offsets("A", "orders")))
 	for _, k := range []*kafkaBroker{b, d} {
 		waitFor(t, 30*time.Second, "a backlog of 150 records on "+k.name, func() error {
-			ends, err := endOffsets(k.addr, "A.orders")
+			ends, err := endOffsets(k.addr, topicOn(k.name))
 			if err != nil {
 				return err
 			}
@@ -105,21 +123,31 @@ func runThreeDC(t *testing.T) (rep scenarioReport) {
 	faultA := time.Now()
 	stopProc(t, a.proc, syscall.SIGKILL)
 	timed("failover_a_b_switched", tl.waitActive(t, faultA, "B", failureWindow+45*time.Second).Sub(faultA))
+	// agent-3 stays paused on B: its partitions' backlog waits for D.
+	put(t, etcd, fleetPrefix+"signals/agent/agent-3", "pause")
 	put(t, etcd, fleetPrefix+"signals/fleet", "start")
-	// Nothing reaches B or D while A is down: what they hold now is what
-	// MirrorMaker 2 copied before the fault.
+	// Nothing reaches B while A is down: what it holds now is what
+	// MirrorMaker 2 copied before the fault (D's copy is read when B
+	// goes: in the chain it is filled from B until then).
 	atFault := map[string]map[int32]int64{}
-	for _, k := range []*kafkaBroker{b, d} {
-		ends, err := endOffsets(k.addr, "A.orders")
-		if err != nil {
-			fatal(t, err)
-		}
-		atFault[k.name] = ends
+	if atFault["B"], err = endOffsets(b.addr, "A.orders"); err != nil {
+		fatal(t, err)
 	}
 	toB := lastSwitch(t, tl, "A", "B")
 	rep.Methods["failover_a_b"] = methods(toB)
 	t.Logf("failover A → B: %s", describe(toB))
-	waitFor(t, time.Minute, "the fleet consumes everything B holds", func() error { return tl.caughtUp("B", "A.orders", atFault["B"]) })
+	waitFor(t, time.Minute, "the fleet consumes every partition of B but agent-3's", func() error {
+		done := 0
+		for p, c := range offsetsOf(tl.offsets("B", "A.orders")) {
+			if c >= atFault["B"][p] {
+				done++
+			}
+		}
+		if done == 0 || done == ordersPartitions {
+			return fmt.Errorf("%d of %d partitions consumed to B's end (%v of %v)", done, ordersPartitions, offsetsOf(tl.offsets("B", "A.orders")), atFault["B"])
+		}
+		return nil
+	})
 	// What the fleet consumed on B, read before B goes.
 	contentB, err := readTopic(b.addr, "A.orders")
 	if err != nil {
@@ -130,15 +158,19 @@ func runThreeDC(t *testing.T) (rep scenarioReport) {
 	faultB := time.Now()
 	stopProc(t, b.proc, syscall.SIGKILL)
 	timed("failover_b_d_switched", tl.waitActive(t, faultB, "D", failureWindow+45*time.Second).Sub(faultB))
+	if atFault["D"], err = endOffsets(d.addr, onD); err != nil {
+		fatal(t, err)
+	}
+	put(t, etcd, fleetPrefix+"signals/agent/agent-3", "start")
 	toD := lastSwitch(t, tl, "B", "D")
 	rep.Methods["failover_b_d"] = methods(toD)
 	t.Logf("failover B → D: %s", describe(toD))
 	for _, ps := range toD.Partitions {
-		if ps.Method == "mm2" {
+		if !chain && ps.Method == "mm2" {
 			errorf(t, "B → D translated orders/%d by MirrorMaker 2's data (%s); no flow joins B and D", ps.Partition, ps.Detail)
 		}
 	}
-	waitFor(t, time.Minute, "the fleet consumes everything D holds", func() error { return tl.caughtUp("D", "A.orders", atFault["D"]) })
+	waitFor(t, time.Minute, "the fleet consumes everything D holds", func() error { return tl.caughtUp("D", onD, atFault["D"]) })
 
 	// 3. A returns (B stays down): once A has been healthy for
 	// failback_stable and holds what the fleet consumed on D, the fleet
@@ -183,7 +215,7 @@ func runThreeDC(t *testing.T) (rep scenarioReport) {
 	for _, src := range []struct {
 		k     *kafkaBroker
 		topic string
-	}{{a, "orders"}, {d, "A.orders"}} {
+	}{{a, "orders"}, {d, onD}} {
 		if content[src.k.name], err = readTopic(src.k.addr, src.topic); err != nil {
 			fatal(t, err)
 		}
@@ -207,12 +239,6 @@ func runThreeDC(t *testing.T) (rep scenarioReport) {
 	if err != nil {
 		fatal(t, err)
 	}
-	topicOn := func(cluster string) string {
-		if cluster == "A" {
-			return "orders"
-		}
-		return "A.orders"
-	}
 	segs, err := segments(events, topicOn, ordersPartitions, "A", offsetsOf(tl.offsets("A", "orders")))
 	if err != nil {
 		fatal(t, err)
@@ -231,7 +257,7 @@ func runThreeDC(t *testing.T) (rep scenarioReport) {
 	// A record delivered before a switch and again after it, from a
 	// standby that lacked it at A's fault (copied once A returned) or
 	// from where the switch into it declared a rewind.
-	redeliverable := map[string]map[int32]int64{"B": redeliverableFrom(atFault["B"], toB, "A.orders"), "D": redeliverableFrom(atFault["D"], toD, "A.orders")}
+	redeliverable := map[string]map[int32]int64{"B": redeliverableFrom(atFault["B"], toB, "A.orders"), "D": redeliverableFrom(atFault["D"], toD, onD)}
 	in.unreplicated = func(ds []delivery) bool {
 		last := ds[len(ds)-1]
 		from, ok := redeliverable[last.Cluster][last.Partition]
@@ -261,9 +287,10 @@ func runThreeDC(t *testing.T) (rep scenarioReport) {
 }
 
 // startThreeDCStack starts etcd ×3, Kafka A, B and D (orders on A, the
-// channel delivered on D) and MirrorMaker 2 from A to B and D, and waits
-// until A.orders is on both.
-func startThreeDCStack(t *testing.T, timed func(string, time.Duration)) *threeDCStack {
+// channel delivered on D) and MirrorMaker 2 from A to B and D (star) or
+// from A to B and B to D (chain), and waits until A.orders is on B and
+// onD on D.
+func startThreeDCStack(t *testing.T, timed func(string, time.Duration), chain bool, onD string) *threeDCStack {
 	t.Helper()
 	st := &threeDCStack{env: kafkaTools(t)}
 	logs := logDir(t)
@@ -292,18 +319,21 @@ func startThreeDCStack(t *testing.T, timed func(string, time.Duration)) *threeDC
 	}
 	st.a.createTopic(t, "orders", ordersPartitions)
 	st.d.createTopic(t, "delivered", ordersPartitions)
-	st.mm = startStarMirrorMaker(t, st.env, st.a, st.b, st.d)
-	for _, k := range []*kafkaBroker{st.b, st.d} {
-		waitFor(t, 2*time.Minute, "MirrorMaker 2 creates A.orders on "+k.name, func() error {
+	st.mm = startThreeDCMirrorMaker(t, st.env, st.a, st.b, st.d, chain)
+	for _, k := range []struct {
+		*kafkaBroker
+		topic string
+	}{{st.b, "A.orders"}, {st.d, onD}} {
+		waitFor(t, 2*time.Minute, "MirrorMaker 2 creates "+k.topic+" on "+k.name, func() error {
 			if !st.mm.proc.running() {
 				return fmt.Errorf("MirrorMaker 2 exited: %v", st.mm.proc.err)
 			}
-			ends, err := endOffsets(k.addr, "A.orders")
+			ends, err := endOffsets(k.addr, k.topic)
 			if err != nil {
 				return err
 			}
 			if len(ends) != ordersPartitions {
-				return fmt.Errorf("A.orders on %s has %d partitions", k.name, len(ends))
+				return fmt.Errorf("%s on %s has %d partitions", k.topic, k.name, len(ends))
 			}
 			return nil
 		})
@@ -313,17 +343,24 @@ func startThreeDCStack(t *testing.T, timed func(string, time.Duration)) *threeDC
 	return st
 }
 
-// startStarMirrorMaker runs one MirrorMaker 2 with the flows A->B and A->D
-// (topic orders, group orders, the offset-syncs on each target, a sync per
-// record); every other pair is off, heartbeats included.
-func startStarMirrorMaker(t *testing.T, env kafkaEnv, a, b, d *kafkaBroker) *mirrorMaker {
+// startThreeDCMirrorMaker runs one MirrorMaker 2 with the flows A->B and
+// A->D (star: topic orders each) or A->B and B->D (chain: B's copy
+// A.orders goes on to D as B.A.orders), group orders, the offset-syncs on
+// each target, a sync per record; every other pair is off, heartbeats
+// included.
+func startThreeDCMirrorMaker(t *testing.T, env kafkaEnv, a, b, d *kafkaBroker, chain bool) *mirrorMaker {
 	t.Helper()
-	var flows strings.Builder
-	for _, pair := range []string{"A->B", "A->D"} {
-		fmt.Fprintf(&flows, "%[1]s.enabled = true\n%[1]s.topics = orders\n%[1]s.groups = orders\n", pair)
+	on := map[string]string{"A->B": "orders", "A->D": "orders"}
+	if chain {
+		on = map[string]string{"A->B": "orders", "B->D": `A\\.orders`}
 	}
-	for _, pair := range []string{"B->A", "D->A", "B->D", "D->B"} {
-		fmt.Fprintf(&flows, "%[1]s.enabled = false\n%[1]s.emit.heartbeats.enabled = false\n", pair)
+	var flows strings.Builder
+	for _, pair := range []string{"A->B", "A->D", "B->A", "D->A", "B->D", "D->B"} {
+		if topics, ok := on[pair]; ok {
+			fmt.Fprintf(&flows, "%[1]s.enabled = true\n%[1]s.topics = %[2]s\n%[1]s.groups = orders\n", pair, topics)
+		} else {
+			fmt.Fprintf(&flows, "%[1]s.enabled = false\n%[1]s.emit.heartbeats.enabled = false\n", pair)
+		}
 	}
 	dir := t.TempDir()
 	conf := filepath.Join(dir, "mm2.properties")
