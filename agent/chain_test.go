@@ -28,17 +28,26 @@ type threeDC struct {
 	onD string
 }
 
-func startThreeDC(t testing.TB, chain bool) *threeDC {
+// startThreeDC starts a star or a chain; topics are the source topics on
+// A (orders when none), each copied to B and D.
+func startThreeDC(t testing.TB, chain bool, topics ...string) *threeDC {
 	t.Helper()
-	d := &threeDC{dc: startDC(t), d: testenv.StartKafkaT(t, "D", devstack.KafkaOptions{}), chain: chain, onD: "A.orders"}
+	if len(topics) == 0 {
+		topics = []string{"orders"}
+	}
+	d := &threeDC{dc: startDC(t, withTopics(topics...)), d: testenv.StartKafkaT(t, "D", devstack.KafkaOptions{}), chain: chain, onD: "A.orders"}
 	mc := mirror.Config{
 		Source: d.a.Brokers(), Target: d.d.Brokers(), SourceName: "A", TargetName: "D",
-		Topics: []string{"orders"}, RemoteTopic: func(t string) string { return "A." + t },
+		Topics: topics, RemoteTopic: func(t string) string { return "A." + t },
 		TargetPrefill: 29, OffsetSyncsTopic: "mm2-offset-syncs.A.internal", OffsetSyncsOnTarget: true,
 	}
 	if chain {
 		d.onD = "B.A.orders"
-		mc.Source, mc.SourceName, mc.Topics = d.b.Brokers(), "B", []string{"A.orders"}
+		var copies []string
+		for _, topic := range topics {
+			copies = append(copies, "A."+topic)
+		}
+		mc.Source, mc.SourceName, mc.Topics = d.b.Brokers(), "B", copies
 		mc.RemoteTopic, mc.OffsetSyncsTopic = func(t string) string { return "B." + t }, "mm2-offset-syncs.B.internal"
 	}
 	m, err := mirror.Start(context.Background(), mc)
@@ -231,5 +240,63 @@ func TestPinToTheSecondStandbyAndBack(t *testing.T) {
 	}
 	if dups != 0 {
 		t.Errorf("%d duplicates after planned switches", dups)
+	}
+}
+
+// TestTopicPinToTheSecondStandby: a topic pin names any source cluster:
+// audit moves alone from A to D (along the flow A → D) while orders stays
+// on A, and comes back when unpinned; every record of both topics is
+// handled once.
+func TestTopicPinToTheSecondStandby(t *testing.T) {
+	d := startThreeDC(t, false, "orders", "audit")
+	cli := testenv.EtcdClientT(t, d.etcd)
+	l, ho := newLedger(), newHandovers()
+	var agents []*agent.Agent
+	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
+		cfg := d.config(id)
+		cfg.Source.Topics = []string{"orders", "audit"}
+		agents = append(agents, startConsumer(t, cfg, ho.wrap(id, l.handler(id))))
+	}
+	waitBalanced(t, 2*failoverPartitions, agents...)
+	orders := startProducer(t, d.a.Brokers(), "orders", 0)
+	audit := startProducer(t, d.a.Brokers(), "audit", auditFrom)
+	waitCounted(t, l, 300, "records of both topics flowing")
+	op := operator(t, d.etcd)
+	placed := func(cluster string) func() error {
+		return func() error {
+			a, err := readActive(cli)
+			if err != nil {
+				return err
+			}
+			if c, moving := a.TopicCluster("audit"); c != cluster || moving || a.Cluster != "A" {
+				return fmt.Errorf("state/active: the fleet on %s, audit on %s (moving %v)", a.Cluster, c, moving)
+			}
+			return nil
+		}
+	}
+	if err := op.PinTopic(t.Context(), "audit", "D"); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, 30*time.Second, "audit consumed on D, orders on A", placed("D"))
+	wait.For(t, 20*time.Second, "audit's records delivered from D", func() error {
+		if n := l.handledOn("D"); n < 100 {
+			return fmt.Errorf("%d records delivered from D", n)
+		}
+		return nil
+	})
+	if err := op.UnpinTopic(t.Context(), "audit"); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, 30*time.Second, "audit back on A", placed("A"))
+	dups, _ := drain(t, d.dc, l, ho, false, flow{orders, "orders"}, flow{audit, "audit"})
+	var path []string
+	for _, ev := range readHistory(t, cli) {
+		path = append(path, fmt.Sprintf("%v %s→%s", ev.Topics, ev.From, ev.To))
+	}
+	if got := fmt.Sprint(path); got != "[[audit] A→D [audit] D→A]" {
+		t.Errorf("switches %s, want audit alone A→D and back", got)
+	}
+	if dups != 0 {
+		t.Errorf("%d duplicates after planned topic switches", dups)
 	}
 }
