@@ -1,6 +1,7 @@
 package agent_test
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -187,5 +188,50 @@ func TestFailoverFromAHungCluster(t *testing.T) {
 			}
 			d.a.Recover()
 		})
+	}
+}
+
+// TestPartitionsGivenOnAHungClusterDoNotHoldTheFailover: A hangs, and
+// before the failover one agent stops, so that the others are given its
+// partitions on A. Starting them asks A for the topics' ids, which a hung
+// cluster never answers (sarama's read timeout, a metadata refresh, the
+// request again: 32 s in a test); the agents give up after the request
+// timeout and start them anyway, so that the failover's revoke finds
+// every agent responsive: none is evicted after its 10 s, and the revoke
+// takes well under that.
+func TestPartitionsGivenOnAHungClusterDoNotHoldTheFailover(t *testing.T) {
+	t.Parallel()
+	d := startDC(t)
+	cli := testenv.EtcdClientT(t, d.etcd)
+	l, agents, p := flowingFleet(t, d)
+	waitFlowing(t, d, l, 300)
+	cfg := d.config("x")
+	leader := leaderOf(t, agents...)
+	quitter := agents[0]
+	if quitter == leader {
+		quitter = agents[1]
+	}
+	d.a.Hang()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	if err := quitter.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	var rest []*agent.Agent
+	for _, a := range agents {
+		if a != quitter {
+			rest = append(rest, a)
+		}
+	}
+	waitConsuming(t, cfg.Failover.FailureWindow+20*time.Second, "B", rest...)
+	p.halt()
+	h := readHistory(t, cli)
+	if len(h) != 1 {
+		t.Fatalf("history %+v, want one failover", h)
+	}
+	revoke := time.Duration(h[0].Phases["revoke"] * float64(time.Second))
+	t.Logf("failover from the hung A: revoke %v, switch %v", revoke, h[0].Finished.Sub(h[0].Started))
+	if revoke >= 5*time.Second {
+		t.Errorf("the revoke took %v: an agent starting partitions on the hung A did not release them (it is evicted after 10 s)", revoke)
 	}
 }

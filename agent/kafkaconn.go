@@ -3,6 +3,7 @@ package agent
 import (
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -24,6 +25,11 @@ type kafkaConn struct {
 	client  sarama.Client
 	fetcher *kafka.Fetcher
 	mirror  *offsets.KafkaMirror
+	// askWithin bounds the wait for the answers the worker can do
+	// without (topicIDs); the requests go on in bg until they end, and
+	// close waits for them.
+	askWithin time.Duration
+	bg        sync.WaitGroup
 	// fetched are the fetcher's figures already exported
 	// (countFetchStats); owned by the worker's run.
 	fetched kafka.FetchStats
@@ -31,12 +37,14 @@ type kafkaConn struct {
 
 // dialKafka connects to cluster name, its partitions read by a Fetcher of
 // configuration fetch.
+// timeout bounds the group mirror's commits and the wait for answers the
+// worker can do without (askWithin).
 func dialKafka(name string, c config.Cluster, group string, timeout time.Duration, d kafka.Dialer, fetch kafka.FetchConfig) (*kafkaConn, error) {
 	client, err := kafka.NewClientWith(name, c, kafka.Options{Dialer: d})
 	if err != nil {
 		return nil, err
 	}
-	k := &kafkaConn{name: name, client: client, mirror: offsets.NewKafkaMirror(client, group, timeout)}
+	k := &kafkaConn{name: name, client: client, mirror: offsets.NewKafkaMirror(client, group, timeout), askWithin: timeout}
 	if k.fetcher, err = kafka.NewFetcher(name, client, fetch); err != nil {
 		client.Close()
 		return nil, fmt.Errorf("kafka: consumer on cluster %s: %w", name, err)
@@ -90,7 +98,8 @@ func (k *kafkaConn) resolve(tp state.TopicPartition, which int64) (int64, error)
 
 func (k *kafkaConn) close() {
 	k.fetcher.Close()
-	_ = k.client.Close()
+	_ = k.client.Close() // fails a request still waiting for a hung broker
+	k.bg.Wait()
 }
 
 // knows reports whether the client's metadata holds every partition of
