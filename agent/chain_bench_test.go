@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kswitch/kswitch/agent"
+	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/internal/testkit/wait"
 )
 
@@ -52,15 +53,8 @@ func BenchmarkChainSwitches(b *testing.B) {
 // agent, and the failback_stable in force.
 func chainSwitchTimes(b *testing.B) (ab, bd, da, stable time.Duration) {
 	d := startThreeDC(b, false)
-	l := newLedger()
-	var agents []*agent.Agent
-	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
-		agents = append(agents, startFleetAgent(b, d.config(id), agent.Options{Handler: l.handler(id), Logger: zap.NewNop()}))
-	}
-	waitConsuming(b, 20*time.Second, "A", agents...)
-	p := startProducer(b, d.a.Brokers(), "orders", 0)
+	agents, p := benchFleet(b, d.config, d.a.Brokers())
 	defer p.halt()
-	waitCounted(b, l, 300, "records flowing")
 	cfg := d.config("x")
 	within := cfg.Failover.FailureWindow + 20*time.Second
 	at := time.Now()
@@ -83,15 +77,8 @@ func chainSwitchTimes(b *testing.B) (ab, bd, da, stable time.Duration) {
 // and B alone.
 func twoClusterFailover(b *testing.B) time.Duration {
 	d := startDC(b)
-	l := newLedger()
-	var agents []*agent.Agent
-	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
-		agents = append(agents, startFleetAgent(b, d.config(id), agent.Options{Handler: l.handler(id), Logger: zap.NewNop()}))
-	}
-	waitConsuming(b, 20*time.Second, "A", agents...)
-	p := startProducer(b, d.a.Brokers(), "orders", 0)
+	agents, p := benchFleet(b, d.config, d.a.Brokers())
 	defer p.halt()
-	waitCounted(b, l, 300, "records flowing")
 	cfg := d.config("x")
 	at := time.Now()
 	d.a.Fail()
@@ -99,6 +86,21 @@ func twoClusterFailover(b *testing.B) time.Duration {
 	took := time.Since(at)
 	stopAll(b, agents)
 	return took
+}
+
+// benchFleet starts agent-1..3 with their configurations from config,
+// waits until they consume A, and starts a producer to A (brokers) whose
+// records they are handling.
+func benchFleet(b *testing.B, config func(id string) config.Config, brokers []string) ([]*agent.Agent, *producer) {
+	l := newLedger()
+	var agents []*agent.Agent
+	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
+		agents = append(agents, startFleetAgent(b, config(id), agent.Options{Handler: l.handler(id), Logger: zap.NewNop()}))
+	}
+	waitConsuming(b, 20*time.Second, "A", agents...)
+	p := startProducer(b, brokers, "orders", 0)
+	waitCounted(b, l, 300, "records flowing")
+	return agents, p
 }
 
 // waitCounted waits until the ledger holds n more records (what says

@@ -501,7 +501,6 @@ func TestValidateAccepts(t *testing.T) {
 	}
 }
 
-// setB modifies cluster B of a valid() configuration.
 // TestPrecedence checks flag > env > file > default for a scalar
 // (etcd.session_ttl), a list (source.topics) and a cluster field
 // (clusters.B.brokers).

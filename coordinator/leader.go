@@ -364,23 +364,23 @@ func (l *Leader) caughtUp(ctx context.Context, t *term, to string, log *zap.Logg
 	return ok, why
 }
 
-// checkCaughtUp is caughtUp's check of cluster primary against the active
+// checkCaughtUp is caughtUp's check of cluster target against the active
 // state a: behind counts the partitions whose last consumed record it
 // lacks, lacking the consumed records it lacks where the translation
 // could tell; both -1 when the check could not be made.
-func (l *Leader) checkCaughtUp(ctx context.Context, a state.Active, primary string, log *zap.Logger) (ok bool, why string, behind int, lacking int64) {
+func (l *Leader) checkCaughtUp(ctx context.Context, a state.Active, target string, log *zap.Logger) (ok bool, why string, behind int, lacking int64) {
 	conf := l.conf()
 	standby := a.Cluster
 	// The check runs every 2 s while failback waits: discovery's warning
-	// of a configured topic missing on the primary is the discovery
+	// of a configured topic missing on the target is the discovery
 	// loop's to give, once, not this check's each time.
-	x, err := l.openTranslation(ctx, standby, primary, false, zap.NewNop())
+	x, err := l.openTranslation(ctx, standby, target, false, zap.NewNop())
 	if err != nil {
 		return false, err.Error(), -1, -1
 	}
 	defer x.close()
 	// Only the topics consumed on the standby: those placed on the
-	// primary are there already.
+	// target are there already.
 	onStandby := func(logical string) bool { return a.PositionsOf(logical) == standby }
 	x.restrict(onStandby)
 	positions, err := l.committed(ctx, standby, log)
@@ -404,9 +404,9 @@ func (l *Leader) checkCaughtUp(ctx context.Context, a state.Active, primary stri
 			continue // nothing consumed there
 		}
 		s := conf.naming.Stream(standby, tp.Topic)
-		on := conf.naming.PartitionOn(standby, primary, tp)
+		on := conf.naming.PartitionOn(standby, target, tp)
 		if !exact[on] {
-			behindTPs = append(behindTPs, fmt.Sprintf("%s (%s on %s, written on %s) is not on %s's %s yet", tp, tp.Topic, standby, s.Origin, primary, on))
+			behindTPs = append(behindTPs, fmt.Sprintf("%s (%s on %s, written on %s) is not on %s's %s yet", tp, tp.Topic, standby, s.Origin, target, on))
 		}
 	}
 	if len(behindTPs) == 0 {

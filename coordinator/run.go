@@ -97,16 +97,17 @@ type leaderRun struct {
 	handover <-chan time.Time
 
 	lastVerdict string
-	// The failback gate's caught-up check, at most every 2 s.
-	caughtUpAt time.Time
-	caughtUpTo string
+	// The failback gate's caught-up check of caughtUpTo, at most every
+	// 2 s.
+	caughtUpAt  time.Time
+	caughtUpTo  string
+	caughtUp    bool
+	caughtUpWhy string
 	// The clusters' report (clusters.go): how far each is behind, and
 	// what was last written to state/clusters, when.
 	behind       *behindChecker
 	lastClusters *state.ClusterState
 	clustersAt   time.Time
-	caughtUp     bool
-	caughtUpWhy  string
 	unowned      *stalled
 	probe        *time.Ticker
 }
