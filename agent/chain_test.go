@@ -133,16 +133,7 @@ func failoverAlongTheChain(t *testing.T, chain bool) {
 	})
 	t.Logf("kswitch status on D:\n%s", text)
 
-	d.a.Recover()
-	waitConsuming(t, cfg.Failover.FailbackStable+20*time.Second, "A", agents...)
-	p2 := startProducer(t, d.a.Brokers(), "orders", 2_000_000)
-	wait.For(t, 20*time.Second, "records produced after the failback handled", func() error {
-		if l.timesHandled("2000100") == 0 {
-			return fmt.Errorf("record 2000100 not handled")
-		}
-		return nil
-	})
-	p2.halt()
+	backOnA(t, d.dc, l, cfg, agents...)
 	waitAllHandled(t, l, idsOn(t, d.a, "orders"), 20*time.Second)
 	// Back on A, the leader checks how far D is behind: in the star it
 	// holds every record consumed on A once the mirror copied them; in

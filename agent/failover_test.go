@@ -2,7 +2,6 @@ package agent_test
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -10,7 +9,6 @@ import (
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
-	"github.com/kswitch/kswitch/internal/testkit/wait"
 )
 
 func TestFailoverToTheReplicaAndBack(t *testing.T) {
@@ -64,16 +62,7 @@ func TestFailoverToTheReplicaAndBack(t *testing.T) {
 	// had not mirrored; the fleet consumes it on B, then fails back once A
 	// has been healthy for failback_stable and holds the last record
 	// consumed on B.
-	d.a.Recover()
-	waitConsuming(t, cfg.Failover.FailbackStable+20*time.Second, "A", agents...)
-	p3 := startProducer(t, d.a.Brokers(), "orders", 2_000_000)
-	wait.For(t, 20*time.Second, "records produced after the failback handled", func() error {
-		if l.timesHandled("2000100") == 0 {
-			return fmt.Errorf("record 2000100 not handled")
-		}
-		return nil
-	})
-	p3.halt()
+	backOnA(t, d, l, cfg, agents...)
 	onA := idsOn(t, d.a, "orders")
 	for id := range onA {
 		if l.timesHandled(id) == 0 {

@@ -759,6 +759,23 @@ func logHistory(t *testing.T, e *devstack.Etcd) (lagged int64) {
 	return lagged
 }
 
+// backOnA brings A back and waits for the fleet to fail back to it
+// (failback_stable in cfg) and to handle records produced to A from then
+// on, numbered from 2 000 000.
+func backOnA(t *testing.T, d *dc, l *ledger, cfg config.Config, agents ...*agent.Agent) {
+	t.Helper()
+	d.a.Recover()
+	waitConsuming(t, cfg.Failover.FailbackStable+20*time.Second, "A", agents...)
+	p := startProducer(t, d.a.Brokers(), "orders", 2_000_000)
+	defer p.halt()
+	wait.For(t, 20*time.Second, "records produced after the failback handled", func() error {
+		if l.timesHandled("2000100") == 0 {
+			return fmt.Errorf("record 2000100 not handled")
+		}
+		return nil
+	})
+}
+
 // flow is a producer and the topic on A it writes.
 type flow struct {
 	p     *producer

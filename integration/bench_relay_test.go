@@ -541,15 +541,8 @@ emit.checkpoints.enabled = false
 sync.group.offsets.enabled = false
 sync.topic.configs.enabled = false
 sync.topic.acls.enabled = false
-replication.factor = 1
-checkpoints.topic.replication.factor = 1
-heartbeats.topic.replication.factor = 1
-offset-syncs.topic.replication.factor = 1
-offset.storage.replication.factor = 1
-status.storage.replication.factor = 1
-config.storage.replication.factor = 1
-plugin.discovery = service_load
-`, alias, st.a.addr, st.b.addr, topic)
+%[5]splugin.discovery = service_load
+`, alias, st.a.addr, st.b.addr, topic, mm2OneBroker)
 	if err := os.WriteFile(conf, []byte(props), 0o644); err != nil {
 		fatal(t, err)
 	}

@@ -287,21 +287,7 @@ func runFailover(t *testing.T, tc failoverCase) (rep scenarioReport) {
 	if err != nil {
 		fatal(t, err)
 	}
-	waitFor(t, 30*time.Second, "every delivery is in the channel topic", func() error {
-		// The router acknowledges only what B has; this is a formality.
-		ends, err := endOffsets(b.addr, "delivered")
-		if err != nil {
-			return err
-		}
-		if sum(ends) < int64(prod.count()) {
-			return fmt.Errorf("delivered holds %d records, %d were produced", sum(ends), prod.count())
-		}
-		return nil
-	})
-	delivered, err := readTopic(b.addr, "delivered")
-	if err != nil {
-		fatal(t, err)
-	}
+	delivered := readDelivered(t, b, prod.count())
 	events, err := tl.history()
 	if err != nil {
 		fatal(t, err)
@@ -315,14 +301,7 @@ func runFailover(t *testing.T, tc failoverCase) (rep scenarioReport) {
 	if err != nil {
 		fatal(t, err)
 	}
-	rep.verdict = v
-	t.Logf("verdict: %s", v)
-	if !v.ok() {
-		errorf(t, "lost %v (%d); duplicates of records B had at the fault %v; deliveries the committed ranges do not explain %v", v.Lost, v.LostCount, v.BadDuplicates, v.PositionMismatch)
-	}
-	if dc := tl.doubleCommits(); len(dc) > 0 {
-		errorf(t, "two agents committed one partition in one generation: %v", dc)
-	}
+	verdictHolds(t, &rep, v, tl, "duplicates of records B had at the fault")
 	if v.Records != prod.count() {
 		errorf(t, "%d distinct records on A, the producer wrote %d", v.Records, prod.count())
 	}

@@ -431,6 +431,17 @@ var (
 		remote: "orders", syncTopic: "mm2-offset-syncs.A.internal"}
 )
 
+// mm2OneBroker gives every topic MirrorMaker 2 creates one replica: the
+// suite's clusters have one broker each.
+const mm2OneBroker = `replication.factor = 1
+checkpoints.topic.replication.factor = 1
+heartbeats.topic.replication.factor = 1
+offset-syncs.topic.replication.factor = 1
+offset.storage.replication.factor = 1
+status.storage.replication.factor = 1
+config.storage.replication.factor = 1
+`
+
 // startMirrorMaker runs MirrorMaker 2 from a to b: topic orders and group
 // orders, intervals of a second, offset-syncs for every record, kept on b.
 func startMirrorMaker(t *testing.T, env kafkaEnv, a, b *kafkaBroker, policy replicationPolicy) *mirrorMaker {
@@ -466,15 +477,7 @@ A->B.enabled = true
 A->B.topics = %s
 A->B.groups = orders
 %sreplication.policy.class = %s
-# one broker per cluster
-replication.factor = 1
-checkpoints.topic.replication.factor = 1
-heartbeats.topic.replication.factor = 1
-offset-syncs.topic.replication.factor = 1
-offset.storage.replication.factor = 1
-status.storage.replication.factor = 1
-config.storage.replication.factor = 1
-# the offset syncs on the target of each flow (B for A->B), where they
+%s# the offset syncs on the target of each flow (B for A->B), where they
 # can be read while the source is down
 offset-syncs.topic.location = target
 # a sync per record, checkpoints and topic/group discovery every second
@@ -487,7 +490,7 @@ sync.group.offsets.enabled = false
 B.offset.flush.interval.ms = 1000
 # every plugin has a ServiceLoader manifest: skip the classpath scan
 plugin.discovery = service_load
-`, a.addr, b.addr, topics, back, policy.class)
+`, a.addr, b.addr, topics, back, policy.class, mm2OneBroker)
 	if err := os.WriteFile(conf, []byte(props), 0o644); err != nil {
 		fatal(t, err)
 	}

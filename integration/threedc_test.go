@@ -221,20 +221,7 @@ func runThreeDC(t *testing.T, chain bool) (rep scenarioReport) {
 		}
 	}
 	content["B"] = contentB
-	waitFor(t, 30*time.Second, "every delivery is in the channel topic", func() error {
-		ends, err := endOffsets(d.addr, "delivered")
-		if err != nil {
-			return err
-		}
-		if sum(ends) < int64(prod.count()) {
-			return fmt.Errorf("delivered holds %d records, %d were produced", sum(ends), prod.count())
-		}
-		return nil
-	})
-	delivered, err := readTopic(d.addr, "delivered")
-	if err != nil {
-		fatal(t, err)
-	}
+	delivered := readDelivered(t, d, prod.count())
 	events, err := tl.history()
 	if err != nil {
 		fatal(t, err)
@@ -267,14 +254,7 @@ func runThreeDC(t *testing.T, chain bool) (rep scenarioReport) {
 	if err != nil {
 		fatal(t, err)
 	}
-	rep.verdict = v
-	t.Logf("verdict: %s", v)
-	if !v.ok() {
-		errorf(t, "lost %v (%d); duplicates not explained by a standby lacking them %v; deliveries the committed ranges do not explain %v", v.Lost, v.LostCount, v.BadDuplicates, v.PositionMismatch)
-	}
-	if dc := tl.doubleCommits(); len(dc) > 0 {
-		errorf(t, "two agents committed one partition in one generation: %v", dc)
-	}
+	verdictHolds(t, &rep, v, tl, "duplicates not explained by a standby lacking them")
 	var path []string
 	for _, ev := range events {
 		path = append(path, ev.From+"→"+ev.To)
@@ -369,14 +349,7 @@ A.bootstrap.servers = %s
 B.bootstrap.servers = %s
 D.bootstrap.servers = %s
 %sreplication.policy.class = org.apache.kafka.connect.mirror.DefaultReplicationPolicy
-replication.factor = 1
-checkpoints.topic.replication.factor = 1
-heartbeats.topic.replication.factor = 1
-offset-syncs.topic.replication.factor = 1
-offset.storage.replication.factor = 1
-status.storage.replication.factor = 1
-config.storage.replication.factor = 1
-offset-syncs.topic.location = target
+%soffset-syncs.topic.location = target
 offset.lag.max = 0
 emit.checkpoints.interval.seconds = 1
 emit.heartbeats.interval.seconds = 1
@@ -386,7 +359,7 @@ sync.group.offsets.enabled = false
 B.offset.flush.interval.ms = 1000
 D.offset.flush.interval.ms = 1000
 plugin.discovery = service_load
-`, a.addr, b.addr, d.addr, flows.String())
+`, a.addr, b.addr, d.addr, flows.String(), mm2OneBroker)
 	if err := os.WriteFile(conf, []byte(props), 0o644); err != nil {
 		fatal(t, err)
 	}

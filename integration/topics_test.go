@@ -268,20 +268,7 @@ func runTopicPin(t *testing.T) (rep scenarioReport) {
 			}
 		}
 	}
-	waitFor(t, 30*time.Second, "every delivery is in the channel topic", func() error {
-		ends, err := endOffsets(b.addr, "delivered")
-		if err != nil {
-			return err
-		}
-		if sum(ends) < int64(len(written)) {
-			return fmt.Errorf("delivered holds %d records, %d were written", sum(ends), len(written))
-		}
-		return nil
-	})
-	delivered, err := readTopic(b.addr, "delivered")
-	if err != nil {
-		fatal(t, err)
-	}
+	delivered := readDelivered(t, b, len(written))
 	events, err := tl.history()
 	if err != nil {
 		fatal(t, err)

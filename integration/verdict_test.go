@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"testing"
+	"time"
 )
 
 // How the suite decides, from outside kswitch, that no record was lost and
@@ -141,6 +142,45 @@ type verdict struct {
 
 func (v verdict) ok() bool {
 	return v.LostCount == 0 && len(v.BadDuplicates) == 0 && len(v.PositionMismatch) == 0
+}
+
+// verdictHolds records v in rep, logs it, and fails t when a record was
+// lost, a duplicate is not explained (unexplained names what counts as
+// explained), a delivery is not in the committed ranges, or two agents
+// committed one partition in one generation (tl).
+func verdictHolds(t *testing.T, rep *scenarioReport, v verdict, tl *timeline, unexplained string) {
+	t.Helper()
+	rep.verdict = v
+	t.Logf("verdict: %s", v)
+	if !v.ok() {
+		errorf(t, "lost %v (%d); %s %v; deliveries the committed ranges do not explain %v", v.Lost, v.LostCount, unexplained, v.BadDuplicates, v.PositionMismatch)
+	}
+	if dc := tl.doubleCommits(); len(dc) > 0 {
+		errorf(t, "two agents committed one partition in one generation: %v", dc)
+	}
+}
+
+// readDelivered waits until the channel topic "delivered" on k holds at
+// least n records (every delivery reached it: the router acknowledges
+// only what the channel's cluster has, so this is a formality) and reads
+// it back.
+func readDelivered(t *testing.T, k *kafkaBroker, n int) map[int32][]kRecord {
+	t.Helper()
+	waitFor(t, 30*time.Second, "every delivery is in the channel topic", func() error {
+		ends, err := endOffsets(k.addr, "delivered")
+		if err != nil {
+			return err
+		}
+		if sum(ends) < int64(n) {
+			return fmt.Errorf("delivered holds %d records, %d were written", sum(ends), n)
+		}
+		return nil
+	})
+	delivered, err := readTopic(k.addr, "delivered")
+	if err != nil {
+		fatal(t, err)
+	}
+	return delivered
 }
 
 // redeliverableFrom returns, per partition of the copy of A's topic on B
