@@ -98,7 +98,7 @@ func (k *kafkaConn) resolve(tp state.TopicPartition, which int64) (int64, error)
 
 func (k *kafkaConn) close() {
 	k.fetcher.Close()
-	_ = k.client.Close() // fails a request still waiting for a hung broker
+	_ = k.client.Close() // waits for a request in flight to a hung broker to time out
 	k.bg.Wait()
 }
 

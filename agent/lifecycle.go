@@ -109,8 +109,10 @@ func (l *lifecycle) deadReason(now time.Time) string {
 // them, and a hung cluster's answer (sarama's read timeout, then a
 // metadata refresh and the request again: 32 s in a test) held its
 // apply, so that a revoke meanwhile found the agent unresponsive and
-// evicted it; unknown ids are checked again later. A request given up
-// runs on in k.bg until it ends (close fails it).
+// evicted it; unknown ids are checked again later. One request, without
+// the refresh and second try: a request given up runs on in k.bg until
+// its read times out (Net.ReadTimeout, 5 s), which closing the
+// connection waits for.
 func (k *kafkaConn) topicIDs(log *zap.Logger, tps []state.TopicPartition) map[string]string {
 	topics := map[string]bool{}
 	for _, tp := range tps {
@@ -125,7 +127,7 @@ func (k *kafkaConn) topicIDs(log *zap.Logger, tps []state.TopicPartition) map[st
 	}
 	done := make(chan answer, 1)
 	k.bg.Go(func() {
-		meta, err := coordinator.DescribeTopics(k.client, slices.Sorted(maps.Keys(topics)))
+		meta, err := coordinator.DescribeTopicsOnce(k.client, slices.Sorted(maps.Keys(topics)))
 		done <- answer{meta, err}
 	})
 	var a answer

@@ -42,6 +42,23 @@ func DescribeTopics(client sarama.Client, topics []string) (map[string]TopicMeta
 			return nil, fmt.Errorf("coordinator: metadata: %w", err)
 		}
 	}
+	return topicMetas(resp), nil
+}
+
+// DescribeTopicsOnce is DescribeTopics without the second try: one
+// request, so one read timeout at most when the cluster hangs (the
+// refresh and the second try took 32 s and more), for a caller that can
+// do without the answer.
+func DescribeTopicsOnce(client sarama.Client, topics []string) (map[string]TopicMeta, error) {
+	resp, err := describe(client, topics)
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: metadata: %w", err)
+	}
+	return topicMetas(resp), nil
+}
+
+// topicMetas returns the topics of resp that exist, by name.
+func topicMetas(resp *sarama.MetadataResponse) map[string]TopicMeta {
 	out := make(map[string]TopicMeta, len(resp.Topics))
 	for _, t := range resp.Topics {
 		if t == nil || !errors.Is(t.Err, sarama.ErrNoError) {
@@ -59,7 +76,7 @@ func DescribeTopics(client sarama.Client, topics []string) (map[string]TopicMeta
 		}
 		out[t.Name] = m
 	}
-	return out, nil
+	return out
 }
 
 func describe(client sarama.Client, topics []string) (*sarama.MetadataResponse, error) {
