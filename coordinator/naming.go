@@ -180,6 +180,3 @@ func (n Naming) Flow(from, to string, s Stream) (r config.Replication, dir trans
 func (n Naming) FromStandby(s Stream) bool {
 	return len(n.sources) > 1 && slices.Contains(n.sources[1:], s.Origin)
 }
-
-// Sources returns the source clusters in order of preference.
-func (n Naming) Sources() []string { return slices.Clone(n.sources) }
