@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"syscall"
 )
 
@@ -26,12 +27,28 @@ const (
 	portTries     = 200
 )
 
-// Ports returns n distinct loopback ports that were free a moment ago.
-// All n listeners are held open together so no port is returned twice;
-// another process can still take a port between our close and the caller's
-// bind, so callers retry on IsBindError.
+// handed holds every port Ports returned in this process. A port is
+// free when picked but bound only later, sometimes seconds later (a Kafka
+// broker formats its storage and starts a JVM first); another caller in
+// the same process, a test running in parallel, must not be given it
+// meanwhile. So a port is handed out once per process.
+var handed struct {
+	sync.Mutex
+	ports map[int]bool
+}
+
+// Ports returns n distinct loopback ports that were free a moment ago and
+// that no earlier call in this process returned. All n listeners are held
+// open together so no port is returned twice; another process can still
+// take a port between our close and the caller's bind, so callers retry
+// on IsBindError.
 func Ports(n int) ([]int, error) {
-	lns := make([]net.Listener, 0, n)
+	handed.Lock()
+	defer handed.Unlock()
+	if handed.ports == nil {
+		handed.ports = map[int]bool{}
+	}
+	var lns []net.Listener
 	defer func() {
 		for _, ln := range lns {
 			ln.Close()
@@ -39,13 +56,21 @@ func Ports(n int) ([]int, error) {
 	}()
 	pick := stablePicker()
 	ports := make([]int, 0, n)
-	for range n {
+	for len(ports) < n {
 		ln, err := listenFree(pick)
 		if err != nil {
 			return nil, fmt.Errorf("freeport: pick a free port: %w", err)
 		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+		lns = append(lns, ln) // held, so that the next pick differs
+		if port := ln.Addr().(*net.TCPAddr).Port; !handed.ports[port] {
+			ports = append(ports, port)
+		}
+		if len(lns) > n+portTries {
+			return nil, fmt.Errorf("freeport: %d ports picked, %d of them not handed out before in this process; want %d", len(lns), len(ports), n)
+		}
+	}
+	for _, p := range ports {
+		handed.ports[p] = true
 	}
 	return ports, nil
 }

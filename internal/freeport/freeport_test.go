@@ -31,3 +31,20 @@ func TestPortsAvoidEphemeralRange(t *testing.T) {
 		}
 	}
 }
+
+// A port is bound by its caller only later (a Kafka broker formats its
+// storage and starts a JVM first); a test running in parallel must not be
+// given it meanwhile, though it is still free.
+func TestAPortIsHandedOutOncePerProcess(t *testing.T) {
+	seen := map[int]bool{}
+	for range 2000 { // about 90 repeats among random picks without the record
+		p, err := Port()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[p] {
+			t.Fatalf("port %d handed out twice, though nobody bound it between", p)
+		}
+		seen[p] = true
+	}
+}
