@@ -133,7 +133,7 @@ func (bx *bench) throughput() {
 	}
 	// Baseline and kswitch alternate, so that drift of the machine
 	// (another process, page cache) hits both alike; so do kswitch at
-	// least once and exactly once (issue 35: ≥ 0.9×).
+	// least once and exactly once (row G4: ≥ 0.9×).
 	run := func(kind string, instances, i int) {
 		if bx.relays == nil || slices.Contains(bx.relays, kind) {
 			bx.res.Throughput = append(bx.res.Throughput, bx.relay(kind, instances, i, "relay", n))
@@ -190,9 +190,10 @@ func (bx *bench) fillSource(topic string, n, size int) ceilingTrial {
 }
 
 // memory relays MemoryRecords records of 1 KiB with one agent, for its peak
-// resident set against issue 35's bound (128 MiB at 1 M records), which
-// source.max_in_flight_mib sets (records fetched and not yet acknowledged
-// by every destination; 32 MiB by default) with agent.memory_limit_mib.
+// resident set against the relay goal's bound (row G5: 128 MiB at 1 M
+// records), which source.max_in_flight_mib sets (records fetched and not
+// yet acknowledged by every destination; 32 MiB by default) with
+// agent.memory_limit_mib.
 func (bx *bench) memory() {
 	n := bx.scale.MemoryRecords
 	bx.fillSource("memory", n, 1024)
@@ -202,7 +203,7 @@ func (bx *bench) memory() {
 // memoryLimit relays RelayRecords records of 150 B and of 1 KiB with one
 // agent at the default agent.memory_limit_mib and with noMemoryLimit in
 // its environment, in turn, for the CPU a record costs under the default
-// limit (issue 35: ≤ 1.1× without a limit, on both sizes).
+// limit (row G7: ≤ 1.1× without a limit, on both sizes).
 func (bx *bench) memoryLimit() {
 	n := bx.scale.RelayRecords
 	sources := []struct {

@@ -44,7 +44,7 @@ type benchResults struct {
 	TxnCycle []txnCycleTrial `json:"txn_cycle,omitempty"`
 	// Published is what the last published page (docs/benchmarks.json at
 	// git HEAD when the run started) measured of the fault figures, which
-	// issue 35 asks to be no worse.
+	// the relay's goal (row G8) asks to be no worse.
 	Published *publishedRun    `json:"published,omitempty"`
 	Failover  []failoverTrial  `json:"failover"`
 	Rebalance []rebalanceTrial `json:"rebalance"`
@@ -280,7 +280,7 @@ func ratio(a, b []float64) string {
 }
 
 // headlineText is the page's headline, the figures README.md quotes:
-// issue 35's rows against the franz-go loop, the kcat pipe, at_least_once
+// the relay goal's rows against the franz-go loop, the kcat pipe, at_least_once
 // and the memory bound, then failover; each clause only when the run
 // measured it.
 func (r *benchResults) headlineText() string {
@@ -308,7 +308,7 @@ func (r *benchResults) headlineText() string {
 	var b strings.Builder
 	if sl := r.relayRate("relayloop", 1); len(ks1) > 0 && len(sl) > 0 {
 		m, _ := ratioOf(ks1, sl)
-		c := fmt.Sprintf("against the bare sarama consume→produce loop (issue 16's baseline, no target now): **%.2f×** with one agent", m)
+		c := fmt.Sprintf("against the bare sarama consume→produce loop (the baseline before the relay work, no target now): **%.2f×** with one agent", m)
 		if k3, s3 := r.relayRate("kswitch", 3), r.relayRate("relayloop", 3); len(k3) > 0 && len(s3) > 0 {
 			m3, _ := ratioOf(k3, s3)
 			c += fmt.Sprintf(", **%.2f×** with three", m3)
@@ -316,7 +316,7 @@ func (r *benchResults) headlineText() string {
 		cl = append(cl, c)
 	}
 	if len(cl) > 0 {
-		b.WriteString("**Headline** (issue 35's goal; each figure against its baseline in this run):\n\n")
+		b.WriteString("**Headline** (the relay's goal, docs/RELAY.md, \"The bench rows\"; each figure against its baseline in this run):\n\n")
 		for _, c := range cl {
 			fmt.Fprintf(&b, "- %s\n", c)
 		}
@@ -353,7 +353,7 @@ func (r *benchResults) memoryLimitSection() string {
 	p("`agent.memory_limit_mib` and then with `%s` in its environment (GOMEMLIMIT wins over the configuration: no\n", noMemoryLimit)
 	p("limit in effect), in turn, for each record size. CPU of the agent process from the first record at the destination to the\n")
 	p("last (`/proc/<pid>/stat` read at both looks), divided by the records copied in between: start-up left out.\n")
-	p("Target (issue 35): CPU per record at the default ≤ 1.1× without a limit, on both sizes.\n\n")
+	p("Target (the relay's goal): CPU per record at the default ≤ 1.1× without a limit, on both sizes.\n\n")
 	p("| records | memory limit | records/s, 20 → 80 %% | CPU µs per record | default ÷ no limit | peak RSS MiB |\n|---|---|---|---|---|---|\n")
 	for _, size := range []int{150, 1024} {
 		for _, env := range []string{"", noMemoryLimit} {
@@ -394,11 +394,13 @@ func failbackSeconds(x failoverTrial) float64 {
 	return x.FailbackActiveSeconds + max(restart, 0) - benchFailbackStable.Seconds()
 }
 
-// target is a row of issue 35's goal, or one of issue 16's targets it
-// keeps, with what this run measured.
+// target is a row of the relay's goal (docs/RELAY.md, "The bench rows"),
+// or one of the failover targets kept from before the relay work, with
+// what this run measured.
 type target struct {
-	// Source names the row: "35.1" to "35.8" for issue 35's goal, in its
-	// order; "16" for issue 16's targets that issue 35 keeps ("no worse").
+	// Source names the row: "G1" to "G8" for the relay's goal, in its
+	// order; "F" for the failover targets kept from before the relay
+	// work, which the goal keeps ("no worse").
 	Source                 string
 	What, Target, Measured string
 	Met                    bool
@@ -449,7 +451,7 @@ func (x relayTrial) recordBytes() int {
 // seconds writes a figure in seconds: the median and the range of trials.
 func seconds(xs []float64) string { return statsOf(xs).spreadIn(2, "s") }
 
-// targets returns issue 35's goal and issue 16's targets it keeps, each
+// targets returns the relay's goal and the failover targets it keeps, each
 // measured in this run against its baseline of this run; a figure the run
 // did not measure is left out.
 func (r *benchResults) targets() []target {
@@ -465,73 +467,73 @@ func (r *benchResults) targets() []target {
 	ks1 := r.relayRate("kswitch", 1)
 	if fr := r.relayRate("franzloop", 1); len(ks1) > 0 && len(fr) > 0 {
 		m, s := ratioOf(ks1, fr)
-		add("35.1", "relay records/s, 1 agent ÷ the tuned franz-go loop", "≥ 1.2×", s, m >= 1.2)
+		add("G1", "relay records/s, 1 agent ÷ the tuned franz-go loop", "≥ 1.2×", s, m >= 1.2)
 		m, s = ratioOf(r.relayCPU("kswitch", 1), r.relayCPU("franzloop", 1))
-		add("35.2", "CPU per record ÷ the tuned franz-go loop", "≤ 0.9×", s, m <= 0.9)
+		add("G2", "CPU per record ÷ the tuned franz-go loop", "≤ 0.9×", s, m <= 0.9)
 	} else {
-		missing("35.1", "relay records/s, 1 agent ÷ the tuned franz-go loop", "≥ 1.2×", noPhase)
-		missing("35.2", "CPU per record ÷ the tuned franz-go loop", "≤ 0.9×", noPhase)
+		missing("G1", "relay records/s, 1 agent ÷ the tuned franz-go loop", "≥ 1.2×", noPhase)
+		missing("G2", "CPU per record ÷ the tuned franz-go loop", "≤ 0.9×", noPhase)
 	}
 	if kc := r.relayRate("kcat", 1); len(ks1) > 0 && len(kc) > 0 {
 		m, s := ratioOf(ks1, kc)
-		add("35.3", "relay records/s, 1 agent ÷ the kcat pipe", "≥ 1.2×", s, m >= 1.2)
+		add("G3", "relay records/s, 1 agent ÷ the kcat pipe", "≥ 1.2×", s, m >= 1.2)
 	} else {
-		missing("35.3", "relay records/s, 1 agent ÷ the kcat pipe", "≥ 1.2×", noPhase)
+		missing("G3", "relay records/s, 1 agent ÷ the kcat pipe", "≥ 1.2×", noPhase)
 	}
 	if eo := r.relayRate(kswitchExactlyOnce, 1); len(ks1) > 0 && len(eo) > 0 {
 		m, s := ratioOf(eo, ks1)
-		add("35.4", "exactly_once records/s ÷ at_least_once, 1 agent", "≥ 0.9×", s, m >= 0.9)
+		add("G4", "exactly_once records/s ÷ at_least_once, 1 agent", "≥ 0.9×", s, m >= 0.9)
 	} else {
-		missing("35.4", "exactly_once records/s ÷ at_least_once, 1 agent", "≥ 0.9×", noPhase)
+		missing("G4", "exactly_once records/s ÷ at_least_once, 1 agent", "≥ 0.9×", noPhase)
 	}
 	if len(r.Memory) > 0 {
 		rss := pick(r.Memory, func(relayTrial) bool { return true }, func(x relayTrial) float64 { return x.PeakRSSMiB })
-		add("35.5", fmt.Sprintf("peak RSS, 1 agent, %d × 1 KiB", r.Memory[0].Records), "≤ 128 MiB", statsOf(rss).spreadIn(0, "MiB"), med(rss) <= 128)
+		add("G5", fmt.Sprintf("peak RSS, 1 agent, %d × 1 KiB", r.Memory[0].Records), "≤ 128 MiB", statsOf(rss).spreadIn(0, "MiB"), med(rss) <= 128)
 	} else {
-		missing("35.5", "peak RSS, 1 agent, 1 M × 1 KiB", "≤ 128 MiB", noPhase)
+		missing("G5", "peak RSS, 1 agent, 1 M × 1 KiB", "≤ 128 MiB", noPhase)
 	}
 	stop := pick(r.Failover, stopped, func(x failoverTrial) float64 { return x.FirstRecordSeconds })
 	if h := pick(r.Failover, hung, func(x failoverTrial) float64 { return x.FirstRecordSeconds }); len(h) > 0 && len(stop) > 0 {
-		add("35.6", "failover, A hung → first record from B at the sink, default settings, p50", "≤ 4.2 s", seconds(h), med(h) <= 4.2)
+		add("G6", "failover, A hung → first record from B at the sink, default settings, p50", "≤ 4.2 s", seconds(h), med(h) <= 4.2)
 		h, s := pick(r.Failover, hung, switchSteps), med(pick(r.Failover, stopped, switchSteps))
-		add("35.6", "failover, A hung: the switch's own steps (declared down → first record from B), p50", fmt.Sprintf("≤ stopped + 0.3 s = %.2f s", s+0.3),
+		add("G6", "failover, A hung: the switch's own steps (declared down → first record from B), p50", fmt.Sprintf("≤ stopped + 0.3 s = %.2f s", s+0.3),
 			seconds(h), med(h) <= s+0.3)
 	} else {
-		missing("35.6", "failover, A hung → first record from B at the sink, default settings, p50; the switch's own steps", "≤ 4.2 s; ≤ stopped + 0.3 s", noPhase)
+		missing("G6", "failover, A hung → first record from B at the sink, default settings, p50; the switch's own steps", "≤ 4.2 s; ≤ stopped + 0.3 s", noPhase)
 	}
 	for _, size := range []int{150, 1024} {
 		what := fmt.Sprintf("CPU per record, %d B records: default agent.memory_limit_mib ÷ %s", size, noMemoryLimit)
 		lim, none := r.memoryLimitCPU(size, ""), r.memoryLimitCPU(size, noMemoryLimit)
 		if len(lim) == 0 || len(none) == 0 {
-			missing("35.7", what, "≤ 1.1×", noPhase)
+			missing("G7", what, "≤ 1.1×", noPhase)
 			continue
 		}
 		m, s := ratioOf(lim, none)
-		add("35.7", what, "≤ 1.1×", s, m <= 1.1)
+		add("G7", what, "≤ 1.1×", s, m <= 1.1)
 	}
 	r.noWorse(add, missing)
 	if len(stop) > 0 {
-		add("16", "failover, A stopped → first record from B, p50", "≤ 1.0 s", seconds(stop), med(stop) <= 1.0)
+		add("F", "failover, A stopped → first record from B, p50", "≤ 1.0 s", seconds(stop), med(stop) <= 1.0)
 	}
 	if fb := pick(r.Failover, func(failoverTrial) bool { return true }, failbackSeconds); len(fb) > 0 {
-		add("16", "failback, A ready → first record from A, less failback_stable, p50", "≤ 0.5 s", seconds(fb), med(fb) <= 0.5)
+		add("F", "failback, A ready → first record from A, less failback_stable, p50", "≤ 0.5 s", seconds(fb), med(fb) <= 0.5)
 	}
 	return out
 }
 
-// noWorse adds row 35.8: issue 16's failover and failback figures of this
-// run against the published page's. No worse means a p50 at most the
+// noWorse adds row G8: the failover and failback figures of this run
+// against the published page's. No worse means a p50 at most the
 // published run's slowest trial (the trials of one run spread widely on
 // these shared cores), and no more records lost or duplicated.
 func (r *benchResults) noWorse(add func(src, what, tgt, measured string, ok bool), missing func(src, what, tgt, why string)) {
-	const what, tgt = "issue 16's failover and failback figures ÷ the published page", "no worse"
+	const what, tgt = "failover and failback figures ÷ the published page", "no worse"
 	pub := r.Published
 	switch {
 	case len(r.Failover) == 0:
-		missing("35.8", what, tgt, "not measured in this run")
+		missing("G8", what, tgt, "not measured in this run")
 		return
 	case pub == nil:
-		missing("35.8", what, tgt, "no published page to compare with")
+		missing("G8", what, tgt, "no published page to compare with")
 		return
 	}
 	all := func(failoverTrial) bool { return true }
@@ -546,16 +548,16 @@ func (r *benchResults) noWorse(add func(src, what, tgt, measured string, ok bool
 	} {
 		now, then := pick(r.Failover, f.keep, f.val), pick(pub.Failover, f.keep, f.val)
 		if len(now) == 0 || len(then) == 0 {
-			missing("35.8", f.what+", against the published page", tgt, "not measured in this run or on the page")
+			missing("G8", f.what+", against the published page", tgt, "not measured in this run or on the page")
 			continue
 		}
 		worst := statsOf(then).Max
-		add("35.8", f.what+", against the published page", fmt.Sprintf("no worse: ≤ its slowest trial, %.2f s", worst),
+		add("G8", f.what+", against the published page", fmt.Sprintf("no worse: ≤ its slowest trial, %.2f s", worst),
 			fmt.Sprintf("%s; published %s", seconds(now), seconds(then)), statsOf(now).Median <= worst)
 	}
 	lost, dup := faultTotals(r.Failover)
 	plost, pdup := faultTotals(pub.Failover)
-	add("35.8", "records lost / duplicated over the failover trials, against the published page", fmt.Sprintf("no worse: ≤ %d / %d", plost, pdup),
+	add("G8", "records lost / duplicated over the failover trials, against the published page", fmt.Sprintf("no worse: ≤ %d / %d", plost, pdup),
 		fmt.Sprintf("%d / %d", lost, dup), lost <= plost && dup <= pdup)
 }
 
@@ -615,19 +617,20 @@ func (r *benchResults) markdown() string {
 	p("on the same brokers, with the same records. Completion is read back from Kafka (end offsets of the\n")
 	p("destination, the channel topic read with kcat), never from kswitch's counters.\n\n")
 	if r.Scale.Quick {
-		p("> **Quick run** (`KSWITCH_BENCH_QUICK=1`): fewer trials and records than the issue asks for; not for publishing.\n\n")
+		p("> **Quick run** (`KSWITCH_BENCH_QUICK=1`): fewer trials and records than a full run; not for publishing.\n\n")
 	}
 	p("%s", r.headlineText())
 	if ts := r.targets(); len(ts) > 0 {
-		p("Issue 35's goal (rows 35.1-35.8) and issue 16's targets it keeps (16), each measured in this run against its\n")
-		p("baseline of this run (a ratio: the ratio of the medians, with the range of the per-trial ratios):\n\n")
+		p("The relay's goal (rows G1-G8, docs/RELAY.md, \"The bench rows\") and the failover targets kept from before the relay\n")
+		p("work (rows F), each measured in this run against its baseline of this run (a ratio: the ratio of the medians, with\n")
+		p("the range of the per-trial ratios):\n\n")
 		p("| row | figure | target | measured | |\n|---|---|---|---|---|\n")
 		for _, x := range ts {
 			p("| %s | %s | %s | %s | %s |\n", x.Source, x.What, x.Target, x.Measured, x.status())
 		}
 		p("\n")
 		if pub := r.Published; pub != nil && len(r.Failover) > 0 {
-			p("Rows 35.8 compare with the page published before this run (docs/benchmarks.json at commit %s, run of %s).\n\n",
+			p("Rows G8 compare with the page published before this run (docs/benchmarks.json at commit %s, run of %s).\n\n",
 				pub.Page, pub.Started.Format("2006-01-02 15:04 MST"))
 		}
 	}
@@ -729,7 +732,7 @@ func (r *benchResults) markdown() string {
 
 	for _, m := range r.Memory {
 		p("\nMemory: one agent relaying %d records of 1 KiB (12 partitions) peaked at **%.0f MiB** resident (VmHWM) at %.0f records/s\n", m.Records, m.PeakRSSMiB, m.RecordsPerSecond)
-		p("(issue 35: ≤ 128 MiB). What the agent holds is bounded by configuration: `source.max_in_flight_mib` (32 MiB by default) caps the bytes of\n")
+		p("(the relay's goal: ≤ 128 MiB). What the agent holds is bounded by configuration: `source.max_in_flight_mib` (32 MiB by default) caps the bytes of\n")
 		p("records fetched and not yet acknowledged by every destination; a fetch waits while the budget is spent; `agent.memory_limit_mib`\n")
 		p("(96 by default) is the Go runtime's soft limit on the process.\n")
 	}

@@ -23,7 +23,7 @@ import (
 // holding at most txnCycleHeld records not yet settled (acknowledged, or
 // for the stream committed), about one stream's share of the agent's
 // default budget. It tells the stream's own ceiling from the agent's
-// (row 35.4): one stream commits one transaction at a time, and its
+// (row G4): one stream commits one transaction at a time, and its
 // records count until their commit. A third mode, alternating, probes a
 // design the agent does not have: two streams of the same records taking
 // turns, one sending while the other commits, held alike.

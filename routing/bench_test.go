@@ -54,7 +54,8 @@ const (
 // relayRecords: completion is read from the destination, not from either
 // side's counters. One benchmark iteration is relayRounds rounds of each
 // side, alternating which goes first; the medians are reported. A third
-// side, a tuned franz-go loop, is the issue's other baseline.
+// side, a tuned franz-go loop, is the relay goal's other baseline
+// (docs/RELAY.md, "The bench rows").
 func BenchmarkRelayThroughput(b *testing.B) {
 	_, dst, cli, cfg := relayStack(b)
 
@@ -125,7 +126,7 @@ const exactlyOnceRounds = 5
 // last transaction of every source partition committed: its position in
 // __kswitch.positions reaches the partition's end, so every record is
 // visible to a read_committed reader). Reported: the medians and their
-// ratio (issue target: exactly_once ≥ 0.8× at_least_once).
+// ratio (target: exactly_once ≥ 0.8× at_least_once).
 func BenchmarkExactlyOnceCost(b *testing.B) {
 	_, dst, cli, cfg := relayStack(b)
 	eosCfg := cfg.Clone()

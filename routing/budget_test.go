@@ -17,13 +17,13 @@ import (
 	"github.com/kswitch/kswitch/record"
 )
 
-// theIssuesRule is a rule found to take every agent down in turn: cheap
+// fleetDownRule is a rule found to take every agent down in turn: cheap
 // on ordinary records, 5 TB of work on a 5 MiB one.
-const theIssuesRule = `topic == "orders" && (key != "x" || len(repeat(value, 999999)) > 0)`
+const fleetDownRule = `topic == "orders" && (key != "x" || len(repeat(value, 999999)) > 0)`
 
-func TestTheIssuesRuleIsRefused(t *testing.T) {
+func TestFleetDownRuleIsRefused(t *testing.T) {
 	t.Parallel()
-	_, err := Compile(Config{Rules: []Rule{{Name: "orders", Match: theIssuesRule, Channels: []string{"x"}}}, Channels: testChannels()}, testClusters)
+	_, err := Compile(Config{Rules: []Rule{{Name: "orders", Match: fleetDownRule, Channels: []string{"x"}}}, Channels: testChannels()}, testClusters)
 	var ie *InvalidError
 	if !errors.As(err, &ie) {
 		t.Fatalf("Compile = %v, want the rule refused", err)
@@ -54,7 +54,7 @@ func TestProbesAreAsLargeAsKafkaAllows(t *testing.T) {
 	}
 }
 
-// fiveMiB is the size of the record of the issue.
+// fiveMiB is the size of the record that took fleetDownRule's agents down.
 const fiveMiB = 5 << 20
 
 // TestGuardsRefuseBeforeAllocating runs each construct whose result can
@@ -69,7 +69,7 @@ func TestGuardsRefuseBeforeAllocating(t *testing.T) {
 		value      byte // the value's bytes: 'x', or 0xff (invalid UTF-8)
 		want       string
 	}{
-		{"repeat, the issue's count", `repeat(value, 999999)`, 'x', "repeat would build"},
+		{"repeat, fleetDownRule's count", `repeat(value, 999999)`, 'x', "repeat would build"},
 		{"repeat, a small count", `repeat(value, 100)`, 'x', "repeat would build"},
 		{"+ doubling in lets", `let a = value + value; let b = a + a; let c = b + b; let d = c + c; d + d`, 'x', "+ would build"},
 		{"+ in a closure", `reduce(1..100, #acc + value, "")`, 'x', "budget: "}, // + or the closure's count
