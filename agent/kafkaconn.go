@@ -3,7 +3,9 @@ package agent
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -25,11 +27,12 @@ type kafkaConn struct {
 	client  sarama.Client
 	fetcher *kafka.Fetcher
 	mirror  *offsets.KafkaMirror
-	// askWithin bounds the wait for the answers the worker can do
-	// without (topicIDs); the requests go on in bg until they end, and
-	// close waits for them.
-	askWithin time.Duration
-	bg        sync.WaitGroup
+	// askWithin bounds the worker's wait for each request it sends on its
+	// own loop (ask); a request given up on goes on in bg until it ends,
+	// and close waits for it. unanswered counts those still running.
+	askWithin  time.Duration
+	bg         sync.WaitGroup
+	unanswered atomic.Int32
 	// fetched are the fetcher's figures already exported
 	// (countFetchStats); owned by the worker's run.
 	fetched kafka.FetchStats
@@ -87,13 +90,62 @@ func (w *worker) fetchConfig(cluster string) kafka.FetchConfig {
 	}
 }
 
+// ask runs f, requests to k's cluster that the worker's loop waits for
+// (starting partitions: their offsets, metadata, topic ids), and gives up
+// waiting after k.askWithin. A cluster that hung after this agent's probe
+// last reached it answers nothing: sarama's read timeout (5 s), a
+// metadata refresh and the request again held the loop for 32 s in a
+// test, while the next assignment (a switch away from that cluster, as a
+// rule) waited, and a revoke meanwhile found the agent unresponsive and
+// evicted it. The partitions f was for stay pending and are started again
+// later. f goes on in k.bg until its requests end; while one given up on
+// runs, further asks are refused at once, so a hung cluster holds no more
+// than one round of them.
+func ask[T any](k *kafkaConn, what string, f func() (T, error)) (T, error) {
+	var zero T
+	if n := k.unanswered.Load(); n > 0 {
+		return zero, fmt.Errorf("kafka: %s on cluster %s: not asked while %d earlier requests wait for an answer", what, k.name, n)
+	}
+	type answer struct {
+		v   T
+		err error
+	}
+	done := make(chan answer, 1)
+	k.bg.Go(func() {
+		v, err := f()
+		done <- answer{v, err}
+	})
+	timer := time.NewTimer(k.askWithin)
+	defer timer.Stop()
+	select {
+	case a := <-done:
+		if a.err != nil {
+			return zero, fmt.Errorf("kafka: %s on cluster %s: %w", what, k.name, a.err)
+		}
+		return a.v, nil
+	case <-timer.C:
+		k.unanswered.Add(1)
+		k.bg.Go(func() {
+			<-done
+			k.unanswered.Add(-1)
+		})
+		return zero, fmt.Errorf("kafka: %s on cluster %s: no answer within %v", what, k.name, k.askWithin)
+	}
+}
+
 // resolve turns sarama.OffsetOldest or OffsetNewest into an offset.
 func (k *kafkaConn) resolve(tp state.TopicPartition, which int64) (int64, error) {
-	off, err := k.client.GetOffset(tp.Topic, tp.Partition, which)
-	if err != nil {
-		return 0, fmt.Errorf("kafka: list offsets of %s on cluster %s: %w", tp, k.name, err)
-	}
-	return off, nil
+	return ask(k, "list offsets of "+tp.String(), func() (int64, error) {
+		return k.client.GetOffset(tp.Topic, tp.Partition, which)
+	})
+}
+
+// refresh refreshes the client's metadata of topics (ask).
+func (k *kafkaConn) refresh(topics []string) error {
+	_, err := ask(k, "metadata of "+strings.Join(topics, ", "), func() (struct{}, error) {
+		return struct{}{}, k.client.RefreshMetadata(topics...)
+	})
+	return err
 }
 
 func (k *kafkaConn) close() {

@@ -104,15 +104,10 @@ func (l *lifecycle) deadReason(now time.Time) string {
 }
 
 // topicIDs returns the ids of the topics of tps on k's cluster ("" or
-// absent: unknown), asked in one Metadata request; nil when it fails or
-// does not answer within k.askWithin. The worker starts partitions on
-// them, and a hung cluster's answer (sarama's read timeout, then a
-// metadata refresh and the request again: 32 s in a test) held its
-// apply, so that a revoke meanwhile found the agent unresponsive and
-// evicted it; unknown ids are checked again later. One request, without
-// the refresh and second try: a request given up runs on in k.bg until
-// its read times out (Net.ReadTimeout, 5 s), which closing the
-// connection waits for.
+// absent: unknown), asked in one Metadata request (ask); nil when it
+// fails or is given up on, and the ids are checked again later. One
+// request, without DescribeTopics' refresh and second try, so that a
+// request given up on ends within its read timeout (Net.ReadTimeout, 5 s).
 func (k *kafkaConn) topicIDs(log *zap.Logger, tps []state.TopicPartition) map[string]string {
 	topics := map[string]bool{}
 	for _, tp := range tps {
@@ -121,24 +116,9 @@ func (k *kafkaConn) topicIDs(log *zap.Logger, tps []state.TopicPartition) map[st
 	if len(topics) == 0 {
 		return nil
 	}
-	type answer struct {
-		meta map[string]coordinator.TopicMeta
-		err  error
-	}
-	done := make(chan answer, 1)
-	k.bg.Go(func() {
-		meta, err := coordinator.DescribeTopicsOnce(k.client, slices.Sorted(maps.Keys(topics)))
-		done <- answer{meta, err}
+	meta, err := ask(k, "topic ids", func() (map[string]coordinator.TopicMeta, error) {
+		return coordinator.DescribeTopicsOnce(k.client, slices.Sorted(maps.Keys(topics)))
 	})
-	var a answer
-	timer := time.NewTimer(k.askWithin)
-	defer timer.Stop()
-	select {
-	case a = <-done:
-	case <-timer.C:
-		a.err = fmt.Errorf("no answer within %v", k.askWithin)
-	}
-	meta, err := a.meta, a.err
 	if err != nil {
 		log.Debug("cannot ask for the topics' ids; checked again later", zap.String("cluster", k.name), zap.Error(err))
 		return nil

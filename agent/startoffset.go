@@ -77,7 +77,7 @@ func (w *worker) groupStarts(ctx context.Context, k *kafkaConn, cluster string, 
 		for tp := range committed {
 			topics[tp.Topic] = true
 		}
-		_ = k.client.RefreshMetadata(slices.Sorted(maps.Keys(topics))...)
+		_ = k.refresh(slices.Sorted(maps.Keys(topics)))
 		return nil, fmt.Errorf("kafka: log bounds on cluster %s of the partitions source.group %q has offsets for: %w", cluster, group, err)
 	}
 	starts := make(map[state.TopicPartition]int64, len(committed))

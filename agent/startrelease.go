@@ -201,7 +201,7 @@ func (w *worker) connFor(cluster string, tps []state.TopicPartition) *kafkaConn 
 		for _, tp := range tps {
 			topics[tp.Topic] = true
 		}
-		if err := k.client.RefreshMetadata(slices.Sorted(maps.Keys(topics))...); err != nil {
+		if err := k.refresh(slices.Sorted(maps.Keys(topics))); err != nil {
 			w.log.Warn("cannot refresh metadata of the assigned topics; retrying", zap.String("cluster", cluster), zap.Error(err))
 			return nil
 		}
