@@ -213,45 +213,62 @@ func (w *worker) followWarm(ctx context.Context, a state.Assignment) bool {
 	if a.Warm == "" || a.Warm == a.Cluster || w.warm != nil || w.conns[a.Warm] != nil {
 		return false
 	}
-	if w.warming == "" {
-		c, ok := w.clusters[a.Warm]
-		if !ok {
-			w.log.Warn("assignment warms a cluster this agent has no configuration for", zap.String("cluster", a.Warm))
-			return false
-		}
-		w.warming = a.Warm
-		d := w.dialerFor(a.Warm)
-		w.bg.Add(1)
-		go func() {
-			defer w.bg.Done()
-			k, err := dialKafka(a.Warm, c, w.cfg.Source.Group, w.cfg.Etcd.RequestTimeout, d, w.fetchConfig(a.Warm))
-			if err == nil {
-				k.openBrokers()
-			}
-			w.warmed <- warmResult{cluster: a.Warm, conn: k, err: err}
-		}()
-	}
+	w.dial(a.Warm)
 	return w.warming == a.Warm
 }
 
-// warmDone takes the outcome of a warm-up: the connection is kept if the
-// applied assignment still warms or consumes its cluster, and the
-// generation waiting for it is acknowledged, warm or not (warming is an
-// optimization: the leader must not wait for a cluster this agent cannot
-// reach yet).
+// dial connects to cluster in the background, unless a dial is in flight
+// (one at a time: the next is asked for again once it ends); its outcome
+// reaches the loop as a warmResult (warmDone). A connection is made in the
+// background whether the assignment warms the cluster ahead of a switch
+// or consumes it: a cluster that hung after this agent's probe last
+// reached it answers no metadata, and sarama's client retries it for
+// 20 s and more, which would hold the loop while the next assignment (a
+// switch away, as a rule) waits.
+func (w *worker) dial(cluster string) {
+	if w.warming != "" {
+		return
+	}
+	c, ok := w.clusters[cluster]
+	if !ok {
+		w.log.Error("assignment names a cluster this agent has no configuration for", zap.String("cluster", cluster))
+		return
+	}
+	w.warming = cluster
+	d := w.dialerFor(cluster)
+	w.bg.Go(func() {
+		k, err := dialKafka(cluster, c, w.cfg.Source.Group, w.cfg.Etcd.RequestTimeout, d, w.fetchConfig(cluster))
+		if err == nil {
+			k.openBrokers()
+		}
+		w.warmed <- warmResult{cluster: cluster, conn: k, err: err}
+	})
+}
+
+// warmDone takes the outcome of a dial: the connection is kept if the
+// applied assignment consumes its cluster (its partitions start now) or
+// still warms it, and the generation waiting for a warm-up is
+// acknowledged, warm or not (warming is an optimization: the leader must
+// not wait for a cluster this agent cannot reach yet). Partitions of
+// another cluster that waited for this dial to end start now too; after a
+// failed dial they are tried again on the next commit tick.
 func (w *worker) warmDone(ctx context.Context, res warmResult) {
 	w.warming = ""
 	switch {
+	case res.err != nil && w.wants(w.applied, res.cluster):
+		w.log.Warn("cannot connect to the assigned cluster; retrying", zap.String("cluster", res.cluster), zap.Error(res.err))
 	case res.err != nil:
 		w.log.Info("cannot warm a connection ahead of the switch; connecting when assigned", zap.String("cluster", res.cluster), zap.Error(res.err))
 	case w.conns[res.cluster] == nil && w.wants(w.applied, res.cluster):
 		w.conns[res.cluster] = res.conn
-		w.startPending(ctx)
 	case w.applied.Warm == res.cluster && w.warm == nil && w.conns[res.cluster] == nil:
 		w.warm = res.conn
 		w.log.Info("warmed a connection ahead of the switch", zap.String("cluster", res.cluster))
 	default:
 		res.conn.close()
+	}
+	if res.err == nil {
+		w.startPending(ctx)
 	}
 	if w.warmAck > 0 && w.warmAck == w.applied.Generation {
 		w.ack(ctx, w.warmAck)

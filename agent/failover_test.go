@@ -231,3 +231,38 @@ func TestPartitionsGivenOnAHungClusterDoNotHoldTheFailover(t *testing.T) {
 	d.a.Recover()
 	waitConsuming(t, cfg.Failover.FailbackStable+40*time.Second, "A", rest...)
 }
+
+// TestAnAgentJoiningOnAHungClusterIsNotEvicted: an agent that starts
+// while the fleet's cluster hangs, before its probe has seen it, is given
+// partitions there and connects to it. The connection is made in the
+// background: a cluster that hung answers no metadata, and sarama's client
+// retries it for 20 s and more, which held the agent's loop, so that the
+// failover's revoke found the agent unresponsive and evicted it after
+// 10 s.
+func TestAnAgentJoiningOnAHungClusterIsNotEvicted(t *testing.T) {
+	t.Parallel()
+	d := startDC(t)
+	cli := testenv.EtcdClientT(t, d.etcd)
+	l, agents, p := flowingFleet(t, d)
+	waitFlowing(t, d, l, 300)
+	cfg := d.config("agent-4")
+	d.a.Hang()
+	late := startConsumer(t, cfg, l.handler("agent-4"))
+	agents = append(agents, late)
+	waitConsuming(t, cfg.Failover.FailureWindow+20*time.Second, "B", agents...)
+	p.halt()
+	h := readHistory(t, cli)
+	if len(h) != 1 {
+		t.Fatalf("history %+v, want one failover", h)
+	}
+	revoke := time.Duration(h[0].Phases["revoke"] * float64(time.Second))
+	t.Logf("failover from the hung A with an agent that joined after the hang: revoke %v, switch %v", revoke, h[0].Finished.Sub(h[0].Started))
+	if revoke >= 5*time.Second {
+		t.Errorf("the revoke took %v: the agent connecting to the hung A did not release its partitions (it is evicted after 10 s)", revoke)
+	}
+	if n := len(late.Status().Owned); n == 0 {
+		t.Errorf("%s owns nothing on B", late.ID())
+	}
+	d.a.Recover()
+	waitConsuming(t, cfg.Failover.FailbackStable+40*time.Second, "A", agents...)
+}

@@ -180,17 +180,10 @@ func (w *worker) connFor(cluster string, tps []state.TopicPartition) *kafkaConn 
 	}
 	k := w.conns[cluster]
 	if k == nil {
-		c, ok := w.clusters[cluster]
-		if !ok {
-			w.log.Error("assignment names a cluster this agent has no configuration for", zap.String("cluster", cluster))
-			return nil
-		}
-		var err error
-		if k, err = dialKafka(cluster, c, w.cfg.Source.Group, w.cfg.Etcd.RequestTimeout, w.dialerFor(cluster), w.fetchConfig(cluster)); err != nil {
-			w.log.Warn("cannot connect to the assigned cluster; retrying", zap.String("cluster", cluster), zap.Error(err))
-			return nil
-		}
-		w.conns[cluster] = k
+		// Connected in the background (dial): the partitions start
+		// when the connection is up (warmDone).
+		w.dial(cluster)
+		return nil
 	}
 	// New partitions or topics are not in the client's metadata yet: one
 	// refresh up front instead of a failed lookup and a retry per

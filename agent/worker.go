@@ -111,7 +111,8 @@ type worker struct {
 	idleReason string
 	idleAt     time.Time
 
-	// warmed receives the outcome of the warm-up in flight (at most one).
+	// warmed receives the outcome of the dial in flight (at most one:
+	// dial).
 	warmed chan warmResult
 
 	// reconf delivers the dynamic configuration versions the agent
@@ -132,8 +133,9 @@ type worker struct {
 	// cluster (Assignment.Warm); it joins conns when the switch assigns
 	// partitions there.
 	warm *kafkaConn
-	// warming names the cluster of the warm-up in flight, "" if none;
-	// warmAck is the generation to acknowledge when it ends (0: none).
+	// warming names the cluster of the dial in flight (a warm-up or a
+	// connection to consume from), "" if none; warmAck is the generation
+	// to acknowledge when a warm-up ends (0: none).
 	warming    string
 	warmAck    int64
 	parts      map[cpart]*partitionRun
