@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/kswitch/kswitch/devstack/mirror"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
 	"github.com/kswitch/kswitch/internal/testkit/wait"
+	"github.com/kswitch/kswitch/state"
 )
 
 // threeDC is two cities, three data centres: dc's A and B, and the remote
@@ -84,12 +86,13 @@ func (d *threeDC) config(id string) config.Config {
 // orders as B.A.orders, and no flow joins D and A. Every record written
 // on A is handled; a record is handled twice only when a replica lagged
 // behind what the fleet had consumed, as the history says.
-//
-// Not parallel, as TestPinToTheSecondStandbyAndBack: three clusters and
-// two mirrors weigh more than the tests run six at once.
 func TestFailoverAlongTheChainAndStraightBack(t *testing.T) {
+	t.Parallel()
 	for _, topology := range []string{"star", "chain"} {
-		t.Run(topology, func(t *testing.T) { failoverAlongTheChain(t, topology == "chain") })
+		t.Run(topology, func(t *testing.T) {
+			t.Parallel()
+			failoverAlongTheChain(t, topology == "chain")
+		})
 	}
 }
 
@@ -181,6 +184,7 @@ func failoverAlongTheChain(t *testing.T, chain bool) {
 // removed. A planned switch waits for the replica: nothing is handled
 // twice.
 func TestPinToTheSecondStandbyAndBack(t *testing.T) {
+	t.Parallel()
 	d := startThreeDC(t, false)
 	l, ho := newLedger(), newHandovers()
 	var agents []*agent.Agent
@@ -239,6 +243,7 @@ func TestPinToTheSecondStandbyAndBack(t *testing.T) {
 // on A, and comes back when unpinned; every record of both topics is
 // handled once.
 func TestTopicPinToTheSecondStandby(t *testing.T) {
+	t.Parallel()
 	d := startThreeDC(t, false, "orders", "audit")
 	cli := testenv.EtcdClientT(t, d.etcd)
 	l, ho := newLedger(), newHandovers()
@@ -289,5 +294,82 @@ func TestTopicPinToTheSecondStandby(t *testing.T) {
 	}
 	if dups != 0 {
 		t.Errorf("%d duplicates after planned topic switches", dups)
+	}
+}
+
+// TestStagedMoveToTheSecondStandby: a staged move names any source
+// cluster: audit, then orders, move from A to D (along the flow A → D),
+// each stage held and checked; then the move is ended and both come back
+// to A. Every record of both topics is handled once.
+func TestStagedMoveToTheSecondStandby(t *testing.T) {
+	t.Parallel()
+	d := startThreeDC(t, false, "orders", "audit")
+	cli := testenv.EtcdClientT(t, d.etcd)
+	l, ho := newLedger(), newHandovers()
+	var agents []*agent.Agent
+	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
+		cfg := d.config(id)
+		cfg.Source.Topics = []string{"orders", "audit"}
+		agents = append(agents, startConsumer(t, cfg, ho.wrap(id, l.handler(id))))
+	}
+	waitBalanced(t, 2*failoverPartitions, agents...)
+	orders := startProducer(t, d.a.Brokers(), "orders", 0)
+	audit := startProducer(t, d.a.Brokers(), "audit", auditFrom)
+	waitCounted(t, l, 300, "records of both topics flowing")
+	op := operator(t, d.etcd)
+	plan := state.StagePlan{To: "D", Check: time.Second, Stages: []state.Stage{{Topics: []string{"audit"}}, {Topics: []string{"orders"}}}}
+	if err := op.MoveInStages(t.Context(), plan); err != nil {
+		t.Fatal(err)
+	}
+	placed := func(cluster string) func() error {
+		return func() error {
+			a, err := readActive(cli)
+			if err != nil {
+				return err
+			}
+			for _, topic := range []string{"audit", "orders"} {
+				if c, moving := a.TopicCluster(topic); c != cluster || moving {
+					return fmt.Errorf("state/active: the fleet on %s, %s on %s (moving %v)", a.Cluster, topic, c, moving)
+				}
+			}
+			return nil
+		}
+	}
+	wait.For(t, 60*time.Second, "both stages done: audit and orders consumed on D", func() error {
+		st, err := op.Status(t.Context())
+		if err != nil {
+			return err
+		}
+		if st.Stages == nil || st.Stages.Stage != 1 || st.Stages.Phase != state.StageDone {
+			return fmt.Errorf("state/stages %+v", st.Stages)
+		}
+		return placed("D")()
+	})
+	before := l.handledOn("D")
+	wait.For(t, 20*time.Second, "records of both topics delivered from D", func() error {
+		if n := l.handledOn("D") - before; n < 200 {
+			return fmt.Errorf("%d more records delivered from D", n)
+		}
+		return nil
+	})
+	if err := op.EndStagedMove(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, 30*time.Second, "both topics back on A", placed("A"))
+	dups, _ := drain(t, d.dc, l, ho, false, flow{orders, "orders"}, flow{audit, "audit"})
+	var path []string
+	for _, ev := range readHistory(t, cli) {
+		path = append(path, fmt.Sprintf("%v %s→%s", ev.Topics, ev.From, ev.To))
+		for _, ps := range ev.Partitions {
+			if ps.Method != "fingerprint" {
+				t.Errorf("%v %s → %s translated %s/%d by %s (%s), want fingerprint", ev.Topics, ev.From, ev.To, ps.Topic, ps.Partition, ps.Method, ps.Detail)
+			}
+		}
+	}
+	if !strings.HasPrefix(fmt.Sprint(path), "[[audit] A→D [orders] A→D ") {
+		t.Errorf("switches %v, want audit, then orders, A→D, then back", path)
+	}
+	if dups != 0 {
+		t.Errorf("%d duplicates after a staged move and its end", dups)
 	}
 }
