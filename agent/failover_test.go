@@ -224,10 +224,8 @@ func TestPartitionsGivenOnAHungClusterDoNotHoldTheFailover(t *testing.T) {
 		t.Errorf("the revoke took %v: an agent starting partitions on the hung A did not release them (it is evicted after 10 s)", revoke)
 	}
 	// A answers again; the requests it swallowed time out (5 s), and the
-	// fleet fails back. Stopping an agent with a request in flight to a
-	// hung broker waits for that timeout, once per connection.
-	// (The failback took 17 s here: connections that had a request
-	// swallowed recover only when it times out.)
+	// fleet fails back. (The failback took 17 s here: connections that
+	// had a request swallowed recover only when it times out.)
 	d.a.Recover()
 	waitConsuming(t, cfg.Failover.FailbackStable+40*time.Second, "A", rest...)
 }

@@ -150,7 +150,7 @@ func (k *kafkaConn) refresh(topics []string) error {
 
 func (k *kafkaConn) close() {
 	k.fetcher.Close()
-	_ = k.client.Close() // waits for a request in flight to a hung broker to time out
+	_ = k.client.Close() // ends the requests in flight, those given up on (ask) too
 	k.bg.Wait()
 }
 

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -34,7 +35,8 @@ func TestAsksOfAHungClusterAreGivenUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(conn.close)
+	var closeOnce sync.Once
+	t.Cleanup(func() { closeOnce.Do(conn.close) })
 	tp := state.TopicPartition{Topic: "orders", Partition: 0}
 	if _, err := conn.resolve(tp, sarama.OffsetNewest); err != nil {
 		t.Fatalf("list offsets of a healthy cluster: %v", err)
@@ -68,5 +70,17 @@ func TestAsksOfAHungClusterAreGivenUp(t *testing.T) {
 	})
 	if err := conn.refresh([]string{"orders"}); err != nil {
 		t.Fatalf("metadata of the recovered cluster: %v", err)
+	}
+
+	// Closing the connection ends a request given up on at once, rather
+	// than after its read timeout and retries.
+	k.Hang()
+	if _, err := conn.resolve(tp, sarama.OffsetNewest); err == nil {
+		t.Fatal("list offsets of the hung cluster answered")
+	}
+	began = time.Now()
+	closeOnce.Do(conn.close)
+	if took := time.Since(began); took > time.Second {
+		t.Errorf("closing the connection took %v with a request given up on in flight", took)
 	}
 }

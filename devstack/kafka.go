@@ -110,6 +110,8 @@ type Kafka struct {
 	mode  atomic.Int32 // a faultMode; read by the control function on kfake's goroutines
 	// starved counts the fetches answered empty under Starve.
 	starved atomic.Int64
+	// swallowed counts the requests swallowed under Hang.
+	swallowed atomic.Int64
 
 	mu sync.RWMutex
 	c  *kfake.Cluster // nil while stopped
@@ -270,6 +272,10 @@ func (k *Kafka) Fail() { k.mode.Store(int32(faultFail)) }
 // recover when their timeout closes it and they reconnect.
 func (k *Kafka) Hang() { k.mode.Store(int32(faultHang)) }
 
+// Swallowed returns how many requests were swallowed under Hang: a test
+// waits on it to know that a request is in flight to the hung cluster.
+func (k *Kafka) Swallowed() int64 { return k.swallowed.Load() }
+
 // Starve makes the cluster answer every fetch at once with no records and
 // no error, after a short wait (starveWait), while it serves everything
 // else: records can be produced and their offsets listed, but consumers
@@ -392,6 +398,7 @@ func (k *Kafka) start() (*kfake.Cluster, error) {
 			return nil, errInjectedFailure, true // kfake closes the connection
 		case faultHang:
 			c.KeepControl()
+			k.swallowed.Add(1)
 			return nil, nil, true // no response: the connection stalls
 		default:
 			return nil, nil, false

@@ -168,8 +168,13 @@ func (c *Conn) Close() {
 	_ = c.broker.Close() // ErrNotConnected when the open failed: fine
 }
 
-// dialerOf is the dialer sarama would use for conf.
+// dialerOf is the dialer sarama would use for conf; for a client's
+// configuration (NewClientWith), the one beneath the client's own socket
+// keeping, whose Close must not close the Conns dialled from it.
 func dialerOf(conf *sarama.Config) Dialer {
+	if d, ok := conf.Net.Proxy.Dialer.(socketDialer); ok && conf.Net.Proxy.Enable {
+		return d.next
+	}
 	if conf.Net.Proxy.Enable && conf.Net.Proxy.Dialer != nil {
 		return conf.Net.Proxy.Dialer
 	}

@@ -139,6 +139,12 @@ func NewClientWith(name string, c config.Cluster, o Options) (sarama.Client, err
 		sc.Metadata.Retry.Max = 0
 		sc.Metadata.Timeout = o.Timeout
 	}
+	// Every socket through a dialer of the client's own, so that Close
+	// can close them under sarama (client).
+	socks := &sockets{}
+	next := dialerOf(sc)
+	sc.Net.Proxy.Enable = true
+	sc.Net.Proxy.Dialer = socketDialer{next: next, socks: socks}
 	cl, err := sarama.NewClient(c.Brokers, sc)
 	if err != nil {
 		if why := explain(err, trace, name, c); why != "" {
@@ -146,7 +152,7 @@ func NewClientWith(name string, c config.Cluster, o Options) (sarama.Client, err
 		}
 		return nil, fmt.Errorf("kafka: connect to cluster %s %v: %w", name, c.Brokers, err)
 	}
-	return cl, nil
+	return &client{Client: cl, socks: socks}, nil
 }
 
 // TopicPartition names one partition for EndOffsets.
