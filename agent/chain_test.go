@@ -8,10 +8,13 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/kswitch/kswitch/agent"
 	"github.com/kswitch/kswitch/config"
 	"github.com/kswitch/kswitch/devstack"
 	"github.com/kswitch/kswitch/devstack/mirror"
+	"github.com/kswitch/kswitch/fleet"
 	"github.com/kswitch/kswitch/internal/testkit/testenv"
 	"github.com/kswitch/kswitch/internal/testkit/wait"
 	"github.com/kswitch/kswitch/state"
@@ -238,55 +241,83 @@ func TestPinToTheSecondStandbyAndBack(t *testing.T) {
 	}
 }
 
+// twoTopics is a star of three DCs whose fleet of three agents consumes
+// orders and audit on A, records of both flowing.
+type twoTopics struct {
+	*threeDC
+	cli           *clientv3.Client
+	op            *fleet.Operator
+	l             *ledger
+	ho            *handovers
+	orders, audit *producer
+}
+
+func startTwoTopics(t *testing.T) *twoTopics {
+	t.Helper()
+	f := &twoTopics{threeDC: startThreeDC(t, false, "orders", "audit"), l: newLedger(), ho: newHandovers()}
+	f.cli, f.op = testenv.EtcdClientT(t, f.etcd), operator(t, f.etcd)
+	var agents []*agent.Agent
+	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
+		cfg := f.config(id)
+		cfg.Source.Topics = []string{"orders", "audit"}
+		agents = append(agents, startConsumer(t, cfg, f.ho.wrap(id, f.l.handler(id))))
+	}
+	waitBalanced(t, 2*failoverPartitions, agents...)
+	f.orders = startProducer(t, f.a.Brokers(), "orders", 0)
+	f.audit = startProducer(t, f.a.Brokers(), "audit", auditFrom)
+	waitCounted(t, f.l, 300, "records of both topics flowing")
+	return f
+}
+
+// placed is a condition: state/active places topics on cluster, none of
+// them moving, the fleet on A.
+func (f *twoTopics) placed(cluster string, topics ...string) func() error {
+	return func() error {
+		a, err := readActive(f.cli)
+		if err != nil {
+			return err
+		}
+		for _, topic := range topics {
+			if c, moving := a.TopicCluster(topic); c != cluster || moving || a.Cluster != "A" {
+				return fmt.Errorf("state/active: the fleet on %s, %s on %s (moving %v)", a.Cluster, topic, c, moving)
+			}
+		}
+		return nil
+	}
+}
+
+// drain checks that every record of both topics on A was handled, and
+// returns the duplicates.
+func (f *twoTopics) drain(t *testing.T) int {
+	t.Helper()
+	dups, _ := drain(t, f.dc, f.l, f.ho, false, flow{f.orders, "orders"}, flow{f.audit, "audit"})
+	return dups
+}
+
 // TestTopicPinToTheSecondStandby: a topic pin names any source cluster:
 // audit moves alone from A to D (along the flow A → D) while orders stays
 // on A, and comes back when unpinned; every record of both topics is
 // handled once.
 func TestTopicPinToTheSecondStandby(t *testing.T) {
 	t.Parallel()
-	d := startThreeDC(t, false, "orders", "audit")
-	cli := testenv.EtcdClientT(t, d.etcd)
-	l, ho := newLedger(), newHandovers()
-	var agents []*agent.Agent
-	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
-		cfg := d.config(id)
-		cfg.Source.Topics = []string{"orders", "audit"}
-		agents = append(agents, startConsumer(t, cfg, ho.wrap(id, l.handler(id))))
-	}
-	waitBalanced(t, 2*failoverPartitions, agents...)
-	orders := startProducer(t, d.a.Brokers(), "orders", 0)
-	audit := startProducer(t, d.a.Brokers(), "audit", auditFrom)
-	waitCounted(t, l, 300, "records of both topics flowing")
-	op := operator(t, d.etcd)
-	placed := func(cluster string) func() error {
-		return func() error {
-			a, err := readActive(cli)
-			if err != nil {
-				return err
-			}
-			if c, moving := a.TopicCluster("audit"); c != cluster || moving || a.Cluster != "A" {
-				return fmt.Errorf("state/active: the fleet on %s, audit on %s (moving %v)", a.Cluster, c, moving)
-			}
-			return nil
-		}
-	}
-	if err := op.PinTopic(t.Context(), "audit", "D"); err != nil {
+	f := startTwoTopics(t)
+	if err := f.op.PinTopic(t.Context(), "audit", "D"); err != nil {
 		t.Fatal(err)
 	}
-	wait.For(t, 30*time.Second, "audit consumed on D, orders on A", placed("D"))
+	wait.For(t, 30*time.Second, "audit consumed on D, orders on A", f.placed("D", "audit"))
 	wait.For(t, 20*time.Second, "audit's records delivered from D", func() error {
-		if n := l.handledOn("D"); n < 100 {
+		if n := f.l.handledOn("D"); n < 100 {
 			return fmt.Errorf("%d records delivered from D", n)
 		}
 		return nil
 	})
-	if err := op.UnpinTopic(t.Context(), "audit"); err != nil {
+	if err := f.op.UnpinTopic(t.Context(), "audit"); err != nil {
 		t.Fatal(err)
 	}
-	wait.For(t, 30*time.Second, "audit back on A", placed("A"))
-	dups, _ := drain(t, d.dc, l, ho, false, flow{orders, "orders"}, flow{audit, "audit"})
+	wait.For(t, 30*time.Second, "audit back on A", f.placed("A", "audit"))
+	dups := f.drain(t)
 	var path []string
-	for _, ev := range readHistory(t, cli) {
+	for _, ev := range readHistory(t, f.cli) {
 		path = append(path, fmt.Sprintf("%v %s→%s", ev.Topics, ev.From, ev.To))
 	}
 	if got := fmt.Sprint(path); got != "[[audit] A→D [audit] D→A]" {
@@ -303,62 +334,35 @@ func TestTopicPinToTheSecondStandby(t *testing.T) {
 // to A. Every record of both topics is handled once.
 func TestStagedMoveToTheSecondStandby(t *testing.T) {
 	t.Parallel()
-	d := startThreeDC(t, false, "orders", "audit")
-	cli := testenv.EtcdClientT(t, d.etcd)
-	l, ho := newLedger(), newHandovers()
-	var agents []*agent.Agent
-	for _, id := range []string{"agent-1", "agent-2", "agent-3"} {
-		cfg := d.config(id)
-		cfg.Source.Topics = []string{"orders", "audit"}
-		agents = append(agents, startConsumer(t, cfg, ho.wrap(id, l.handler(id))))
-	}
-	waitBalanced(t, 2*failoverPartitions, agents...)
-	orders := startProducer(t, d.a.Brokers(), "orders", 0)
-	audit := startProducer(t, d.a.Brokers(), "audit", auditFrom)
-	waitCounted(t, l, 300, "records of both topics flowing")
-	op := operator(t, d.etcd)
+	f := startTwoTopics(t)
 	plan := state.StagePlan{To: "D", Check: time.Second, Stages: []state.Stage{{Topics: []string{"audit"}}, {Topics: []string{"orders"}}}}
-	if err := op.MoveInStages(t.Context(), plan); err != nil {
+	if err := f.op.MoveInStages(t.Context(), plan); err != nil {
 		t.Fatal(err)
 	}
-	placed := func(cluster string) func() error {
-		return func() error {
-			a, err := readActive(cli)
-			if err != nil {
-				return err
-			}
-			for _, topic := range []string{"audit", "orders"} {
-				if c, moving := a.TopicCluster(topic); c != cluster || moving {
-					return fmt.Errorf("state/active: the fleet on %s, %s on %s (moving %v)", a.Cluster, topic, c, moving)
-				}
-			}
-			return nil
-		}
-	}
 	wait.For(t, 60*time.Second, "both stages done: audit and orders consumed on D", func() error {
-		st, err := op.Status(t.Context())
+		st, err := f.op.Status(t.Context())
 		if err != nil {
 			return err
 		}
 		if st.Stages == nil || st.Stages.Stage != 1 || st.Stages.Phase != state.StageDone {
 			return fmt.Errorf("state/stages %+v", st.Stages)
 		}
-		return placed("D")()
+		return f.placed("D", "audit", "orders")()
 	})
-	before := l.handledOn("D")
+	before := f.l.handledOn("D")
 	wait.For(t, 20*time.Second, "records of both topics delivered from D", func() error {
-		if n := l.handledOn("D") - before; n < 200 {
+		if n := f.l.handledOn("D") - before; n < 200 {
 			return fmt.Errorf("%d more records delivered from D", n)
 		}
 		return nil
 	})
-	if err := op.EndStagedMove(t.Context()); err != nil {
+	if err := f.op.EndStagedMove(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	wait.For(t, 30*time.Second, "both topics back on A", placed("A"))
-	dups, _ := drain(t, d.dc, l, ho, false, flow{orders, "orders"}, flow{audit, "audit"})
+	wait.For(t, 30*time.Second, "both topics back on A", f.placed("A", "audit", "orders"))
+	dups := f.drain(t)
 	var path []string
-	for _, ev := range readHistory(t, cli) {
+	for _, ev := range readHistory(t, f.cli) {
 		path = append(path, fmt.Sprintf("%v %s→%s", ev.Topics, ev.From, ev.To))
 		for _, ps := range ev.Partitions {
 			if ps.Method != "fingerprint" {
