@@ -24,7 +24,7 @@ import (
 // Paused partitions are neither.
 func (w *worker) checkStuck(ctx context.Context, now time.Time) {
 	var stuck, stalled []string
-	ask := map[string][]kafka.TopicPartition{} // by cluster: still partitions whose end is due to be asked
+	due := map[string][]kafka.TopicPartition{} // by cluster: still partitions whose end is due to be asked
 	home := w.applied.Cluster
 	for _, cp := range slices.SortedFunc(maps.Keys(w.parts), cpart.Compare) {
 		r, tp := w.parts[cp], cp.On(home)
@@ -39,14 +39,19 @@ func (w *worker) checkStuck(ctx context.Context, now time.Time) {
 		case unacked > 0:
 			stuck = append(stuck, fmt.Sprintf("%s (offset %d, %d records handed on, not acknowledged for %s)", tp, next, unacked, d.Round(time.Second)))
 		case now.Sub(r.endAt) > w.stuckAfter/2 && w.conns[cp.Cluster] != nil && (w.reachable == nil || w.reachable(r.cluster)):
-			ask[cp.Cluster] = append(ask[cp.Cluster], kafka.TopicPartition{Topic: cp.Topic, Partition: cp.Partition})
+			due[cp.Cluster] = append(due[cp.Cluster], kafka.TopicPartition{Topic: cp.Topic, Partition: cp.Partition})
 			r.endAt = now
 		}
 	}
-	for c, tps := range ask {
+	for c, tps := range due {
 		// One request per broker for all of them (an idle agent's
-		// partitions all stand still).
-		ends, _ := kafka.EndOffsets(w.conns[c].client, tps)
+		// partitions all stand still), given up on when the cluster
+		// does not answer (ask): it may have hung since the probe last
+		// reached it.
+		k := w.conns[c]
+		ends, _ := ask(k, "end offsets", func() (map[kafka.TopicPartition]int64, error) {
+			return kafka.EndOffsets(k.client, tps)
+		})
 		for tp, end := range ends {
 			if r := w.parts[cpart{Cluster: c, TopicPartition: state.TopicPartition{Topic: tp.Topic, Partition: tp.Partition}}]; r != nil {
 				r.end = end

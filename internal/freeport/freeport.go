@@ -30,8 +30,9 @@ const (
 // handed holds every port Ports returned in this process. A port is
 // free when picked but bound only later, sometimes seconds later (a Kafka
 // broker formats its storage and starts a JVM first); another caller in
-// the same process, a test running in parallel, must not be given it
-// meanwhile. So a port is handed out once per process.
+// the same process (the etcd members a test starts meanwhile, another
+// test) must not be given it in between. So a port is handed out once per
+// process.
 var handed struct {
 	sync.Mutex
 	ports map[int]bool

@@ -33,8 +33,8 @@ func TestPortsAvoidEphemeralRange(t *testing.T) {
 }
 
 // A port is bound by its caller only later (a Kafka broker formats its
-// storage and starts a JVM first); a test running in parallel must not be
-// given it meanwhile, though it is still free.
+// storage and starts a JVM first); another caller in the process must not
+// be given it meanwhile, though it is still free.
 func TestAPortIsHandedOutOncePerProcess(t *testing.T) {
 	seen := map[int]bool{}
 	for range 2000 { // about 90 repeats among random picks without the record
